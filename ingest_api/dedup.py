@@ -1,0 +1,60 @@
+"""The idempotent-producer index: (topic, message id) → the original partition and offset.
+
+An id is a producer-supplied message id, or a producer id with a sequence number. The index
+is bounded by a time window and an entry count, and is rebuilt at start from the WAL and the
+Delta table, so a retry after a restart still gets the original answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import OrderedDict
+
+DedupKey = tuple[str, str]
+
+
+def dedup_id(message_id: str | None, producer_id: str | None, sequence: int | None) -> str | None:
+    if message_id is not None:
+        return "m:" + message_id
+    if producer_id is not None and sequence is not None:
+        return f"p:{producer_id}:{sequence}"
+    return None
+
+
+class DedupIndex:
+    def __init__(self, *, window_s: float, max_entries: int) -> None:
+        self.window_s = window_s
+        self.max_entries = max_entries
+        self._done: OrderedDict[DedupKey, tuple[int, int, float]] = OrderedDict()
+        self._inflight: dict[DedupKey, asyncio.Future[tuple[int, int]]] = {}
+
+    def __len__(self) -> int:
+        return len(self._done)
+
+    def lookup(self, key: DedupKey) -> tuple[int, int] | asyncio.Future[tuple[int, int]] | None:
+        hit = self._done.get(key)
+        if hit is not None:
+            return hit[0], hit[1]
+        return self._inflight.get(key)
+
+    def begin(self, key: DedupKey, future: asyncio.Future[tuple[int, int]]) -> None:
+        self._inflight[key] = future
+
+    def abandon(self, key: DedupKey) -> None:
+        """The send failed before it was durable: a retry must be accepted afresh."""
+        self._inflight.pop(key, None)
+
+    def remember(self, key: DedupKey, partition: int, offset: int, at: float | None = None) -> None:
+        self._inflight.pop(key, None)
+        self._done[key] = (partition, offset, time.time() if at is None else at)
+        self._done.move_to_end(key)
+        self._evict()
+
+    def _evict(self) -> None:
+        horizon = time.time() - self.window_s
+        while self._done:
+            key, (_, _, at) = next(iter(self._done.items()))
+            if at >= horizon and len(self._done) <= self.max_entries:
+                break
+            del self._done[key]

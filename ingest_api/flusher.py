@@ -1,0 +1,201 @@
+"""The flusher: micro-batches durable WAL records into each topic's Delta table.
+
+A commit happens when the oldest waiting record is `flush_interval_ms` old, or when the
+waiting records pass `flush_max_records` / `flush_max_bytes`. Each commit carries, as Delta
+txn actions, every touched partition's new log-end offset (tables.delta.partition_app_id).
+Before committing, records below the table's recorded log-end are dropped: they are already
+in the table (a crash came between the Delta commit and the WAL cleanup), so a replay
+neither loses nor duplicates a row.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import defaultdict
+from collections.abc import Callable
+
+import pyarrow as pa
+from deltalake import DeltaTable
+
+from ingest_api.metrics import IngestMetrics
+from ingest_api.records import Record
+from ingest_api.wal import PartitionKey
+from tables import delta
+from tables.layout import Layout
+from tables.schemas import TOPIC_PARTITION_COLUMNS, TOPIC_SCHEMA, TOPIC_SCHEMA_VERSION
+from tables.settings import Settings
+from tables.topics import TopicConfig
+
+log = logging.getLogger(__name__)
+
+
+def records_to_arrow(records: list[Record]) -> pa.Table:
+    records = sorted(records, key=lambda r: (r.partition, r.offset))
+    return pa.table(
+        {
+            "partition": pa.array([r.partition for r in records], pa.int32()),
+            "offset": pa.array([r.offset for r in records], pa.int64()),
+            "timestamp": pa.array([r.timestamp_us for r in records], pa.timestamp("us", tz="UTC")),
+            "key": pa.array([r.key for r in records], pa.string()),
+            "value": pa.array([r.value for r in records], pa.binary()),
+            "format": pa.array([r.format for r in records], pa.string()),
+            "headers": pa.array(
+                [None if r.headers is None else list(r.headers.items()) for r in records],
+                pa.map_(pa.string(), pa.string()),
+            ),
+            "message_id": pa.array([r.message_id for r in records], pa.string()),
+            "producer_id": pa.array([r.producer_id for r in records], pa.string()),
+            "sequence": pa.array([r.sequence for r in records], pa.int64()),
+        },
+        schema=TOPIC_SCHEMA,
+    )
+
+
+class Flusher:
+    def __init__(
+        self,
+        settings: Settings,
+        layout: Layout,
+        topics: Callable[[], dict[str, TopicConfig]],
+        metrics: IngestMetrics,
+        on_committed: Callable[[], None],
+    ) -> None:
+        self._settings = settings
+        self._layout = layout
+        self._topics = topics
+        self._metrics = metrics
+        self._on_committed = on_committed
+        self._pending: list[Record] = []
+        self._pending_bytes = 0
+        self._oldest: float | None = None
+        self._wake = asyncio.Event()
+        self._tables: dict[str, DeltaTable] = {}
+        self.committed: dict[PartitionKey, int] = {}  # log-end offsets known to be in Delta
+        self._waiters: dict[PartitionKey, list[tuple[int, asyncio.Future[None]]]] = defaultdict(list)
+        self.healthy = True
+
+    @property
+    def pending_bytes(self) -> int:
+        return self._pending_bytes
+
+    def add(self, records: list[Record]) -> None:
+        if not records:
+            return
+        self._pending.extend(records)
+        self._pending_bytes += sum(r.size for r in records)
+        if self._oldest is None:
+            self._oldest = time.monotonic()
+        if len(self._pending) >= self._settings.flush_max_records or (
+            self._pending_bytes >= self._settings.flush_max_bytes
+        ):
+            self._wake.set()
+
+    def wait_committed(self, key: PartitionKey, offset: int) -> asyncio.Future[None]:
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        if self.committed.get(key, 0) > offset:
+            future.set_result(None)
+        else:
+            self._waiters[key].append((offset, future))
+        return future
+
+    async def run(self) -> None:
+        interval = self._settings.flush_interval_ms / 1000
+        backoff = interval
+        while True:
+            if self._oldest is None:
+                wait = interval
+            else:
+                wait = max(0.0, self._oldest + interval - time.monotonic())
+            try:
+                await asyncio.wait_for(self._wake.wait(), timeout=wait)
+            except TimeoutError:
+                pass
+            self._wake.clear()
+            if not self._pending:
+                continue
+            if await self.flush_once():
+                backoff = interval
+            else:
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 5.0)
+
+    async def flush_once(self) -> bool:
+        """Commit everything pending; on failure keep it pending and report False."""
+        batch, self._pending = self._pending, []
+        self._pending_bytes = 0
+        self._oldest = None
+        by_topic: dict[str, list[Record]] = defaultdict(list)
+        for r in batch:
+            by_topic[r.topic].append(r)
+        failed: list[Record] = []
+        topics = self._topics()
+        for name, records in by_topic.items():
+            topic = topics.get(name)
+            live = [r for r in records if topic is not None and r.topic_id == bytes.fromhex(topic.topic_id)]
+            if not live:
+                continue  # the topic was deleted (or re-created) after these were accepted
+            assert topic is not None
+            started = time.perf_counter()
+            try:
+                ends = await asyncio.to_thread(self._commit, topic, live)
+            except Exception:  # noqa: BLE001 - retried; the records stay in the WAL meanwhile
+                log.exception("flush of %d records to topic %r failed; will retry", len(live), name)
+                self._metrics.flush_errors.labels(name).inc()
+                failed.extend(live)
+                continue
+            self._metrics.flush_latency.observe(time.perf_counter() - started)
+            self._metrics.flush_batch.observe(len(live))
+            self._mark_committed(topic, ends)
+        if failed:
+            self.healthy = False
+            self._pending = failed + self._pending
+            self._pending_bytes += sum(r.size for r in failed)
+            self._oldest = time.monotonic()
+            return False
+        self.healthy = True
+        self._on_committed()
+        return True
+
+    def _table(self, topic: TopicConfig) -> DeltaTable:
+        uri = self._layout.topic_table(topic.name)
+        table = self._tables.get(uri)
+        if table is None:
+            table = delta.ensure_table(uri, TOPIC_SCHEMA, partition_by=TOPIC_PARTITION_COLUMNS,
+                                       version=TOPIC_SCHEMA_VERSION)
+            self._tables[uri] = table
+        else:
+            table.update_incremental()
+        return table
+
+    def _commit(self, topic: TopicConfig, records: list[Record]) -> dict[int, int]:
+        table = self._table(topic)
+        ends = {p: delta.txn_version(table, delta.partition_app_id(p)) or 0 for p in {r.partition for r in records}}
+        fresh = [r for r in records if r.offset >= ends[r.partition]]
+        if not fresh:
+            return ends
+        for r in fresh:
+            ends[r.partition] = max(ends[r.partition], r.offset + 1)
+        delta.append(
+            table,
+            records_to_arrow(fresh),
+            txns={delta.partition_app_id(p): end for p, end in ends.items()},
+            metadata={"lakebroker.operation": "flush"},
+        )
+        return ends
+
+    def _mark_committed(self, topic: TopicConfig, ends: dict[int, int]) -> None:
+        topic_id = bytes.fromhex(topic.topic_id)
+        for partition, end in ends.items():
+            key = (topic_id, partition)
+            if end > self.committed.get(key, 0):
+                self.committed[key] = end
+            self._metrics.committed_end.labels(topic.name, str(partition)).set(self.committed[key])
+            waiters = self._waiters.get(key)
+            if waiters:
+                still = [(o, f) for o, f in waiters if o >= end]
+                for o, f in waiters:
+                    if o < end and not f.done():
+                        f.set_result(None)
+                self._waiters[key] = still

@@ -1,0 +1,112 @@
+"""Group commit: many produce requests share one WAL write and one fsync.
+
+Requests queue `Pending` messages. One writer task takes everything queued, assigns each
+message its offset and timestamp, writes the group and fsyncs it in a thread, then answers
+every request in the group. Offsets are assigned here, by the only task that assigns them,
+so a group that fails to become durable (disk full) is rolled back without leaving a gap.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from ingest_api.metrics import IngestMetrics
+from ingest_api.records import Record, encode
+from ingest_api.wal import PartitionKey, Wal
+from tables.errors import StorageUnavailable
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class Pending:
+    record: Record  # offset and timestamp are filled in by the writer
+    future: asyncio.Future[tuple[int, int]] | None = field(default=None)
+
+
+class GroupCommitter:
+    def __init__(
+        self,
+        wal: Wal,
+        next_offsets: dict[PartitionKey, int],
+        on_durable: Callable[[list[Record]], None],
+        metrics: IngestMetrics,
+        max_group: int = 65536,
+    ) -> None:
+        self._wal = wal
+        self.next_offsets = next_offsets
+        self._on_durable = on_durable
+        self._metrics = metrics
+        self._max_group = max_group
+        self._queue: list[Pending] = []
+        self._wake = asyncio.Event()
+        self._last_ts = 0
+        self.queued_bytes = 0
+
+    def submit(self, items: list[Pending]) -> None:
+        self._queue.extend(items)
+        self.queued_bytes += sum(p.record.size for p in items)
+        self._wake.set()
+
+    async def run(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            while self._queue:
+                group, self._queue = self._queue[: self._max_group], self._queue[self._max_group :]
+                await self._commit(group)
+
+    async def drain(self) -> None:
+        """Commit whatever is queued now (used at shutdown and by the embedded CLI)."""
+        while self._queue:
+            group, self._queue = self._queue[: self._max_group], self._queue[self._max_group :]
+            await self._commit(group)
+
+    async def _commit(self, group: list[Pending]) -> None:
+        records = [p.record for p in group]
+        saved = self._assign(records)
+        try:
+            await asyncio.to_thread(self._write, records)
+        except Exception as exc:  # noqa: BLE001 - any failure means: not durable, roll back
+            self.next_offsets.update(saved)
+            if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
+                reason = "disk full"
+            else:
+                reason = f"write failed ({exc})"
+            log.error("WAL group of %d not durable: %s", len(group), reason)
+            error = StorageUnavailable(f"WAL {reason}: the message was not accepted; retry once space returns")
+            for p in group:
+                if p.future is not None and not p.future.done():
+                    p.future.set_exception(error)
+            self.queued_bytes -= sum(r.size for r in records)
+            return
+        self.queued_bytes -= sum(r.size for r in records)
+        self._metrics.wal_group_size.observe(len(group))
+        for p in group:
+            if p.future is not None and not p.future.done():
+                p.future.set_result((p.record.partition, p.record.offset))
+        self._on_durable(records)
+
+    def _assign(self, records: list[Record]) -> dict[PartitionKey, int]:
+        # Log-append time, never going backwards, so seeking by time is monotonic per partition.
+        now = max(time.time_ns() // 1000, self._last_ts)
+        self._last_ts = now
+        saved: dict[PartitionKey, int] = {}
+        offsets = self.next_offsets
+        for r in records:
+            key = (r.topic_id, r.partition)
+            nxt = offsets.get(key, 0)
+            if key not in saved:
+                saved[key] = nxt
+            r.offset = nxt
+            r.timestamp_us = now
+            offsets[key] = nxt + 1
+        return saved
+
+    def _write(self, records: list[Record]) -> None:
+        self._wal.append([encode(r) for r in records], records)

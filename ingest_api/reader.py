@@ -1,0 +1,91 @@
+"""Reads from topic tables for the pull-consume API and topic details (blocking; run in a thread)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pyarrow.compute as pc
+
+from tables import delta
+from tables.errors import OutOfRange
+from tables.layout import Layout
+from tables.message_format import render
+from tables.topics import TopicConfig
+
+_COLUMNS = ["partition", "offset", "timestamp", "key", "value", "format", "headers", "message_id", "producer_id",
+            "sequence"]
+
+
+def partition_files(layout: Layout, topic: TopicConfig) -> dict[int, delta.PartitionFiles]:
+    table = delta.open_table(layout.topic_table(topic.name))
+    return {} if table is None else delta.partition_files(table)
+
+
+def log_start(files: delta.PartitionFiles | None, committed_end: int) -> int:
+    """Lowest offset still in the table; the committed end when retention emptied the partition."""
+    if files is None or files.min_offset is None:
+        return committed_end
+    return int(files.min_offset)
+
+
+def offset_for_timestamp(layout: Layout, topic: TopicConfig, partition: int, timestamp_us: int) -> int | None:
+    """First offset whose log-append time is at or after the timestamp; None if there is none yet."""
+    table = delta.open_table(layout.topic_table(topic.name))
+    if table is None:
+        return None
+    rows = delta.read_rows(
+        table,
+        (pc.field("partition") == partition)
+        & (pc.field("timestamp") >= pc.scalar(timestamp_us).cast("timestamp[us, tz=UTC]")),
+        columns=["offset"],
+    )
+    if rows.num_rows == 0:
+        return None
+    return int(pc.min(rows["offset"]).as_py())
+
+
+def read_messages(
+    layout: Layout, topic: TopicConfig, partition: int, offset: int, limit: int, committed_end: int
+) -> dict[str, Any]:
+    files = partition_files(layout, topic).get(partition)
+    start = log_start(files, committed_end)
+    if offset < start or offset > committed_end:
+        raise OutOfRange(
+            f"offset {offset} is outside partition {partition} of {topic.name!r}: "
+            f"valid offsets are {start} to {committed_end} (log start to committed end)"
+        )
+    messages: list[dict[str, Any]] = []
+    next_offset = offset
+    if offset < committed_end:
+        table = delta.open_table(layout.topic_table(topic.name))
+        assert table is not None
+        rows = delta.read_rows(
+            table,
+            (pc.field("partition") == partition)
+            & (pc.field("offset") >= offset)
+            & (pc.field("offset") < min(offset + limit, committed_end)),
+            columns=_COLUMNS,
+        ).sort_by("offset")
+        for row in rows.to_pylist():
+            messages.append(public_message(row))
+        if messages:
+            next_offset = messages[-1]["offset"] + 1
+        else:  # key compaction can leave holes; skip past the empty range
+            next_offset = min(offset + limit, committed_end)
+    return {"messages": messages, "next_offset": next_offset, "log_start_offset": start,
+            "committed_offset": committed_end}
+
+
+def public_message(row: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "partition": row["partition"],
+        "offset": row["offset"],
+        "timestamp": row["timestamp"].isoformat(),
+        "key": row["key"],
+        **render(row["value"], row["format"]),
+        "format": row["format"],
+        "headers": dict(row["headers"]) if row["headers"] is not None else None,
+        "id": row["message_id"],
+        "producer_id": row["producer_id"],
+        "sequence": row["sequence"],
+    }

@@ -1,0 +1,59 @@
+"""Pull consume: read a partition from its Delta table by offset or by timestamp."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime
+
+from fastapi import APIRouter, Query
+from fastapi.responses import ORJSONResponse
+
+from ingest_api.deps import BrokerDep
+from ingest_api.reader import log_start, offset_for_timestamp, partition_files, read_messages
+from ingest_api.schemas import ErrorPublic, MessagesPublic
+from tables.errors import InvalidRequest
+
+router = APIRouter(prefix="/v1/topics", tags=["consume"])
+
+
+def parse_timestamp(text: str) -> int:
+    """Epoch milliseconds, or ISO 8601 (UTC when no zone is given), as epoch microseconds."""
+    if text.lstrip("-").isdigit():
+        return int(text) * 1000
+    try:
+        moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise InvalidRequest(f"timestamp {text!r} is neither epoch milliseconds nor ISO 8601") from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return int(moment.timestamp() * 1_000_000)
+
+
+@router.get(
+    "/{topic}/partitions/{partition}/messages",
+    responses={200: {"model": MessagesPublic}, **{c: {"model": ErrorPublic} for c in (400, 404, 416, 422)}},
+    response_class=ORJSONResponse,
+)
+async def read_partition(
+    topic: str,
+    partition: int,
+    broker: BrokerDep,
+    offset: int | None = Query(None, ge=0, description="First offset to read; default the log start."),
+    timestamp: str | None = Query(None, description="Start at the first message at or after this time "
+                                  "(epoch ms or ISO 8601); instead of offset."),
+    limit: int = Query(100, ge=1, le=10_000),
+) -> ORJSONResponse:
+    config = broker.topic(topic)
+    config.check_partition(partition)
+    if offset is not None and timestamp is not None:
+        raise InvalidRequest("give offset or timestamp, not both")
+    committed = broker.committed_end(config, partition)
+    if timestamp is not None:
+        found = await asyncio.to_thread(offset_for_timestamp, broker.layout, config, partition,
+                                        parse_timestamp(timestamp))
+        offset = committed if found is None else found
+    if offset is None:
+        files = await asyncio.to_thread(partition_files, broker.layout, config)
+        offset = log_start(files.get(partition), committed)
+    body = await asyncio.to_thread(read_messages, broker.layout, config, partition, offset, limit, committed)
+    return ORJSONResponse(body)

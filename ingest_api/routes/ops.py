@@ -1,0 +1,43 @@
+"""Health, readiness and Prometheus metrics."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+from fastapi.responses import ORJSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from ingest_api.deps import BrokerDep
+
+router = APIRouter(tags=["operations"])
+
+
+@router.get("/healthz")
+async def healthz() -> dict[str, str]:
+    """The process is alive."""
+    return {"status": "ok"}
+
+
+@router.get("/readyz", responses={503: {"description": "Not ready; the body says why."}})
+async def readyz(broker: BrokerDep) -> ORJSONResponse:
+    """Ready to take produce traffic: recovered, committing to Delta, and under the backlog bound."""
+    problems = []
+    if not broker.started:
+        problems.append("recovery has not finished")
+    if not broker.flusher.healthy:
+        problems.append("Delta commits are failing (see logs); messages wait in the WAL")
+    if broker.backlog_bytes > broker.settings.max_backlog_bytes:
+        problems.append("WAL backlog is over max_backlog_bytes")
+    if problems:
+        return ORJSONResponse({"status": "not ready", "problems": problems}, status_code=503)
+    return ORJSONResponse({"status": "ready"})
+
+
+@router.get("/metrics", response_class=Response)
+async def metrics(broker: BrokerDep) -> Response:
+    """Prometheus text format."""
+    broker.metrics.wal_backlog_bytes.set(broker.backlog_bytes)
+    for topic in broker.topics.values():
+        for p in range(topic.partitions):
+            broker.metrics.log_end.labels(topic.name, str(p)).set(broker.log_end(topic, p))
+            broker.metrics.committed_end.labels(topic.name, str(p)).set(broker.committed_end(topic, p))
+    return Response(generate_latest(broker.metrics.registry), media_type=CONTENT_TYPE_LATEST)

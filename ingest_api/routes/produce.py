@@ -1,0 +1,65 @@
+"""Produce: one message or a batch, acknowledged per the `ack` query parameter."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Query, Request
+from fastapi.responses import ORJSONResponse
+
+from ingest_api.body import parse_batch, parse_message
+from ingest_api.broker import AckMode
+from ingest_api.deps import BrokerDep
+from ingest_api.schemas import BatchIn, BatchResultPublic, ErrorPublic, MessageIn, ProduceResultPublic
+
+router = APIRouter(prefix="/v1/topics", tags=["produce"])
+
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    code: {"model": ErrorPublic} for code in (400, 404, 413, 415, 422, 429, 507)
+}
+_ACK = Query(AckMode.WAL, description="none: when queued; wal: after the WAL fsync; table: after the Delta commit.")
+
+
+def _body(model: type[MessageIn] | type[BatchIn], ndjson: bool) -> dict[str, Any]:
+    content: dict[str, Any] = {"application/json": {"schema": model.model_json_schema(
+        ref_template="#/components/schemas/{model}")}}
+    if ndjson:
+        content["application/x-ndjson"] = {"schema": {"type": "string", "description": "One message per line."}}
+    else:
+        content["application/octet-stream"] = {"schema": {"type": "string", "format": "binary"}}
+    return {"requestBody": {"required": True, "content": content}}
+
+
+@router.post(
+    "/{topic}/messages",
+    responses={**_ERRORS, 200: {"model": ProduceResultPublic}, 202: {"model": ProduceResultPublic}},
+    openapi_extra=_body(MessageIn, ndjson=False),
+    response_class=ORJSONResponse,
+)
+async def produce_one(topic: str, request: Request, broker: BrokerDep, ack: AckMode = _ACK) -> ORJSONResponse:
+    """Produce one message. A raw-bytes body (application/octet-stream) takes key, id, partition,
+    producer_id and sequence as query parameters."""
+    broker.topic(topic)
+    message = await parse_message(request)
+    (result,) = await broker.produce(topic, [message], ack)
+    return ORJSONResponse(
+        {"partition": result.partition, "offset": result.offset, "duplicate": result.duplicate},
+        status_code=202 if ack is AckMode.NONE else 200,
+    )
+
+
+@router.post(
+    "/{topic}/batch",
+    responses={**_ERRORS, 200: {"model": BatchResultPublic}, 202: {"model": BatchResultPublic}},
+    openapi_extra=_body(BatchIn, ndjson=True),
+    response_class=ORJSONResponse,
+)
+async def produce_batch(topic: str, request: Request, broker: BrokerDep, ack: AckMode = _ACK) -> ORJSONResponse:
+    """Produce many messages; results come back in request order."""
+    broker.topic(topic)
+    messages = await parse_batch(request)
+    results = await broker.produce(topic, messages, ack)
+    return ORJSONResponse(
+        {"results": [{"partition": r.partition, "offset": r.offset, "duplicate": r.duplicate} for r in results]},
+        status_code=202 if ack is AckMode.NONE else 200,
+    )

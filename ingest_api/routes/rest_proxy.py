@@ -1,0 +1,97 @@
+"""Confluent REST Proxy v2 produce (`POST /topics/{topic}`), so its producers switch by URL.
+
+Embedded formats `json` and `binary` are accepted; `avro`/`protobuf`/`jsonschema` need a
+schema registry and are refused with 415. Errors use the proxy's `{error_code, message}`.
+"""
+
+from __future__ import annotations
+
+import binascii
+from typing import Any
+
+import orjson
+from fastapi import APIRouter, Request
+from fastapi.responses import ORJSONResponse
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+
+from ingest_api.broker import AckMode, NewMessage
+from ingest_api.deps import BrokerDep
+from tables.errors import LakebrokerError
+from tables.message_format import from_base64, from_json_value
+
+router = APIRouter(tags=["kafka-rest-v2"])
+V2 = "application/vnd.kafka.v2+json"
+
+
+class V2Record(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    key: Any = None
+    value: Any = None
+    partition: int | None = Field(None, ge=0)
+
+
+class V2Produce(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    records: list[V2Record] = Field(min_length=1, max_length=100_000)
+
+
+_V2 = TypeAdapter(V2Produce)
+
+
+def _proxy_error(status: int, message: str) -> ORJSONResponse:
+    return ORJSONResponse({"error_code": status * 100 + 1, "message": message}, status_code=status, media_type=V2)
+
+
+def _decode(text: Any, what: str) -> bytes | None:
+    if text is None:
+        return None
+    if not isinstance(text, str):
+        raise ValueError(f"{what} must be a base64 string in the binary format")
+    try:
+        return from_base64(text)
+    except (binascii.Error, ValueError):
+        raise ValueError(f"{what} is not valid base64") from None
+
+
+def _to_message(record: V2Record, binary: bool) -> NewMessage:
+    if binary:
+        raw_key = _decode(record.key, "key")
+        try:
+            key = None if raw_key is None else raw_key.decode()
+        except UnicodeDecodeError:
+            raise ValueError("key must decode to UTF-8 text: lakebroker keys are strings") from None
+        return NewMessage(value=_decode(record.value, "value"), format="binary", key=key,
+                          partition=record.partition)
+    value, fmt = from_json_value(record.value)
+    key = record.key if isinstance(record.key, str) or record.key is None else orjson.dumps(record.key).decode()
+    return NewMessage(value=value, format=fmt, key=key, partition=record.partition)
+
+
+@router.post(
+    "/topics/{topic}",
+    openapi_extra={"requestBody": {"required": True, "content": {
+        "application/vnd.kafka.json.v2+json": {"schema": V2Produce.model_json_schema()},
+        "application/vnd.kafka.binary.v2+json": {"schema": V2Produce.model_json_schema()},
+    }}},
+    response_class=ORJSONResponse,
+)
+async def produce_v2(topic: str, request: Request, broker: BrokerDep) -> ORJSONResponse:
+    """Kafka REST Proxy v2 produce, answered in that API's format."""
+    kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if kind not in ("application/vnd.kafka.json.v2+json", "application/vnd.kafka.binary.v2+json"):
+        return _proxy_error(415, f"content type {kind or '(none)'!r} is not supported: use "
+                            "application/vnd.kafka.json.v2+json or application/vnd.kafka.binary.v2+json")
+    try:
+        broker.topic(topic)
+        body = _V2.validate_json(await request.body())
+        messages = [_to_message(r, kind.endswith("binary.v2+json")) for r in body.records]
+        results = await broker.produce(topic, messages, AckMode.WAL)
+    except ValidationError as exc:
+        invalid_json = any(e["type"] == "json_invalid" for e in exc.errors())
+        return _proxy_error(400 if invalid_json else 422, str(exc.errors(include_url=False)[0]["msg"]))
+    except ValueError as exc:
+        return _proxy_error(422, str(exc))
+    except LakebrokerError as exc:
+        return _proxy_error(exc.status, exc.message)
+    offsets = [{"partition": r.partition, "offset": r.offset, "error_code": None, "error": None} for r in results]
+    return ORJSONResponse({"key_schema_id": None, "value_schema_id": None, "offsets": offsets}, media_type=V2)

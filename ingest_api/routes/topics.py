@@ -1,0 +1,64 @@
+"""Topic admin: create, list, show (with per-partition offsets), change and delete."""
+
+from __future__ import annotations
+
+import asyncio
+
+from fastapi import APIRouter, Response
+
+from ingest_api.deps import BrokerDep
+from ingest_api.reader import log_start, partition_files
+from ingest_api.schemas import ErrorPublic, PartitionPublic, TopicCreate, TopicPublic, TopicUpdate
+from tables.layout import validate_name
+from tables.topics import TopicConfig, new_topic
+
+router = APIRouter(prefix="/v1/topics", tags=["topics"])
+_ERRORS = {400: {"model": ErrorPublic}, 404: {"model": ErrorPublic}, 409: {"model": ErrorPublic},
+           422: {"model": ErrorPublic}}
+
+
+async def _public(broker: BrokerDep, topic: TopicConfig, with_offsets: bool) -> TopicPublic:
+    out = TopicPublic(**topic.public())
+    if with_offsets:
+        files = await asyncio.to_thread(partition_files, broker.layout, topic)
+        out.partition_offsets = []
+        for p in range(topic.partitions):
+            f = files.get(p)
+            committed = broker.committed_end(topic, p)
+            out.partition_offsets.append(PartitionPublic(
+                partition=p, log_start_offset=log_start(f, committed), log_end_offset=broker.log_end(topic, p),
+                committed_offset=committed, size_bytes=f.size_bytes if f else 0, files=f.files if f else 0,
+            ))
+    return out
+
+
+@router.post("", status_code=201, responses=_ERRORS)
+async def create_topic(body: TopicCreate, broker: BrokerDep) -> TopicPublic:
+    validate_name(body.name)
+    fields = body.model_dump(exclude={"name", "partitions"})
+    if fields["max_message_bytes"] is None:
+        fields["max_message_bytes"] = broker.settings.default_max_message_bytes
+    topic = new_topic(body.name, body.partitions or broker.settings.default_partitions, **fields)
+    return await _public(broker, await broker.create_topic(topic), with_offsets=False)
+
+
+@router.get("")
+async def list_topics(broker: BrokerDep) -> list[TopicPublic]:
+    return [TopicPublic(**t.public()) for t in sorted(broker.topics.values(), key=lambda t: t.name)]
+
+
+@router.get("/{topic}", responses=_ERRORS)
+async def get_topic(topic: str, broker: BrokerDep) -> TopicPublic:
+    return await _public(broker, broker.topic(topic), with_offsets=True)
+
+
+@router.patch("/{topic}", responses=_ERRORS)
+async def update_topic(topic: str, body: TopicUpdate, broker: BrokerDep) -> TopicPublic:
+    changes = body.model_dump(exclude_unset=True)
+    return await _public(broker, await broker.update_topic(topic, **changes), with_offsets=False)
+
+
+@router.delete("/{topic}", status_code=204, responses=_ERRORS)
+async def delete_topic(topic: str, broker: BrokerDep) -> Response:
+    await broker.delete_topic(topic)
+    return Response(status_code=204)

@@ -1,0 +1,201 @@
+"""The segmented, checksummed write-ahead log.
+
+Appends go to the active segment as whole groups (one write and one fsync per group, see
+group_commit.py). A segment is deleted only once every record in it is committed to Delta.
+
+Recovery reads every segment in order:
+- a bad frame with no valid frame after it, in the newest segment, is a torn tail from a
+  crash mid-write (never acknowledged): it is truncated;
+- any other bad frame is corruption: it is reported, the segment is copied to
+  `wal/quarantine/`, the bad bytes are skipped and never replayed, and reading resumes at
+  the next valid frame.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import threading
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ingest_api.records import FRAME_HEADER, Record, decode, frame_crc_ok
+
+log = logging.getLogger(__name__)
+
+MAX_FRAME_BYTES = 128 * 1024 * 1024
+_SUFFIX = ".wal"
+
+PartitionKey = tuple[bytes, int]  # (topic_id, partition)
+
+
+@dataclass
+class CorruptSpan:
+    segment: str
+    start: int
+    end: int
+
+
+@dataclass
+class RecoveryReport:
+    records: list[Record] = field(default_factory=list)
+    torn_bytes: int = 0
+    corrupt: list[CorruptSpan] = field(default_factory=list)
+
+
+@dataclass
+class _Segment:
+    path: Path
+    max_offsets: dict[PartitionKey, int] = field(default_factory=dict)
+
+    def note(self, records: Iterable[Record]) -> None:
+        for r in records:
+            key = (r.topic_id, r.partition)
+            if r.offset > self.max_offsets.get(key, -1):
+                self.max_offsets[key] = r.offset
+
+
+def _frame_at(data: bytes, pos: int) -> int | None:
+    """End position of a valid frame starting at pos, or None."""
+    if len(data) - pos < FRAME_HEADER.size:
+        return None
+    length, crc = FRAME_HEADER.unpack_from(data, pos)
+    end = pos + FRAME_HEADER.size + length
+    if length > MAX_FRAME_BYTES or end > len(data):
+        return None
+    if not frame_crc_ok(length, crc, data[pos + FRAME_HEADER.size : end]):
+        return None
+    return end
+
+
+def _next_valid_frame(data: bytes, pos: int) -> int | None:
+    for candidate in range(pos, len(data) - FRAME_HEADER.size + 1):
+        if _frame_at(data, candidate) is not None:
+            return candidate
+    return None
+
+
+class Wal:
+    def __init__(self, directory: Path, *, segment_bytes: int, fsync: bool) -> None:
+        self.directory = directory
+        self.segment_bytes = segment_bytes
+        self.fsync = fsync
+        self._lock = threading.Lock()
+        self._sealed: list[_Segment] = []
+        self._active: _Segment | None = None
+        self._fd = -1
+        self._size = 0
+
+    # -- recovery -----------------------------------------------------------------------
+    def recover(self) -> RecoveryReport:
+        """Read every segment, repair the tail, and open a fresh active segment."""
+        self.directory.mkdir(parents=True, exist_ok=True)
+        report = RecoveryReport()
+        paths = sorted(self.directory.glob(f"*{_SUFFIX}"))
+        for i, path in enumerate(paths):
+            segment = _Segment(path)
+            records = self._read_segment(path, newest=i == len(paths) - 1, report=report)
+            segment.note(records)
+            report.records.extend(records)
+            self._sealed.append(segment)
+        self._roll(int(paths[-1].stem) + 1 if paths else 1)
+        return report
+
+    def _read_segment(self, path: Path, *, newest: bool, report: RecoveryReport) -> list[Record]:
+        data = path.read_bytes()
+        records: list[Record] = []
+        pos = 0
+        while pos < len(data):
+            end = _frame_at(data, pos)
+            if end is not None:
+                records.append(decode(data[pos + FRAME_HEADER.size : end]))
+                pos = end
+                continue
+            resume = _next_valid_frame(data, pos + 1)
+            if resume is None and newest:
+                log.warning("WAL %s: truncating torn tail of %d bytes at %d", path.name, len(data) - pos, pos)
+                report.torn_bytes += len(data) - pos
+                with path.open("r+b") as f:
+                    f.truncate(pos)
+                    os.fsync(f.fileno())
+                break
+            stop = len(data) if resume is None else resume
+            self._quarantine(path)
+            log.error("WAL %s: corrupt bytes %d-%d fail their checksum; not replayed", path.name, pos, stop)
+            report.corrupt.append(CorruptSpan(path.name, pos, stop))
+            pos = stop
+        return records
+
+    def _quarantine(self, path: Path) -> None:
+        target = self.directory / "quarantine" / path.name
+        if not target.exists():
+            target.parent.mkdir(exist_ok=True)
+            shutil.copy2(path, target)
+
+    # -- appending ----------------------------------------------------------------------
+    def append(self, frames: list[bytes], records: list[Record]) -> None:
+        """Write one group and make it durable; on failure the segment is cut back to before it."""
+        data = b"".join(frames)
+        with self._lock:
+            assert self._active is not None, "recover() first"
+            before = self._size
+            try:
+                written = os.write(self._fd, data)
+                while written < len(data):
+                    written += os.write(self._fd, data[written:])
+                if self.fsync:
+                    os.fdatasync(self._fd)
+            except OSError:
+                self._cut_back(before)
+                raise
+            self._size = before + len(data)
+            self._active.note(records)
+            if self._size >= self.segment_bytes:
+                self._sealed.append(self._active)
+                os.close(self._fd)
+                self._roll(int(self._active.path.stem) + 1)
+
+    def _cut_back(self, size: int) -> None:
+        try:
+            os.ftruncate(self._fd, size)
+            os.lseek(self._fd, size, os.SEEK_SET)
+        except OSError:
+            log.exception("WAL: could not cut back a failed write; recovery will truncate it")
+
+    def _roll(self, number: int) -> None:
+        path = self.directory / f"{number:016d}{_SUFFIX}"
+        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        self._size = os.fstat(self._fd).st_size
+        self._active = _Segment(path)
+        dir_fd = os.open(self.directory, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)  # the new file's name must survive a crash too
+        finally:
+            os.close(dir_fd)
+
+    # -- release ------------------------------------------------------------------------
+    def release(self, committed_below: Callable[[PartitionKey], int]) -> int:
+        """Delete sealed segments whose every record is below its partition's committed log-end."""
+        with self._lock:
+            keep: list[_Segment] = []
+            deleted = 0
+            for segment in self._sealed:
+                if all(offset < committed_below(key) for key, offset in segment.max_offsets.items()):
+                    segment.path.unlink(missing_ok=True)
+                    deleted += 1
+                else:
+                    keep.append(segment)
+            self._sealed = keep
+            return deleted
+
+    def segment_count(self) -> int:
+        with self._lock:
+            return len(self._sealed) + (1 if self._active else 0)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._fd >= 0:
+                os.close(self._fd)
+                self._fd = -1

@@ -1,0 +1,98 @@
+"""The project's one SparkSession factory.
+
+Delta Lake comes from jars that ``make setup`` (scripts/fetch_jars.sh) put in
+``.cache/jars``; nothing is resolved over the network when a session starts (no
+``spark.jars.packages``/Ivy). Commits to ``file:`` tables go through
+``AtomicLocalLogStore``, a put-if-absent LogStore, so Spark and delta-rs (which
+commits with an atomic rename-no-replace) can both write the same table.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_JARS_DIR = REPO_ROOT / ".cache" / "jars"
+
+LOGSTORE_CONF_KEY = "spark.delta.logStore.file.impl"
+LOGSTORE_CLASS = "io.lakebroker.delta.AtomicLocalLogStore"
+
+# Each glob must match at least one jar for the session to work.
+_REQUIRED_JARS = ("delta-spark_*.jar", "delta-storage-*.jar", "lakebroker-logstore.jar")
+
+_DELTA_DEFAULTS = "spark.databricks.delta.properties.defaults."
+
+# Static: fixed for the life of the JVM, so they only take effect on a fresh session.
+_BASE_CONF: dict[str, str] = {
+    "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
+    "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
+    LOGSTORE_CONF_KEY: LOGSTORE_CLASS,
+    # New tables stay on the plain reader 1 / writer 2 protocol: these features are either
+    # not writable by delta-rs or change how files are read (DVs), and the log is shared.
+    _DELTA_DEFAULTS + "enableDeletionVectors": "false",
+    _DELTA_DEFAULTS + "enableRowTracking": "false",
+    _DELTA_DEFAULTS + "enableInCommitTimestamps": "false",
+    # (Liquid clustering has no default switch in OSS Delta: only an explicit CLUSTER BY.)
+    # The py4j (classic) API, even if SPARK_API_MODE says otherwise: callers use the JVM.
+    "spark.api.mode": "classic",
+    "spark.ui.enabled": "false",
+    # Sized for a 2-core, 24 GB machine and small topic tables.
+    "spark.driver.memory": "2g",
+    "spark.driver.maxResultSize": "512m",
+    "spark.sql.shuffle.partitions": "4",
+    # Delta's snapshot state reconstruction defaults to 50 partitions: pure overhead here.
+    "spark.databricks.delta.snapshotPartitions": "4",
+    "spark.sql.session.timeZone": "UTC",
+    # Python workers must use this interpreter (the venv), not whatever python3 is on PATH.
+    "spark.pyspark.python": sys.executable,
+}
+
+
+def jar_paths(jars_dir: Path) -> list[Path]:
+    """The jars to put on Spark's classpath, or a RuntimeError naming the fix."""
+    jars = sorted(jars_dir.glob("*.jar")) if jars_dir.is_dir() else []
+    missing = [glob for glob in _REQUIRED_JARS if not any(j.match(glob) for j in jars)]
+    if missing:
+        raise RuntimeError(
+            f"Delta jars not found in {jars_dir} (missing {', '.join(missing)}): run `make setup`"
+        )
+    return jars
+
+
+def build_spark_session(
+    *,
+    master: str = "local[*]",
+    jars_dir: Path,
+    app_name: str = "lakebroker",
+    extra_conf: Mapping[str, str] | None = None,
+) -> SparkSession:
+    """Start (or return the running) Delta-enabled SparkSession.
+
+    ``extra_conf`` is applied last, so it may override the defaults above.
+    Raises RuntimeError if a session not built here is already running, since its
+    static conf (jars, LogStore) can no longer be changed.
+    """
+    from pyspark.sql import SparkSession  # lazy: importing pyspark is slow and optional
+
+    conf = dict(_BASE_CONF)
+    conf["spark.jars"] = ",".join(str(p.resolve()) for p in jar_paths(jars_dir))
+    conf.update(extra_conf or {})
+
+    builder = SparkSession.builder.master(master).appName(app_name)
+    for key, value in conf.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+
+    actual = spark.sparkContext.getConf().get(LOGSTORE_CONF_KEY)
+    if actual != conf[LOGSTORE_CONF_KEY]:
+        raise RuntimeError(
+            f"a SparkSession not built by build_spark_session is already running "
+            f"({LOGSTORE_CONF_KEY}={actual!r}); stop it first"
+        )
+    return spark

@@ -1,0 +1,103 @@
+"""The one place that reads and writes Delta tables from Python (delta-rs).
+
+Spark jobs commit to the same tables through spark_pipeline/session.py, whose LogStore makes
+its local commits put-if-absent, like delta-rs's; both sides then resolve conflicts the way
+Delta defines, and neither can overwrite the other's commit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as pads
+from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
+
+from tables.schemas import HOT_PATH_TABLE_PROPERTIES, SCHEMA_VERSION_PROPERTY
+
+
+def partition_app_id(partition: int) -> str:
+    """The txn appId whose version is a partition's log-end offset (the next offset to assign).
+
+    The flusher writes it in the same commit as the rows, so "which offsets are in the table"
+    and "the rows" can never disagree, retention cannot erase the log-end, and a replayed WAL
+    record below it is known to be committed already.
+    """
+    return f"lakebroker.partition.{partition}"
+
+
+def ensure_table(uri: str, schema: pa.Schema, *, partition_by: list[str] | None, version: int) -> DeltaTable:
+    """Create the table if it is missing; idempotent, and safe if another process races us."""
+    if DeltaTable.is_deltatable(uri):
+        table = DeltaTable(uri)
+    else:
+        Path(uri).mkdir(parents=True, exist_ok=True)
+        config: dict[str, str | None] = dict(HOT_PATH_TABLE_PROPERTIES)
+        table = DeltaTable.create(uri, schema, mode="ignore", partition_by=partition_by, configuration=config)
+    # delta-rs refuses custom properties at create time, so the version is a second commit.
+    if table.metadata().configuration.get(SCHEMA_VERSION_PROPERTY) is None:
+        table.alter.set_table_properties({SCHEMA_VERSION_PROPERTY: str(version)}, raise_if_not_exists=False)
+    return table
+
+
+def open_table(uri: str) -> DeltaTable | None:
+    return DeltaTable(uri) if DeltaTable.is_deltatable(uri) else None
+
+
+def append(
+    table: DeltaTable,
+    data: pa.Table,
+    *,
+    txns: Mapping[str, int] | None = None,
+    metadata: Mapping[str, Any] | None = None,
+) -> None:
+    """Append rows, and in the same commit record each txn appId at its version."""
+    props = CommitProperties(
+        app_transactions=[Transaction(app_id, version) for app_id, version in (txns or {}).items()],
+        custom_metadata=dict(metadata) if metadata else None,
+        max_commit_retries=100,
+    )
+    write_deltalake(table, data, mode="append", commit_properties=props)
+
+
+def overwrite(table: DeltaTable, data: pa.Table) -> None:
+    write_deltalake(table, data, mode="overwrite")
+
+
+def txn_version(table: DeltaTable, app_id: str) -> int | None:
+    return table.transaction_version(app_id)
+
+
+@dataclass(frozen=True)
+class PartitionFiles:
+    partition: int
+    files: int
+    rows: int
+    size_bytes: int
+    min_offset: int | None
+
+
+def partition_files(table: DeltaTable) -> dict[int, PartitionFiles]:
+    """Per-partition file count, rows, bytes and lowest offset, from the log alone (no data read)."""
+    actions = pa.table(table.get_add_actions(flatten=True))
+    if actions.num_rows == 0:
+        return {}
+    grouped = actions.group_by("partition.partition").aggregate(
+        [("path", "count"), ("num_records", "sum"), ("size_bytes", "sum"), ("min.offset", "min")]
+    )
+    out: dict[int, PartitionFiles] = {}
+    for row in grouped.to_pylist():
+        p = int(row["partition.partition"])
+        out[p] = PartitionFiles(p, row["path_count"], row["num_records_sum"] or 0, row["size_bytes_sum"] or 0,
+                                row["min.offset_min"])
+    return out
+
+
+def read_rows(table: DeltaTable, filter_expr: pc.Expression, columns: list[str] | None = None) -> pa.Table:
+    """Read rows matching a filter; partition and file statistics prune what is opened."""
+    dataset: pads.Dataset = table.to_pyarrow_dataset()
+    return dataset.to_table(filter=filter_expr, columns=columns)

@@ -1,0 +1,69 @@
+"""The error tree shared by every lakebroker package.
+
+    LakebrokerError
+     ├── InvalidRequest          bad input a person can fix (400)
+     │    └── InvalidName        a topic or group name that is not allowed
+     ├── NotFound                an unknown topic, partition or subscription (404)
+     ├── AlreadyExists           a create that names something that exists (409)
+     ├── OutOfRange              an offset outside [log_start, log_end] (416)
+     ├── TooLarge                a message or body over its limit (413)
+     ├── Backpressure            the WAL backlog is over its bound (429)
+     └── StorageUnavailable      the disk is full or failing (507)
+
+Each class carries the HTTP status it maps to, so the API maps errors in one place
+and the CLI prints the same one-line message.
+"""
+
+from __future__ import annotations
+
+
+class LakebrokerError(Exception):
+    status: int = 500
+    code: str = "internal"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class InvalidRequest(LakebrokerError):
+    status = 400
+    code = "invalid_request"
+
+
+class InvalidName(InvalidRequest):
+    code = "invalid_name"
+
+
+class NotFound(LakebrokerError):
+    status = 404
+    code = "not_found"
+
+
+class AlreadyExists(LakebrokerError):
+    status = 409
+    code = "already_exists"
+
+
+class OutOfRange(LakebrokerError):
+    status = 416
+    code = "offset_out_of_range"
+
+
+class TooLarge(LakebrokerError):
+    status = 413
+    code = "too_large"
+
+
+class Backpressure(LakebrokerError):
+    status = 429
+    code = "backpressure"
+
+    def __init__(self, message: str, retry_after_s: float) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class StorageUnavailable(LakebrokerError):
+    status = 507
+    code = "storage_unavailable"

@@ -1,0 +1,38 @@
+"""How a message value is stored and shown: the `format` column's one owner.
+
+- `json`: any JSON value that is not a string, stored as compact JSON text;
+- `text`: a JSON string, stored as its UTF-8 bytes (so SQL sees `hello`, not `"hello"`);
+- `binary`: raw bytes (sent as `value_b64`, or as an application/octet-stream body).
+"""
+
+from __future__ import annotations
+
+import base64
+from typing import Any
+
+import orjson
+
+CONTENT_TYPES = {"json": "application/json", "text": "text/plain; charset=utf-8", "binary": "application/octet-stream"}
+
+
+def from_json_value(value: Any) -> tuple[bytes | None, str]:
+    if value is None:
+        return None, "json"  # a tombstone
+    if isinstance(value, str):
+        return value.encode(), "text"
+    return orjson.dumps(value), "json"
+
+
+def from_base64(data: str) -> bytes:
+    return base64.b64decode(data, validate=True)
+
+
+def render(value: bytes | None, fmt: str) -> dict[str, Any]:
+    """The JSON fields that show a stored value: `value`, or `value_b64` for binary."""
+    if value is None:
+        return {"value": None}
+    if fmt == "json":
+        return {"value": orjson.loads(value)}
+    if fmt == "text":
+        return {"value": value.decode()}
+    return {"value": None, "value_b64": base64.b64encode(value).decode()}

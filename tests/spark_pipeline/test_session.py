@@ -1,0 +1,168 @@
+"""The Spark session factory: local Delta jars, and put-if-absent commits shared with delta-rs."""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+from deltalake import DeltaTable, write_deltalake
+from py4j.protocol import Py4JJavaError
+
+from spark_pipeline.session import (
+    DEFAULT_JARS_DIR,
+    LOGSTORE_CLASS,
+    build_spark_session,
+    jar_paths,
+)
+
+pytestmark = pytest.mark.timeout(600)
+
+SCHEMA = pa.schema([("id", pa.int64()), ("src", pa.string())])
+
+
+@pytest.fixture(scope="module")
+def spark() -> Iterator[Any]:
+    session = build_spark_session(master="local[2]", jars_dir=DEFAULT_JARS_DIR)
+    yield session
+    session.stop()
+
+
+def _log_versions(table: Path) -> list[int]:
+    names = [p.name for p in (table / "_delta_log").iterdir()]
+    return sorted(int(n[:20]) for n in names if re.fullmatch(r"\d{20}\.json", n))
+
+
+def _commit_info(table: Path, version: int) -> dict[str, Any]:
+    text = (table / "_delta_log" / f"{version:020d}.json").read_text()
+    for line in text.splitlines():
+        action = json.loads(line)
+        if "commitInfo" in action:
+            info: dict[str, Any] = action["commitInfo"]
+            return info
+    raise AssertionError(f"version {version} has no commitInfo")
+
+
+def test_jar_paths_missing_dir_names_make_setup(tmp_path: Path) -> None:
+    with pytest.raises(RuntimeError, match="run `make setup`"):
+        jar_paths(tmp_path / "nope")
+
+
+def test_delta_round_trip(spark: Any, tmp_path: Path) -> None:
+    path = str(tmp_path / "t")
+    spark.createDataFrame([(1, "a"), (2, "b")], "id long, src string").write.format(
+        "delta"
+    ).save(path)
+
+    rows = spark.read.format("delta").load(path).orderBy("id").collect()
+    assert [(r.id, r.src) for r in rows] == [(1, "a"), (2, "b")]
+    history = spark.sql(f"DESCRIBE HISTORY delta.`{path}`").collect()
+    assert [(h.version, h.operation) for h in history] == [(0, "WRITE")]
+
+
+def test_no_network_package_resolution(spark: Any) -> None:
+    conf = spark.sparkContext.getConf()
+    assert not conf.contains("spark.jars.packages")
+    assert spark.conf.get("spark.jars.packages", None) is None
+    assert all(jar.startswith("/") for jar in conf.get("spark.jars").split(","))
+
+
+def test_logstore_write_is_put_if_absent(spark: Any, tmp_path: Path) -> None:
+    jvm = spark._jvm
+    table = tmp_path / "t"
+    spark.range(1).write.format("delta").save(str(table))
+    target = jvm.org.apache.hadoop.fs.Path((table / "_delta_log").as_uri() + "/" + f"{1:020d}.json")
+
+    # The store Delta itself uses for this table, not just an instance of our class.
+    delta_log = jvm.org.apache.spark.sql.delta.DeltaLog.forTable(spark._jsparkSession, str(table))
+    store = delta_log.store().getDelegate(target).logStoreImpl()
+    assert store.getClass().getName() == LOGSTORE_CLASS
+    hadoop_conf = spark._jsc.hadoopConfiguration()
+    assert not store.isPartialWriteVisible(target, hadoop_conf)
+
+    def lines(*texts: str) -> Any:
+        java_list = jvm.java.util.ArrayList()
+        for text in texts:
+            java_list.add(text)
+        return java_list.iterator()
+
+    store.write(target, lines('{"first":1}', '{"first":2}'), False, hadoop_conf)
+    with pytest.raises(Py4JJavaError) as excinfo:
+        store.write(target, lines('{"second":1}'), False, hadoop_conf)
+    java_exc = excinfo.value.java_exception
+    assert java_exc.getClass().getName() == "java.nio.file.FileAlreadyExistsException"
+
+    log = table / "_delta_log"
+    assert (log / f"{1:020d}.json").read_text() == '{"first":1}\n{"first":2}\n'
+    assert not [p.name for p in log.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_spark_and_delta_rs_commit_concurrently(spark: Any, tmp_path: Path) -> None:
+    table = tmp_path / "race"
+    uri = str(table)
+    write_deltalake(uri, pa.table({"id": [0], "src": ["seed"]}, schema=SCHEMA))
+
+    rs_appends, spark_rounds, deadline = 30, 5, time.monotonic() + 240
+    rs_ids = list(range(1_000, 1_000 + rs_appends))
+    rs_done: list[int] = []
+    errors: list[BaseException] = []
+    started = threading.Event()
+
+    def delta_rs_writer() -> None:
+        rng = random.Random(7)
+        started.wait(timeout=60)
+        try:
+            for row_id in rs_ids:
+                if time.monotonic() > deadline:
+                    break
+                batch = pa.table({"id": [row_id], "src": ["rs"]}, schema=SCHEMA)
+                write_deltalake(uri, batch, mode="append")
+                rs_done.append(row_id)
+                time.sleep(rng.uniform(0.0, 0.25))  # spread appends over Spark's commits
+        except BaseException as exc:  # surfaced by the assertion below
+            errors.append(exc)
+
+    writer = threading.Thread(target=delta_rs_writer, name="delta-rs-writer", daemon=True)
+    spark_ids: list[int] = []
+    spark.read.format("delta").load(uri).count()  # warm up before racing
+    writer.start()
+    started.set()
+    for n in range(spark_rounds):
+        if time.monotonic() > deadline:
+            break
+        ids = [2_000 + 10 * n + i for i in range(3)]
+        spark.createDataFrame([(i, "spark") for i in ids], "id long, src string").write.format(
+            "delta"
+        ).mode("append").save(uri)
+        spark_ids += ids
+        spark.sql(f"OPTIMIZE delta.`{uri}`").collect()
+    writer.join(timeout=max(1.0, deadline - time.monotonic()))
+
+    assert not writer.is_alive(), "delta-rs writer did not finish in time"
+    assert not errors, errors
+    assert rs_done == rs_ids
+    assert len(spark_ids) == 3 * spark_rounds
+
+    versions = _log_versions(table)
+    assert versions == list(range(len(versions))), "commit versions must be contiguous"
+    assert not [p.name for p in (table / "_delta_log").iterdir() if p.name.endswith(".tmp")]
+    writers = [_commit_info(table, v) for v in versions]
+    rs_writes = [c for c in writers if c.get("clientVersion", "").startswith("delta-rs")]
+    assert len(rs_writes) == 1 + rs_appends  # the create plus every append, none overwritten
+    spark_appends = [
+        c for c in writers if "Apache-Spark" in c.get("engineInfo", "") and c["operation"] == "WRITE"
+    ]
+    assert len(spark_appends) == spark_rounds
+
+    expected = sorted([0, *rs_ids, *spark_ids])
+    spark_rows = spark.read.format("delta").load(uri).select("id").collect()
+    assert sorted(r.id for r in spark_rows) == expected
+    rs_rows = DeltaTable(uri).to_pyarrow_table().column("id").to_pylist()
+    assert sorted(rs_rows) == expected
