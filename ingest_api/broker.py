@@ -133,7 +133,7 @@ class Broker:
                 continue
             rows = delta.read_rows(
                 table,
-                (pc.field("timestamp") >= pc.scalar(horizon_us).cast("timestamp[us, tz=UTC]"))
+                (pc.field("timestamp") >= delta.timestamp_literal(horizon_us))
                 & (pc.field("message_id").is_valid() | pc.field("producer_id").is_valid()),
                 columns=["partition", "offset", "timestamp", "message_id", "producer_id", "sequence"],
             )

@@ -11,6 +11,7 @@ neither loses nor duplicates a row.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections import defaultdict
@@ -104,14 +105,9 @@ class Flusher:
         interval = self._settings.flush_interval_ms / 1000
         backoff = interval
         while True:
-            if self._oldest is None:
-                wait = interval
-            else:
-                wait = max(0.0, self._oldest + interval - time.monotonic())
-            try:
+            wait = interval if self._oldest is None else max(0.0, self._oldest + interval - time.monotonic())
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), timeout=wait)
-            except TimeoutError:
-                pass
             self._wake.clear()
             if not self._pending:
                 continue
@@ -140,7 +136,7 @@ class Flusher:
             started = time.perf_counter()
             try:
                 ends = await asyncio.to_thread(self._commit, topic, live)
-            except Exception:  # noqa: BLE001 - retried; the records stay in the WAL meanwhile
+            except Exception:
                 log.exception("flush of %d records to topic %r failed; will retry", len(live), name)
                 self._metrics.flush_errors.labels(name).inc()
                 failed.extend(live)

@@ -74,10 +74,7 @@ class GroupCommitter:
             await asyncio.to_thread(self._write, records)
         except Exception as exc:  # noqa: BLE001 - any failure means: not durable, roll back
             self.next_offsets.update(saved)
-            if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
-                reason = "disk full"
-            else:
-                reason = f"write failed ({exc})"
+            reason = "disk full" if isinstance(exc, OSError) and exc.errno == errno.ENOSPC else f"write failed ({exc})"
             log.error("WAL group of %d not durable: %s", len(group), reason)
             error = StorageUnavailable(f"WAL {reason}: the message was not accepted; retry once space returns")
             for p in group:

@@ -36,7 +36,7 @@ def offset_for_timestamp(layout: Layout, topic: TopicConfig, partition: int, tim
     rows = delta.read_rows(
         table,
         (pc.field("partition") == partition)
-        & (pc.field("timestamp") >= pc.scalar(timestamp_us).cast("timestamp[us, tz=UTC]")),
+        & (pc.field("timestamp") >= delta.timestamp_literal(timestamp_us)),
         columns=["offset"],
     )
     if rows.num_rows == 0:

@@ -62,7 +62,7 @@ def _frame_at(data: bytes, pos: int) -> int | None:
     if len(data) - pos < FRAME_HEADER.size:
         return None
     length, crc = FRAME_HEADER.unpack_from(data, pos)
-    end = pos + FRAME_HEADER.size + length
+    end: int = pos + FRAME_HEADER.size + length
     if length > MAX_FRAME_BYTES or end > len(data):
         return None
     if not frame_crc_ok(length, crc, data[pos + FRAME_HEADER.size : end]):

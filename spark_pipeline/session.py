@@ -59,9 +59,7 @@ def jar_paths(jars_dir: Path) -> list[Path]:
     jars = sorted(jars_dir.glob("*.jar")) if jars_dir.is_dir() else []
     missing = [glob for glob in _REQUIRED_JARS if not any(j.match(glob) for j in jars)]
     if missing:
-        raise RuntimeError(
-            f"Delta jars not found in {jars_dir} (missing {', '.join(missing)}): run `make setup`"
-        )
+        raise RuntimeError(f"Delta jars not found in {jars_dir} (missing {', '.join(missing)}): run `make setup`")
     return jars
 
 

@@ -97,6 +97,11 @@ def partition_files(table: DeltaTable) -> dict[int, PartitionFiles]:
     return out
 
 
+def timestamp_literal(epoch_us: int) -> pc.Expression:
+    """A literal comparable with the UTC microsecond `timestamp` columns."""
+    return pc.scalar(pa.scalar(epoch_us, type=pa.timestamp("us", tz="UTC")))
+
+
 def read_rows(table: DeltaTable, filter_expr: pc.Expression, columns: list[str] | None = None) -> pa.Table:
     """Read rows matching a filter; partition and file statistics prune what is opened."""
     dataset: pads.Dataset = table.to_pyarrow_dataset()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 from fastapi import APIRouter, Response
 
@@ -13,8 +14,7 @@ from tables.layout import validate_name
 from tables.topics import TopicConfig, new_topic
 
 router = APIRouter(prefix="/v1/topics", tags=["topics"])
-_ERRORS = {400: {"model": ErrorPublic}, 404: {"model": ErrorPublic}, 409: {"model": ErrorPublic},
-           422: {"model": ErrorPublic}}
+_ERRORS: dict[int | str, dict[str, Any]] = {code: {"model": ErrorPublic} for code in (400, 404, 409, 422)}
 
 
 async def _public(broker: BrokerDep, topic: TopicConfig, with_offsets: bool) -> TopicPublic:

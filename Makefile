@@ -1,0 +1,41 @@
+# The two commands a person needs: `make run` and `make test`. Both set everything up first.
+# Setup is idempotent: each step is skipped while its inputs are unchanged.
+
+PYTHON_BIN ?= python3.11
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: run test setup lint bench bench-quick clean
+
+run: setup
+	$(VENV)/bin/lakebroker serve
+
+test: setup
+	bash scripts/test.sh
+
+setup: $(STAMP) .cache/jars/.stamp
+
+# Every version, transitive ones too, is pinned in requirements.lock.
+$(STAMP): pyproject.toml requirements.lock
+	test -x $(PY) || $(PYTHON_BIN) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -c requirements.lock -e ".[dev]"
+	touch $(STAMP)
+
+# Delta jars from Maven Central (transitively), plus the atomic LogStore, into .cache/jars.
+.cache/jars/.stamp: build/jars/pom.xml scripts/fetch_jars.sh $(STAMP) $(wildcard spark_pipeline/java/io/lakebroker/delta/*.java)
+	PYTHON=$(PY) bash scripts/fetch_jars.sh
+
+lint: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy tables ingest_api delivery_worker spark_pipeline lakebroker
+
+bench: setup
+	$(PY) -m bench.run
+
+bench-quick: setup
+	$(PY) -m bench.run --quick
+
+clean:
+	rm -rf $(VENV) .cache data

@@ -1,0 +1,131 @@
+"""How a CLI command reaches a data dir's broker.
+
+Only one process may assign a data dir's offsets (tables/lock.py). If no server holds the
+lock, the command runs an embedded broker for its own duration; otherwise it calls the
+running server's HTTP API at the address `serve` wrote to `server.json`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Iterator
+from dataclasses import asdict
+from typing import Any, Protocol
+
+import httpx
+import orjson
+from prometheus_client import CollectorRegistry
+
+from ingest_api.broker import AckMode, Broker, NewMessage
+from ingest_api.metrics import IngestMetrics
+from tables.errors import (
+    AlreadyExists,
+    Backpressure,
+    InvalidRequest,
+    LakebrokerError,
+    NotFound,
+    StorageUnavailable,
+    TooLarge,
+)
+from tables.layout import Layout
+from tables.lock import DataDirLock
+from tables.settings import Settings
+from tables.topics import TopicConfig, new_topic
+
+
+class BrokerAccess(Protocol):
+    def create_topic(self, name: str, partitions: int, config: dict[str, Any]) -> dict[str, Any]: ...
+    def produce(self, topic: str, message: NewMessage, ack: AckMode) -> dict[str, Any]: ...
+
+
+class EmbeddedAccess:
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+
+    def _run(self, work: Any) -> Any:
+        async def main() -> Any:
+            broker = Broker(self.settings, IngestMetrics(CollectorRegistry()))
+            await broker.start()
+            try:
+                return await work(broker)
+            finally:
+                await broker.stop()
+
+        return asyncio.run(main())
+
+    def create_topic(self, name: str, partitions: int, config: dict[str, Any]) -> dict[str, Any]:
+        async def work(broker: Broker) -> TopicConfig:
+            return await broker.create_topic(new_topic(name, partitions, **config))
+
+        topic: TopicConfig = self._run(work)
+        return topic.public()
+
+    def produce(self, topic: str, message: NewMessage, ack: AckMode) -> dict[str, Any]:
+        async def work(broker: Broker) -> dict[str, Any]:
+            # The embedded broker stops right after, committing to Delta: answer as for ack=table.
+            (result,) = await broker.produce(topic, [message], AckMode.TABLE if ack is AckMode.NONE else ack)
+            return asdict(result)
+
+        out: dict[str, Any] = self._run(work)
+        return out
+
+
+_ERRORS_BY_STATUS: dict[int, type[LakebrokerError]] = {
+    400: InvalidRequest, 404: NotFound, 409: AlreadyExists, 413: TooLarge, 422: InvalidRequest,
+    507: StorageUnavailable,
+}
+
+
+class RemoteAccess:
+    def __init__(self, url: str) -> None:
+        self.client = httpx.Client(base_url=url, timeout=30)
+
+    def _call(self, method: str, path: str, **kwargs: Any) -> Any:
+        try:
+            response = self.client.request(method, path, **kwargs)
+        except httpx.HTTPError as exc:
+            raise StorageUnavailable(f"the running server at {self.client.base_url} did not answer: {exc}") from None
+        if response.status_code >= 400:
+            try:
+                message = response.json()["error"]["message"]
+            except (ValueError, KeyError, TypeError):
+                message = response.text
+            if response.status_code == 429:
+                raise Backpressure(message, float(response.headers.get("retry-after", "1")))
+            raise _ERRORS_BY_STATUS.get(response.status_code, LakebrokerError)(message)
+        return response.json()
+
+    def create_topic(self, name: str, partitions: int, config: dict[str, Any]) -> dict[str, Any]:
+        out: dict[str, Any] = self._call("POST", "/v1/topics", json={"name": name, "partitions": partitions, **config})
+        return out
+
+    def produce(self, topic: str, message: NewMessage, ack: AckMode) -> dict[str, Any]:
+        body: dict[str, Any] = {"key": message.key, "headers": message.headers, "partition": message.partition,
+                                "id": message.message_id}
+        if message.format == "json" and message.value is not None:
+            body["value"] = orjson.loads(message.value)
+        else:
+            body["value"] = None if message.value is None else message.value.decode()
+        out: dict[str, Any] = self._call("POST", f"/v1/topics/{topic}/messages", params={"ack": ack.value},
+                                         json={k: v for k, v in body.items() if v is not None or k == "value"})
+        return out
+
+
+@contextlib.contextmanager
+def broker_access(settings: Settings) -> Iterator[BrokerAccess]:
+    layout = Layout(settings.data_dir)
+    lock = DataDirLock(layout.lock_file)
+    if lock.try_acquire():
+        try:
+            yield EmbeddedAccess(settings)
+        finally:
+            lock.release()
+        return
+    try:
+        url = orjson.loads(layout.server_file.read_bytes())["url"]
+    except (OSError, ValueError, KeyError):
+        raise StorageUnavailable(
+            f"another process holds {layout.lock_file} but left no address in {layout.server_file}"
+        ) from None
+    yield RemoteAccess(url)

@@ -1,0 +1,170 @@
+"""The `lakebroker` command line.
+
+Every command answers bad input with a one-line reason on stderr and a non-zero exit
+(1 for a refused request, 2 for a malformed command line), never a traceback.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from pydantic import ValidationError
+from rich.console import Console
+from rich.table import Table
+
+from ingest_api.broker import AckMode, NewMessage
+from lakebroker.access import broker_access
+from tables.errors import LakebrokerError
+from tables.layout import Layout, validate_name
+from tables.message_format import from_json_value
+from tables.settings import Settings
+from tables.topics import TopicStore
+
+app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
+                  help="lakebroker: a message broker whose log is a Delta Lake table.")
+topics_app = typer.Typer(no_args_is_help=True, help="Create, list, describe and delete topics.")
+app.add_typer(topics_app, name="topics")
+
+out = Console()
+err = Console(stderr=True)
+
+
+class _State:
+    settings: Settings
+
+
+state = _State()
+
+
+def fail(message: str, code: int = 1) -> typer.Exit:
+    err.print(f"error: {message}", markup=False, highlight=False, soft_wrap=True)
+    return typer.Exit(code)
+
+
+@app.callback()
+def main_options(
+    data_dir: Annotated[Path | None, typer.Option("--data-dir", envvar="LAKEBROKER_DATA_DIR",
+                                                  help="Data directory (default ./data).")] = None,
+) -> None:
+    overrides: dict[str, Any] = {} if data_dir is None else {"data_dir": data_dir}
+    try:
+        state.settings = Settings(**overrides)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        raise fail(f"bad setting {'.'.join(str(p) for p in first['loc'])}: {first['msg']}", 2) from None
+
+
+def settings() -> Settings:
+    return state.settings
+
+
+def print_rows(columns: list[str], rows: list[list[Any]]) -> None:
+    table = Table(*columns, show_lines=False)
+    for row in rows:
+        table.add_row(*("NULL" if v is None else str(v) for v in row))
+    out.print(table)
+
+
+# -- topics ---------------------------------------------------------------------------------
+@topics_app.command("create")
+def topics_create(
+    name: str,
+    partitions: Annotated[int, typer.Option("--partitions", "-p", min=1, max=1024)] = 3,
+    retention_ms: Annotated[int | None, typer.Option(help="Delete messages older than this.")] = None,
+    retention_bytes: Annotated[int | None, typer.Option(help="Keep at most this many bytes per partition.")] = None,
+    cleanup_policy: Annotated[str, typer.Option(help="delete or compact")] = "delete",
+    max_message_bytes: Annotated[int | None, typer.Option()] = None,
+) -> None:
+    """Create a topic (and its Delta table)."""
+    config: dict[str, Any] = {"cleanup_policy": cleanup_policy,
+                              "max_message_bytes": max_message_bytes or settings().default_max_message_bytes}
+    if retention_ms is not None:
+        config["retention_ms"] = retention_ms
+    if retention_bytes is not None:
+        config["retention_bytes"] = retention_bytes
+    with broker_access(settings()) as broker:
+        topic = broker.create_topic(name, partitions, config)
+    out.print(f"created topic {topic['name']} with {topic['partitions']} partitions", highlight=False)
+
+
+@topics_app.command("list")
+def topics_list() -> None:
+    """List topics and their configuration."""
+    topics = TopicStore(Layout(settings().data_dir)).load()
+    print_rows(
+        ["name", "partitions", "cleanup_policy", "retention_ms", "retention_bytes", "max_message_bytes"],
+        [[t.name, t.partitions, t.cleanup_policy.value, t.retention_ms, t.retention_bytes, t.max_message_bytes]
+         for t in sorted(topics.values(), key=lambda t: t.name)],
+    )
+
+
+# -- produce --------------------------------------------------------------------------------
+@app.command()
+def produce(
+    topic: str,
+    value: str,
+    key: Annotated[str | None, typer.Option("--key", "-k")] = None,
+    partition: Annotated[int | None, typer.Option(min=0)] = None,
+    message_id: Annotated[str | None, typer.Option("--id", help="Message id, for deduplication.")] = None,
+    json_value: Annotated[bool, typer.Option("--json", help="Parse VALUE as JSON.")] = False,
+    ack: Annotated[AckMode, typer.Option(help="none, wal or table.")] = AckMode.WAL,
+) -> None:
+    """Produce one message; prints its partition and offset."""
+    validate_name(topic)
+    if json_value:
+        import orjson
+
+        try:
+            raw, fmt = from_json_value(orjson.loads(value))
+        except orjson.JSONDecodeError as exc:
+            raise fail(f"--json given but VALUE is not JSON: {exc}") from None
+    else:
+        raw, fmt = value.encode(), "text"
+    message = NewMessage(value=raw, format=fmt, key=key, partition=partition, message_id=message_id)
+    with broker_access(settings()) as broker:
+        result = broker.produce(topic, message, ack)
+    out.print(f"partition {result['partition']} offset {result['offset']}", highlight=False)
+
+
+# -- serve ----------------------------------------------------------------------------------
+@app.command()
+def serve(
+    host: Annotated[str | None, typer.Option(help="Bind address (default setting host).")] = None,
+    port: Annotated[int | None, typer.Option(help="Port (default setting port).")] = None,
+) -> None:
+    """Run the ingest API and the background workers on this data dir."""
+    from lakebroker.server import run_server
+
+    run_server(settings().model_copy(update={k: v for k, v in {"host": host, "port": port}.items() if v is not None}))
+
+
+# -- analysts -------------------------------------------------------------------------------
+@app.command()
+def sql(
+    query: str,
+    limit: Annotated[int, typer.Option(min=1, help="Most rows printed.")] = 1000,
+) -> None:
+    """Run Spark SQL; every topic is a table under its own name."""
+    from spark_pipeline.sql import run_query
+
+    columns, rows = run_query(settings(), query, limit)
+    print_rows(columns, rows)
+
+
+def main() -> None:
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    try:
+        app()
+    except LakebrokerError as exc:
+        err.print(f"error: {exc.message}", markup=False, highlight=False, soft_wrap=True)
+        sys.exit(1)
+    except Exception as exc:
+        if os.environ.get("LAKEBROKER_DEBUG"):
+            raise
+        err.print(f"error: {type(exc).__name__}: {exc} (set LAKEBROKER_DEBUG=1 for the traceback)",
+                  markup=False, highlight=False, soft_wrap=True)
+        sys.exit(1)

@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# The whole test suite, as `make test` and CI run it: lint, types, then pytest.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+.venv/bin/ruff check .
+.venv/bin/mypy tables ingest_api delivery_worker spark_pipeline lakebroker
+mkdir -p test-artifacts
+.venv/bin/python -m pytest -p no:cacheprovider -q "$@"
