@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
@@ -23,7 +23,12 @@ class DataDirBusy(LakebrokerError):
     code = "data_dir_busy"
 
 
-def create_app(settings: Settings, registry: CollectorRegistry | None = None) -> FastAPI:
+def create_app(
+    settings: Settings,
+    registry: CollectorRegistry | None = None,
+    on_started: Callable[[], None] | None = None,
+) -> FastAPI:
+    """Build the app. `on_started` runs once the data-dir lock is held and recovery is done."""
     metrics = IngestMetrics(registry or CollectorRegistry())
     broker = Broker(settings, metrics)
     lock = DataDirLock(Layout(settings.data_dir).lock_file)
@@ -34,6 +39,8 @@ def create_app(settings: Settings, registry: CollectorRegistry | None = None) ->
             raise DataDirBusy(f"another lakebroker process owns {settings.data_dir}; stop it or use --data-dir")
         try:
             await broker.start()
+            if on_started is not None:
+                on_started()
             yield
         finally:
             if broker.started:

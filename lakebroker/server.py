@@ -23,12 +23,12 @@ def run_server(settings: Settings) -> None:
     port = sock.getsockname()[1]
     settings = settings.model_copy(update={"port": port})
     layout = Layout(settings.data_dir)
-    app = create_app(settings)
     host = f"[{settings.host}]" if ":" in settings.host else settings.host
 
-    @app.on_event("startup")
-    async def announce() -> None:  # after the lifespan took the data-dir lock
+    def announce() -> None:  # only once this process holds the data-dir lock
         layout.server_file.write_bytes(orjson.dumps({"url": f"http://{host}:{port}", "pid": os.getpid()}))
+
+    app = create_app(settings, on_started=announce)
 
     config = uvicorn.Config(app, log_level=settings.log_level, access_log=False, timeout_graceful_shutdown=10,
                             limit_concurrency=4096, h11_max_incomplete_event_size=64 * 1024)

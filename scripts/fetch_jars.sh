@@ -45,8 +45,12 @@ rm -rf "$NEW"
 mkdir -p "$NEW/classes" "$M2"
 
 echo "fetch_jars: resolving Delta jars with Maven (local repo $M2)"
-mvn -q -B -f "$POM" -Dmaven.repo.local="$M2" \
-  dependency:copy-dependencies -DoutputDirectory="$NEW"
+if ! mvn -q -B -f "$POM" -Dmaven.repo.local="$M2" \
+  dependency:copy-dependencies -DoutputDirectory="$NEW" >"$NEW/mvn.log" 2>&1; then
+  cat "$NEW/mvn.log" >&2
+  exit 1
+fi
+rm "$NEW/mvn.log"
 
 # The pom excludes what pyspark ships; fail loudly if a version bump brought a new overlap.
 clash=0

@@ -28,13 +28,13 @@ _REQUIRED_JARS = ("delta-spark_*.jar", "delta-storage-*.jar", "lakebroker-logsto
 
 _DELTA_DEFAULTS = "spark.databricks.delta.properties.defaults."
 
-# Static: fixed for the life of the JVM, so they only take effect on a fresh session.
+# Mostly static confs (fixed for the life of the JVM): they only apply to a fresh session.
 _BASE_CONF: dict[str, str] = {
     "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
     "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
     LOGSTORE_CONF_KEY: LOGSTORE_CLASS,
-    # New tables stay on the plain reader 1 / writer 2 protocol: these features are either
-    # not writable by delta-rs or change how files are read (DVs), and the log is shared.
+    # New tables stay on the plain reader 1 / writer 2 protocol that delta-rs creates too:
+    # delta-rs also commits to these tables and must not meet table features it can't write.
     _DELTA_DEFAULTS + "enableDeletionVectors": "false",
     _DELTA_DEFAULTS + "enableRowTracking": "false",
     _DELTA_DEFAULTS + "enableInCommitTimestamps": "false",

@@ -6,10 +6,10 @@ import asyncio
 from datetime import UTC, datetime
 
 from fastapi import APIRouter, Query
-from fastapi.responses import ORJSONResponse
 
 from ingest_api.deps import BrokerDep
 from ingest_api.reader import log_start, offset_for_timestamp, partition_files, read_messages
+from ingest_api.responses import JSONBytes
 from ingest_api.schemas import ErrorPublic, MessagesPublic
 from tables.errors import InvalidRequest
 
@@ -32,7 +32,7 @@ def parse_timestamp(text: str) -> int:
 @router.get(
     "/{topic}/partitions/{partition}/messages",
     responses={200: {"model": MessagesPublic}, **{c: {"model": ErrorPublic} for c in (400, 404, 416, 422)}},
-    response_class=ORJSONResponse,
+    response_class=JSONBytes,
 )
 async def read_partition(
     topic: str,
@@ -42,7 +42,7 @@ async def read_partition(
     timestamp: str | None = Query(None, description="Start at the first message at or after this time "
                                   "(epoch ms or ISO 8601); instead of offset."),
     limit: int = Query(100, ge=1, le=10_000),
-) -> ORJSONResponse:
+) -> JSONBytes:
     config = broker.topic(topic)
     config.check_partition(partition)
     if offset is not None and timestamp is not None:
@@ -56,4 +56,4 @@ async def read_partition(
         files = await asyncio.to_thread(partition_files, broker.layout, config)
         offset = log_start(files.get(partition), committed)
     body = await asyncio.to_thread(read_messages, broker.layout, config, partition, offset, limit, committed)
-    return ORJSONResponse(body)
+    return JSONBytes(body)

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from fastapi import APIRouter
-from fastapi.responses import ORJSONResponse, Response
+from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from ingest_api.deps import BrokerDep
+from ingest_api.responses import JSONBytes
 
 router = APIRouter(tags=["operations"])
 
@@ -18,7 +19,7 @@ async def healthz() -> dict[str, str]:
 
 
 @router.get("/readyz", responses={503: {"description": "Not ready; the body says why."}})
-async def readyz(broker: BrokerDep) -> ORJSONResponse:
+async def readyz(broker: BrokerDep) -> JSONBytes:
     """Ready to take produce traffic: recovered, committing to Delta, and under the backlog bound."""
     problems = []
     if not broker.started:
@@ -28,8 +29,8 @@ async def readyz(broker: BrokerDep) -> ORJSONResponse:
     if broker.backlog_bytes > broker.settings.max_backlog_bytes:
         problems.append("WAL backlog is over max_backlog_bytes")
     if problems:
-        return ORJSONResponse({"status": "not ready", "problems": problems}, status_code=503)
-    return ORJSONResponse({"status": "ready"})
+        return JSONBytes({"status": "not ready", "problems": problems}, status_code=503)
+    return JSONBytes({"status": "ready"})
 
 
 @router.get("/metrics", response_class=Response)

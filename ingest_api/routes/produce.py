@@ -5,11 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter, Query, Request
-from fastapi.responses import ORJSONResponse
 
 from ingest_api.body import parse_batch, parse_message
 from ingest_api.broker import AckMode
 from ingest_api.deps import BrokerDep
+from ingest_api.responses import JSONBytes
 from ingest_api.schemas import BatchIn, BatchResultPublic, ErrorPublic, MessageIn, ProduceResultPublic
 
 router = APIRouter(prefix="/v1/topics", tags=["produce"])
@@ -34,15 +34,15 @@ def _body(model: type[MessageIn] | type[BatchIn], ndjson: bool) -> dict[str, Any
     "/{topic}/messages",
     responses={**_ERRORS, 200: {"model": ProduceResultPublic}, 202: {"model": ProduceResultPublic}},
     openapi_extra=_body(MessageIn, ndjson=False),
-    response_class=ORJSONResponse,
+    response_class=JSONBytes,
 )
-async def produce_one(topic: str, request: Request, broker: BrokerDep, ack: AckMode = _ACK) -> ORJSONResponse:
+async def produce_one(topic: str, request: Request, broker: BrokerDep, ack: AckMode = _ACK) -> JSONBytes:
     """Produce one message. A raw-bytes body (application/octet-stream) takes key, id, partition,
     producer_id and sequence as query parameters."""
     broker.topic(topic)
     message = await parse_message(request)
     (result,) = await broker.produce(topic, [message], ack)
-    return ORJSONResponse(
+    return JSONBytes(
         {"partition": result.partition, "offset": result.offset, "duplicate": result.duplicate},
         status_code=202 if ack is AckMode.NONE else 200,
     )
@@ -52,14 +52,14 @@ async def produce_one(topic: str, request: Request, broker: BrokerDep, ack: AckM
     "/{topic}/batch",
     responses={**_ERRORS, 200: {"model": BatchResultPublic}, 202: {"model": BatchResultPublic}},
     openapi_extra=_body(BatchIn, ndjson=True),
-    response_class=ORJSONResponse,
+    response_class=JSONBytes,
 )
-async def produce_batch(topic: str, request: Request, broker: BrokerDep, ack: AckMode = _ACK) -> ORJSONResponse:
+async def produce_batch(topic: str, request: Request, broker: BrokerDep, ack: AckMode = _ACK) -> JSONBytes:
     """Produce many messages; results come back in request order."""
     broker.topic(topic)
     messages = await parse_batch(request)
     results = await broker.produce(topic, messages, ack)
-    return ORJSONResponse(
+    return JSONBytes(
         {"results": [{"partition": r.partition, "offset": r.offset, "duplicate": r.duplicate} for r in results]},
         status_code=202 if ack is AckMode.NONE else 200,
     )

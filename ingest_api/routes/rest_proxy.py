@@ -11,11 +11,11 @@ from typing import Any
 
 import orjson
 from fastapi import APIRouter, Request
-from fastapi.responses import ORJSONResponse
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from ingest_api.broker import AckMode, NewMessage
 from ingest_api.deps import BrokerDep
+from ingest_api.responses import JSONBytes
 from tables.errors import LakebrokerError
 from tables.message_format import from_base64, from_json_value
 
@@ -38,8 +38,8 @@ class V2Produce(BaseModel):
 _V2 = TypeAdapter(V2Produce)
 
 
-def _proxy_error(status: int, message: str) -> ORJSONResponse:
-    return ORJSONResponse({"error_code": status * 100 + 1, "message": message}, status_code=status, media_type=V2)
+def _proxy_error(status: int, message: str) -> JSONBytes:
+    return JSONBytes({"error_code": status * 100 + 1, "message": message}, status_code=status, media_type=V2)
 
 
 def _decode(text: Any, what: str) -> bytes | None:
@@ -73,9 +73,9 @@ def _to_message(record: V2Record, binary: bool) -> NewMessage:
         "application/vnd.kafka.json.v2+json": {"schema": V2Produce.model_json_schema()},
         "application/vnd.kafka.binary.v2+json": {"schema": V2Produce.model_json_schema()},
     }}},
-    response_class=ORJSONResponse,
+    response_class=JSONBytes,
 )
-async def produce_v2(topic: str, request: Request, broker: BrokerDep) -> ORJSONResponse:
+async def produce_v2(topic: str, request: Request, broker: BrokerDep) -> JSONBytes:
     """Kafka REST Proxy v2 produce, answered in that API's format."""
     kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if kind not in ("application/vnd.kafka.json.v2+json", "application/vnd.kafka.binary.v2+json"):
@@ -94,4 +94,4 @@ async def produce_v2(topic: str, request: Request, broker: BrokerDep) -> ORJSONR
     except LakebrokerError as exc:
         return _proxy_error(exc.status, exc.message)
     offsets = [{"partition": r.partition, "offset": r.offset, "error_code": None, "error": None} for r in results]
-    return ORJSONResponse({"key_schema_id": None, "value_schema_id": None, "offsets": offsets}, media_type=V2)
+    return JSONBytes({"key_schema_id": None, "value_schema_id": None, "offsets": offsets}, media_type=V2)

@@ -147,8 +147,8 @@ def test_spark_and_delta_rs_commit_concurrently(spark: Any, tmp_path: Path) -> N
         (v, c) for v, c in zip(versions, commits, strict=True) if "Apache-Spark" in c.get("engineInfo", "")
     ]
     assert sum(c["operation"] == "WRITE" for _, c in spark_commits) == len(spark_ids) // 3
-    # The race really happened: some Spark commit landed past versions that delta-rs
-    # committed after Spark's snapshot, i.e. Spark lost a put-if-absent and retried.
+    # The race really happened: a Spark commit landed past versions that delta-rs committed
+    # after Spark's snapshot, so Spark's first attempt (readVersion + 1) was already taken.
     assert any(c["readVersion"] < v - 1 for v, c in spark_commits), spark_commits
 
     expected = sorted([0, *rs_ids, *spark_ids])

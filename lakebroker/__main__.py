@@ -1,0 +1,3 @@
+from lakebroker.cli import main
+
+main()

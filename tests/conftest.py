@@ -1,0 +1,28 @@
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+
+from ingest_api import create_app
+from tables.settings import Settings
+
+
+@pytest.fixture
+def settings(tmp_path: Path) -> Settings:
+    return Settings(data_dir=tmp_path / "data", flush_interval_ms=20)
+
+
+@pytest.fixture
+def client(settings: Settings) -> Iterator[TestClient]:
+    with TestClient(create_app(settings)) as c:
+        yield c
+
+
+@pytest.fixture
+def orders(client: TestClient) -> str:
+    r = client.post("/v1/topics", json={"name": "orders", "partitions": 3})
+    assert r.status_code == 201, r.text
+    return "orders"
