@@ -155,7 +155,15 @@ def sql(
     print_rows(columns, rows)
 
 
+def _register_plugins() -> None:
+    """Command groups owned by other modules add themselves here."""
+    from lakebroker import jobs_cli
+
+    jobs_cli.register(app, settings, fail)
+
+
 def main() -> None:
+    _register_plugins()
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     try:
         app()

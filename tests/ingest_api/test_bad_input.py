@@ -72,7 +72,8 @@ def test_body_over_server_limit_is_413(tmp_path) -> None:  # type: ignore[no-unt
 
 def test_malformed_json_is_400(client: TestClient, orders: str) -> None:
     for path in ("messages", "batch"):
-        r = client.post(f"/v1/topics/{orders}/{path}", content=b'{"value": ', headers={"content-type": "application/json"})
+        r = client.post(f"/v1/topics/{orders}/{path}", content=b'{"value": ',
+                        headers={"content-type": "application/json"})
         assert_error(r, 400, "malformed JSON")
     r = client.post(f"/v1/topics/{orders}/batch", content=b'{"value": 1}\n{oops',
                     headers={"content-type": "application/x-ndjson"})

@@ -1,0 +1,75 @@
+"""Consumer-group offsets: the `_system/consumer_offsets` Delta table.
+
+Rows are appended, never updated: each commit adds one row per partition whose offset
+moved, with the reason (ack, seek, retention-skip). A group's position is the newest row
+per (group, topic, partition); the offsets-compaction job drops superseded rows. The
+offset is the *next* offset to deliver, as in Kafka.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from enum import StrEnum
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from deltalake import DeltaTable
+
+from tables import delta
+from tables.layout import Layout
+from tables.schemas import OFFSETS_SCHEMA, OFFSETS_SCHEMA_VERSION
+
+GroupPartition = tuple[str, str, int]  # (group, topic, partition)
+
+
+class OffsetReason(StrEnum):
+    ACK = "ack"  # delivered or dead-lettered
+    SEEK = "seek"  # moved by an operator
+    RETENTION_SKIP = "retention-skip"  # retention deleted messages the group had not delivered
+    START = "start"  # where a new group begins
+
+
+class OffsetsTable:
+    def __init__(self, layout: Layout) -> None:
+        self.uri = layout.offsets_table
+        self._table: DeltaTable | None = None
+
+    def _open(self) -> DeltaTable:
+        if self._table is None:
+            self._table = delta.ensure_table(self.uri, OFFSETS_SCHEMA, partition_by=None,
+                                             version=OFFSETS_SCHEMA_VERSION)
+        else:
+            self._table.update_incremental()
+        return self._table
+
+    def commit(self, group: str, topic: str, offsets: Mapping[int, int], reason: OffsetReason) -> None:
+        if not offsets:
+            return
+        now = datetime.now(UTC)
+        parts = sorted(offsets)
+        rows = pa.table(
+            {
+                "group": [group] * len(parts),
+                "topic": [topic] * len(parts),
+                "partition": pa.array(parts, pa.int32()),
+                "offset": pa.array([offsets[p] for p in parts], pa.int64()),
+                "committed_at": pa.array([now] * len(parts), pa.timestamp("us", tz="UTC")),
+                "reason": [reason.value] * len(parts),
+            },
+            schema=OFFSETS_SCHEMA,
+        )
+        delta.append(self._open(), rows, metadata={"lakebroker.operation": f"offsets-{reason.value}"})
+
+    def latest(self, group: str | None = None) -> dict[GroupPartition, tuple[int, str]]:
+        """The current offset and the reason it last moved, per (group, topic, partition)."""
+        table = self._open()
+        flt = None if group is None else pc.field("group") == group
+        rows = table.to_pyarrow_dataset().to_table(filter=flt) if flt is not None else table.to_pyarrow_table()
+        out: dict[GroupPartition, tuple[int, str, datetime]] = {}
+        for r in rows.to_pylist():
+            key = (r["group"], r["topic"], r["partition"])
+            seen = out.get(key)
+            if seen is None or r["committed_at"] >= seen[2]:
+                out[key] = (r["offset"], r["reason"] or "", r["committed_at"])
+        return {k: (v[0], v[1]) for k, v in out.items()}
