@@ -29,7 +29,8 @@ app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_
 topics_app = typer.Typer(no_args_is_help=True, help="Create, list, describe and delete topics.")
 app.add_typer(topics_app, name="topics")
 
-out = Console()
+# Piped output keeps every column whole instead of squeezing the table to 80 characters.
+out = Console() if sys.stdout.isatty() else Console(width=100_000, soft_wrap=True)
 err = Console(stderr=True)
 
 
