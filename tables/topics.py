@@ -1,8 +1,8 @@
 """Topic metadata: one row per topic in the `_system/topics` Delta table.
 
-Only the process holding the data-dir lock writes it (see tables/lock.py); readers such as
-`lakebroker topics list` or Spark jobs read it at any time. Each change rewrites the small
-table in one commit, so its history is the audit log of topic configuration.
+Each change rewrites the small table in one optimistic commit (tables/state_table.py), so
+concurrent admins cannot undo each other, and the table's history is the audit log of
+topic configuration.
 """
 
 from __future__ import annotations
@@ -14,8 +14,6 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
 
-import pyarrow as pa
-
 from tables import delta
 from tables.errors import AlreadyExists, InvalidRequest, NotFound
 from tables.layout import Layout, validate_name
@@ -26,6 +24,7 @@ from tables.schemas import (
     TOPICS_SCHEMA,
     TOPICS_SCHEMA_VERSION,
 )
+from tables.state_table import Rows, StateTable
 
 MAX_PARTITIONS = 1024
 WEEK_MS = 7 * 24 * 3600 * 1000
@@ -90,13 +89,10 @@ def new_topic(name: str, partitions: int, **config: Any) -> TopicConfig:
 class TopicStore:
     def __init__(self, layout: Layout) -> None:
         self.layout = layout
+        self._table = StateTable(layout.topics_table, TOPICS_SCHEMA, TOPICS_SCHEMA_VERSION)
 
     def load(self) -> dict[str, TopicConfig]:
-        table = delta.open_table(self.layout.topics_table)
-        if table is None:
-            return {}
-        rows = table.to_pyarrow_table().to_pylist()
-        return {r["name"]: _from_row(r) for r in rows}
+        return {r["name"]: _from_row(r) for r in self._table.read()}
 
     def get(self, name: str) -> TopicConfig:
         validate_name(name)
@@ -106,52 +102,53 @@ class TopicStore:
         return topic
 
     def create(self, topic: TopicConfig) -> TopicConfig:
-        topics = self.load()
-        if topic.name in topics:
-            raise AlreadyExists(f"topic {topic.name!r} already exists")
         delta.ensure_table(
             self.layout.topic_table(topic.name),
             TOPIC_SCHEMA,
             partition_by=TOPIC_PARTITION_COLUMNS,
             version=TOPIC_SCHEMA_VERSION,
         )
-        topics[topic.name] = topic
-        self._save(topics)
-        return topic
+
+        def change(rows: Rows) -> tuple[Rows, TopicConfig]:
+            if any(r["name"] == topic.name for r in rows):
+                raise AlreadyExists(f"topic {topic.name!r} already exists")
+            return sorted([*rows, _to_row(topic)], key=lambda r: r["name"]), topic
+
+        return self._table.mutate(change)
 
     def update(self, name: str, **changes: Any) -> TopicConfig:
-        topics = self.load()
-        if name not in topics:
-            raise NotFound(f"topic {name!r} does not exist")
-        current = topics[name]
-        if "partitions" in changes and changes["partitions"] < current.partitions:
-            raise InvalidRequest(
-                f"partitions can only grow (topic {name!r} has {current.partitions}); "
-                "shrinking would strand committed messages"
-            )
         if "cleanup_policy" in changes:
             try:
                 changes["cleanup_policy"] = CleanupPolicy(changes["cleanup_policy"])
             except ValueError:
                 raise InvalidRequest("cleanup_policy must be 'delete' or 'compact'") from None
-        topics[name] = replace(current, **changes)
-        self._save(topics)
-        return topics[name]
+
+        def change(rows: Rows) -> tuple[Rows, TopicConfig]:
+            current = _find(rows, name)
+            if "partitions" in changes and changes["partitions"] < current.partitions:
+                raise InvalidRequest(
+                    f"partitions can only grow (topic {name!r} has {current.partitions}); "
+                    "shrinking would strand committed messages"
+                )
+            updated = replace(current, **changes)
+            return [_to_row(updated) if r["name"] == name else r for r in rows], updated
+
+        return self._table.mutate(change)
 
     def delete(self, name: str) -> None:
-        topics = self.load()
-        if name not in topics:
-            raise NotFound(f"topic {name!r} does not exist")
-        del topics[name]
-        self._save(topics)
+        def change(rows: Rows) -> tuple[Rows, None]:
+            _find(rows, name)
+            return [r for r in rows if r["name"] != name], None
+
+        self._table.mutate(change)
         shutil.rmtree(self.layout.topic_table(name), ignore_errors=True)
 
-    def _save(self, topics: dict[str, TopicConfig]) -> None:
-        table = delta.ensure_table(
-            self.layout.topics_table, TOPICS_SCHEMA, partition_by=None, version=TOPICS_SCHEMA_VERSION
-        )
-        rows = [_to_row(t) for t in sorted(topics.values(), key=lambda t: t.name)]
-        delta.overwrite(table, pa.Table.from_pylist(rows, schema=TOPICS_SCHEMA))
+
+def _find(rows: Rows, name: str) -> TopicConfig:
+    for r in rows:
+        if r["name"] == name:
+            return _from_row(r)
+    raise NotFound(f"topic {name!r} does not exist")
 
 
 def _to_row(topic: TopicConfig) -> dict[str, Any]:
