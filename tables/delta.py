@@ -16,6 +16,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as pads
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
+from deltalake.exceptions import CommitFailedError
 
 from tables.schemas import HOT_PATH_TABLE_PROPERTIES, SCHEMA_VERSION_PROPERTY
 
@@ -40,7 +41,10 @@ def ensure_table(uri: str, schema: pa.Schema, *, partition_by: list[str] | None,
         table = DeltaTable.create(uri, schema, mode="ignore", partition_by=partition_by, configuration=config)
     # delta-rs refuses custom properties at create time, so the version is a second commit.
     if table.metadata().configuration.get(SCHEMA_VERSION_PROPERTY) is None:
-        table.alter.set_table_properties({SCHEMA_VERSION_PROPERTY: str(version)}, raise_if_not_exists=False)
+        try:
+            table.alter.set_table_properties({SCHEMA_VERSION_PROPERTY: str(version)}, raise_if_not_exists=False)
+        except CommitFailedError:
+            table = DeltaTable(uri)  # another process created the table and set it first
     return table
 
 
