@@ -9,11 +9,11 @@ import pyarrow.compute as pc
 from tables import delta
 from tables.errors import OutOfRange
 from tables.layout import Layout
-from tables.message_format import render
+from tables.message_format import message_json
+from tables.schemas import TOPIC_SCHEMA
 from tables.topics import TopicConfig
 
-_COLUMNS = ["partition", "offset", "timestamp", "key", "value", "format", "headers", "message_id", "producer_id",
-            "sequence"]
+_COLUMNS = TOPIC_SCHEMA.names
 
 
 def partition_files(layout: Layout, topic: TopicConfig) -> dict[int, delta.PartitionFiles]:
@@ -67,25 +67,10 @@ def read_messages(
             columns=_COLUMNS,
         ).sort_by("offset")
         for row in rows.to_pylist():
-            messages.append(public_message(row))
+            messages.append(message_json(row))
         if messages:
             next_offset = messages[-1]["offset"] + 1
         else:  # key compaction can leave holes; skip past the empty range
             next_offset = min(offset + limit, committed_end)
     return {"messages": messages, "next_offset": next_offset, "log_start_offset": start,
             "committed_offset": committed_end}
-
-
-def public_message(row: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "partition": row["partition"],
-        "offset": row["offset"],
-        "timestamp": row["timestamp"].isoformat(),
-        "key": row["key"],
-        **render(row["value"], row["format"]),
-        "format": row["format"],
-        "headers": dict(row["headers"]) if row["headers"] is not None else None,
-        "id": row["message_id"],
-        "producer_id": row["producer_id"],
-        "sequence": row["sequence"],
-    }

@@ -143,6 +143,28 @@ def serve(
     run_server(settings().model_copy(update={k: v for k, v in {"host": host, "port": port}.items() if v is not None}))
 
 
+@app.command()
+def deliver(
+    worker_id: Annotated[str | None, typer.Option(help="Stable id for this worker (default: random).")] = None,
+) -> None:
+    """Run a delivery worker alone; several share a subscription's partitions through leases."""
+    import asyncio
+    import logging
+
+    from prometheus_client import CollectorRegistry
+
+    from delivery_worker.metrics import DeliveryMetrics
+    from delivery_worker.worker import DeliveryWorker
+
+    logging.basicConfig(level=settings().log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    worker = DeliveryWorker(settings(), DeliveryMetrics(CollectorRegistry()), worker_id)
+    err.print(f"delivery worker {worker.worker_id} on {settings().data_dir}", highlight=False)
+    try:
+        asyncio.run(worker.run())
+    except KeyboardInterrupt:
+        pass
+
+
 # -- analysts -------------------------------------------------------------------------------
 @app.command()
 def sql(

@@ -3,6 +3,8 @@
     LakebrokerError
      ├── InvalidRequest          bad input a person can fix (400)
      │    └── InvalidName        a topic or group name that is not allowed
+     ├── Unauthenticated         no token, or an unknown, revoked or expired one (401)
+     ├── Forbidden               a valid token without the scope or the topic (403)
      ├── NotFound                an unknown topic, partition or subscription (404)
      ├── AlreadyExists           a create that names something that exists (409)
      ├── OutOfRange              an offset outside [log_start, log_end] (416)
@@ -33,6 +35,20 @@ class InvalidRequest(LakebrokerError):
 
 class InvalidName(InvalidRequest):
     code = "invalid_name"
+
+
+class Unauthenticated(LakebrokerError):
+    status = 401
+    code = "unauthenticated"
+
+
+class Forbidden(LakebrokerError):
+    status = 403
+    code = "forbidden"
+
+    def __init__(self, message: str, scope: str | None = None) -> None:
+        super().__init__(message)
+        self.scope = scope  # the scope that was missing, for WWW-Authenticate
 
 
 class NotFound(LakebrokerError):

@@ -10,7 +10,8 @@ from tables.errors import InvalidName
 
 # Kafka's legal characters. A leading underscore is reserved for system tables, and the
 # length keeps a table path well under any filesystem's name limit.
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
+_NAME = re.compile(NAME_PATTERN)
 
 
 def validate_name(name: str, what: str = "topic") -> str:
@@ -55,9 +56,31 @@ class Layout:
         return str((self.system_root / "topics").resolve())
 
     @property
+    def tokens_table(self) -> str:
+        return str((self.system_root / "tokens").resolve())
+
+    @property
     def offsets_table(self) -> str:
         return str((self.system_root / "consumer_offsets").resolve())
 
     @property
     def dead_letters_table(self) -> str:
         return str((self.system_root / "dead_letters").resolve())
+
+    @property
+    def job_runs_table(self) -> str:
+        """One row per maintenance-job run and table (spark_pipeline/job_runs.py)."""
+        return str((self.system_root / "job_runs").resolve())
+
+    @property
+    def retention_skips_table(self) -> str:
+        """Every time retention moved a consumer group past messages it had not delivered."""
+        return str((self.system_root / "retention_skips").resolve())
+
+    @property
+    def subscriptions_table(self) -> str:
+        return str((self.system_root / "subscriptions").resolve())
+
+    @property
+    def leases_table(self) -> str:
+        return str((self.system_root / "delivery_leases").resolve())

@@ -36,3 +36,19 @@ def render(value: bytes | None, fmt: str) -> dict[str, Any]:
     if fmt == "text":
         return {"value": value.decode()}
     return {"value": None, "value_b64": base64.b64encode(value).decode()}
+
+
+def message_json(row: dict[str, Any]) -> dict[str, Any]:
+    """A topic-table row as the API and webhooks show it."""
+    return {
+        "partition": row["partition"],
+        "offset": row["offset"],
+        "timestamp": row["timestamp"].isoformat(),
+        "key": row["key"],
+        **render(row["value"], row["format"]),
+        "format": row["format"],
+        "headers": dict(row["headers"]) if row["headers"] is not None else None,
+        "id": row["message_id"],
+        "producer_id": row["producer_id"],
+        "sequence": row["sequence"],
+    }

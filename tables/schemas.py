@@ -53,6 +53,20 @@ TOPICS_SCHEMA = pa.schema(
     ]
 )
 
+TOKENS_SCHEMA_VERSION = 1
+TOKENS_SCHEMA = pa.schema(
+    [
+        pa.field("token_id", pa.string(), nullable=False),  # public half of `lbk_<id>_<secret>`
+        pa.field("name", pa.string()),
+        pa.field("scopes", pa.list_(pa.string()), nullable=False),
+        pa.field("topics", pa.list_(pa.string())),  # null: every topic; `name*` is a prefix
+        pa.field("secret_hash", pa.string(), nullable=False),  # "sha256:<hex>"; the secret is never stored
+        pa.field("created_at", pa.timestamp("us", tz="UTC"), nullable=False),
+        pa.field("expires_at", pa.timestamp("us", tz="UTC")),
+        pa.field("revoked_at", pa.timestamp("us", tz="UTC")),  # revoked rows stay, as the audit trail
+    ]
+)
+
 OFFSETS_SCHEMA_VERSION = 1
 OFFSETS_SCHEMA = pa.schema(
     [
@@ -73,8 +87,83 @@ DEAD_LETTERS_SCHEMA = pa.schema(
         pa.field("partition", pa.int32(), nullable=False),
         pa.field("offset", pa.int64(), nullable=False),
         pa.field("attempts", pa.int32(), nullable=False),
-        pa.field("last_status", pa.int32()),
+        pa.field("last_status", pa.int32()),  # HTTP status of the last attempt; null for a timeout
         pa.field("last_error", pa.string()),
         pa.field("dead_at", pa.timestamp("us", tz="UTC"), nullable=False),
+        pa.field("replay_requested_at", pa.timestamp("us", tz="UTC")),
+        pa.field("replayed_at", pa.timestamp("us", tz="UTC")),
+    ]
+)
+
+SUBSCRIPTIONS_SCHEMA_VERSION = 1
+SUBSCRIPTIONS_SCHEMA = pa.schema(
+    [
+        pa.field("name", pa.string(), nullable=False),
+        pa.field("topic", pa.string(), nullable=False),
+        pa.field("url", pa.string(), nullable=False),
+        pa.field("ordering", pa.string(), nullable=False),  # partition | key | none
+        pa.field("max_in_flight", pa.int32(), nullable=False),
+        pa.field("rate_limit_per_s", pa.float64()),  # null: no limit
+        pa.field("max_attempts", pa.int32(), nullable=False),
+        pa.field("retry_schedule_ms", pa.list_(pa.int64()), nullable=False),
+        pa.field("timeout_ms", pa.int64(), nullable=False),
+        pa.field("batch_size", pa.int32(), nullable=False),
+        pa.field("secrets", pa.list_(pa.string()), nullable=False),  # newest first; all sign during rotation
+        pa.field("paused", pa.bool_(), nullable=False),
+        pa.field("disabled_reason", pa.string()),  # set when the endpoint answered 410 Gone
+        pa.field("seek_epoch", pa.int64(), nullable=False),
+        pa.field("seek_offsets", pa.map_(pa.int32(), pa.int64())),  # targets of the newest seek
+        pa.field("created_at", pa.timestamp("us", tz="UTC"), nullable=False),
+    ]
+)
+
+LEASES_SCHEMA_VERSION = 1
+LEASES_SCHEMA = pa.schema(
+    [
+        pa.field("kind", pa.string(), nullable=False),  # member | lease
+        pa.field("group", pa.string(), nullable=False),  # "" for member rows
+        pa.field("partition", pa.int32(), nullable=False),  # -1 for member rows
+        pa.field("owner", pa.string()),  # worker id; null once released
+        pa.field("epoch", pa.int64(), nullable=False),  # bumped at each change of owner
+        pa.field("expires_at", pa.timestamp("us", tz="UTC"), nullable=False),
+        pa.field("seek_epoch", pa.int64(), nullable=False),  # newest seek applied to this partition
+        pa.field("status", pa.string()),  # JSON status the owner reports: in-flight, last error, state
+    ]
+)
+
+# Written by spark_pipeline/job_runs.py: one row per maintenance-job run and table.
+JOB_RUNS_SCHEMA_VERSION = 1
+JOB_RUNS_SCHEMA = pa.schema(
+    [
+        pa.field("run_id", pa.string(), nullable=False),
+        pa.field("job", pa.string(), nullable=False),  # compaction | retention | key-compaction | ...
+        pa.field("target", pa.string(), nullable=False),  # topic name, "_system/<table>", or "" for the run
+        pa.field("topic", pa.string()),  # the topic, when the target is one
+        pa.field("trigger", pa.string(), nullable=False),  # cli | scheduler | airflow | spark-submit | library
+        pa.field("started_at", pa.timestamp("us", tz="UTC"), nullable=False),
+        pa.field("duration_ms", pa.int64(), nullable=False),
+        pa.field("outcome", pa.string(), nullable=False),  # ok | failed | skipped
+        pa.field("files_before", pa.int64()),
+        pa.field("files_after", pa.int64()),
+        pa.field("rows_removed", pa.int64()),
+        pa.field("bytes_before", pa.int64()),
+        pa.field("bytes_after", pa.int64()),
+        pa.field("error", pa.string()),
+        pa.field("details", pa.string()),  # JSON: per-job figures (bins, log starts, lag, skips, ...)
+    ]
+)
+
+# Written by the retention job: a consumer group moved past messages it had not delivered.
+RETENTION_SKIPS_SCHEMA_VERSION = 1
+RETENTION_SKIPS_SCHEMA = pa.schema(
+    [
+        pa.field("group", pa.string(), nullable=False),
+        pa.field("topic", pa.string(), nullable=False),
+        pa.field("partition", pa.int32(), nullable=False),
+        pa.field("from_offset", pa.int64(), nullable=False),  # the group's committed offset before the skip
+        pa.field("to_offset", pa.int64(), nullable=False),  # the new log-start offset it was moved to
+        pa.field("skipped_messages", pa.int64(), nullable=False),
+        pa.field("skipped_at", pa.timestamp("us", tz="UTC"), nullable=False),
+        pa.field("run_id", pa.string(), nullable=False),
     ]
 )

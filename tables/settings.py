@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
@@ -24,6 +24,21 @@ class Settings(BaseSettings):
     host: str = Field("127.0.0.1", description="Address `lakebroker serve` binds.")
     port: int = Field(8080, ge=0, le=65535, description="Port `lakebroker serve` binds.")
     max_request_bytes: int = Field(32 * 1024 * 1024, gt=0, description="Largest HTTP request body accepted.")
+
+    # access control (ingest_api/auth.py, tables/tokens.py)
+    auth: Literal["auto", "required", "off"] = Field(
+        "auto", description="API tokens on every route but the health checks: required, off, or auto = "
+        "required unless `serve` binds a loopback address (127.0.0.0/8, ::1, localhost)."
+    )
+    metrics_public: bool = Field(False, description="Serve /metrics without a token (scraper on a trusted network).")
+    docs_public: bool = Field(
+        True, description="Serve /docs, /redoc and /openapi.json without a token; false removes them."
+    )
+    auth_cache_ms: int = Field(
+        1000, ge=0, description="How long the server trusts its copy of the token table; a revoke or a new "
+        "token takes effect within this."
+    )
+    token: SecretStr | None = Field(None, description="API token the CLI sends to a running server.")
 
     # topics
     default_partitions: int = Field(3, ge=1, le=1024, description="Partitions of a topic created without a count.")
@@ -45,9 +60,56 @@ class Settings(BaseSettings):
     dedup_window_s: int = Field(3600, ge=0, description="How long a message id or producer sequence is remembered.")
     dedup_max_entries: int = Field(2_000_000, gt=0, description="Most ids remembered; the oldest are forgotten first.")
 
+    # delivery
+    deliver_in_serve: bool = Field(True, description="Run a delivery worker inside `lakebroker serve`.")
+    allow_private_webhooks: bool = Field(
+        False, description="Allow webhook URLs on private, loopback or link-local addresses (SSRF guard off)."
+    )
+    delivery_poll_ms: int = Field(50, gt=0, description="How often a delivery worker looks for new commits.")
+    offset_commit_interval_ms: int = Field(
+        1000, gt=0, description="How often delivered offsets are committed; bounds redelivery after a crash."
+    )
+    lease_ttl_s: float = Field(10.0, gt=1, description="A worker's partitions move to others this long after it dies.")
+    heartbeat_s: float = Field(2.0, gt=0, description="How often a worker renews its leases and rebalances.")
+
     # spark
     spark_master: str = Field("local[*]", description="Master URL for Spark jobs and `lakebroker sql`.")
     spark_driver_memory: str = Field("1g", description="Driver memory of Spark jobs.")
+
+    # --- spark maintenance jobs (spark_pipeline/jobs; scheduled inside `serve` by spark_pipeline/scheduler.py) ---
+    compaction_interval_s: int = Field(300, ge=0, description="Seconds between scheduled compaction runs; 0 disables.")
+    retention_interval_s: int = Field(300, ge=0, description="Seconds between scheduled retention runs; 0 disables.")
+    key_compaction_interval_s: int = Field(
+        600, ge=0, description="Seconds between scheduled key-compaction runs (cleanup_policy=compact); 0 disables."
+    )
+    offsets_compaction_interval_s: int = Field(
+        3600, ge=0, description="Seconds between scheduled consumer-offsets compaction runs; 0 disables."
+    )
+    replication_uri: str | None = Field(
+        None, description="Second storage location that `serve` replicates every table to; None turns it off."
+    )
+    replication_interval_s: int = Field(60, ge=0, description="Seconds between scheduled replication runs; 0 disables.")
+    job_timeout_s: int = Field(3600, gt=0, description="A scheduled job running longer is killed and recorded failed.")
+    compaction_target_file_bytes: int = Field(
+        128 * 1024 * 1024, ge=1024, description="Compaction bin-packs small files into files of about this size."
+    )
+    compaction_min_files: int = Field(2, ge=2, description="Fewest adjacent small files worth rewriting as one.")
+    vacuum_retention_hours: float = Field(
+        168.0, ge=0, description="VACUUM deletes unreferenced files older than this. It must exceed the longest "
+        "read, the replication lag and any in-flight write; below 168 disables Delta's safety check (tests only)."
+    )
+    retention_trim_partial_files: bool = Field(
+        False, description="Also rewrite the one file per partition that straddles the time-retention cutoff, so "
+        "no row outlives retention_ms; off keeps Kafka's whole-segment semantics (no rewrite)."
+    )
+    key_compaction_min_lag_ms: int = Field(
+        60_000, ge=0, description="Key compaction never touches rows younger than this (Kafka's "
+        "min.compaction.lag.ms; the tail of each partition stays as produced)."
+    )
+    job_runs_retention_days: int = Field(
+        30, ge=1, description="How long `_system/job_runs` and `_system/retention_skips` rows are kept."
+    )
+    # --- end spark maintenance jobs ---
 
     # operator
     log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="Log level of `serve`.")

@@ -12,7 +12,8 @@ from tables.settings import Settings
 
 @pytest.fixture
 def settings(tmp_path: Path) -> Settings:
-    return Settings(data_dir=tmp_path / "data", flush_interval_ms=20)
+    return Settings(data_dir=tmp_path / "data", flush_interval_ms=20, allow_private_webhooks=True, heartbeat_s=0.5,
+                    offset_commit_interval_ms=200)
 
 
 @pytest.fixture

@@ -1,0 +1,355 @@
+"""Delivers one partition of one subscription: read → dispatch in order → retry → commit.
+
+Position rules (the group's committed offset is the next offset to deliver):
+- an offset is *done* once acknowledged by a 2xx or dead-lettered (durably, before the
+  offset commit that passes it), or when key compaction left no message there;
+- the position advances only over a contiguous run of done offsets, so nothing is skipped;
+- if retention removed offsets the group never delivered, the jump is committed with the
+  reason `retention-skip`, counted in a metric and shown in the status, never silent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from delivery_worker.flow import AdaptiveWindow, TokenBucket
+from delivery_worker.metrics import DeliveryMetrics
+from delivery_worker.retry import RetryPolicy
+from delivery_worker.sender import Outcome, Sender
+from delivery_worker.signer import Signer
+from delivery_worker.source import PartitionSource
+from tables.dead_letters import DeadLetter, DeadLetterTable
+from tables.offsets import OffsetReason, OffsetsTable
+from tables.subscriptions import Ordering, Subscription
+
+log = logging.getLogger(__name__)
+READ_AHEAD = 1000
+
+
+@dataclass
+class Endpoint:
+    """Flow control shared by every partition of a subscription that this worker delivers."""
+
+    bucket: TokenBucket
+    window: AdaptiveWindow
+    backing_off_until: float = 0.0
+
+    @classmethod
+    def for_subscription(cls, sub: Subscription) -> Endpoint:
+        return cls(TokenBucket(sub.rate_limit_per_s), AdaptiveWindow(sub.max_in_flight))
+
+
+@dataclass
+class PipelineStatus:
+    committed: int = 0
+    position: int = 0
+    log_end: int = 0
+    in_flight: int = 0
+    delivered: int = 0
+    dead_lettered: int = 0
+    skipped: int = 0
+    last_status: int | None = None
+    last_error: str | None = None
+    state: str = "healthy"  # healthy | backing_off | disabled
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**self.__dict__, "lag": max(0, self.log_end - self.committed)}
+
+
+@dataclass
+class _Unit:
+    rows: list[dict[str, Any]]
+    keys: set[Any] = field(default_factory=set)
+
+
+class Gone(Exception):
+    """The endpoint answered 410: stop delivering to it."""
+
+
+class PartitionPipeline:
+    def __init__(
+        self,
+        sub: Subscription,
+        partition: int,
+        start_offset: int,
+        *,
+        source: PartitionSource,
+        sender: Sender,
+        endpoint: Endpoint,
+        offsets: OffsetsTable,
+        dead_letters: DeadLetterTable,
+        metrics: DeliveryMetrics,
+        poll_s: float,
+        commit_interval_s: float,
+        lease_valid: Callable[[], bool],
+        on_gone: Callable[[str], None],
+    ) -> None:
+        self.sub = sub
+        self.partition = partition
+        self.source = source
+        self.sender = sender
+        self.endpoint = endpoint
+        self.offsets = offsets
+        self.dead_letters = dead_letters
+        self.metrics = metrics
+        self.poll_s = poll_s
+        self.commit_interval_s = commit_interval_s
+        self.lease_valid = lease_valid
+        self.on_gone = on_gone
+        self.policy = RetryPolicy(sub.retry_schedule_ms, sub.max_attempts)
+        self.signer = Signer(sub.secrets)
+        self.status = PipelineStatus(committed=start_offset, position=start_offset)
+        self._read_pos = start_offset
+        self._pending: deque[dict[str, Any]] = deque()
+        self._done: set[int] = set()
+        self._busy_keys: set[Any] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._dead: list[DeadLetter] = []
+        self._wake = asyncio.Event()
+        self._last_commit = time.monotonic()
+        self._last_replay_check = 0.0
+        self._gone: Gone | None = None
+
+    # -- the loop -------------------------------------------------------------------------
+    async def run(self) -> None:
+        try:
+            while True:
+                await self._fill()
+                self._dispatch()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), timeout=self.poll_s)
+                self._wake.clear()
+                if self._gone is not None:
+                    raise self._gone
+                if time.monotonic() - self._last_commit >= self.commit_interval_s:
+                    await self.commit()
+                if time.monotonic() - self._last_replay_check >= max(1.0, self.commit_interval_s):
+                    await self._replay_requested()
+        except Gone as exc:
+            self.status.state = "disabled"
+            self.on_gone(str(exc))
+
+    async def stop(self, *, commit: bool) -> None:
+        """Cancel outstanding sends (they will be redelivered), then commit what is done."""
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if commit:
+            await self.commit()
+
+    async def commit(self) -> None:
+        self._last_commit = time.monotonic()
+        if not self.lease_valid():
+            return  # another worker may own the partition now: never move its offset
+        if self._dead:
+            letters, self._dead = self._dead, []
+            try:
+                await asyncio.to_thread(self.dead_letters.add, letters)
+            except Exception:
+                self._dead = letters + self._dead
+                raise
+        position = self.status.position
+        if position != self.status.committed:
+            await asyncio.to_thread(self.offsets.commit, self.sub.name, self.sub.topic, {self.partition: position},
+                                    OffsetReason.ACK)
+            self.status.committed = position
+        self.metrics.lag.labels(self.sub.name, str(self.partition)).set(max(0, self.status.log_end - position))
+
+    # -- reading --------------------------------------------------------------------------
+    async def _fill(self) -> None:
+        if len(self._pending) >= READ_AHEAD // 2:
+            return
+        log_end = await asyncio.to_thread(self.source.log_end)
+        self.status.log_end = log_end
+        if self._read_pos >= log_end:
+            return
+        if self._read_pos == self.status.position:
+            await self._skip_expired(log_end)
+        end = min(self._read_pos + READ_AHEAD, log_end)
+        rows = await asyncio.to_thread(self.source.read, self._read_pos, end)
+        present = {r["offset"] for r in rows}
+        # Offsets in the range with no row were removed by key compaction: nothing to deliver.
+        self._done.update(o for o in range(self._read_pos, end) if o not in present)
+        self._pending.extend(rows)
+        self._read_pos = end
+        self._advance()
+
+    async def _skip_expired(self, log_end: int) -> None:
+        log_start = await asyncio.to_thread(self.source.log_start, log_end)
+        if log_start <= self._read_pos:
+            return
+        skipped = log_start - self._read_pos
+        log.warning("subscription %s partition %d: retention removed %d undelivered messages (%d-%d)",
+                    self.sub.name, self.partition, skipped, self._read_pos, log_start - 1)
+        await asyncio.to_thread(self.offsets.commit, self.sub.name, self.sub.topic, {self.partition: log_start},
+                                OffsetReason.RETENTION_SKIP)
+        self.metrics.skipped.labels(self.sub.name, str(self.partition)).inc(skipped)
+        self.status.skipped += skipped
+        self.status.last_error = f"retention removed {skipped} undelivered messages ({self._read_pos}-{log_start - 1})"
+        self._read_pos = self.status.position = self.status.committed = log_start
+        self._done = {o for o in self._done if o >= log_start}
+
+    # -- dispatching ----------------------------------------------------------------------
+    def _key(self, row: dict[str, Any]) -> Any:
+        if self.sub.ordering is Ordering.PARTITION:
+            return None
+        if self.sub.ordering is Ordering.KEY and row["key"] is not None:
+            return ("k", row["key"])
+        return ("o", row["offset"])  # unordered: its own key
+
+    def _dispatch(self) -> None:
+        window = self.endpoint.window
+        if time.monotonic() < self.endpoint.backing_off_until:
+            return
+        while self._pending and window.has_room():
+            unit = self._next_unit()
+            if unit is None:
+                return
+            window.in_flight += 1  # taken synchronously, so the loop never oversubscribes
+            self.status.in_flight += 1
+            task = asyncio.create_task(self._deliver(unit))
+            self._tasks.add(task)
+            task.add_done_callback(self._finished)
+
+    def _next_unit(self) -> _Unit | None:
+        unit = _Unit([])
+        blocked: set[Any] = set()
+        kept: deque[dict[str, Any]] = deque()
+        while self._pending and len(unit.rows) < self.sub.batch_size:
+            row = self._pending.popleft()
+            key = self._key(row)
+            if key in self._busy_keys or key in blocked:
+                blocked.add(key)  # a later message of a busy key must wait behind it
+                kept.append(row)
+                if self.sub.ordering is Ordering.PARTITION:
+                    break
+                continue
+            unit.rows.append(row)
+            unit.keys.add(key)
+            if self.sub.ordering is Ordering.KEY and len(kept) > 64:
+                break
+        self._pending.extendleft(reversed(kept))
+        if not unit.rows:
+            return None
+        self._busy_keys.update(unit.keys)
+        return unit
+
+    def _finished(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        self._wake.set()
+
+    async def _deliver(self, unit: _Unit) -> None:
+        window = self.endpoint.window
+        attempts = 0
+        holding = True
+        try:
+            while True:
+                if not holding:
+                    await window.acquire()
+                    holding = True
+                await self.endpoint.bucket.take(len(unit.rows))
+                outcome = await self.sender.send(self.sub.url, self.sub.topic, unit.rows, self.signer,
+                                                 self.sub.timeout_ms / 1000, batch=self.sub.batch_size > 1)
+                attempts += 1
+                self._record(outcome)
+                holding = False
+                await window.release(outcome.ok)
+                if outcome.ok:
+                    self._complete(unit, delivered=True)
+                    return
+                if outcome.gone:
+                    raise Gone(f"endpoint answered 410 Gone at offset {unit.rows[0]['offset']}")
+                if self.policy.exhausted(attempts):
+                    self._dead.extend(
+                        DeadLetter.from_exhausted_retries(self.sub.name, self.sub.topic, self.partition,
+                                                          r["offset"], attempts, outcome.status, outcome.error)
+                        for r in unit.rows
+                    )
+                    self._complete(unit, delivered=False)
+                    return
+                delay = self.policy.delay_s(attempts, outcome.retry_after_s)
+                self.status.state = "backing_off"
+                if outcome.retry_after_s is not None:  # the endpoint asked everyone to wait
+                    self.endpoint.backing_off_until = time.monotonic() + outcome.retry_after_s
+                await asyncio.sleep(delay)
+        except Gone as exc:
+            self._gone = exc
+            self._wake.set()
+        finally:
+            if holding:
+                await window.release(False)
+            self.status.in_flight -= 1
+
+    def _record(self, outcome: Outcome) -> None:
+        if outcome.ok:
+            label = "ok"
+        elif outcome.gone:
+            label = "gone"
+        elif outcome.status is None:
+            label = "timeout" if outcome.error and "timed out" in outcome.error else "error"
+        elif outcome.status == 429:
+            label = "rate_limited"
+        else:
+            label = "retry"
+        self.metrics.attempts.labels(self.sub.name, label).inc()
+        self.status.last_status = outcome.status
+        if not outcome.ok:
+            self.status.last_error = outcome.error
+
+    def _complete(self, unit: _Unit, *, delivered: bool) -> None:
+        self._busy_keys.difference_update(unit.keys)
+        now = time.time()
+        for row in unit.rows:
+            self._done.add(row["offset"])
+            if delivered:
+                self.metrics.latency.labels(self.sub.name).observe(max(0.0, now - row["timestamp"].timestamp()))
+        if delivered:
+            self.status.delivered += len(unit.rows)
+            self.metrics.delivered.labels(self.sub.name).inc(len(unit.rows))
+            self.status.state = "healthy"
+        else:
+            self.status.dead_lettered += len(unit.rows)
+            self.metrics.dead_lettered.labels(self.sub.name).inc(len(unit.rows))
+        self._advance()
+
+    def _advance(self) -> None:
+        position = self.status.position
+        while position in self._done:
+            self._done.discard(position)
+            position += 1
+        self.status.position = position
+
+    # -- replay of dead letters -----------------------------------------------------------
+    async def _replay_requested(self) -> None:
+        self._last_replay_check = time.monotonic()
+        offsets = await asyncio.to_thread(self.dead_letters.pending_replays, self.sub.name, self.partition)
+        if not offsets:
+            return
+        rows = await asyncio.to_thread(self.source.read_offsets, offsets[:100])
+        replayed: list[int] = []
+        failed: list[tuple[int, Outcome]] = []
+        for row in rows:  # one attempt per replay request; a failure leaves the letter dead
+            await self.endpoint.bucket.take()
+            outcome = await self.sender.send(self.sub.url, self.sub.topic, [row], self.signer,
+                                             self.sub.timeout_ms / 1000, batch=self.sub.batch_size > 1)
+            self._record(outcome)
+            if outcome.gone:
+                raise Gone("endpoint answered 410 Gone during a dead-letter replay")
+            if outcome.ok:
+                replayed.append(row["offset"])
+                self.metrics.delivered.labels(self.sub.name).inc()
+            else:
+                failed.append((row["offset"], outcome))
+        missing = set(offsets[:100]) - {r["offset"] for r in rows}  # removed by retention since
+        await asyncio.to_thread(self.dead_letters.mark_replayed, self.sub.name, self.partition,
+                                replayed + sorted(missing))
+        for offset, outcome in failed:
+            await asyncio.to_thread(self.dead_letters.replay_failed, self.sub.name, self.partition, offset,
+                                    outcome.status, outcome.error)

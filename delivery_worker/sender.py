@@ -1,0 +1,75 @@
+"""POSTs signed messages to an endpoint and classifies the answer."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import orjson
+
+from delivery_worker.retry import parse_retry_after
+from delivery_worker.signer import Signer
+from tables.message_format import message_json
+
+
+@dataclass(frozen=True)
+class Outcome:
+    status: int | None  # None: no answer (timeout, refused connection)
+    error: str | None = None
+    retry_after_s: float | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.status is not None and 200 <= self.status < 300
+
+    @property
+    def gone(self) -> bool:
+        """410 Gone: the endpoint asks never to be called again (Standard Webhooks)."""
+        return self.status == 410
+
+
+def message_id(topic: str, partition: int, offset: int) -> str:
+    """Stable across retries, so a receiver can drop a redelivery it already processed."""
+    return f"msg_{topic}_{partition}_{offset}"
+
+
+def envelope(topic: str, row: dict[str, Any]) -> dict[str, Any]:
+    return {"topic": topic, **message_json(row)}
+
+
+class Sender:
+    def __init__(self, client: httpx.AsyncClient) -> None:
+        self.client = client
+
+    async def send(self, url: str, topic: str, rows: list[dict[str, Any]], signer: Signer, timeout_s: float,
+                   batch: bool) -> Outcome:
+        first = rows[0]
+        if batch:
+            body = orjson.dumps([envelope(topic, r) for r in rows]).decode()
+            msg_id = message_id(topic, first["partition"], first["offset"]) + f"-{rows[-1]['offset']}"
+        else:
+            body = orjson.dumps(envelope(topic, first)).decode()
+            msg_id = message_id(topic, first["partition"], first["offset"])
+        headers = {
+            "content-type": "application/json",
+            "lakebroker-topic": topic,
+            "lakebroker-partition": str(first["partition"]),
+            "lakebroker-offset": str(first["offset"]),
+            **signer.headers(msg_id, body),
+        }
+        key = first["key"]
+        if not batch and key is not None and key.isascii() and key.isprintable() and len(key) < 1024:
+            headers["lakebroker-key"] = key
+        try:
+            response = await self.client.post(url, content=body.encode(), headers=headers, timeout=timeout_s)
+        except httpx.TimeoutException:
+            return Outcome(None, f"timed out after {timeout_s:g} s")
+        except httpx.HTTPError as exc:
+            return Outcome(None, f"{type(exc).__name__}: {exc}"[:500])
+        if 200 <= response.status_code < 300:
+            return Outcome(response.status_code)
+        retry_after = None
+        if response.status_code in (429, 503):
+            retry_after = parse_retry_after(response.headers.get("retry-after"))
+        return Outcome(response.status_code, f"HTTP {response.status_code}: {response.text[:300]}", retry_after)

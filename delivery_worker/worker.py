@@ -1,0 +1,199 @@
+"""The delivery worker: keeps one pipeline running per (subscription, partition) it leases.
+
+Each tick reads like a checklist: load subscriptions → stop what is no longer wanted →
+heartbeat leases → apply seeks → start pipelines for new leases → report status.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import uuid
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import httpx
+import orjson
+
+from delivery_worker.leases import Lease, LeaseTable, Pair
+from delivery_worker.metrics import DeliveryMetrics
+from delivery_worker.pipeline import Endpoint, PartitionPipeline, PipelineStatus
+from delivery_worker.sender import Sender
+from delivery_worker.source import PartitionSource
+from tables.dead_letters import DeadLetterTable
+from tables.layout import Layout
+from tables.offsets import OffsetReason, OffsetsTable
+from tables.settings import Settings
+from tables.subscriptions import Subscription, SubscriptionStore
+from tables.topics import TopicStore
+
+log = logging.getLogger(__name__)
+
+
+def _config(sub: Subscription) -> Subscription:
+    """The part of a subscription whose change restarts its pipelines (not seeks, not state)."""
+    return replace(sub, seek_epoch=0, seek_offsets=None, paused=False, disabled_reason=None)
+
+
+@dataclass
+class _Running:
+    pipeline: PartitionPipeline
+    task: asyncio.Task[None]
+    config: Subscription
+    seek_epoch: int
+
+
+class DeliveryWorker:
+    def __init__(self, settings: Settings, metrics: DeliveryMetrics, worker_id: str | None = None) -> None:
+        self.settings = settings
+        self.layout = Layout(settings.data_dir)
+        self.metrics = metrics
+        self.worker_id = worker_id or f"worker-{uuid.uuid4().hex[:12]}"
+        self.subscriptions = SubscriptionStore(self.layout)
+        self.topics = TopicStore(self.layout)
+        self.offsets = OffsetsTable(self.layout)
+        self.dead_letters = DeadLetterTable(self.layout)
+        self.leases = LeaseTable(self.layout, self.worker_id, settings.lease_ttl_s)
+        self._running: dict[Pair, _Running] = {}
+        self._endpoints: dict[str, tuple[Subscription, Endpoint]] = {}
+        self._held: dict[Pair, Lease] = {}
+        self._client: httpx.AsyncClient | None = None
+        self._sender: Sender | None = None
+        self._gone: dict[str, str] = {}
+
+    # -- lifecycle ----------------------------------------------------------------------
+    async def run(self) -> None:
+        self._client = httpx.AsyncClient(limits=httpx.Limits(max_connections=512, max_keepalive_connections=128),
+                                         follow_redirects=False)
+        self._sender = Sender(self._client)
+        try:
+            while True:
+                try:
+                    await self.tick()
+                except Exception:
+                    log.exception("delivery worker %s: tick failed; retrying", self.worker_id)
+                await asyncio.sleep(self.settings.heartbeat_s)
+        finally:
+            await self.shutdown()
+
+    async def shutdown(self) -> None:
+        """Stop every pipeline, commit what was delivered, and release the leases."""
+        pairs = set(self._running)
+        for pair in list(self._running):
+            await self._stop(pair, commit=True)
+        if pairs:
+            with contextlib.suppress(Exception):
+                await asyncio.to_thread(self.leases.heartbeat, [], pairs, {}, {})
+        if self._client is not None:
+            await self._client.aclose()
+            self._client = None
+
+    # -- one tick -----------------------------------------------------------------------
+    async def tick(self) -> None:
+        subs = await asyncio.to_thread(self.subscriptions.load)
+        await self._disable_gone(subs)
+        topics = await asyncio.to_thread(self.topics.load)
+        active = {n: s for n, s in subs.items() if s.active and s.topic in topics}
+        pairs = [(n, p) for n, s in active.items() for p in range(topics[s.topic].partitions)]
+
+        desired = await asyncio.to_thread(self.leases.desired, pairs)
+        release: set[Pair] = set()
+        for pair, current in list(self._running.items()):
+            sub = active.get(pair[0])
+            if pair not in desired or sub is None or _config(sub) != current.config or current.task.done():
+                await self._stop(pair, commit=True)
+                release.add(pair)
+
+        statuses = {pair: orjson.dumps(r.pipeline.status.as_dict()).decode() for pair, r in self._running.items()}
+        applied = {pair: r.seek_epoch for pair, r in self._running.items()}
+        self._held = await asyncio.to_thread(self.leases.heartbeat, pairs, release, statuses, applied)
+
+        for pair in [p for p in self._running if p not in self._held]:  # lease lost: stop at once
+            log.warning("lost the lease of %s partition %d", *pair)
+            await self._stop(pair, commit=False)
+        for pair, lease in self._held.items():
+            sub = active.get(pair[0])
+            if sub is None:
+                continue
+            running = self._running.get(pair)
+            if running is not None and running.seek_epoch < sub.seek_epoch:
+                await self._stop(pair, commit=False)
+                running = None
+            if running is None:
+                await self._start(sub, pair[1], lease)
+
+    # -- pipelines ----------------------------------------------------------------------
+    def _endpoint(self, sub: Subscription) -> Endpoint:
+        known = self._endpoints.get(sub.name)
+        if known is None or _config(known[0]) != _config(sub):
+            known = (sub, Endpoint.for_subscription(sub))
+            self._endpoints[sub.name] = known
+        return known[1]
+
+    async def _start(self, sub: Subscription, partition: int, lease: Lease) -> None:
+        assert self._sender is not None
+        pair = (sub.name, partition)
+        start = await self._start_offset(sub, partition, lease)
+        source = PartitionSource(self.layout.topic_table(sub.topic), partition)
+        pipeline = PartitionPipeline(
+            sub, partition, start, source=source, sender=self._sender, endpoint=self._endpoint(sub),
+            offsets=self.offsets, dead_letters=self.dead_letters, metrics=self.metrics,
+            poll_s=self.settings.delivery_poll_ms / 1000,
+            commit_interval_s=self.settings.offset_commit_interval_ms / 1000,
+            lease_valid=lambda: self._lease_valid(pair), on_gone=lambda reason: self._on_gone(sub.name, reason),
+        )
+        task = asyncio.create_task(pipeline.run(), name=f"deliver-{sub.name}-{partition}")
+        self._running[pair] = _Running(pipeline, task, _config(sub), sub.seek_epoch)
+
+    async def _start_offset(self, sub: Subscription, partition: int, lease: Lease) -> int:
+        if lease.seek_epoch < sub.seek_epoch and sub.seek_offsets and partition in sub.seek_offsets:
+            target = sub.seek_offsets[partition]
+            await asyncio.to_thread(self.offsets.commit, sub.name, sub.topic, {partition: target}, OffsetReason.SEEK)
+            return target
+        committed = await asyncio.to_thread(self.offsets.latest, sub.name)
+        found = committed.get((sub.name, sub.topic, partition))
+        if found is not None:
+            return found[0]
+        # A partition added after the subscription began: start at its beginning.
+        source = PartitionSource(self.layout.topic_table(sub.topic), partition)
+        return await asyncio.to_thread(lambda: source.log_start(source.log_end()))
+
+    async def _stop(self, pair: Pair, *, commit: bool) -> None:
+        running = self._running.pop(pair, None)
+        if running is None:
+            return
+        running.task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await running.task
+        try:
+            await running.pipeline.stop(commit=commit)
+        except Exception:
+            log.exception("could not commit offsets of %s partition %d on stop", *pair)
+
+    def _lease_valid(self, pair: Pair) -> bool:
+        lease = self._held.get(pair)
+        # Stop committing a little before the lease ends, so a successor never overlaps us.
+        margin = timedelta(seconds=min(2.0, self.settings.lease_ttl_s / 4))
+        return lease is not None and lease.expires_at - margin > datetime.now(UTC)
+
+    def _on_gone(self, name: str, reason: str) -> None:
+        self._gone[name] = reason
+
+    async def _disable_gone(self, subs: dict[str, Subscription]) -> None:
+        for name, reason in list(self._gone.items()):
+            if name in subs and subs[name].disabled_reason is None:
+                log.warning("disabling subscription %s: %s", name, reason)
+                subs[name] = await asyncio.to_thread(self.subscriptions.update, name, disabled_reason=reason)
+            del self._gone[name]
+
+    # -- status -------------------------------------------------------------------------
+    def status(self, name: str) -> dict[int, PipelineStatus]:
+        return {p: r.pipeline.status for (n, p), r in self._running.items() if n == name}
+
+    def owned(self) -> list[Pair]:
+        return sorted(self._running)
+
+    def describe(self) -> dict[str, Any]:
+        return {"worker_id": self.worker_id, "partitions": [list(p) for p in self.owned()]}

@@ -1,0 +1,283 @@
+"""Subscriptions: webhook push consumer groups, their status, seek, and dead letters."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Annotated, Any, Literal
+
+import orjson
+from fastapi import APIRouter, Depends, Query, Request, Response
+from pydantic import BaseModel, ConfigDict, Field
+
+from delivery_worker.leases import LeaseTable
+from delivery_worker.ssrf import check_webhook_url
+from delivery_worker.worker import DeliveryWorker
+from ingest_api.broker import Broker
+from ingest_api.deps import BrokerDep
+from ingest_api.reader import log_start, offset_for_timestamp, partition_files
+from ingest_api.routes.consume import parse_timestamp
+from ingest_api.schemas import ErrorPublic
+from tables.dead_letters import DeadLetterTable
+from tables.errors import InvalidRequest, OutOfRange
+from tables.offsets import OffsetReason, OffsetsTable
+from tables.subscriptions import (
+    DEFAULT_RETRY_SCHEDULE_MS,
+    Ordering,
+    Subscription,
+    SubscriptionStore,
+    new_secret,
+    validate_secret,
+)
+from tables.topics import TopicConfig
+
+router = APIRouter(prefix="/v1/subscriptions", tags=["subscriptions"])
+_ERRORS: dict[int | str, dict[str, Any]] = {c: {"model": ErrorPublic} for c in (400, 404, 409, 416, 422)}
+
+
+class SubscriptionCreate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(min_length=1, max_length=128)
+    topic: str = Field(min_length=1, max_length=128)
+    url: str = Field(min_length=1, max_length=2048)
+    start: str = Field("latest", description="earliest, latest, or a timestamp (epoch ms or ISO 8601).")
+    ordering: Ordering = Ordering.PARTITION
+    max_in_flight: int = Field(16, ge=1, le=1000)
+    rate_limit_per_s: float | None = Field(None, gt=0, le=100_000)
+    max_attempts: int = Field(8, ge=1, le=100)
+    retry_schedule_s: list[float] = Field(
+        [d / 1000 for d in DEFAULT_RETRY_SCHEDULE_MS], min_length=1, max_length=50,
+        description="Delays before attempts 2, 3, ...; the last repeats. Jittered by ±20 %.",
+    )
+    timeout_s: float = Field(10.0, ge=0.1, le=120)
+    batch_size: int = Field(1, ge=1, le=1000, description="Above 1, POST a JSON array of up to this many.")
+    secret: str | None = Field(None, description="whsec_...; generated when absent and returned once.")
+
+
+class SubscriptionUpdate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    url: str | None = Field(None, min_length=1, max_length=2048)
+    ordering: Ordering | None = None
+    max_in_flight: int | None = Field(None, ge=1, le=1000)
+    rate_limit_per_s: float | None = Field(None, gt=0, le=100_000)
+    max_attempts: int | None = Field(None, ge=1, le=100)
+    retry_schedule_s: list[float] | None = Field(None, min_length=1, max_length=50)
+    timeout_s: float | None = Field(None, ge=0.1, le=120)
+    batch_size: int | None = Field(None, ge=1, le=1000)
+    secret: str | None = Field(None, description="A new signing secret; the previous one keeps signing too.")
+    rotate_secret: bool = Field(False, description="Generate a new secret; the previous one keeps signing too.")
+    end_rotation: bool = Field(False, description="Stop signing with the previous secret.")
+
+
+class SeekRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    to: Literal["earliest", "latest"] | None = None
+    timestamp: str | None = None
+    offsets: dict[int, int] | None = Field(None, description="Next offset to deliver, per partition.")
+
+
+class ReplayRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    partition: int | None = Field(None, ge=0)
+    from_offset: int | None = Field(None, ge=0)
+    to_offset: int | None = Field(None, ge=0)
+
+
+def _store(request: Request) -> SubscriptionStore:
+    return SubscriptionStore(request.app.state.broker.layout)
+
+
+StoreDep = Annotated[SubscriptionStore, Depends(_store)]
+
+
+def _schedule_ms(delays: list[float]) -> tuple[int, ...]:
+    if any(d < 0 or d > 86_400 for d in delays):
+        raise InvalidRequest("each retry delay must be between 0 and 86400 seconds")
+    return tuple(int(d * 1000) for d in delays)
+
+
+async def _check_url(broker: Broker, url: str) -> str:
+    return await asyncio.to_thread(check_webhook_url, url, allow_private=broker.settings.allow_private_webhooks)
+
+
+async def _targets(broker: Broker, topic: TopicConfig, how: str) -> dict[int, int]:
+    """Per-partition offsets for earliest, latest or a timestamp."""
+    files = await asyncio.to_thread(partition_files, broker.layout, topic)
+    out: dict[int, int] = {}
+    for p in range(topic.partitions):
+        committed = broker.committed_end(topic, p)
+        if how == "earliest":
+            out[p] = log_start(files.get(p), committed)
+        elif how == "latest":
+            out[p] = broker.log_end(topic, p)
+        else:
+            found = await asyncio.to_thread(offset_for_timestamp, broker.layout, topic, p, parse_timestamp(how))
+            out[p] = committed if found is None else found
+    return out
+
+
+async def _status(request: Request, broker: Broker, sub: Subscription) -> dict[str, Any]:
+    topic = broker.topics.get(sub.topic)
+    layout = broker.layout
+    committed = await asyncio.to_thread(OffsetsTable(layout).latest, sub.name)
+    leases = await asyncio.to_thread(LeaseTable(layout, "api", 10).leases)
+    worker: DeliveryWorker | None = request.app.state.delivery
+    live = worker.status(sub.name) if worker is not None else {}
+    dead = await asyncio.to_thread(DeadLetterTable(layout).count, sub.name)
+    partitions = []
+    for p in range(topic.partitions if topic else 0):
+        assert topic is not None
+        offset, reason = committed.get((sub.name, sub.topic, p), (0, "start"))
+        end = broker.committed_end(topic, p)
+        lease = leases.get((sub.name, p))
+        reported: dict[str, Any] = {}
+        if p in live:
+            reported = live[p].as_dict()
+        elif lease is not None and lease.status:
+            reported = orjson.loads(lease.status)
+        partitions.append({
+            "partition": p,
+            "committed_offset": offset,
+            "last_commit_reason": reason,
+            "log_end_offset": end,
+            "lag": max(0, end - offset),
+            "in_flight": reported.get("in_flight", 0),
+            "delivered": reported.get("delivered", 0),
+            "dead_lettered": reported.get("dead_lettered", 0),
+            "retention_skipped": reported.get("skipped", 0),
+            "last_status": reported.get("last_status"),
+            "last_error": reported.get("last_error"),
+            "state": sub.endpoint_state if not sub.active else reported.get("state", "idle"),
+            "owner": lease.owner if lease is not None else None,
+        })
+    return {**sub.public(), "dead_letters": dead, "partitions": partitions}
+
+
+@router.post("", status_code=201, responses=_ERRORS)
+async def create_subscription(body: SubscriptionCreate, broker: BrokerDep, store: StoreDep) -> dict[str, Any]:
+    """Create a push subscription; the response carries the signing secret, shown only this once."""
+    topic = broker.topic(body.topic)
+    url = await _check_url(broker, body.url)
+    if body.start not in ("earliest", "latest"):
+        parse_timestamp(body.start)
+    secret = validate_secret(body.secret) if body.secret else new_secret()
+    sub = Subscription(
+        name=body.name, topic=body.topic, url=url, ordering=body.ordering, max_in_flight=body.max_in_flight,
+        rate_limit_per_s=body.rate_limit_per_s, max_attempts=body.max_attempts,
+        retry_schedule_ms=_schedule_ms(body.retry_schedule_s), timeout_ms=int(body.timeout_s * 1000),
+        batch_size=body.batch_size, secrets=(secret,),
+    )
+    created = await asyncio.to_thread(store.create, sub)
+    start = await _targets(broker, topic, body.start)
+    await asyncio.to_thread(OffsetsTable(broker.layout).commit, sub.name, sub.topic, start, OffsetReason.START)
+    return created.public(reveal_secret=True)
+
+
+@router.get("")
+async def list_subscriptions(store: StoreDep) -> list[dict[str, Any]]:
+    subs = await asyncio.to_thread(store.load)
+    return [s.public() for s in sorted(subs.values(), key=lambda s: s.name)]
+
+
+@router.get("/{name}", responses=_ERRORS)
+async def get_subscription(name: str, request: Request, broker: BrokerDep, store: StoreDep) -> dict[str, Any]:
+    """Configuration (secret masked) and per-partition committed offset, lag, in-flight, last error, state."""
+    sub = await asyncio.to_thread(store.get, name)
+    return await _status(request, broker, sub)
+
+
+@router.patch("/{name}", responses=_ERRORS)
+async def update_subscription(name: str, body: SubscriptionUpdate, broker: BrokerDep,
+                              store: StoreDep) -> dict[str, Any]:
+    """Change configuration. A new or rotated secret is returned once; both secrets sign until end_rotation."""
+    current = await asyncio.to_thread(store.get, name)
+    changes: dict[str, Any] = body.model_dump(exclude_unset=True, exclude={"secret", "rotate_secret",
+                                                                           "end_rotation", "retry_schedule_s",
+                                                                           "timeout_s"})
+    if body.url is not None:
+        changes["url"] = await _check_url(broker, body.url)
+    if body.retry_schedule_s is not None:
+        changes["retry_schedule_ms"] = _schedule_ms(body.retry_schedule_s)
+    if body.timeout_s is not None:
+        changes["timeout_ms"] = int(body.timeout_s * 1000)
+    reveal = False
+    if body.secret is not None or body.rotate_secret:
+        if body.secret is not None and body.rotate_secret:
+            raise InvalidRequest("give secret or rotate_secret, not both")
+        fresh = validate_secret(body.secret) if body.secret is not None else new_secret()
+        changes["secrets"] = (fresh, current.secrets[0])
+        reveal = True
+    elif body.end_rotation:
+        changes["secrets"] = current.secrets[:1]
+    updated = await asyncio.to_thread(store.update, name, **changes)
+    return updated.public(reveal_secret=reveal)
+
+
+@router.delete("/{name}", status_code=204, responses=_ERRORS)
+async def delete_subscription(name: str, broker: BrokerDep, store: StoreDep) -> Response:
+    await asyncio.to_thread(store.delete, name)
+    await asyncio.to_thread(LeaseTable(broker.layout, "api", 10).forget_group, name)
+    return Response(status_code=204)
+
+
+@router.post("/{name}/pause", responses=_ERRORS)
+async def pause(name: str, store: StoreDep) -> dict[str, Any]:
+    return (await asyncio.to_thread(store.update, name, paused=True)).public()
+
+
+@router.post("/{name}/resume", responses=_ERRORS)
+async def resume(name: str, store: StoreDep) -> dict[str, Any]:
+    """Resume a paused subscription, or re-enable one disabled by a 410 Gone."""
+    return (await asyncio.to_thread(store.update, name, paused=False, disabled_reason=None)).public()
+
+
+@router.post("/{name}/seek", responses=_ERRORS)
+async def seek(name: str, body: SeekRequest, broker: BrokerDep, store: StoreDep) -> dict[str, Any]:
+    """Move the group to offsets per partition, a timestamp, or earliest/latest. In-flight sends are dropped."""
+    sub = await asyncio.to_thread(store.get, name)
+    topic = broker.topic(sub.topic)
+    given = [x for x in (body.to, body.timestamp, body.offsets) if x is not None]
+    if len(given) != 1:
+        raise InvalidRequest("give exactly one of to, timestamp or offsets")
+    if body.offsets is not None:
+        files = await asyncio.to_thread(partition_files, broker.layout, topic)
+        targets: dict[int, int] = {}
+        for p, offset in body.offsets.items():
+            topic.check_partition(p)
+            low, high = log_start(files.get(p), broker.committed_end(topic, p)), broker.log_end(topic, p)
+            if not low <= offset <= high:
+                raise OutOfRange(f"offset {offset} is outside partition {p}: valid offsets are {low} to {high}")
+            targets[p] = offset
+    else:
+        targets = await _targets(broker, topic, body.to or body.timestamp or "latest")
+    updated = await asyncio.to_thread(store.update, name, seek_epoch=sub.seek_epoch + 1, seek_offsets=targets)
+    leases = LeaseTable(broker.layout, "api", 10)
+    # Partitions no worker holds are moved here; a worker holding one applies the seek itself.
+    offsets = OffsetsTable(broker.layout)
+    await asyncio.to_thread(offsets.commit, name, sub.topic, targets, OffsetReason.SEEK)
+    await asyncio.to_thread(leases.record_seek, name, targets, updated.seek_epoch)
+    return {"seek_epoch": updated.seek_epoch, "offsets": {str(p): o for p, o in targets.items()}}
+
+
+@router.get("/{name}/dead-letters", responses=_ERRORS)
+async def list_dead_letters(
+    name: str, broker: BrokerDep, store: StoreDep,
+    partition: int | None = Query(None, ge=0), limit: int = Query(100, ge=1, le=10_000),
+) -> dict[str, Any]:
+    await asyncio.to_thread(store.get, name)
+    rows = await asyncio.to_thread(DeadLetterTable(broker.layout).letters, name, limit=limit, partition=partition)
+    for r in rows:
+        for k in ("dead_at", "replay_requested_at", "replayed_at"):
+            r[k] = r[k].isoformat() if r[k] is not None else None
+    return {"dead_letters": rows}
+
+
+@router.post("/{name}/dead-letters/replay", responses=_ERRORS)
+async def replay_dead_letters(name: str, body: ReplayRequest, broker: BrokerDep, store: StoreDep) -> dict[str, int]:
+    """Redeliver dead letters: one (partition + from_offset = to_offset), a range, or all (empty body)."""
+    await asyncio.to_thread(store.get, name)
+    if (body.from_offset is not None or body.to_offset is not None) and body.partition is None:
+        raise InvalidRequest("an offset range needs a partition")
+    requested = await asyncio.to_thread(DeadLetterTable(broker.layout).request_replay, name,
+                                        partition=body.partition, from_offset=body.from_offset,
+                                        to_offset=body.to_offset)
+    return {"requested": requested}
