@@ -149,6 +149,7 @@ def deliver(
 ) -> None:
     """Run a delivery worker alone; several share a subscription's partitions through leases."""
     import asyncio
+    import contextlib
     import logging
 
     from prometheus_client import CollectorRegistry
@@ -159,10 +160,8 @@ def deliver(
     logging.basicConfig(level=settings().log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     worker = DeliveryWorker(settings(), DeliveryMetrics(CollectorRegistry()), worker_id)
     err.print(f"delivery worker {worker.worker_id} on {settings().data_dir}", highlight=False)
-    try:
+    with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(worker.run())
-    except KeyboardInterrupt:
-        pass
 
 
 # -- analysts -------------------------------------------------------------------------------

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 from tables.settings import PROJECT_ROOT, Settings
 
 
@@ -10,10 +12,8 @@ def rows() -> list[str]:
     for name, field in Settings.model_fields.items():
         default = field.default
         if hasattr(default, "relative_to"):
-            try:
+            with contextlib.suppress(ValueError):
                 default = default.relative_to(PROJECT_ROOT)
-            except ValueError:
-                pass
         out.append(f"| `{name}` | `LAKEBROKER_{name.upper()}` | `{default}` | {field.description or ''} |")
     return out
 
