@@ -39,8 +39,9 @@ def envelope(topic: str, row: dict[str, Any]) -> dict[str, Any]:
 
 
 class Sender:
-    def __init__(self, client: httpx.AsyncClient) -> None:
+    def __init__(self, client: httpx.AsyncClient, worker_id: str) -> None:
         self.client = client
+        self.worker_id = worker_id
 
     async def send(self, url: str, topic: str, rows: list[dict[str, Any]], signer: Signer, timeout_s: float,
                    batch: bool) -> Outcome:
@@ -56,6 +57,7 @@ class Sender:
             "lakebroker-topic": topic,
             "lakebroker-partition": str(first["partition"]),
             "lakebroker-offset": str(first["offset"]),
+            "lakebroker-worker": self.worker_id,
             **signer.headers(msg_id, body),
         }
         key = first["key"]

@@ -67,7 +67,7 @@ class DeliveryWorker:
     async def run(self) -> None:
         self._client = httpx.AsyncClient(limits=httpx.Limits(max_connections=512, max_keepalive_connections=128),
                                          follow_redirects=False)
-        self._sender = Sender(self._client)
+        self._sender = Sender(self._client, self.worker_id)
         try:
             while True:
                 try:

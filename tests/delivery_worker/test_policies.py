@@ -1,0 +1,81 @@
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from datetime import UTC, datetime, timedelta
+from email.utils import format_datetime
+
+import pytest
+
+from delivery_worker.flow import AdaptiveWindow, TokenBucket
+from delivery_worker.leases import assign
+from delivery_worker.retry import RetryPolicy, parse_retry_after
+from delivery_worker.ssrf import check_webhook_url
+from tables.errors import InvalidRequest
+
+
+def test_retry_schedule_with_jitter_and_last_delay_repeating() -> None:
+    policy = RetryPolicy((1000, 5000), max_attempts=5)
+    rng = random.Random(1)
+    first = [policy.delay_s(1, rng=rng) for _ in range(200)]
+    assert 0.8 <= min(first) and max(first) <= 1.2 and max(first) - min(first) > 0.2  # ±20 % jitter
+    assert all(4.0 <= policy.delay_s(n, rng=rng) <= 6.0 for n in (2, 3, 4))  # the last delay repeats
+    assert policy.delay_s(1, retry_after_s=30, rng=rng) == 30  # Retry-After wins when longer
+    assert not policy.exhausted(4) and policy.exhausted(5)
+
+
+def test_retry_after_parsing() -> None:
+    now = datetime(2026, 1, 1, tzinfo=UTC)
+    assert parse_retry_after("7") == 7
+    assert parse_retry_after(format_datetime(now + timedelta(seconds=90), usegmt=True), now) == 90
+    assert parse_retry_after("999999") == 3600  # capped
+    assert parse_retry_after("soon") is None and parse_retry_after(None) is None
+
+
+async def test_token_bucket_rate() -> None:
+    bucket = TokenBucket(rate=50, burst=1)
+    started = time.monotonic()
+    for _ in range(26):
+        await bucket.take()
+    elapsed = time.monotonic() - started
+    assert 0.45 <= elapsed <= 0.75  # 25 waits at 20 ms
+
+
+async def test_adaptive_window_grows_and_halves() -> None:
+    window = AdaptiveWindow(maximum=8)
+    assert window.size == 1
+    for _ in range(10):
+        await window.acquire()
+        await window.release(True)
+    assert window.size == 8
+    await window.acquire()
+    await window.release(False)
+    assert window.size == 4
+    for _ in range(4):
+        await window.acquire()
+    blocked = asyncio.create_task(window.acquire())
+    await asyncio.sleep(0.05)
+    assert not blocked.done()  # a full window makes the fifth wait
+    await window.release(True)
+    await asyncio.wait_for(blocked, 1)
+
+
+def test_assignment_is_deterministic_and_balanced() -> None:
+    pairs = [("g", p) for p in range(6)] + [("h", p) for p in range(3)]
+    plan = assign(pairs, ["w2", "w1", "w3"])
+    assert plan == assign(list(reversed(pairs)), ["w3", "w1", "w2"])
+    counts = {w: sum(1 for o in plan.values() if o == w) for w in ("w1", "w2", "w3")}
+    assert counts == {"w1": 3, "w2": 3, "w3": 3}
+
+
+@pytest.mark.parametrize("url", ["http://127.0.0.1/x", "http://10.1.2.3/", "http://169.254.169.254/latest",
+                                 "http://[::1]:8080/", "http://192.168.0.1/", "http://localhost:9/"])
+def test_ssrf_guard_refuses_internal_addresses(url: str) -> None:
+    with pytest.raises(InvalidRequest, match="allow_private_webhooks"):
+        check_webhook_url(url, allow_private=False)
+    assert check_webhook_url(url, allow_private=True) == url
+
+
+def test_ssrf_guard_allows_public_addresses() -> None:
+    assert check_webhook_url("https://93.184.215.14/hook", allow_private=False)

@@ -1,0 +1,99 @@
+"""Two delivery worker processes share a subscription; one is SIGKILLed mid-stream.
+Delivery continues on the survivor with no gap, and no partition is ever delivered by
+both at once."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+from tests.receivers import Receiver
+from tests.servers import REPO, ServerProcess
+
+PARTITIONS = 4
+FAST = {"LAKEBROKER_LEASE_TTL_S": "3", "LAKEBROKER_HEARTBEAT_S": "0.5", "LAKEBROKER_OFFSET_COMMIT_INTERVAL_MS": "200",
+        "LAKEBROKER_ALLOW_PRIVATE_WEBHOOKS": "1", "LAKEBROKER_FLUSH_INTERVAL_MS": "50"}
+
+
+def start_worker(data: Path, name: str) -> subprocess.Popen[bytes]:
+    log = (data.parent / f"{name}.log").open("ab")
+    return subprocess.Popen([sys.executable, "-m", "lakebroker", "--data-dir", str(data), "deliver", "--worker-id",
+                             name], stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **FAST}, cwd=REPO)
+
+
+def test_sigkill_one_of_two_workers_loses_nothing(tmp_path: Path, receiver: Receiver) -> None:
+    data = tmp_path / "data"
+    server = ServerProcess(data, env={**FAST, "LAKEBROKER_DELIVER_IN_SERVE": "0"})
+    url = server.start()
+    workers: list[subprocess.Popen[bytes]] = []
+    try:
+        client = httpx.Client(base_url=url, timeout=30)
+        assert client.post("/v1/topics", json={"name": "orders", "partitions": PARTITIONS}).status_code == 201
+        assert client.post("/v1/subscriptions", json={"name": "hooks", "topic": "orders", "url": receiver.url,
+                                                      "start": "earliest", "ordering": "partition"}).status_code == 201
+        workers = [start_worker(data, "worker-a"), start_worker(data, "worker-b")]
+        produced = 0
+
+        def produce(n: int) -> None:
+            nonlocal produced
+            r = client.post("/v1/topics/orders/batch?ack=table",
+                            json={"messages": [{"value": produced + i} for i in range(n)]})
+            assert r.status_code == 200
+            produced += n
+
+        deadline = time.monotonic() + 60
+        owners: set[str] = set()
+        while len(owners) < 2 and time.monotonic() < deadline:  # until both workers deliver
+            produce(20)
+            time.sleep(0.2)
+            owners = {r.headers["lakebroker-worker"] for r in list(receiver.received)}
+        assert owners == {"worker-a", "worker-b"}, "both workers should own partitions"
+        for _ in range(10):
+            produce(20)
+        workers[0].send_signal(signal.SIGKILL)  # mid-stream
+        killed_at = time.time()
+        workers[0].wait(timeout=10)
+        for _ in range(20):
+            produce(20)
+            time.sleep(0.05)
+
+        def delivered() -> set[tuple[int, int]]:
+            return {(m["partition"], m["offset"]) for m in receiver.messages()}
+
+        receiver.wait_for(lambda: len(delivered()) >= produced, timeout=60)
+        got = delivered()
+        ends = {p["partition"]: p["log_end_offset"] for p in client.get("/v1/topics/orders").json()["partition_offsets"]}
+        assert sum(ends.values()) == produced
+        for p, end in ends.items():
+            assert {o for q, o in got if q == p} == set(range(end)), f"partition {p} has a gap"
+
+        # No partition was delivered by both workers at once: in time order, each partition's
+        # deliveries change hands at most once (a takeover), never back and forth.
+        for p in range(PARTITIONS):
+            hands = [r.headers["lakebroker-worker"] for r in sorted(list(receiver.received), key=lambda r: r.at)
+                     if int(r.headers["lakebroker-partition"]) == p]
+            switches = sum(1 for a, b in zip(hands, hands[1:], strict=False) if a != b)
+            assert switches <= 1, f"partition {p} alternated between workers: {switches} switches"
+            if "worker-a" in hands and hands[-1] == "worker-a":
+                raise AssertionError(f"partition {p} was still delivered by the killed worker at the end")
+        del killed_at
+        # Every partition ends fully committed on the survivor.
+        deadline = time.monotonic() + 20
+        status = client.get("/v1/subscriptions/hooks").json()
+        while any(p["lag"] for p in status["partitions"]) and time.monotonic() < deadline:
+            time.sleep(0.2)
+            status = client.get("/v1/subscriptions/hooks").json()
+        assert [p["lag"] for p in status["partitions"]] == [0] * PARTITIONS
+        assert {p["owner"] for p in status["partitions"]} == {"worker-b"}
+    finally:
+        for w in workers:
+            if w.poll() is None:
+                w.send_signal(signal.SIGTERM)
+                w.wait(timeout=30)
+        server.stop()
