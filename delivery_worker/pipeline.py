@@ -116,6 +116,15 @@ class PartitionPipeline:
         self._last_commit = time.monotonic()
         self._last_replay_check = 0.0
         self._gone: Gone | None = None
+        # Known label sets start at zero, so dashboards and alerts see them before the first event.
+        name, part = sub.name, str(partition)
+        for outcome in ("ok", "retry", "rate_limited", "timeout", "error", "gone"):
+            metrics.attempts.labels(name, outcome)
+        metrics.delivered.labels(name)
+        metrics.dead_lettered.labels(name)
+        metrics.in_flight.labels(name)
+        metrics.lag.labels(name, part)
+        metrics.skipped.labels(name, part)
 
     # -- the loop -------------------------------------------------------------------------
     async def run(self) -> None:
@@ -214,6 +223,7 @@ class PartitionPipeline:
                 return
             window.in_flight += 1  # taken synchronously, so the loop never oversubscribes
             self.status.in_flight += 1
+            self.metrics.in_flight.labels(self.sub.name).inc()
             task = asyncio.create_task(self._deliver(unit))
             self._tasks.add(task)
             task.add_done_callback(self._finished)
@@ -286,6 +296,7 @@ class PartitionPipeline:
             if holding:
                 await window.release(False)
             self.status.in_flight -= 1
+            self.metrics.in_flight.labels(self.sub.name).dec()
 
     def _record(self, outcome: Outcome) -> None:
         if outcome.ok:

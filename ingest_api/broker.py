@@ -24,7 +24,7 @@ from ingest_api.partitioner import RoundRobin, partition_for_key
 from ingest_api.records import Record
 from ingest_api.wal import PartitionKey, Wal
 from tables import delta
-from tables.errors import Backpressure, InvalidRequest, NotFound, TooLarge
+from tables.errors import Backpressure, InvalidRequest, LakebrokerError, NotFound, TooLarge
 from tables.layout import Layout
 from tables.settings import Settings
 from tables.topics import TopicConfig, TopicStore
@@ -187,7 +187,11 @@ class Broker:
 
     async def produce(self, topic_name: str, messages: list[NewMessage], ack: AckMode) -> list[ProduceResult]:
         topic = self.topic(topic_name)
-        self._validate(topic, messages)
+        try:
+            self._validate(topic, messages)
+        except LakebrokerError as exc:
+            self.metrics.rejected.labels(exc.code).inc()
+            raise
         if self.backlog_bytes > self.settings.max_backlog_bytes:
             self.metrics.rejected.labels("backpressure").inc()
             raise Backpressure(

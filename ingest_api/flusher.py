@@ -161,6 +161,7 @@ class Flusher:
             table = delta.ensure_table(uri, TOPIC_SCHEMA, partition_by=TOPIC_PARTITION_COLUMNS,
                                        version=TOPIC_SCHEMA_VERSION)
             self._tables[uri] = table
+            self._metrics.flush_errors.labels(topic.name)  # starts at zero, visible before a failure
         else:
             table.update_incremental()
         return table

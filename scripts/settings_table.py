@@ -18,5 +18,15 @@ def rows() -> list[str]:
     return out
 
 
+def update_readme() -> None:
+    """Rewrite the table between the README's settings markers."""
+    readme = PROJECT_ROOT / "README.md"
+    text = readme.read_text()
+    start, end = "<!-- settings -->\n", "<!-- /settings -->"
+    head, rest = text.split(start, 1)
+    _, tail = rest.split(end, 1)
+    readme.write_text(head + start + "\n".join(rows()) + "\n" + end + tail)
+
+
 if __name__ == "__main__":
-    print("\n".join(rows()))
+    update_readme()
