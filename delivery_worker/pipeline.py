@@ -115,6 +115,7 @@ class PartitionPipeline:
         self._wake = asyncio.Event()
         self._last_commit = time.monotonic()
         self._last_replay_check = 0.0
+        self._last_poll = 0.0
         self._gone: Gone | None = None
         # Known label sets start at zero, so dashboards and alerts see them before the first event.
         name, part = sub.name, str(partition)
@@ -132,8 +133,11 @@ class PartitionPipeline:
             while True:
                 await self._fill()
                 self._dispatch()
+                # asyncio.timeout, not wait_for: 3.11's wait_for can swallow a cancel that races
+                # a wake-up, and then stop() would wait forever.
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), timeout=self.poll_s)
+                    async with asyncio.timeout(self.poll_s):
+                        await self._wake.wait()
                 self._wake.clear()
                 if self._gone is not None:
                     raise self._gone
@@ -175,8 +179,13 @@ class PartitionPipeline:
     async def _fill(self) -> None:
         if len(self._pending) >= READ_AHEAD // 2:
             return
-        log_end = await asyncio.to_thread(self.source.log_end)
-        self.status.log_end = log_end
+        if self._read_pos >= self.status.log_end:
+            # Looking for new commits reads the Delta log: at most once per poll interval.
+            if time.monotonic() - self._last_poll < self.poll_s:
+                return
+            self._last_poll = time.monotonic()
+            self.status.log_end = await asyncio.to_thread(self.source.log_end)
+        log_end = self.status.log_end
         if self._read_pos >= log_end:
             return
         if self._read_pos == self.status.position:

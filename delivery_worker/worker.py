@@ -65,7 +65,8 @@ class DeliveryWorker:
 
     # -- lifecycle ----------------------------------------------------------------------
     async def run(self) -> None:
-        self._client = httpx.AsyncClient(limits=httpx.Limits(max_connections=512, max_keepalive_connections=128),
+        # A modest pool: httpcore scans every pooled connection on each request.
+        self._client = httpx.AsyncClient(limits=httpx.Limits(max_connections=64, max_keepalive_connections=64),
                                          follow_redirects=False)
         self._sender = Sender(self._client, self.worker_id)
         try:

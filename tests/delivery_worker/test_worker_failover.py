@@ -91,6 +91,11 @@ def test_sigkill_one_of_two_workers_loses_nothing(tmp_path: Path, receiver: Rece
             status = client.get("/v1/subscriptions/hooks").json()
         assert [p["lag"] for p in status["partitions"]] == [0] * PARTITIONS
         assert {p["owner"] for p in status["partitions"]} == {"worker-b"}
+        # SIGTERM stops the survivor gracefully: offsets committed, leases released at once.
+        workers[1].send_signal(signal.SIGTERM)
+        assert workers[1].wait(timeout=30) == 0
+        status = client.get("/v1/subscriptions/hooks").json()
+        assert {p["owner"] for p in status["partitions"]} == {None}
     finally:
         for w in workers:
             if w.poll() is None:
