@@ -106,8 +106,9 @@ class Flusher:
         backoff = interval
         while True:
             wait = interval if self._oldest is None else max(0.0, self._oldest + interval - time.monotonic())
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), timeout=wait)
+            with contextlib.suppress(TimeoutError):  # (not wait_for: it can swallow a cancel in 3.11)
+                async with asyncio.timeout(wait):
+                    await self._wake.wait()
             self._wake.clear()
             if not self._pending:
                 continue
