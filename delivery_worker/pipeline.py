@@ -87,7 +87,6 @@ class PartitionPipeline:
         dead_letters: DeadLetterTable,
         metrics: DeliveryMetrics,
         poll_s: float,
-        commit_interval_s: float,
         lease_valid: Callable[[], bool],
         on_gone: Callable[[str], None],
     ) -> None:
@@ -100,7 +99,6 @@ class PartitionPipeline:
         self.dead_letters = dead_letters
         self.metrics = metrics
         self.poll_s = poll_s
-        self.commit_interval_s = commit_interval_s
         self.lease_valid = lease_valid
         self.on_gone = on_gone
         self.policy = RetryPolicy(sub.retry_schedule_ms, sub.max_attempts)
@@ -113,8 +111,6 @@ class PartitionPipeline:
         self._tasks: set[asyncio.Task[None]] = set()
         self._dead: list[DeadLetter] = []
         self._wake = asyncio.Event()
-        self._last_commit = time.monotonic()
-        self._last_replay_check = 0.0
         self._last_poll = 0.0
         self._gone: Gone | None = None
         # Known label sets start at zero, so dashboards and alerts see them before the first event.
@@ -129,6 +125,8 @@ class PartitionPipeline:
 
     # -- the loop -------------------------------------------------------------------------
     async def run(self) -> None:
+        """Read and dispatch until stopped. Commits and replays are driven by the worker
+        (worker.py), batched across its pipelines, so a Delta commit never stalls dispatch."""
         try:
             while True:
                 await self._fill()
@@ -141,10 +139,6 @@ class PartitionPipeline:
                 self._wake.clear()
                 if self._gone is not None:
                     raise self._gone
-                if time.monotonic() - self._last_commit >= self.commit_interval_s:
-                    await self.commit()
-                if time.monotonic() - self._last_replay_check >= max(1.0, self.commit_interval_s):
-                    await self._replay_requested()
         except Gone as exc:
             self.status.state = "disabled"
             self.on_gone(str(exc))
@@ -157,23 +151,35 @@ class PartitionPipeline:
         if commit:
             await self.commit()
 
-    async def commit(self) -> None:
-        self._last_commit = time.monotonic()
+    def to_commit(self) -> tuple[int | None, list[DeadLetter]]:
+        """The position to commit (None if unchanged or the lease is in doubt) and the dead letters
+        to write first. Taken together, synchronously: a letter is queued before its offset counts
+        as done, so every letter below the position is in the list."""
         if not self.lease_valid():
-            return  # another worker may own the partition now: never move its offset
-        if self._dead:
-            letters, self._dead = self._dead, []
-            try:
-                await asyncio.to_thread(self.dead_letters.add, letters)
-            except Exception:
-                self._dead = letters + self._dead
-                raise
+            return None, []  # another worker may own the partition now: never move its offset
         position = self.status.position
-        if position != self.status.committed:
+        letters, self._dead = self._dead, []
+        self.metrics.lag.labels(self.sub.name, str(self.partition)).set(max(0, self.status.log_end - position))
+        return (None if position == self.status.committed else position), letters
+
+    def committed(self, position: int) -> None:
+        self.status.committed = max(self.status.committed, position)
+
+    def give_back(self, letters: list[DeadLetter]) -> None:
+        """Writing the dead letters failed: keep them for the next commit."""
+        self._dead = letters + self._dead
+
+    async def commit(self) -> None:
+        position, letters = self.to_commit()
+        try:
+            await asyncio.to_thread(self.dead_letters.add, letters)
+        except Exception:
+            self.give_back(letters)
+            raise
+        if position is not None:
             await asyncio.to_thread(self.offsets.commit, self.sub.name, self.sub.topic, {self.partition: position},
                                     OffsetReason.ACK)
-            self.status.committed = position
-        self.metrics.lag.labels(self.sub.name, str(self.partition)).set(max(0, self.status.log_end - position))
+            self.committed(position)
 
     # -- reading --------------------------------------------------------------------------
     async def _fill(self) -> None:
@@ -347,11 +353,8 @@ class PartitionPipeline:
         self.status.position = position
 
     # -- replay of dead letters -----------------------------------------------------------
-    async def _replay_requested(self) -> None:
-        self._last_replay_check = time.monotonic()
-        offsets = await asyncio.to_thread(self.dead_letters.pending_replays, self.sub.name, self.partition)
-        if not offsets:
-            return
+    async def replay(self, offsets: list[int]) -> None:
+        """Redeliver dead letters an operator asked to replay."""
         rows = await asyncio.to_thread(self.source.read_offsets, offsets[:100])
         replayed: list[int] = []
         failed: list[tuple[int, Outcome]] = []

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 import uuid
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
@@ -19,7 +20,7 @@ import orjson
 
 from delivery_worker.leases import Lease, LeaseTable, Pair
 from delivery_worker.metrics import DeliveryMetrics
-from delivery_worker.pipeline import Endpoint, PartitionPipeline, PipelineStatus
+from delivery_worker.pipeline import Endpoint, Gone, PartitionPipeline, PipelineStatus
 from delivery_worker.sender import Sender
 from delivery_worker.source import PartitionSource
 from tables.dead_letters import DeadLetterTable
@@ -62,6 +63,8 @@ class DeliveryWorker:
         self._client: httpx.AsyncClient | None = None
         self._sender: Sender | None = None
         self._gone: dict[str, str] = {}
+        self._commit_lock = asyncio.Lock()  # a pipeline's final commit and the batch commit never interleave
+        self._replays: dict[Pair, asyncio.Task[None]] = {}
 
     # -- lifecycle ----------------------------------------------------------------------
     async def run(self) -> None:
@@ -69,6 +72,7 @@ class DeliveryWorker:
         self._client = httpx.AsyncClient(limits=httpx.Limits(max_connections=64, max_keepalive_connections=64),
                                          follow_redirects=False)
         self._sender = Sender(self._client, self.worker_id)
+        committer = asyncio.create_task(self._commit_loop())
         try:
             while True:
                 try:
@@ -77,10 +81,15 @@ class DeliveryWorker:
                     log.exception("delivery worker %s: tick failed; retrying", self.worker_id)
                 await asyncio.sleep(self.settings.heartbeat_s)
         finally:
+            committer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await committer
             await self.shutdown()
 
     async def shutdown(self) -> None:
         """Stop every pipeline, commit what was delivered, and release the leases."""
+        for task in self._replays.values():
+            task.cancel()
         pairs = set(self._running)
         for pair in list(self._running):
             await self._stop(pair, commit=True)
@@ -142,7 +151,6 @@ class DeliveryWorker:
             sub, partition, start, source=source, sender=self._sender, endpoint=self._endpoint(sub),
             offsets=self.offsets, dead_letters=self.dead_letters, metrics=self.metrics,
             poll_s=self.settings.delivery_poll_ms / 1000,
-            commit_interval_s=self.settings.offset_commit_interval_ms / 1000,
             lease_valid=lambda: self._lease_valid(pair), on_gone=lambda reason: self._on_gone(sub.name, reason),
         )
         task = asyncio.create_task(pipeline.run(), name=f"deliver-{sub.name}-{partition}")
@@ -168,10 +176,63 @@ class DeliveryWorker:
         running.task.cancel()
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await running.task
+        replay = self._replays.pop(pair, None)
+        if replay is not None:
+            replay.cancel()
         try:
-            await running.pipeline.stop(commit=commit)
+            async with self._commit_lock:
+                await running.pipeline.stop(commit=commit)
         except Exception:
             log.exception("could not commit offsets of %s partition %d on stop", *pair)
+
+    # -- offsets and replays, batched over every pipeline ---------------------------------
+    async def _commit_loop(self) -> None:
+        interval = self.settings.offset_commit_interval_ms / 1000
+        last_replay_check = 0.0
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                await self.commit_all()
+                if time.monotonic() - last_replay_check >= max(1.0, interval):
+                    last_replay_check = time.monotonic()
+                    await self._start_replays()
+            except Exception:
+                log.exception("delivery worker %s: offset commit failed; retrying", self.worker_id)
+
+    async def commit_all(self) -> None:
+        """Dead letters first, then every changed position, in two Delta commits for the worker."""
+        async with self._commit_lock:
+            taken = [(r.pipeline, *r.pipeline.to_commit()) for r in self._running.values()]
+            letters = [letter for _, _, batch in taken for letter in batch]
+            try:
+                await asyncio.to_thread(self.dead_letters.add, letters)
+            except Exception:
+                for pipeline, _, batch in taken:
+                    pipeline.give_back(batch)
+                raise
+            moved = [(p, pos) for p, pos, _ in taken if pos is not None]
+            await asyncio.to_thread(self.offsets.commit_many,
+                                    [(p.sub.name, p.sub.topic, p.partition, pos) for p, pos in moved], OffsetReason.ACK)
+            for pipeline, pos in moved:
+                pipeline.committed(pos)
+
+    async def _start_replays(self) -> None:
+        groups = {name for name, _ in self._running}
+        wanted = await asyncio.to_thread(self.dead_letters.pending_replays_all, groups)
+        for pair, offsets in wanted.items():
+            running = self._running.get(pair)
+            busy = self._replays.get(pair)
+            if running is None or (busy is not None and not busy.done()):
+                continue
+            self._replays[pair] = asyncio.create_task(self._replay(running.pipeline, offsets[:100]))
+
+    async def _replay(self, pipeline: PartitionPipeline, offsets: list[int]) -> None:
+        try:
+            await pipeline.replay(offsets)
+        except Gone as exc:
+            self._on_gone(pipeline.sub.name, str(exc))
+        except Exception:
+            log.exception("replay of %s partition %d failed", pipeline.sub.name, pipeline.partition)
 
     def _lease_valid(self, pair: Pair) -> bool:
         lease = self._held.get(pair)

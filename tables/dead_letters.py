@@ -73,6 +73,23 @@ class DeadLetterTable:
     def count(self, group: str) -> int:
         return len(self.letters(group, limit=10**9))
 
+    def unreplayed(self, limit_per_group: int = 0) -> dict[str, tuple[int, list[dict[str, Any]]]]:
+        """Per group, in one read: how many letters are not yet replayed, and the first
+        `limit_per_group` of them by partition and offset."""
+        table = delta.open_table(self.uri)
+        if table is None:
+            return {}
+        rows = delta.read_rows(table, pc.field("replayed_at").is_null())
+        out: dict[str, tuple[int, list[dict[str, Any]]]] = {}
+        for r in rows.group_by("group").aggregate([([], "count_all")]).to_pylist():
+            first: list[dict[str, Any]] = []
+            if limit_per_group > 0:
+                mine = rows.filter(pc.field("group") == r["group"])
+                first = mine.sort_by([("partition", "ascending"), ("offset", "ascending")]).slice(
+                    0, limit_per_group).to_pylist()
+            out[str(r["group"])] = (int(r["count_all"]), first)
+        return out
+
     def request_replay(self, group: str, *, partition: int | None = None, from_offset: int | None = None,
                        to_offset: int | None = None) -> int:
         """Mark matching, not yet replayed letters for redelivery; returns how many."""
@@ -88,6 +105,18 @@ class DeadLetterTable:
             return 0
         metrics = table.update(updates={"replay_requested_at": "now()"}, predicate=" AND ".join(predicate))
         return int(metrics.get("num_updated_rows", 0))
+
+    def pending_replays_all(self, groups: set[str]) -> dict[tuple[str, int], list[int]]:
+        """Replay requests of these groups, by (group, partition): one read for a whole worker."""
+        table = delta.open_table(self.uri)
+        if table is None or not groups:
+            return {}
+        flt = (pc.field("group").isin(sorted(groups)) & pc.field("replay_requested_at").is_valid()
+               & pc.field("replayed_at").is_null())
+        out: dict[tuple[str, int], list[int]] = {}
+        for r in delta.read_rows(table, flt, columns=["group", "partition", "offset"]).to_pylist():
+            out.setdefault((r["group"], r["partition"]), []).append(r["offset"])
+        return {k: sorted(v) for k, v in out.items()}
 
     def pending_replays(self, group: str, partition: int) -> list[int]:
         table = delta.open_table(self.uri)

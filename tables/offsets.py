@@ -44,18 +44,22 @@ class OffsetsTable:
         return self._table
 
     def commit(self, group: str, topic: str, offsets: Mapping[int, int], reason: OffsetReason) -> None:
-        if not offsets:
+        self.commit_many([(group, topic, p, o) for p, o in offsets.items()], reason)
+
+    def commit_many(self, positions: list[tuple[str, str, int, int]], reason: OffsetReason) -> None:
+        """One commit for many (group, topic, partition, offset): a worker commits all it owns at once."""
+        if not positions:
             return
         now = datetime.now(UTC)
-        parts = sorted(offsets)
+        ordered = sorted(positions)
         rows = pa.table(
             {
-                "group": [group] * len(parts),
-                "topic": [topic] * len(parts),
-                "partition": pa.array(parts, pa.int32()),
-                "offset": pa.array([offsets[p] for p in parts], pa.int64()),
-                "committed_at": pa.array([now] * len(parts), pa.timestamp("us", tz="UTC")),
-                "reason": [reason.value] * len(parts),
+                "group": [g for g, _, _, _ in ordered],
+                "topic": [t for _, t, _, _ in ordered],
+                "partition": pa.array([p for _, _, p, _ in ordered], pa.int32()),
+                "offset": pa.array([o for _, _, _, o in ordered], pa.int64()),
+                "committed_at": pa.array([now] * len(ordered), pa.timestamp("us", tz="UTC")),
+                "reason": [reason.value] * len(ordered),
             },
             schema=OFFSETS_SCHEMA,
         )

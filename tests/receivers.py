@@ -44,6 +44,9 @@ class Receiver:
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
+            # Headers and body go out as separate writes; with Nagle on, the body waits for the
+            # client's delayed ACK (40-200 ms a request).
+            disable_nagle_algorithm = True
 
             def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers.get("content-length", "0")))
