@@ -14,9 +14,10 @@ from fastapi import Request
 from pydantic import TypeAdapter, ValidationError
 
 from ingest_api.broker import NewMessage
-from ingest_api.schemas import BatchIn, MessageIn
+from ingest_api.schemas import MAX_INT, BatchIn, MessageIn
 from tables.errors import InvalidRequest, LakebrokerError
 from tables.message_format import from_base64, from_json_value
+from tables.topics import MAX_PARTITIONS
 
 _MESSAGE = TypeAdapter(MessageIn)
 _BATCH = TypeAdapter(BatchIn)
@@ -62,26 +63,45 @@ def to_new_message(m: MessageIn) -> NewMessage:
                       message_id=m.id, producer_id=m.producer_id, sequence=m.sequence)
 
 
+RAW_QUERY_FIELDS = ("key", "id", "partition", "producer_id", "sequence")  # of an application/octet-stream body
+
+
 async def parse_message(request: Request) -> NewMessage:
     kind = media_type(request)
     body = await request.body()
     if kind == "application/json":
+        stray = [name for name in RAW_QUERY_FIELDS if name in request.query_params]
+        if stray:  # silently ignoring ?partition=2 would put the message elsewhere than asked
+            raise InvalidRequest(f"query parameters {', '.join(stray)} apply to an application/octet-stream "
+                                 "body only: put them in the JSON body")
         return to_new_message(_validate(_MESSAGE, body))
     if kind == "application/octet-stream":
         q = request.query_params
-        partition = q.get("partition")
-        if partition is not None and not partition.isdigit():
-            raise InvalidRequest("query parameter partition must be a non-negative integer")
-        sequence = q.get("sequence")
-        if sequence is not None and not sequence.isdigit():
-            raise InvalidRequest("query parameter sequence must be a non-negative integer")
-        return NewMessage(value=body, format="binary", key=q.get("key"), partition=None if partition is None
-                          else int(partition), message_id=q.get("id"), producer_id=q.get("producer_id"),
-                          sequence=None if sequence is None else int(sequence))
+        return NewMessage(value=body, format="binary", key=_query_str(q.get("key"), "key", 0, 64 * 1024),
+                          partition=_query_int(q.get("partition"), "partition", MAX_PARTITIONS - 1),
+                          message_id=_query_str(q.get("id"), "id", 1, 256),
+                          producer_id=_query_str(q.get("producer_id"), "producer_id", 1, 256),
+                          sequence=_query_int(q.get("sequence"), "sequence", MAX_INT))
     raise UnsupportedMediaType(
         f"content type {kind or '(none)'!r} is not accepted here: send application/json, "
         "or application/octet-stream for a raw-bytes value"
     )
+
+
+def _query_str(text: str | None, name: str, shortest: int, longest: int) -> str | None:
+    """The limits MessageIn puts on the same field of a JSON body."""
+    if text is not None and not shortest <= len(text) <= longest:
+        raise InvalidRequest(f"query parameter {name} must be {shortest} to {longest} characters")
+    return text
+
+
+def _query_int(text: str | None, name: str, most: int) -> int | None:
+    if text is None:
+        return None
+    # ASCII digits only: str.isdigit() also takes '²', which int() refuses
+    if not (text.isascii() and text.isdigit() and len(text) <= 19 and int(text) <= most):
+        raise InvalidRequest(f"query parameter {name} must be an integer from 0 to {most}")
+    return int(text)
 
 
 async def parse_batch(request: Request) -> list[NewMessage]:

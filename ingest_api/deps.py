@@ -2,9 +2,10 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import Depends, Request
+from fastapi import Depends, Path, Request
 
 from ingest_api.broker import Broker
+from tables.layout import NAME_PATTERN
 
 
 def get_broker(request: Request) -> Broker:
@@ -13,3 +14,10 @@ def get_broker(request: Request) -> Broker:
 
 
 BrokerDep = Annotated[Broker, Depends(get_broker)]
+
+# A `{topic}` path parameter. The pattern is documentation for clients and fuzzers: a name that
+# breaks it still reaches the route, which answers 400 invalid_name (tables/layout.validate_name).
+TopicPath = Annotated[str, Path(
+    description="Topic name: 1-128 letters, digits, '.', '_' or '-', starting with a letter or digit.",
+    json_schema_extra={"pattern": NAME_PATTERN, "maxLength": 128},
+)]

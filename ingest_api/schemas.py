@@ -8,26 +8,39 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from tables.topics import MAX_PARTITIONS
 
+# The largest integer every JSON parser keeps exact (JavaScript's Number.MAX_SAFE_INTEGER); the
+# tables store int64, and a bound above 2**53 cannot even be checked exactly by a float-based
+# JSON Schema validator.
+MAX_INT = 2**53 - 1
+
+# Standard base64 with padding, as value_b64 is decoded (the pattern documents it; the route checks).
+BASE64_PATTERN = r"^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$"
+
+# Input models are strict: true is not 1, "5" is not 5, and 5.0 is not an integer.
+
 
 class TopicCreate(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
     name: str = Field(min_length=1, max_length=128)
     partitions: int | None = Field(None, ge=1, le=MAX_PARTITIONS)
-    retention_ms: int | None = Field(7 * 24 * 3600 * 1000, gt=0)
-    retention_bytes: int | None = Field(None, gt=0)
+    retention_ms: int | None = Field(7 * 24 * 3600 * 1000, gt=0, le=MAX_INT, description="null: keep forever.")
+    retention_bytes: int | None = Field(None, gt=0, le=MAX_INT, description="Per partition; null: no limit.")
     cleanup_policy: Literal["delete", "compact"] = "delete"
     max_message_bytes: int | None = Field(None, ge=1, le=64 * 1024 * 1024)
-    tombstone_retention_ms: int = Field(24 * 3600 * 1000, ge=0)
+    tombstone_retention_ms: int = Field(24 * 3600 * 1000, ge=0, le=MAX_INT)
 
 
 class TopicUpdate(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    partitions: int | None = Field(None, ge=1, le=MAX_PARTITIONS)
-    retention_ms: int | None = Field(None, gt=0)
-    retention_bytes: int | None = Field(None, gt=0)
-    cleanup_policy: Literal["delete", "compact"] | None = None
-    max_message_bytes: int | None = Field(None, ge=1, le=64 * 1024 * 1024)
-    tombstone_retention_ms: int | None = Field(None, ge=0)
+    """Only the fields given change. retention_ms and retention_bytes take null (no limit); the
+    others cannot be null (the None defaults only mark them as not given)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    partitions: int = Field(None, ge=1, le=MAX_PARTITIONS, description="Can only grow.")  # type: ignore[assignment]
+    retention_ms: int | None = Field(None, gt=0, le=MAX_INT)
+    retention_bytes: int | None = Field(None, gt=0, le=MAX_INT)
+    cleanup_policy: Literal["delete", "compact"] = Field(None)  # type: ignore[arg-type]
+    max_message_bytes: int = Field(None, ge=1, le=64 * 1024 * 1024)  # type: ignore[assignment]
+    tombstone_retention_ms: int = Field(None, ge=0, le=MAX_INT)  # type: ignore[assignment]
 
 
 class PartitionPublic(BaseModel):
@@ -55,15 +68,18 @@ class TopicPublic(BaseModel):
 class MessageIn(BaseModel):
     """One message. Give `value` (any JSON; a string is stored as text) or `value_b64` (raw bytes)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True, json_schema_extra={"anyOf": [  # what _one_value checks
+        {"required": ["value"], "properties": {"value_b64": {"type": "null"}}},
+        {"required": ["value_b64"], "properties": {"value_b64": {"type": "string"}, "value": {"type": "null"}}},
+    ]})
     key: str | None = Field(None, max_length=64 * 1024)
     value: Any = None
-    value_b64: str | None = None
+    value_b64: str | None = Field(None, json_schema_extra={"pattern": BASE64_PATTERN, "contentEncoding": "base64"})
     headers: dict[str, str] | None = None
-    partition: int | None = Field(None, ge=0)
+    partition: int | None = Field(None, ge=0, le=MAX_PARTITIONS - 1)
     id: str | None = Field(None, min_length=1, max_length=256, description="Message id for deduplication.")
     producer_id: str | None = Field(None, min_length=1, max_length=256)
-    sequence: int | None = Field(None, ge=0)
+    sequence: int | None = Field(None, ge=0, le=MAX_INT)
 
     @model_validator(mode="after")
     def _one_value(self) -> MessageIn:
@@ -75,7 +91,7 @@ class MessageIn(BaseModel):
 
 
 class BatchIn(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
     messages: list[MessageIn] = Field(min_length=1, max_length=100_000)
 
 
@@ -117,3 +133,25 @@ class ErrorBody(BaseModel):
 
 class ErrorPublic(BaseModel):
     error: ErrorBody
+
+
+def inline_schema(model: type[BaseModel]) -> dict[str, Any]:
+    """The model's JSON schema with nested models written out in place, for `openapi_extra`.
+
+    FastAPI puts only the models it sees in signatures into `components`, and a `$defs` reference
+    would resolve against the root of the OpenAPI document: either way it would dangle.
+    """
+    schema = model.model_json_schema()
+    defs = schema.get("$defs", {})
+
+    def inline(node: Any) -> Any:
+        if isinstance(node, dict):
+            if "$ref" in node:
+                return inline(defs[node["$ref"].rsplit("/", 1)[-1]])
+            return {k: inline(v) for k, v in node.items() if k != "$defs"}
+        if isinstance(node, list):
+            return [inline(v) for v in node]
+        return node
+
+    out: dict[str, Any] = inline(schema)
+    return out

@@ -22,11 +22,13 @@ from ingest_api.metrics import IngestMetrics
 from tables.errors import (
     AlreadyExists,
     Backpressure,
+    Forbidden,
     InvalidRequest,
     LakebrokerError,
     NotFound,
     StorageUnavailable,
     TooLarge,
+    Unauthenticated,
 )
 from tables.layout import Layout
 from tables.lock import DataDirLock
@@ -72,14 +74,16 @@ class EmbeddedAccess:
 
 
 _ERRORS_BY_STATUS: dict[int, type[LakebrokerError]] = {
-    400: InvalidRequest, 404: NotFound, 409: AlreadyExists, 413: TooLarge, 422: InvalidRequest,
-    507: StorageUnavailable,
+    400: InvalidRequest, 401: Unauthenticated, 403: Forbidden, 404: NotFound, 409: AlreadyExists, 413: TooLarge,
+    422: InvalidRequest, 507: StorageUnavailable,
 }
 
 
 class RemoteAccess:
-    def __init__(self, url: str) -> None:
-        self.client = httpx.Client(base_url=url, timeout=30)
+    def __init__(self, url: str, token: str | None = None, transport: httpx.BaseTransport | None = None) -> None:
+        headers = {"Authorization": f"Bearer {token}"} if token else None
+        self.client = httpx.Client(base_url=url, timeout=30, headers=headers, transport=transport)
+        self.has_token = token is not None
 
     def _call(self, method: str, path: str, **kwargs: Any) -> Any:
         try:
@@ -93,6 +97,8 @@ class RemoteAccess:
                 message = response.text
             if response.status_code == 429:
                 raise Backpressure(message, float(response.headers.get("retry-after", "1")))
+            if response.status_code == 401 and not self.has_token:
+                message += " (the running server requires a token: set LAKEBROKER_TOKEN)"
             raise _ERRORS_BY_STATUS.get(response.status_code, LakebrokerError)(message)
         return response.json()
 
@@ -128,4 +134,4 @@ def broker_access(settings: Settings) -> Iterator[BrokerAccess]:
         raise StorageUnavailable(
             f"another process holds {layout.lock_file} but left no address in {layout.server_file}"
         ) from None
-    yield RemoteAccess(url)
+    yield RemoteAccess(url, settings.token.get_secret_value() if settings.token is not None else None)

@@ -41,6 +41,10 @@ class Unauthenticated(LakebrokerError):
     status = 401
     code = "unauthenticated"
 
+    def __init__(self, message: str, invalid_token: bool = False) -> None:
+        super().__init__(message)
+        self.invalid_token = invalid_token  # a token was sent but is unknown, revoked or expired
+
 
 class Forbidden(LakebrokerError):
     status = 403

@@ -10,7 +10,7 @@ from tables.errors import InvalidName
 
 # Kafka's legal characters. A leading underscore is reserved for system tables, and the
 # length keeps a table path well under any filesystem's name limit.
-NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
+NAME_PATTERN = r"^(?!.*\.\.)[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"  # also the OpenAPI pattern of names
 _NAME = re.compile(NAME_PATTERN)
 
 

@@ -8,9 +8,12 @@
 from __future__ import annotations
 
 import base64
+import math
 from typing import Any
 
 import orjson
+
+from tables.errors import InvalidRequest
 
 CONTENT_TYPES = {"json": "application/json", "text": "text/plain; charset=utf-8", "binary": "application/octet-stream"}
 
@@ -20,7 +23,25 @@ def from_json_value(value: Any) -> tuple[bytes | None, str]:
         return None, "json"  # a tombstone
     if isinstance(value, str):
         return value.encode(), "text"
-    return orjson.dumps(value), "json"
+    try:
+        out = orjson.dumps(value)
+    except orjson.JSONEncodeError as exc:  # an integer beyond 64 bits, or nesting deeper than 254
+        raise InvalidRequest(f"value cannot be stored as JSON ({exc}): send it as a string or value_b64") from None
+    # orjson writes a non-finite float (1e400 parses as inf) as null, which would silently turn the
+    # value into a tombstone; "null" in the output is the only case that needs the walk.
+    if b"null" in out and not _finite(value):
+        raise InvalidRequest("value holds a number too large for a 64-bit float (or NaN/Infinity)")
+    return out, "json"
+
+
+def _finite(value: Any) -> bool:
+    if isinstance(value, float):
+        return math.isfinite(value)
+    if isinstance(value, dict):
+        return all(_finite(v) for v in value.values())
+    if isinstance(value, list):
+        return all(_finite(v) for v in value)
+    return True
 
 
 def from_base64(data: str) -> bytes:

@@ -123,11 +123,11 @@ class TokenSet:
         # Compare even when the id is unknown, so a miss and a wrong secret take the same path.
         matches = hmac.compare_digest(presented, found[1] if found else _DUMMY_HASH)
         if found is None or not matches:
-            raise Unauthenticated("the API token is not valid")
+            raise Unauthenticated("the API token is not valid", invalid_token=True)
         token = found[0]
         state = token.status(now or datetime.now(UTC))
         if state != "active":
-            raise Unauthenticated(f"the API token {token.token_id} is {state}")
+            raise Unauthenticated(f"the API token {token.token_id} is {state}", invalid_token=True)
         return token
 
 

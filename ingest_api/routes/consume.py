@@ -3,30 +3,39 @@
 from __future__ import annotations
 
 import asyncio
+import re
 from datetime import UTC, datetime
 
 from fastapi import APIRouter, Query
 
-from ingest_api.deps import BrokerDep
+from ingest_api.deps import BrokerDep, TopicPath
 from ingest_api.reader import log_start, offset_for_timestamp, partition_files, read_messages
 from ingest_api.responses import JSONBytes
-from ingest_api.schemas import ErrorPublic, MessagesPublic
+from ingest_api.schemas import MAX_INT, ErrorPublic, MessagesPublic
 from tables.errors import InvalidRequest
 
 router = APIRouter(prefix="/v1/topics", tags=["consume"])
 
 
+_EPOCH_MS = re.compile(r"-?[0-9]{1,20}")
+_MAX_US = 253_402_300_800 * 1_000_000  # 9999-12-31T24:00Z: past any timestamp a message can hold
+
+
 def parse_timestamp(text: str) -> int:
     """Epoch milliseconds, or ISO 8601 (UTC when no zone is given), as epoch microseconds."""
-    if text.lstrip("-").isdigit():
-        return int(text) * 1000
-    try:
-        moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        raise InvalidRequest(f"timestamp {text!r} is neither epoch milliseconds nor ISO 8601") from None
-    if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=UTC)
-    return int(moment.timestamp() * 1_000_000)
+    if _EPOCH_MS.fullmatch(text):  # ASCII digits only: str.isdigit() also takes '²', which int() refuses
+        micros = int(text) * 1000
+    else:
+        try:
+            moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
+            if moment.tzinfo is None:
+                moment = moment.replace(tzinfo=UTC)
+            micros = int(moment.timestamp() * 1_000_000)
+        except (ValueError, OverflowError):
+            raise InvalidRequest(f"timestamp {text!r} is neither epoch milliseconds nor ISO 8601") from None
+    if not -_MAX_US <= micros <= _MAX_US:
+        raise InvalidRequest(f"timestamp {text!r} is outside the years 1 to 9999")
+    return micros
 
 
 @router.get(
@@ -35,10 +44,10 @@ def parse_timestamp(text: str) -> int:
     response_class=JSONBytes,
 )
 async def read_partition(
-    topic: str,
+    topic: TopicPath,
     partition: int,
     broker: BrokerDep,
-    offset: int | None = Query(None, ge=0, description="First offset to read; default the log start."),
+    offset: int | None = Query(None, ge=0, le=MAX_INT, description="First offset to read; default the log start."),
     timestamp: str | None = Query(None, description="Start at the first message at or after this time "
                                   "(epoch ms or ISO 8601); instead of offset."),
     limit: int = Query(100, ge=1, le=10_000),

@@ -1,4 +1,5 @@
-"""Health, readiness and Prometheus metrics."""
+"""Health and readiness (answered without a token), and Prometheus metrics (its own router, so
+the app decides its access separately: setting metrics_public)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from ingest_api.deps import BrokerDep
 from ingest_api.responses import JSONBytes
 
 router = APIRouter(tags=["operations"])
+metrics_router = APIRouter(tags=["operations"])
 
 
 @router.get("/healthz")
@@ -33,7 +35,11 @@ async def readyz(broker: BrokerDep) -> JSONBytes:
     return JSONBytes({"status": "ready"})
 
 
-@router.get("/metrics", response_class=Response)
+@metrics_router.get(
+    "/metrics", response_class=Response,
+    responses={200: {"content": {CONTENT_TYPE_LATEST.split(";")[0]: {"schema": {"type": "string"}}},
+                     "description": "Prometheus text format."}},
+)
 async def metrics(broker: BrokerDep) -> Response:
     """Prometheus text format."""
     broker.metrics.wal_backlog_bytes.set(broker.backlog_bytes)

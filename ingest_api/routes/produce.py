@@ -8,21 +8,38 @@ from fastapi import APIRouter, Query, Request
 
 from ingest_api.body import parse_batch, parse_message
 from ingest_api.broker import AckMode
-from ingest_api.deps import BrokerDep
+from ingest_api.deps import BrokerDep, TopicPath
 from ingest_api.responses import JSONBytes
-from ingest_api.schemas import BatchIn, BatchResultPublic, ErrorPublic, MessageIn, ProduceResultPublic
+from ingest_api.schemas import (
+    MAX_INT,
+    BatchIn,
+    BatchResultPublic,
+    ErrorPublic,
+    MessageIn,
+    ProduceResultPublic,
+    inline_schema,
+)
+from tables.topics import MAX_PARTITIONS
 
 router = APIRouter(prefix="/v1/topics", tags=["produce"])
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
     code: {"model": ErrorPublic} for code in (400, 404, 413, 415, 422, 429, 507)
 }
+_RAW = "With an application/octet-stream body only (a JSON body carries it itself)."
+_RAW_QUERY = [{"name": name, "in": "query", "required": False, "description": _RAW, "schema": schema}
+              for name, schema in (
+                  ("key", {"type": "string", "maxLength": 64 * 1024}),
+                  ("id", {"type": "string", "minLength": 1, "maxLength": 256}),
+                  ("partition", {"type": "integer", "minimum": 0, "maximum": MAX_PARTITIONS - 1}),
+                  ("producer_id", {"type": "string", "minLength": 1, "maxLength": 256}),
+                  ("sequence", {"type": "integer", "minimum": 0, "maximum": MAX_INT}),
+              )]
 _ACK = Query(AckMode.WAL, description="none: when queued; wal: after the WAL fsync; table: after the Delta commit.")
 
 
 def _body(model: type[MessageIn] | type[BatchIn], ndjson: bool) -> dict[str, Any]:
-    content: dict[str, Any] = {"application/json": {"schema": model.model_json_schema(
-        ref_template="#/components/schemas/{model}")}}
+    content: dict[str, Any] = {"application/json": {"schema": inline_schema(model)}}
     if ndjson:
         content["application/x-ndjson"] = {"schema": {"type": "string", "description": "One message per line."}}
     else:
@@ -33,10 +50,10 @@ def _body(model: type[MessageIn] | type[BatchIn], ndjson: bool) -> dict[str, Any
 @router.post(
     "/{topic}/messages",
     responses={**_ERRORS, 200: {"model": ProduceResultPublic}, 202: {"model": ProduceResultPublic}},
-    openapi_extra=_body(MessageIn, ndjson=False),
+    openapi_extra={**_body(MessageIn, ndjson=False), "parameters": _RAW_QUERY},
     response_class=JSONBytes,
 )
-async def produce_one(topic: str, request: Request, broker: BrokerDep, ack: AckMode = _ACK) -> JSONBytes:
+async def produce_one(topic: TopicPath, request: Request, broker: BrokerDep, ack: AckMode = _ACK) -> JSONBytes:
     """Produce one message. A raw-bytes body (application/octet-stream) takes key, id, partition,
     producer_id and sequence as query parameters."""
     broker.topic(topic)
@@ -54,7 +71,7 @@ async def produce_one(topic: str, request: Request, broker: BrokerDep, ack: AckM
     openapi_extra=_body(BatchIn, ndjson=True),
     response_class=JSONBytes,
 )
-async def produce_batch(topic: str, request: Request, broker: BrokerDep, ack: AckMode = _ACK) -> JSONBytes:
+async def produce_batch(topic: TopicPath, request: Request, broker: BrokerDep, ack: AckMode = _ACK) -> JSONBytes:
     """Produce many messages; results come back in request order."""
     broker.topic(topic)
     messages = await parse_batch(request)

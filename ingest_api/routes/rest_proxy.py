@@ -14,28 +14,60 @@ from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from ingest_api.broker import AckMode, NewMessage
-from ingest_api.deps import BrokerDep
+from ingest_api.deps import BrokerDep, TopicPath
 from ingest_api.responses import JSONBytes
+from ingest_api.schemas import ErrorPublic, inline_schema
 from tables.errors import LakebrokerError
 from tables.message_format import from_base64, from_json_value
+from tables.topics import MAX_PARTITIONS
 
 router = APIRouter(tags=["kafka-rest-v2"])
 V2 = "application/vnd.kafka.v2+json"
 
 
 class V2Record(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", strict=True)
     key: Any = None
     value: Any = None
-    partition: int | None = Field(None, ge=0)
+    partition: int | None = Field(None, ge=0, le=MAX_PARTITIONS - 1)
 
 
 class V2Produce(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", strict=True)
     records: list[V2Record] = Field(min_length=1, max_length=100_000)
 
 
+class V2Offset(BaseModel):
+    partition: int
+    offset: int
+    error_code: int | None
+    error: str | None
+
+
+class V2ProduceResult(BaseModel):
+    key_schema_id: int | None
+    value_schema_id: int | None
+    offsets: list[V2Offset]
+
+
+class V2Error(BaseModel):
+    error_code: int
+    message: str
+
+
+class V2Response(JSONBytes):
+    media_type = V2
+
+
 _V2 = TypeAdapter(V2Produce)
+_V2_ERROR = {"schema": inline_schema(V2Error)}
+_RESPONSES: dict[int | str, dict[str, Any]] = {
+    200: {"model": V2ProduceResult},
+    **{code: {"description": "An error in the proxy's format.", "content": {V2: _V2_ERROR}}
+       for code in (400, 404, 415, 422, 429, 507)},
+    413: {"description": "Too large: the proxy's format, or ours when Content-Length is over the server limit.",
+          "content": {V2: _V2_ERROR, "application/json": {"schema": inline_schema(ErrorPublic)}}},
+}
 
 
 def _proxy_error(status: int, message: str) -> JSONBytes:
@@ -70,12 +102,13 @@ def _to_message(record: V2Record, binary: bool) -> NewMessage:
 @router.post(
     "/topics/{topic}",
     openapi_extra={"requestBody": {"required": True, "content": {
-        "application/vnd.kafka.json.v2+json": {"schema": V2Produce.model_json_schema()},
-        "application/vnd.kafka.binary.v2+json": {"schema": V2Produce.model_json_schema()},
+        "application/vnd.kafka.json.v2+json": {"schema": inline_schema(V2Produce)},
+        "application/vnd.kafka.binary.v2+json": {"schema": inline_schema(V2Produce)},
     }}},
-    response_class=JSONBytes,
+    responses=_RESPONSES,
+    response_class=V2Response,
 )
-async def produce_v2(topic: str, request: Request, broker: BrokerDep) -> JSONBytes:
+async def produce_v2(topic: TopicPath, request: Request, broker: BrokerDep) -> JSONBytes:
     """Kafka REST Proxy v2 produce, answered in that API's format."""
     kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if kind not in ("application/vnd.kafka.json.v2+json", "application/vnd.kafka.binary.v2+json"):

@@ -5,18 +5,17 @@ from __future__ import annotations
 import asyncio
 from typing import Annotated, Any, Literal
 
-import orjson
 from fastapi import APIRouter, Depends, Query, Request, Response
 from pydantic import BaseModel, ConfigDict, Field
 
 from delivery_worker.leases import LeaseTable
 from delivery_worker.ssrf import check_webhook_url
-from delivery_worker.worker import DeliveryWorker
 from ingest_api.broker import Broker
 from ingest_api.deps import BrokerDep
 from ingest_api.reader import log_start, offset_for_timestamp, partition_files
 from ingest_api.routes.consume import parse_timestamp
 from ingest_api.schemas import ErrorPublic
+from ingest_api.subscription_status import read_groups, subscription_status
 from tables.dead_letters import DeadLetterTable
 from tables.errors import InvalidRequest, OutOfRange
 from tables.offsets import OffsetReason, OffsetsTable
@@ -35,12 +34,13 @@ _ERRORS: dict[int | str, dict[str, Any]] = {c: {"model": ErrorPublic} for c in (
 
 
 class SubscriptionCreate(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)  # strict: true is not 1
     name: str = Field(min_length=1, max_length=128)
     topic: str = Field(min_length=1, max_length=128)
     url: str = Field(min_length=1, max_length=2048)
     start: str = Field("latest", description="earliest, latest, or a timestamp (epoch ms or ISO 8601).")
-    ordering: Ordering = Ordering.PARTITION
+    # Enums arrive as JSON strings; strict mode alone would refuse "partition".
+    ordering: Ordering = Field(Ordering.PARTITION, strict=False)
     max_in_flight: int = Field(16, ge=1, le=1000)
     rate_limit_per_s: float | None = Field(None, gt=0, le=100_000)
     max_attempts: int = Field(8, ge=1, le=100)
@@ -54,29 +54,33 @@ class SubscriptionCreate(BaseModel):
 
 
 class SubscriptionUpdate(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    url: str | None = Field(None, min_length=1, max_length=2048)
-    ordering: Ordering | None = None
-    max_in_flight: int | None = Field(None, ge=1, le=1000)
+    # Only the fields given change; rate_limit_per_s takes null (no limit), the other fields cannot
+    # be null (their None defaults only mark them as not given).
+    model_config = ConfigDict(extra="forbid", strict=True)
+    url: str = Field(None, min_length=1, max_length=2048)  # type: ignore[assignment]
+    ordering: Ordering = Field(None, strict=False)  # type: ignore[assignment]
+    max_in_flight: int = Field(None, ge=1, le=1000)  # type: ignore[assignment]
     rate_limit_per_s: float | None = Field(None, gt=0, le=100_000)
-    max_attempts: int | None = Field(None, ge=1, le=100)
+    max_attempts: int = Field(None, ge=1, le=100)  # type: ignore[assignment]
     retry_schedule_s: list[float] | None = Field(None, min_length=1, max_length=50)
     timeout_s: float | None = Field(None, ge=0.1, le=120)
-    batch_size: int | None = Field(None, ge=1, le=1000)
+    batch_size: int = Field(None, ge=1, le=1000)  # type: ignore[assignment]
     secret: str | None = Field(None, description="A new signing secret; the previous one keeps signing too.")
     rotate_secret: bool = Field(False, description="Generate a new secret; the previous one keeps signing too.")
     end_rotation: bool = Field(False, description="Stop signing with the previous secret.")
 
 
 class SeekRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
     to: Literal["earliest", "latest"] | None = None
     timestamp: str | None = None
-    offsets: dict[int, int] | None = Field(None, description="Next offset to deliver, per partition.")
+    offsets: dict[str, int] | None = Field(
+        None, description='Next offset to deliver, per partition: {"0": 42}.'
+    )
 
 
 class ReplayRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
     partition: int | None = Field(None, ge=0)
     from_offset: int | None = Field(None, ge=0)
     to_offset: int | None = Field(None, ge=0)
@@ -116,40 +120,8 @@ async def _targets(broker: Broker, topic: TopicConfig, how: str) -> dict[int, in
 
 
 async def _status(request: Request, broker: Broker, sub: Subscription) -> dict[str, Any]:
-    topic = broker.topics.get(sub.topic)
-    layout = broker.layout
-    committed = await asyncio.to_thread(OffsetsTable(layout).latest, sub.name)
-    leases = await asyncio.to_thread(LeaseTable(layout, "api", 10).leases)
-    worker: DeliveryWorker | None = request.app.state.delivery
-    live = worker.status(sub.name) if worker is not None else {}
-    dead = await asyncio.to_thread(DeadLetterTable(layout).count, sub.name)
-    partitions = []
-    for p in range(topic.partitions if topic else 0):
-        assert topic is not None
-        offset, reason = committed.get((sub.name, sub.topic, p), (0, "start"))
-        end = broker.committed_end(topic, p)
-        lease = leases.get((sub.name, p))
-        reported: dict[str, Any] = {}
-        if p in live:
-            reported = live[p].as_dict()
-        elif lease is not None and lease.status:
-            reported = orjson.loads(lease.status)
-        partitions.append({
-            "partition": p,
-            "committed_offset": offset,
-            "last_commit_reason": reason,
-            "log_end_offset": end,
-            "lag": max(0, end - offset),
-            "in_flight": reported.get("in_flight", 0),
-            "delivered": reported.get("delivered", 0),
-            "dead_lettered": reported.get("dead_lettered", 0),
-            "retention_skipped": reported.get("skipped", 0),
-            "last_status": reported.get("last_status"),
-            "last_error": reported.get("last_error"),
-            "state": sub.endpoint_state if not sub.active else reported.get("state", "idle"),
-            "owner": lease.owner if lease is not None else None,
-        })
-    return {**sub.public(), "dead_letters": dead, "partitions": partitions}
+    groups = await asyncio.to_thread(read_groups, broker.layout, sub.name)
+    return subscription_status(broker, request.app.state.delivery, sub, groups)
 
 
 @router.post("", status_code=201, responses=_ERRORS)
@@ -241,7 +213,10 @@ async def seek(name: str, body: SeekRequest, broker: BrokerDep, store: StoreDep)
     if body.offsets is not None:
         files = await asyncio.to_thread(partition_files, broker.layout, topic)
         targets: dict[int, int] = {}
-        for p, offset in body.offsets.items():
+        for key, offset in body.offsets.items():
+            if not (key.isascii() and key.isdigit()) or len(key) > 6:
+                raise InvalidRequest(f"offsets keys are partition numbers, got {key!r}")
+            p = int(key)
             topic.check_partition(p)
             low, high = log_start(files.get(p), broker.committed_end(topic, p)), broker.log_end(topic, p)
             if not low <= offset <= high:

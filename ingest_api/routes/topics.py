@@ -7,7 +7,8 @@ from typing import Any
 
 from fastapi import APIRouter, Response
 
-from ingest_api.deps import BrokerDep
+from ingest_api.auth import PrincipalDep, check_topic
+from ingest_api.deps import BrokerDep, TopicPath
 from ingest_api.reader import log_start, partition_files
 from ingest_api.schemas import ErrorPublic, PartitionPublic, TopicCreate, TopicPublic, TopicUpdate
 from tables.layout import validate_name
@@ -33,8 +34,9 @@ async def _public(broker: BrokerDep, topic: TopicConfig, with_offsets: bool) -> 
 
 
 @router.post("", status_code=201, responses=_ERRORS)
-async def create_topic(body: TopicCreate, broker: BrokerDep) -> TopicPublic:
+async def create_topic(body: TopicCreate, broker: BrokerDep, principal: PrincipalDep) -> TopicPublic:
     validate_name(body.name)
+    check_topic(principal, body.name)
     fields = body.model_dump(exclude={"name", "partitions"})
     if fields["max_message_bytes"] is None:
         fields["max_message_bytes"] = broker.settings.default_max_message_bytes
@@ -43,22 +45,24 @@ async def create_topic(body: TopicCreate, broker: BrokerDep) -> TopicPublic:
 
 
 @router.get("")
-async def list_topics(broker: BrokerDep) -> list[TopicPublic]:
-    return [TopicPublic(**t.public()) for t in sorted(broker.topics.values(), key=lambda t: t.name)]
+async def list_topics(broker: BrokerDep, principal: PrincipalDep) -> list[TopicPublic]:
+    """Every topic the caller's token may use."""
+    topics = sorted((t for t in broker.topics.values() if principal.allows_topic(t.name)), key=lambda t: t.name)
+    return [TopicPublic(**t.public()) for t in topics]
 
 
 @router.get("/{topic}", responses=_ERRORS)
-async def get_topic(topic: str, broker: BrokerDep) -> TopicPublic:
+async def get_topic(topic: TopicPath, broker: BrokerDep) -> TopicPublic:
     return await _public(broker, broker.topic(topic), with_offsets=True)
 
 
 @router.patch("/{topic}", responses=_ERRORS)
-async def update_topic(topic: str, body: TopicUpdate, broker: BrokerDep) -> TopicPublic:
+async def update_topic(topic: TopicPath, body: TopicUpdate, broker: BrokerDep) -> TopicPublic:
     changes = body.model_dump(exclude_unset=True)
     return await _public(broker, await broker.update_topic(topic, **changes), with_offsets=False)
 
 
 @router.delete("/{topic}", status_code=204, responses=_ERRORS)
-async def delete_topic(topic: str, broker: BrokerDep) -> Response:
+async def delete_topic(topic: TopicPath, broker: BrokerDep) -> Response:
     await broker.delete_topic(topic)
     return Response(status_code=204)

@@ -1,0 +1,261 @@
+"""Who may call which route: bearer tokens (tables/tokens.py), declared where routers are included.
+
+    app.include_router(produce.router, dependencies=[require(Scope.PRODUCE)], responses=AUTH_ERRORS)
+    app.include_router(ops.router, dependencies=[public()])
+
+`check_every_route_decided` refuses to build an app holding a route without such a decision,
+so a new router cannot be added unprotected by accident.
+
+Two steps, both driven by those declarations:
+- `AuthGate` (ASGI middleware) authenticates every request to a non-public route before
+  anything reads its body: a missing, unknown, revoked or expired token gets 401 with
+  `WWW-Authenticate: Bearer`, and an unknown path answers 401 rather than 404.
+- `require` (the route dependency) authorizes: 403 for a token without the scope, or whose
+  topic allow-list does not hold the route's `{topic}`. A token limited to some topics may
+  only call routes whose topic can be checked: those with a `{topic}` path parameter, and
+  those included with `topic_checked_by_route=True`, which apply `check_topic` themselves.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
+from typing import Annotated, Any, Final, Literal
+
+from fastapi import Depends, FastAPI, Request
+from fastapi.routing import APIRoute
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from starlette.routing import BaseRoute, Match
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from ingest_api.errors import error_response
+from ingest_api.schemas import ErrorPublic, inline_schema
+from tables.errors import Forbidden, LakebrokerError, StorageUnavailable, Unauthenticated
+from tables.settings import Settings
+from tables.tokens import ApiToken, TokenSet, TokenStore
+from tables.tokens import Scope as TokenScope
+
+log = logging.getLogger(__name__)
+
+AUTHENTICATED: Final = "authenticated"  # any valid token, whatever its scopes
+Need = TokenScope | Literal["authenticated"]
+
+# Always JSON in our format, whatever the route's own media type (the Kafka REST proxy's too).
+_ERROR_JSON = {"application/json": {"schema": inline_schema(ErrorPublic)}}
+AUTH_ERRORS: dict[int | str, dict[str, Any]] = {
+    401: {"description": "No token, or an unknown, revoked or expired one.", "content": _ERROR_JSON},
+    403: {"description": "The token lacks the scope or the topic.", "content": _ERROR_JSON},
+}
+_READS = frozenset({"GET", "HEAD"})
+_MARK = "_lakebroker_access"
+_STATE_KEY = "principal"
+
+# When auth is off, every request acts with every scope on every topic.
+OPEN_ACCESS = ApiToken(token_id="-", scopes=frozenset(TokenScope), name="auth off")
+
+_bearer = HTTPBearer(auto_error=False, scheme_name="token",
+                     description="An API token from `lakebroker tokens create`: `Authorization: Bearer lbk_...`.")
+
+
+def auth_enforced(settings: Settings) -> bool:
+    """`auto`: required unless the server binds only a loopback address."""
+    if settings.auth != "auto":
+        return settings.auth == "required"
+    return not is_loopback(settings.host)
+
+
+def is_loopback(host: str) -> bool:
+    if host.lower() in ("localhost", "localhost."):
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False  # another host name: it may resolve to anything
+
+
+class Authenticator:
+    """Checks bearer tokens against a cached read of the token table, refreshed every `max_age_s`."""
+
+    def __init__(self, store: TokenStore, enforced: bool, max_age_s: float) -> None:
+        self.store = store
+        self.enforced = enforced
+        self.max_age_s = max_age_s
+        self._tokens = TokenSet({})
+        self._loaded_at = -float("inf")
+        self._lock = asyncio.Lock()
+
+    async def start(self) -> None:
+        if not self.enforced:
+            log.warning("auth is off: every route answers without a token (setting auth)")
+            return
+        await self._refresh()
+        now = datetime.now(UTC)
+        active = sum(1 for t, _ in self._tokens.tokens.values() if t.status(now) == "active")
+        if active == 0:
+            log.warning("auth is required and no active token exists: every route but /healthz and /readyz "
+                        "answers 401; create one with `lakebroker tokens create --scope admin`")
+        else:
+            log.info("auth is required: %d active API tokens", active)
+
+    async def authenticate(self, token: str | None) -> ApiToken:
+        if not self.enforced:
+            return OPEN_ACCESS
+        if not token:
+            raise Unauthenticated("this route needs an API token: send `Authorization: Bearer lbk_...`")
+        if time.monotonic() - self._loaded_at > self.max_age_s:
+            await self._refresh()
+        return self._tokens.authenticate(token)
+
+    async def _refresh(self) -> None:
+        async with self._lock:
+            if time.monotonic() - self._loaded_at <= self.max_age_s:
+                return  # another request refreshed while this one waited
+            started = time.monotonic()
+            try:
+                version = await asyncio.to_thread(self.store.version)
+                if version is None or version != self._tokens.version:
+                    self._tokens = await asyncio.to_thread(self.store.load)
+            except Exception as exc:  # fail closed, with an answer that says why
+                log.exception("cannot read the token table %s", self.store.layout.tokens_table)
+                raise StorageUnavailable("cannot read the token table; see the server log") from exc
+            self._loaded_at = started
+
+
+class AuthGate:
+    """Authenticates each request to a non-public route before the route (or FastAPI) reads its body."""
+
+    def __init__(self, app: ASGIApp, authenticator: Authenticator, public_routes: Sequence[BaseRoute]) -> None:
+        self.app = app
+        self.authenticator = authenticator
+        self.public_routes = public_routes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and self.authenticator.enforced and not self._public(scope):
+            try:
+                principal = await self.authenticator.authenticate(_bearer_token(scope))
+            except LakebrokerError as exc:  # 401, or 507 when the token table cannot be read
+                await error_response(exc)(scope, receive, send)
+                return
+            scope.setdefault("state", {})[_STATE_KEY] = principal
+        await self.app(scope, receive, send)
+
+    def _public(self, scope: Scope) -> bool:
+        return any(route.matches(scope)[0] is not Match.NONE for route in self.public_routes)
+
+
+def _bearer_token(scope: Scope) -> str | None:
+    for name, value in scope["headers"]:
+        if name == b"authorization":
+            scheme, _, token = value.decode("latin-1").partition(" ")
+            return token.strip() if scheme.lower() == "bearer" else None
+    return None
+
+
+def require(
+    need: Need,
+    *,
+    read: Need | None = None,
+    paths: Mapping[str, Need] | None = None,
+    topic_checked_by_route: bool = False,
+) -> Any:
+    """A dependency that admits a token with `need`.
+
+    `read` is the need of GET and HEAD instead; `paths` maps a route-path prefix (as written
+    in the route, e.g. "/v1/subscriptions/{name}/dead-letters") to its need, for any method.
+    """
+
+    async def check_access(
+        request: Request, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
+    ) -> ApiToken:
+        principal: ApiToken | None = getattr(request.state, _STATE_KEY, None)
+        if principal is None:  # no AuthGate in front (it is in every app create_app builds)
+            authenticator: Authenticator = request.app.state.auth
+            principal = await authenticator.authenticate(credentials.credentials if credentials else None)
+        wanted = _need_of(request, need, read, paths)
+        if wanted != AUTHENTICATED and not principal.has(TokenScope(wanted)):
+            raise Forbidden(f"{principal.label()} lacks the {wanted!s} scope this route needs", scope=str(wanted))
+        topic = request.path_params.get("topic")
+        if topic is not None:
+            check_topic(principal, topic)
+        elif principal.topics is not None and not topic_checked_by_route:
+            raise Forbidden(f"{principal.label()} is limited to topics {', '.join(principal.topics)}, "
+                            "and this route is not about one topic")
+        request.state.principal = principal
+        return principal
+
+    setattr(check_access, _MARK, str(need))
+    return Depends(check_access)
+
+
+def public() -> Any:
+    """The explicit decision that a router's routes answer without a token."""
+
+    async def no_token_needed() -> None:
+        return None
+
+    setattr(no_token_needed, _MARK, "public")
+    return Depends(no_token_needed)
+
+
+def check_topic(principal: ApiToken, topic: str) -> None:
+    if not principal.allows_topic(topic):
+        raise Forbidden(f"{principal.label()} may not use topic {topic!r}")
+
+
+def current_principal(request: Request) -> ApiToken:
+    """The caller, as admitted by the router's `require`."""
+    principal: ApiToken | None = getattr(request.state, _STATE_KEY, None)
+    if principal is None:
+        raise Unauthenticated("this route needs an API token")
+    return principal
+
+
+PrincipalDep = Annotated[ApiToken, Depends(current_principal)]
+
+
+def access_of(route: BaseRoute) -> str | None:
+    """The access declared for a route: "public", the scope it needs, or None when nobody decided."""
+    for dep in getattr(route, "dependencies", ()):
+        mark = getattr(dep.dependency, _MARK, None)
+        if mark is not None:
+            return str(mark)
+    return None
+
+
+def docs_paths(app: FastAPI) -> set[str]:
+    """The routes FastAPI adds for the docs: no data, public while setting docs_public is true."""
+    paths = {app.openapi_url, app.docs_url, app.redoc_url}
+    if app.docs_url and app.swagger_ui_oauth2_redirect_url:
+        paths.add(app.swagger_ui_oauth2_redirect_url)
+    return {p for p in paths if p}
+
+
+def public_routes(app: FastAPI) -> list[BaseRoute]:
+    docs = docs_paths(app)
+    return [r for r in app.routes if access_of(r) == "public" or getattr(r, "path", None) in docs]
+
+
+def check_every_route_decided(app: FastAPI) -> None:
+    docs = docs_paths(app)
+    undecided = [f"{sorted(getattr(r, 'methods', None) or [])} {getattr(r, 'path', r)}" for r in app.routes
+                 if access_of(r) is None and not (not isinstance(r, APIRoute) and getattr(r, "path", None) in docs)]
+    if undecided:
+        raise RuntimeError(
+            f"routes without an access decision: {', '.join(undecided)}. Include their router with "
+            "dependencies=[require(Scope...)] or dependencies=[public()] (ingest_api/auth.py)"
+        )
+
+
+def _need_of(request: Request, need: Need, read: Need | None, paths: Mapping[str, Need] | None) -> Need:
+    if paths:
+        template = getattr(request.scope.get("route"), "path", "")
+        for prefix, path_need in paths.items():
+            if template.startswith(prefix):
+                return path_need
+    if read is not None and request.method in _READS:
+        return read
+    return need
