@@ -12,15 +12,37 @@ from prometheus_client import CollectorRegistry
 
 from delivery_worker.metrics import DeliveryMetrics
 from delivery_worker.worker import DeliveryWorker
+from ingest_api.auth import (
+    AUTH_ERRORS,
+    AUTHENTICATED,
+    Authenticator,
+    AuthGate,
+    auth_enforced,
+    check_every_route_decided,
+    public,
+    public_routes,
+    require,
+)
 from ingest_api.broker import Broker
+from ingest_api.dashboard import Dashboard
 from ingest_api.errors import install_error_handlers
-from ingest_api.limits import BodyLimit
+from ingest_api.limits import BodyLimit, HeaderLimit
 from ingest_api.metrics import IngestMetrics
-from ingest_api.routes import consume, ops, produce, rest_proxy, subscriptions, topics
+from ingest_api.routes import (
+    consume,
+    consumer_groups,
+    dashboard,
+    ops,
+    produce,
+    rest_proxy,
+    subscriptions,
+    topics,
+)
 from tables.errors import LakebrokerError
 from tables.layout import Layout
 from tables.lock import DataDirLock
 from tables.settings import Settings
+from tables.tokens import Scope, TokenStore
 
 
 class DataDirBusy(LakebrokerError):
@@ -38,6 +60,8 @@ def create_app(
     broker = Broker(settings, metrics)
     delivery = DeliveryWorker(settings, DeliveryMetrics(registry)) if settings.deliver_in_serve else None
     lock = DataDirLock(Layout(settings.data_dir).lock_file)
+    auth = Authenticator(TokenStore(Layout(settings.data_dir)), auth_enforced(settings),
+                         max_age_s=settings.auth_cache_ms / 1000)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -45,6 +69,7 @@ def create_app(
         if not lock.try_acquire():
             raise DataDirBusy(f"another lakebroker process owns {settings.data_dir}; stop it or use --data-dir")
         try:
+            await auth.start()
             await broker.start()
             if delivery is not None:
                 delivering = asyncio.create_task(delivery.run())
@@ -65,12 +90,34 @@ def create_app(
         version="0.1.0",
         summary="A message broker whose log is a Delta Lake table.",
         lifespan=lifespan,
+        openapi_url="/openapi.json" if settings.docs_public else None,  # the docs need no token; see README
+        docs_url="/docs" if settings.docs_public else None,
+        redoc_url="/redoc" if settings.docs_public else None,
     )
     app.state.broker = broker
     app.state.settings = settings
+    app.state.auth = auth
     app.state.delivery = delivery
+    app.state.dashboard = Dashboard(broker, delivery)
     install_error_handlers(app)
-    for module in (topics, produce, consume, rest_proxy, subscriptions, ops):
-        app.include_router(module.router)
+    # Who may call what. Every router states it here; the app refuses to build with one that does not.
+    app.include_router(ops.router, dependencies=[public()])  # /healthz, /readyz
+    app.include_router(ops.metrics_router, responses=AUTH_ERRORS,
+                       dependencies=[public() if settings.metrics_public else require(Scope.METRICS)])
+    app.include_router(topics.router, responses=AUTH_ERRORS, dependencies=[
+        require(Scope.ADMIN, read=AUTHENTICATED, topic_checked_by_route=True)])
+    app.include_router(produce.router, responses=AUTH_ERRORS, dependencies=[require(Scope.PRODUCE)])
+    app.include_router(rest_proxy.router, responses=AUTH_ERRORS, dependencies=[require(Scope.PRODUCE)])
+    app.include_router(consume.router, responses=AUTH_ERRORS, dependencies=[require(Scope.CONSUME)])
+    app.include_router(consumer_groups.router, responses=AUTH_ERRORS, dependencies=[require(Scope.CONSUME)])
+    app.include_router(subscriptions.router, responses=AUTH_ERRORS, dependencies=[require(
+        Scope.ADMIN, read=Scope.CONSUME, paths={"/v1/subscriptions/{name}/dead-letters": Scope.ADMIN})])
+    # The page is a static shell (no data); its JSON lists everything and drives replay: admin.
+    app.include_router(dashboard.page_router, dependencies=[public()])
+    app.include_router(dashboard.router, responses=AUTH_ERRORS, dependencies=[
+        require(Scope.ADMIN, topic_checked_by_route=True)])
+    check_every_route_decided(app)
     app.add_middleware(BodyLimit, max_bytes=settings.max_request_bytes)
+    app.add_middleware(AuthGate, authenticator=auth, public_routes=public_routes(app))  # before any body is read
+    app.add_middleware(HeaderLimit)
     return app

@@ -1,0 +1,250 @@
+"""The dashboard's data: one JSON snapshot of topics, subscriptions, jobs and dead letters.
+
+`Dashboard.snapshot()` is the one place the figures are computed; `GET /v1/dashboard` serves
+it and the page at `/` (ingest_api/static/) polls it. Every reader of the page shares one
+snapshot for `CACHE_S`, so ten open tabs cost the tables no more than one.
+
+The figures and where they come from:
+
+* topics: per partition the log-start offset and size (Delta log statistics, no data read),
+  the log-end offset (the broker, WAL included) and the committed end (in Delta); the produce
+  rate is the change of the summed log-end offsets over the last `RATE_WINDOW_S`, sampled at
+  each snapshot (`ProduceRates`).
+* subscriptions: the per-partition status of ingest_api/subscription_status.py, summed.
+  `produced` is the committed log end, `pending` the lag, `dead_lettered` the letters not
+  yet replayed, and `delivered` the rest of the offsets the group has passed
+  (produced - pending - dead_lettered). Like a Kafka consumer's offset, it counts from offset
+  0, so it includes messages a `start: latest` subscription passed over when it was created.
+* jobs: the newest runs of compaction, retention and replication from `_system/job_runs`
+  (spark_pipeline/job_runs.py), one entry per run with its tables summed.
+* dead letters: the first `DEAD_LETTERS_PER_SUBSCRIPTION` not yet replayed, per subscription.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from delivery_worker.worker import DeliveryWorker
+from ingest_api.broker import Broker
+from ingest_api.reader import log_start, partition_files
+from ingest_api.subscription_status import GroupTables, read_groups, subscription_status
+from spark_pipeline.job_runs import last_runs
+from spark_pipeline.results import JobName
+from tables.dead_letters import DeadLetterTable
+from tables.delta import PartitionFiles
+from tables.layout import Layout
+from tables.offsets import OffsetsTable
+from tables.subscriptions import Subscription, SubscriptionStore
+from tables.tokens import ApiToken
+from tables.topics import TopicConfig
+
+CACHE_S = 0.5
+RATE_WINDOW_S = 5.0
+JOBS = (JobName.COMPACTION, JobName.RETENTION, JobName.REPLICATION)
+RUNS_PER_JOB = 5
+DEAD_LETTERS_PER_SUBSCRIPTION = 50
+
+
+class ProduceRates:
+    """Messages per second per topic, from log-end samples kept in a small ring per topic."""
+
+    def __init__(self, window_s: float = RATE_WINDOW_S, min_spacing_s: float = 0.2) -> None:
+        self.window_s = window_s
+        self.min_spacing_s = min_spacing_s
+        self._samples: dict[str, deque[tuple[float, int]]] = {}
+
+    def observe(self, topic: str, log_end: int, now: float) -> float | None:
+        """Record the topic's summed log end at `now`; the rate over the window, None until two samples."""
+        ring = self._samples.setdefault(topic, deque())
+        if ring and log_end < ring[-1][1]:  # the topic was deleted and made again
+            ring.clear()
+        if not ring or now - ring[-1][0] >= self.min_spacing_s:
+            ring.append((now, log_end))
+        while len(ring) > 2 and now - ring[1][0] >= self.window_s:
+            ring.popleft()
+        first_t, first_end = ring[0]
+        if len(ring) < 2 or now <= first_t:
+            return None
+        return (log_end - first_end) / (now - first_t)
+
+    def forget_except(self, topics: set[str]) -> None:
+        for name in set(self._samples) - topics:
+            del self._samples[name]
+
+
+@dataclass(frozen=True)
+class _TableReads:
+    """Everything the snapshot reads from Delta, read in one worker thread."""
+
+    files: dict[str, dict[int, PartitionFiles]]
+    subscriptions: dict[str, Subscription]
+    groups: GroupTables
+    dead_letters: dict[str, list[dict[str, Any]]]
+    runs: dict[str, list[dict[str, Any]]]
+
+
+def _read_tables(layout: Layout, topics: list[TopicConfig], offsets: OffsetsTable) -> _TableReads:
+    files = {t.name: partition_files(layout, t) for t in topics}
+    subs = SubscriptionStore(layout).load()
+    unreplayed = DeadLetterTable(layout).unreplayed(DEAD_LETTERS_PER_SUBSCRIPTION)
+    groups = read_groups(layout, offsets=offsets, dead_letters={g: n for g, (n, _) in unreplayed.items()})
+    letters = {name: unreplayed[name][1] for name in sorted(subs) if name in unreplayed}
+    runs = {job.value: last_runs(layout, job=job.value, limit=200) for job in JOBS}
+    return _TableReads(files, subs, groups, letters, runs)
+
+
+def _iso(value: datetime | None) -> str | None:
+    return value.isoformat() if value is not None else None
+
+
+def summarize_runs(rows: list[dict[str, Any]], limit: int = RUNS_PER_JOB) -> list[dict[str, Any]]:
+    """job_runs rows (one per run and table, newest first) as one entry per run."""
+    runs: dict[str, list[dict[str, Any]]] = {}
+    for row in rows:
+        if row["run_id"] in runs or len(runs) < limit:
+            runs.setdefault(row["run_id"], []).append(row)
+    out = []
+    for run_id, parts in runs.items():
+        tables = [r for r in parts if r["target"]]
+        whole = next((r for r in parts if not r["target"]), None)
+        outcomes = {r["outcome"] for r in parts}
+        outcome = "failed" if "failed" in outcomes else "skipped" if outcomes == {"skipped"} else "ok"
+
+        def total(column: str, tables: list[dict[str, Any]] = tables) -> int | None:
+            values = [r[column] for r in tables if r[column] is not None]
+            return sum(values) if values else None
+
+        out.append({
+            "run_id": run_id,
+            "trigger": parts[0]["trigger"],
+            "started_at": _iso(parts[0]["started_at"]),
+            "outcome": outcome,
+            "duration_ms": whole["duration_ms"] if whole is not None else sum(r["duration_ms"] for r in tables),
+            "tables": sum(1 for r in tables if r["outcome"] != "skipped"),  # tables the run worked on
+            "files_before": total("files_before"),
+            "files_after": total("files_after"),
+            "bytes_before": total("bytes_before"),
+            "bytes_after": total("bytes_after"),
+            "rows_removed": total("rows_removed"),
+            "error": next((r["error"] for r in parts if r["error"]), None),
+            "topics": sorted({r["topic"] for r in tables if r["topic"]}),
+        })
+    return out
+
+
+def _endpoint(status: dict[str, Any], sub: Subscription) -> tuple[str, str | None]:
+    """The endpoint's state and its last error: disabled (410 Gone, or by an operator), paused,
+    backing_off (retrying a failure), healthy (answering), or idle (no send since the worker started)."""
+    states = {p["state"] for p in status["partitions"]}
+    errors = [p["last_error"] for p in status["partitions"] if p["last_error"]]
+    if sub.disabled_reason is not None or "disabled" in states:
+        return "disabled", sub.disabled_reason or (errors[0] if errors else None)
+    if sub.paused:
+        return "paused", errors[0] if errors else None
+    backing_off = [p["last_error"] for p in status["partitions"] if p["state"] == "backing_off" and p["last_error"]]
+    if "backing_off" in states:
+        return "backing_off", (backing_off or errors or [None])[0]
+    answered = any(p["last_status"] is not None or p["delivered"] for p in status["partitions"])
+    return ("healthy" if "healthy" in states and answered else "idle"), errors[0] if errors else None
+
+
+class Dashboard:
+    def __init__(self, broker: Broker, worker: DeliveryWorker | None) -> None:
+        self.broker = broker
+        self.worker = worker
+        self.rates = ProduceRates()
+        self._offsets = OffsetsTable(broker.layout)  # follows the table's log between snapshots
+        self._lock = asyncio.Lock()
+        self._cached: dict[str, Any] | None = None
+        self._cached_at = -float("inf")
+
+    async def snapshot(self) -> dict[str, Any]:
+        """The current snapshot, recomputed at most every CACHE_S whoever asks."""
+        async with self._lock:
+            if self._cached is None or time.monotonic() - self._cached_at >= CACHE_S:
+                self._cached = await self._compute()
+                self._cached_at = time.monotonic()
+            return self._cached
+
+    async def _compute(self) -> dict[str, Any]:
+        broker = self.broker
+        topics = sorted(broker.topics.values(), key=lambda t: t.name)
+        reads = await asyncio.to_thread(_read_tables, broker.layout, topics, self._offsets)
+        now = time.monotonic()
+        topic_rows = [self._topic(t, reads.files.get(t.name, {}), now) for t in topics]
+        self.rates.forget_except({t.name for t in topics})
+        subs = [self._subscription(s, reads.groups) for s in sorted(reads.subscriptions.values(),
+                                                                     key=lambda s: s.name)]
+        letters = []
+        for name, rows in reads.dead_letters.items():
+            for r in rows:
+                letters.append({
+                    "subscription": name, "topic": r["topic"], "partition": r["partition"], "offset": r["offset"],
+                    "attempts": r["attempts"], "last_status": r["last_status"], "last_error": r["last_error"],
+                    "dead_at": _iso(r["dead_at"]), "replay_requested_at": _iso(r["replay_requested_at"]),
+                })
+        return {
+            "generated_at": datetime.now(UTC).isoformat(),
+            "topics": topic_rows,
+            "subscriptions": subs,
+            "jobs": {job: summarize_runs(rows) for job, rows in reads.runs.items()},
+            "dead_letters": letters,
+        }
+
+    def _topic(self, topic: TopicConfig, files: dict[int, PartitionFiles], now: float) -> dict[str, Any]:
+        partitions = []
+        for p in range(topic.partitions):
+            f = files.get(p)
+            committed = self.broker.committed_end(topic, p)
+            partitions.append({
+                "partition": p, "log_start_offset": log_start(f, committed),
+                "log_end_offset": self.broker.log_end(topic, p), "committed_offset": committed,
+                "size_bytes": f.size_bytes if f else 0, "files": f.files if f else 0, "rows": f.rows if f else 0,
+            })
+        log_end = sum(p["log_end_offset"] for p in partitions)
+        return {
+            "name": topic.name,
+            "partitions": partitions,
+            "log_end_offset": log_end,
+            "messages": sum(p["rows"] for p in partitions),
+            "size_bytes": sum(p["size_bytes"] for p in partitions),
+            "files": sum(p["files"] for p in partitions),
+            "produce_rate": self.rates.observe(topic.name, log_end, now),
+        }
+
+    def _subscription(self, sub: Subscription, groups: GroupTables) -> dict[str, Any]:
+        status = subscription_status(self.broker, self.worker, sub, groups)
+        produced = sum(p["log_end_offset"] for p in status["partitions"])
+        pending = sum(p["lag"] for p in status["partitions"])
+        dead = status["dead_letters"]
+        state, last_error = _endpoint(status, sub)
+        return {
+            "name": sub.name, "topic": sub.topic, "url": sub.url, "endpoint_state": state,
+            "disabled_reason": sub.disabled_reason, "last_error": last_error,
+            "last_status": next((p["last_status"] for p in status["partitions"] if p["last_status"]), None),
+            "produced": produced, "pending": pending, "dead_lettered": dead,
+            "delivered": max(0, produced - pending - dead), "in_flight": sum(p["in_flight"] for p in
+                                                                            status["partitions"]),
+            "partitions": [{k: p[k] for k in ("partition", "committed_offset", "log_end_offset", "lag", "in_flight",
+                                              "state", "last_error")} for p in status["partitions"]],
+        }
+
+
+def for_principal(snapshot: dict[str, Any], principal: ApiToken) -> dict[str, Any]:
+    """The snapshot as a token limited to some topics may see it."""
+    if principal.topics is None:
+        return snapshot
+    allowed = principal.allows_topic
+    return {
+        **snapshot,
+        "topics": [t for t in snapshot["topics"] if allowed(t["name"])],
+        "subscriptions": [s for s in snapshot["subscriptions"] if allowed(s["topic"])],
+        "dead_letters": [d for d in snapshot["dead_letters"] if allowed(d["topic"])],
+        "jobs": {job: [r for r in runs if r["topics"] and all(allowed(t) for t in r["topics"])]
+                 for job, runs in snapshot["jobs"].items()},
+    }
