@@ -4,21 +4,26 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 import orjson
+import uvicorn
 
 REPO = Path(__file__).resolve().parent.parent
 
 
 class ServerProcess:
-    def __init__(self, data_dir: Path, env: dict[str, str] | None = None) -> None:
+    def __init__(self, data_dir: Path, env: dict[str, str] | None = None, port: int = 0) -> None:
         self.data_dir = data_dir
         self.env = {**os.environ, **(env or {})}
+        self.port = port  # 0: any free port; a fixed one lets a restarted server keep its URL
         self.proc: subprocess.Popen[bytes] | None = None
         self.url = ""
         self.log = data_dir.parent / f"{data_dir.name}-server.log"
@@ -28,7 +33,8 @@ class ServerProcess:
         server_file.unlink(missing_ok=True)
         with self.log.open("ab") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "lakebroker", "--data-dir", str(self.data_dir), "serve", "--port", "0"],
+                [sys.executable, "-m", "lakebroker", "--data-dir", str(self.data_dir), "serve",
+                 "--port", str(self.port)],
                 stdout=log, stderr=subprocess.STDOUT, env=self.env, cwd=REPO,
             )
         deadline = time.monotonic() + timeout
@@ -58,3 +64,38 @@ class ServerProcess:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+class AppThread:
+    """An ASGI app (e.g. a webhook receiver) under uvicorn in a thread of the test process, on loopback."""
+
+    def __init__(self, app: Any) -> None:
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False))
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+
+    def start(self, timeout: float = 30) -> str:
+        self.thread.start()
+        deadline = time.monotonic() + timeout
+        while not self.server.started:
+            if not self.thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError("the app did not start")
+            time.sleep(0.02)
+        return self.url
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=30)
+        self.sock.close()

@@ -1,0 +1,1 @@
+"""Runnable examples of using lakebroker (the demo webhook receiver of docker-compose.yml)."""

@@ -1,0 +1,245 @@
+"""`Producer`: batched, retried, idempotent sends over the /batch endpoint.
+
+Sync by design, with one background sender thread: most HTTP producers are plain scripts,
+web handlers and workers, and `send()` only queues, so it never blocks an event loop either
+(`await asyncio.wrap_future(producer.send(...))` from async code). One thread sends one
+request at a time and retries a batch before the next, so messages of one topic (and ack mode)
+reach the broker in the order they were sent; linger-based batching supplies the throughput.
+"""
+
+from __future__ import annotations
+
+import base64
+import concurrent.futures
+import itertools
+import logging
+import threading
+import uuid
+from collections.abc import Mapping
+from concurrent.futures import Future
+from dataclasses import dataclass, replace
+from types import TracebackType
+from typing import Any
+from urllib.parse import quote
+
+import httpx
+import orjson
+
+from lakebroker.client._batching import Accumulator, Batch, Batching, Pending
+from lakebroker.client._exceptions import ClientClosed, ClientError
+from lakebroker.client._http import Http, refused
+from lakebroker.client._models import AckLike, AckMode, SendResult
+from lakebroker.client._retry import Retry
+
+log = logging.getLogger("lakebroker.client")
+
+# Refusals that may come from one bad message: the batch is re-sent one message at a time, so
+# only that message fails. Re-sending is safe: every message carries its id.
+_SPLIT_ON = frozenset({400, 413, 422})
+
+
+@dataclass(frozen=True)
+class ProducerStats:
+    messages: int = 0  # answered by the broker (duplicates included)
+    duplicates: int = 0  # answered from the broker's dedup index
+    failed: int = 0  # futures that ended with an error
+    requests: int = 0  # /batch requests that got an answer
+    retries: int = 0  # attempts repeated after no answer, a 429 or a 5xx
+    throttled: int = 0  # of those, 429 answers (the broker's WAL backlog was over its bound)
+
+
+class Producer:
+    """Sends messages to a lakebroker, in batches, with retries that never write a message twice.
+
+    Every message carries an id, so a retry after a lost answer is recognised by the broker's
+    dedup index (for `dedup_window_s`, an hour by default) and answered `duplicate=True` with the
+    original offset. The id is, in order of preference: the `id` given to send(); else
+    `producer_id` + a sequence number, when the producer has a producer_id; else a random uuid4.
+
+    A producer_id + sequence is only unique while the sequence is: give each producer process
+    its own producer_id, or persist the sequence and pass `first_sequence` when restarting.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        token: str | None = None,
+        *,
+        producer_id: str | None = None,
+        first_sequence: int = 0,
+        batching: Batching | None = None,
+        retry: Retry | None = None,
+        timeout_s: float = 30.0,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        if producer_id is not None and not 0 < len(producer_id) <= 256:
+            raise ValueError("producer_id must be 1 to 256 characters")
+        self._http = Http(url, token, timeout_s=timeout_s, retry=retry or Retry(), transport=transport)
+        self._acc = Accumulator(batching or Batching())
+        self._producer_id = producer_id
+        self._sequence = itertools.count(first_sequence)
+        self._outstanding: set[Future[SendResult]] = set()
+        self._lock = threading.Lock()
+        self._stats = ProducerStats()
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name="lakebroker-producer", daemon=True)
+        self._thread.start()
+
+    # -- the public API -----------------------------------------------------------------
+    def send(
+        self,
+        topic: str,
+        value: Any,
+        key: str | None = None,
+        headers: Mapping[str, str] | None = None,
+        partition: int | None = None,
+        id: str | None = None,
+        ack: AckLike = AckMode.WAL,
+    ) -> Future[SendResult]:
+        """Queue one message; the future resolves to its SendResult, or to a ClientError.
+
+        value: bytes are sent as raw bytes (format binary); a str as text; anything else
+            JSON-serialisable as JSON; None is a tombstone.
+        key: picks the partition as Kafka's default partitioner does; partition overrides it.
+        ack: "wal" (default) resolves after the broker's WAL fsync, "table" after the Delta
+            commit, "none" as soon as the broker queued it (offset None).
+        Raises TypeError/ValueError for a message that cannot be sent, BufferFull, ClientClosed.
+        """
+        if self._closed:
+            raise ClientClosed("the producer is closed")
+        mode = AckMode(ack)
+        if not isinstance(topic, str) or not topic:
+            raise ValueError("topic must be a non-empty str")
+        fragment = orjson.dumps(self._message(value, key, headers, partition, id))
+        future: Future[SendResult] = Future()
+        future.set_running_or_notify_cancel()  # queued messages are sent: cancel() cannot stop them
+        with self._lock:
+            self._outstanding.add(future)
+        future.add_done_callback(self._finished)
+        try:
+            self._acc.append(topic, mode, Pending(fragment, future))
+        except BaseException as exc:
+            future.set_exception(exc)
+            raise
+        return future
+
+    def flush(self, timeout_s: float | None = None) -> int:
+        """Send everything queued before this call and wait until each is answered or failed.
+
+        Returns how many of those are still unfinished: 0, unless `timeout_s` ran out first.
+        """
+        with self._lock:
+            waiting = list(self._outstanding)
+        self._acc.seal_all()
+        _, not_done = concurrent.futures.wait(waiting, timeout=timeout_s)
+        return len(not_done)
+
+    def close(self, timeout_s: float | None = None) -> None:
+        """Send what is queued (waiting at most `timeout_s`), then stop. Messages still unsent
+        when the time is up fail with ClientClosed."""
+        if self._closed:
+            return
+        self._closed = True
+        self._acc.close()
+        self._thread.join(timeout_s)
+        if self._thread.is_alive():
+            self._http.closing.set()  # retries stop; what is left fails with ClientClosed
+            self._thread.join()
+        self._http.close()
+
+    def stats(self) -> ProducerStats:
+        with self._lock:
+            return self._stats
+
+    def __enter__(self) -> Producer:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+    # -- building a message -------------------------------------------------------------
+    def _message(self, value: Any, key: str | None, headers: Mapping[str, str] | None, partition: int | None,
+                 message_id: str | None) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        if isinstance(value, (bytes, bytearray, memoryview)):
+            out["value_b64"] = base64.b64encode(value).decode()
+        else:
+            out["value"] = value
+        if key is not None:
+            if not isinstance(key, str):
+                raise TypeError(f"key must be a str, not {type(key).__name__}")
+            out["key"] = key
+        if headers:
+            if not all(isinstance(k, str) and isinstance(v, str) for k, v in headers.items()):
+                raise TypeError("headers must map str to str")
+            out["headers"] = dict(headers)
+        if partition is not None:
+            if isinstance(partition, bool) or not isinstance(partition, int) or partition < 0:
+                raise ValueError(f"partition must be a non-negative int, not {partition!r}")
+            out["partition"] = partition
+        if message_id is not None:
+            if not 0 < len(message_id) <= 256:
+                raise ValueError("id must be 1 to 256 characters")
+            out["id"] = message_id
+        elif self._producer_id is not None:
+            out["producer_id"] = self._producer_id
+            out["sequence"] = next(self._sequence)
+        else:
+            out["id"] = uuid.uuid4().hex
+        return out
+
+    # -- the sender thread --------------------------------------------------------------
+    def _run(self) -> None:
+        while (batch := self._acc.next_ready()) is not None:
+            try:
+                self._deliver(batch)
+            except Exception as exc:  # never leave a future unresolved
+                log.exception("lakebroker producer: unexpected failure sending to %r", batch.topic)
+                self._fail(batch, exc)
+            finally:
+                self._acc.done(len(batch.items))
+
+    def _deliver(self, batch: Batch) -> None:
+        path = f"/v1/topics/{quote(batch.topic, safe='')}/batch"
+        try:
+            response = self._http.request("POST", path, params={"ack": batch.ack.value}, content=batch.body(),
+                                          headers={"content-type": "application/json"}, on_retry=self._retried)
+        except ClientError as exc:
+            self._fail(batch, exc)
+            return
+        self._count(requests=1)
+        if response.is_success:
+            results = response.json()["results"]
+            if len(results) != len(batch.items):
+                self._fail(batch, ClientError(f"the broker answered {len(results)} results for "
+                                              f"{len(batch.items)} messages"))
+                return
+            self._count(messages=len(results), duplicates=sum(bool(r["duplicate"]) for r in results))
+            for item, r in zip(batch.items, results, strict=True):
+                item.future.set_result(SendResult(r["partition"], r["offset"], bool(r["duplicate"])))
+        elif response.status_code in _SPLIT_ON and len(batch.items) > 1:
+            for item in batch.items:  # in order, so the topic's order is kept
+                self._deliver(Batch(batch.topic, batch.ack, batch.created, [item], len(item.fragment)))
+        else:
+            self._fail(batch, refused(response, f"produce to topic {batch.topic!r}"))
+
+    def _fail(self, batch: Batch, error: BaseException) -> None:
+        for item in batch.items:
+            if not item.future.done():
+                item.future.set_exception(error)
+
+    def _retried(self, status: int | None) -> None:
+        self._count(retries=1, throttled=int(status == 429))
+
+    def _count(self, **increments: int) -> None:
+        with self._lock:
+            self._stats = replace(self._stats, **{k: getattr(self._stats, k) + v for k, v in increments.items()})
+
+    def _finished(self, future: Future[SendResult]) -> None:
+        with self._lock:
+            self._outstanding.discard(future)
+            if future.exception() is not None:
+                self._stats = replace(self._stats, failed=self._stats.failed + 1)
+
+
