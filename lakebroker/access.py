@@ -39,6 +39,7 @@ from tables.topics import TopicConfig, new_topic
 class BrokerAccess(Protocol):
     def create_topic(self, name: str, partitions: int, config: dict[str, Any]) -> dict[str, Any]: ...
     def produce(self, topic: str, message: NewMessage, ack: AckMode) -> dict[str, Any]: ...
+    def delete_topic(self, name: str) -> None: ...
 
 
 class EmbeddedAccess:
@@ -62,6 +63,12 @@ class EmbeddedAccess:
 
         topic: TopicConfig = self._run(work)
         return topic.public()
+
+    def delete_topic(self, name: str) -> None:
+        async def work(broker: Broker) -> None:
+            await broker.delete_topic(name)
+
+        self._run(work)
 
     def produce(self, topic: str, message: NewMessage, ack: AckMode) -> dict[str, Any]:
         async def work(broker: Broker) -> dict[str, Any]:
@@ -100,11 +107,14 @@ class RemoteAccess:
             if response.status_code == 401 and not self.has_token:
                 message += " (the running server requires a token: set LAKEBROKER_TOKEN)"
             raise _ERRORS_BY_STATUS.get(response.status_code, LakebrokerError)(message)
-        return response.json()
+        return response.json() if response.content else None
 
     def create_topic(self, name: str, partitions: int, config: dict[str, Any]) -> dict[str, Any]:
         out: dict[str, Any] = self._call("POST", "/v1/topics", json={"name": name, "partitions": partitions, **config})
         return out
+
+    def delete_topic(self, name: str) -> None:
+        self._call("DELETE", f"/v1/topics/{name}")
 
     def produce(self, topic: str, message: NewMessage, ack: AckMode) -> dict[str, Any]:
         body: dict[str, Any] = {"key": message.key, "headers": message.headers, "partition": message.partition,

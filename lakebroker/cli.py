@@ -103,6 +103,39 @@ def topics_list() -> None:
     )
 
 
+@topics_app.command("describe")
+def topics_describe(name: str) -> None:
+    """Show a topic's configuration and each partition's offsets, size and files."""
+    from ingest_api.reader import log_start, partition_files
+    from tables import delta
+
+    layout = Layout(settings().data_dir)
+    topic = TopicStore(layout).get(name)
+    out.print(", ".join(f"{k}={v}" for k, v in topic.public().items()), highlight=False, soft_wrap=True)
+    files = partition_files(layout, topic)
+    table = delta.open_table(layout.topic_table(name))
+    rows = []
+    for p in range(topic.partitions):
+        end = 0 if table is None else delta.txn_version(table, delta.partition_app_id(p)) or 0
+        f = files.get(p)
+        rows.append([p, log_start(f, end), end, f.size_bytes if f else 0, f.files if f else 0])
+    print_rows(["partition", "log_start_offset", "committed_offset", "size_bytes", "files"], rows)
+
+
+@topics_app.command("delete")
+def topics_delete(
+    name: str,
+    yes: Annotated[bool, typer.Option("--yes", help="Do not ask; deletes the topic's table.")] = False,
+) -> None:
+    """Delete a topic and its Delta table."""
+    validate_name(name)
+    if not yes and not typer.confirm(f"delete topic {name} and all its messages?"):
+        raise fail("not deleted", 1)
+    with broker_access(settings()) as broker:
+        broker.delete_topic(name)
+    out.print(f"deleted topic {name}", highlight=False)
+
+
 # -- produce --------------------------------------------------------------------------------
 @app.command()
 def produce(
@@ -136,16 +169,22 @@ def produce(
 def serve(
     host: Annotated[str | None, typer.Option(help="Bind address (default setting host).")] = None,
     port: Annotated[int | None, typer.Option(help="Port (default setting port).")] = None,
+    auth: Annotated[str | None, typer.Option(
+        help="API tokens: required, off, or auto (required unless HOST is loopback; default setting auth).")] = None,
 ) -> None:
     """Run the ingest API and the background workers on this data dir."""
     from lakebroker.server import run_server
 
-    run_server(settings().model_copy(update={k: v for k, v in {"host": host, "port": port}.items() if v is not None}))
+    if auth is not None and auth not in ("auto", "required", "off"):
+        raise fail(f"--auth must be auto, required or off, not {auth!r}", 2)
+    overrides = {"host": host, "port": port, "auth": auth}
+    run_server(settings().model_copy(update={k: v for k, v in overrides.items() if v is not None}))
 
 
 @app.command()
 def deliver(
     worker_id: Annotated[str | None, typer.Option(help="Stable id for this worker (default: random).")] = None,
+    metrics_port: Annotated[int | None, typer.Option(help="Serve Prometheus /metrics on this port.")] = None,
 ) -> None:
     """Run a delivery worker alone; several share a subscription's partitions through leases."""
     import asyncio
@@ -158,10 +197,27 @@ def deliver(
     from delivery_worker.worker import DeliveryWorker
 
     logging.basicConfig(level=settings().log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    worker = DeliveryWorker(settings(), DeliveryMetrics(CollectorRegistry()), worker_id)
+    import signal
+
+    import uvloop
+
+    registry = CollectorRegistry()
+    worker = DeliveryWorker(settings(), DeliveryMetrics(registry), worker_id)
+    if metrics_port is not None:
+        from prometheus_client import start_http_server
+
+        start_http_server(metrics_port, addr=settings().host, registry=registry)
     err.print(f"delivery worker {worker.worker_id} on {settings().data_dir}", highlight=False)
-    with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(worker.run())
+
+    async def run_until_signalled() -> None:
+        task = asyncio.create_task(worker.run())
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGTERM, signal.SIGINT):  # stop gracefully: commit offsets, release leases
+            loop.add_signal_handler(signum, task.cancel)
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+    uvloop.run(run_until_signalled())
 
 
 # -- analysts -------------------------------------------------------------------------------
@@ -179,9 +235,10 @@ def sql(
 
 def _register_plugins() -> None:
     """Command groups owned by other modules add themselves here."""
-    from lakebroker import jobs_cli
+    from lakebroker import jobs_cli, tokens_cli
 
     jobs_cli.register(app, settings, fail)
+    tokens_cli.register(app, settings, fail)
 
 
 def main() -> None:
