@@ -13,7 +13,9 @@ from tables.settings import Settings
 
 def spark_for(settings: Settings, app_name: str) -> Any:
     spark = build_spark_session(master=settings.spark_master, jars_dir=settings.jars_dir, app_name=app_name,
-                                extra_conf={"spark.driver.memory": settings.spark_driver_memory})
+                                extra_conf={"spark.driver.memory": settings.spark_driver_memory,
+                                            # CREATE DATABASE writes here: keep it in the data dir, not the cwd.
+                                            "spark.sql.warehouse.dir": str((settings.data_dir / "_spark").resolve())})
     spark.sparkContext.setLogLevel("ERROR")
     return spark
 
