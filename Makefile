@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test setup lint bench bench-quick clean
+.PHONY: run test setup lint bench bench-quick fault clean
 
 run: setup
 	$(VENV)/bin/lakebroker serve
@@ -36,6 +36,11 @@ bench: setup
 
 bench-quick: setup
 	$(PY) -m bench.run --quick
+
+# The fault-injection suite's long form: 20 crash cycles, then its figures for docs/benchmarks.md.
+fault: setup
+	LAKEBROKER_CRASH_CYCLES=20 $(PY) -m pytest -p no:cacheprovider -q -m fault
+	$(PY) -m bench.faults --cycles 20
 
 clean:
 	rm -rf $(VENV) .cache data

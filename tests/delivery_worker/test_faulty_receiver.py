@@ -8,9 +8,12 @@ import threading
 import time
 from typing import Any
 
+import pytest
 from fastapi.testclient import TestClient
 
 from tests.receivers import Receiver
+
+pytestmark = pytest.mark.fault
 
 MESSAGES = 150
 

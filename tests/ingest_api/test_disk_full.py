@@ -12,6 +12,8 @@ from fastapi.testclient import TestClient
 from ingest_api import create_app
 from tables.settings import Settings
 
+pytestmark = pytest.mark.fault
+
 
 @pytest.fixture
 def small_disk(tmp_path: Path) -> Iterator[Path]:

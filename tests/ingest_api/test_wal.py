@@ -2,8 +2,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from ingest_api.records import Record, decode, encode
 from ingest_api.wal import Wal
+
+pytestmark = pytest.mark.fault
 
 TOPIC_ID = bytes(16)
 
