@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -16,34 +17,32 @@ def lakebroker(data: Path, *args: str) -> subprocess.CompletedProcess[str]:
                           capture_output=True, text=True, timeout=300)
 
 
-def test_quickstart_produce_query_and_history(tmp_path: Path) -> None:
+README = Path(__file__).resolve().parents[2] / "README.md"
+
+
+def quickstart_commands() -> list[list[str]]:
+    """The `lakebroker ...` lines of the README's quickstart block, as argument lists."""
+    block = README.read_text().split("<!-- quickstart -->", 1)[1].split("<!-- /quickstart -->", 1)[0]
+    return [shlex.split(line)[1:] for line in block.splitlines() if line.startswith("lakebroker ")]
+
+
+def test_readme_quickstart_step_by_step(tmp_path: Path) -> None:
     data = tmp_path / "data"
-    assert lakebroker(data, "topics", "create", "orders", "--partitions", "3").returncode == 0
-    produced = lakebroker(data, "produce", "orders", "hello", "--key", "k1")
-    assert produced.returncode == 0, produced.stderr
-    assert produced.stdout.strip() == "partition 2 offset 0"  # murmur2("k1") % 3, as Kafka would choose
-    lakebroker(data, "produce", "orders", '{"total": 42}', "--json", "--key", "k2")
-    listed = lakebroker(data, "topics", "list")
-    assert "orders" in listed.stdout and "3" in listed.stdout
-
-    query = ("SELECT count(*) AS n, min(CAST(value AS STRING)) AS v FROM orders;")
-    result = lakebroker(data, "sql", query.rstrip(";"))
-    assert result.returncode == 0, result.stderr
-    rows = [line for line in result.stdout.splitlines() if "│" in line]
-    assert rows[-1].split("│")[1].strip() == "2"
-    assert rows[-1].split("│")[2].strip() == "hello"
-
-    history = lakebroker(data, "sql", "DESCRIBE HISTORY orders")
-    assert history.returncode == 0, history.stderr
-    assert history.stdout.count("WRITE") == 2  # one Delta commit per flushed produce
-    assert "CREATE TABLE" in history.stdout
-
-    # Time travel: the version before the last produce holds one row.
-    header = next(line for line in history.stdout.splitlines() if "┃" in line)
-    assert header.split("┃")[1].strip() == "version"
-    latest = max(int(line.split("│")[1]) for line in history.stdout.splitlines() if "│" in line)
-    travel = lakebroker(data, "sql", f"SELECT count(*) FROM orders VERSION AS OF {latest - 1}")
-    assert [line for line in travel.stdout.splitlines() if "│" in line][-1].split("│")[1].strip() == "1"
+    commands = quickstart_commands()
+    assert [c[0] for c in commands] == ["topics", "produce", "sql", "sql", "sql"]
+    outputs = []
+    for args in commands:
+        result = lakebroker(data, *args)
+        assert result.returncode == 0, (args, result.stderr[-800:])
+        outputs.append(result.stdout)
+    assert outputs[1].strip() == "partition 2 offset 0"  # murmur2("k1") % 3, as Kafka would choose
+    count_rows = [line for line in outputs[2].splitlines() if "│" in line]
+    assert count_rows[-1].split("│")[1].strip() == "1"
+    message = [c.strip() for c in [line for line in outputs[3].splitlines() if "│" in line][-1].split("│")[1:-1]]
+    assert message == ["2", "0", "k1", "hello"]
+    history = outputs[4]
+    assert history.count("WRITE") == 1 and "CREATE TABLE" in history
+    # (Time travel by version and timestamp is tested in process: tests/spark_pipeline.)
 
 
 def test_cli_bad_input_gives_one_line_and_nonzero_exit(tmp_path: Path) -> None:
