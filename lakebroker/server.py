@@ -46,13 +46,28 @@ def run_server(settings: Settings) -> None:
     layout = Layout(settings.data_dir)
     host = f"[{settings.host}]" if ":" in settings.host else settings.host
 
+    # Spark maintenance jobs (spark_pipeline/scheduler.py): child processes on the configured
+    # intervals, started once this process holds the data-dir lock; their runs show in /metrics.
+    from prometheus_client import CollectorRegistry
+
+    from spark_pipeline.metrics import JobMetricsCollector
+    from spark_pipeline.scheduler import shutdown as stop_jobs
+    from spark_pipeline.scheduler import start_scheduler
+
+    registry = CollectorRegistry()
+    registry.register(JobMetricsCollector(layout))
+    jobs: list[Any] = []
+
     def announce() -> None:  # only once this process holds the data-dir lock
         layout.server_file.write_bytes(orjson.dumps({"url": f"http://{host}:{port}", "pid": os.getpid()}))
+        jobs.append(start_scheduler(settings))
 
-    app = create_app(settings, on_started=announce)
+    app = create_app(settings, registry=registry, on_started=announce)
 
     config = uvicorn.Config(app, log_level=settings.log_level, access_log=False, **UVICORN_LIMITS)
     try:
         uvicorn.Server(config).run(sockets=[sock])
     finally:
+        for scheduler in jobs:
+            stop_jobs(scheduler)
         layout.server_file.unlink(missing_ok=True)

@@ -42,6 +42,8 @@ _BASE_CONF: dict[str, str] = {
     # The py4j (classic) API, even if SPARK_API_MODE says otherwise: callers use the JVM.
     "spark.api.mode": "classic",
     "spark.ui.enabled": "false",
+    # No console progress bars: job output is logs and one line of JSON (Airflow keeps the last line).
+    "spark.ui.showConsoleProgress": "false",
     # Sized for a 2-core, 24 GB machine and small topic tables.
     "spark.driver.memory": "2g",
     "spark.driver.maxResultSize": "512m",
@@ -63,6 +65,14 @@ def jar_paths(jars_dir: Path) -> list[Path]:
     return jars
 
 
+def session_conf(jars_dir: Path) -> dict[str, str]:
+    """Every conf a lakebroker session needs, including `spark.jars`: what `spark-submit` must be
+    given as `--jars` / `--conf`, since its driver JVM is started before Python runs."""
+    conf = dict(_BASE_CONF)
+    conf["spark.jars"] = ",".join(str(p.resolve()) for p in jar_paths(jars_dir))
+    return conf
+
+
 def build_spark_session(
     *,
     master: str = "local[*]",
@@ -78,8 +88,7 @@ def build_spark_session(
     """
     from pyspark.sql import SparkSession  # lazy: importing pyspark is slow and optional
 
-    conf = dict(_BASE_CONF)
-    conf["spark.jars"] = ",".join(str(p.resolve()) for p in jar_paths(jars_dir))
+    conf = session_conf(jars_dir)
     conf.update(extra_conf or {})
 
     builder = SparkSession.builder.master(master).appName(app_name)

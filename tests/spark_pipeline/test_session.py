@@ -6,7 +6,6 @@ import json
 import random
 import re
 import time
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -17,9 +16,7 @@ from deltalake import DeltaTable, write_deltalake
 from py4j.protocol import Py4JJavaError
 
 from spark_pipeline.session import (
-    DEFAULT_JARS_DIR,
     LOGSTORE_CLASS,
-    build_spark_session,
     jar_paths,
 )
 
@@ -28,11 +25,7 @@ pytestmark = pytest.mark.spark
 SCHEMA = pa.schema([("id", pa.int64()), ("src", pa.string())])
 
 
-@pytest.fixture(scope="module")
-def spark() -> Iterator[Any]:
-    session = build_spark_session(master="local[2]", jars_dir=DEFAULT_JARS_DIR)
-    yield session
-    session.stop()
+# `spark` is the run's shared session (tests/spark_fixtures.py, via conftest.py).
 
 
 def _log_versions(table: Path) -> list[int]:

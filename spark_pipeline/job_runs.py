@@ -1,0 +1,133 @@
+"""The durable record of maintenance jobs: `_system/job_runs` and `_system/retention_skips`.
+
+Written and read with delta-rs only (no pyspark import), so the API, the dashboard, the
+scheduler and Prometheus can all read it from the ingest process:
+
+* `record(layout, result)` appends one row per table a run touched (or one row for a run that
+  failed before touching any), in one commit;
+* `last_runs(layout, ...)` returns the newest runs, newest first, for the dashboard;
+* `record_skips` / `retention_skips(layout, group=..., topic=...)` are the skips retention made
+  when it moved a consumer group past messages it had not delivered. They are never silent:
+  each is a row here, an `OffsetReason.RETENTION_SKIP` row in the offsets table, and a metric
+  (spark_pipeline/metrics.py).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from spark_pipeline.results import JobResult, Outcome
+from tables import delta
+from tables.layout import Layout
+from tables.schemas import (
+    JOB_RUNS_SCHEMA,
+    JOB_RUNS_SCHEMA_VERSION,
+    RETENTION_SKIPS_SCHEMA,
+    RETENTION_SKIPS_SCHEMA_VERSION,
+)
+
+
+def record(layout: Layout, result: JobResult) -> None:
+    rows: list[dict[str, Any]] = []
+    for t in result.tables:
+        rows.append({
+            "run_id": result.run_id, "job": result.job.value, "target": t.target, "topic": t.topic,
+            "trigger": result.trigger, "started_at": result.started_at, "duration_ms": t.duration_ms,
+            "outcome": t.outcome.value, "files_before": t.files_before, "files_after": t.files_after,
+            "rows_removed": t.rows_removed, "bytes_before": t.bytes_before, "bytes_after": t.bytes_after,
+            "error": t.error, "details": json.dumps(t.details, default=str) if t.details else None,
+        })
+    if result.error is not None or not rows:
+        rows.append({
+            "run_id": result.run_id, "job": result.job.value, "target": "", "topic": None,
+            "trigger": result.trigger, "started_at": result.started_at, "duration_ms": result.duration_ms,
+            "outcome": (Outcome.FAILED if result.error else result.outcome).value, "files_before": None,
+            "files_after": None, "rows_removed": None, "bytes_before": None, "bytes_after": None,
+            "error": result.error, "details": None,
+        })
+    table = delta.ensure_table(layout.job_runs_table, JOB_RUNS_SCHEMA, partition_by=None,
+                               version=JOB_RUNS_SCHEMA_VERSION)
+    delta.append(table, pa.Table.from_pylist(rows, schema=JOB_RUNS_SCHEMA),
+                 metadata={"lakebroker.operation": f"job-run-{result.job.value}"})
+
+
+def last_runs(layout: Layout, *, job: str | None = None, topic: str | None = None, limit: int = 50,
+              since: datetime | None = None) -> list[dict[str, Any]]:
+    """The newest job_runs rows (one per run and table), newest first."""
+    table = delta.open_table(layout.job_runs_table)
+    if table is None:
+        return []
+    flt = pc.scalar(True)
+    if job is not None:
+        flt = flt & (pc.field("job") == job)
+    if topic is not None:
+        flt = flt & (pc.field("topic") == topic)
+    if since is not None:
+        flt = flt & (pc.field("started_at") >= delta.timestamp_literal(int(since.timestamp() * 1_000_000)))
+    rows = delta.read_rows(table, flt).sort_by([("started_at", "descending"), ("target", "ascending")])
+    out: list[dict[str, Any]] = rows.slice(0, limit).to_pylist()
+    for row in out:
+        row["details"] = json.loads(row["details"]) if row["details"] else {}
+    return out
+
+
+@dataclass(frozen=True)
+class RetentionSkip:
+    group: str
+    topic: str
+    partition: int
+    from_offset: int
+    to_offset: int
+    skipped_at: datetime
+    run_id: str
+
+    @property
+    def skipped_messages(self) -> int:
+        return self.to_offset - self.from_offset
+
+
+def record_skips(layout: Layout, skips: list[RetentionSkip]) -> None:
+    if not skips:
+        return
+    table = delta.ensure_table(layout.retention_skips_table, RETENTION_SKIPS_SCHEMA, partition_by=None,
+                               version=RETENTION_SKIPS_SCHEMA_VERSION)
+    rows = [{"group": s.group, "topic": s.topic, "partition": s.partition, "from_offset": s.from_offset,
+             "to_offset": s.to_offset, "skipped_messages": s.skipped_messages, "skipped_at": s.skipped_at,
+             "run_id": s.run_id} for s in skips]
+    delta.append(table, pa.Table.from_pylist(rows, schema=RETENTION_SKIPS_SCHEMA),
+                 metadata={"lakebroker.operation": "retention-skip"})
+
+
+def retention_skips(layout: Layout, *, group: str | None = None, topic: str | None = None,
+                    since: datetime | None = None) -> list[RetentionSkip]:
+    """Every recorded skip (oldest first), for a subscription's status or the dashboard.
+
+    A skip recorded twice (a retention run that crashed after recording it and before moving the
+    group is redone by the next run) is returned once.
+    """
+    table = delta.open_table(layout.retention_skips_table)
+    if table is None:
+        return []
+    flt = pc.scalar(True)
+    if group is not None:
+        flt = flt & (pc.field("group") == group)
+    if topic is not None:
+        flt = flt & (pc.field("topic") == topic)
+    if since is not None:
+        flt = flt & (pc.field("skipped_at") >= delta.timestamp_literal(int(since.timestamp() * 1_000_000)))
+    seen: dict[tuple[str, str, int, int, int], RetentionSkip] = {}
+    for r in delta.read_rows(table, flt).sort_by("skipped_at").to_pylist():
+        key = (r["group"], r["topic"], r["partition"], r["from_offset"], r["to_offset"])
+        seen.setdefault(key, RetentionSkip(r["group"], r["topic"], r["partition"], r["from_offset"],
+                                           r["to_offset"], r["skipped_at"], r["run_id"]))
+    return list(seen.values())
+
+
+def horizon(days: int) -> datetime:
+    return datetime.now(UTC) - timedelta(days=days)

@@ -1,0 +1,95 @@
+"""Offsets-table compaction: keep the latest offset per (group, topic, partition).
+
+`_system/consumer_offsets` is append-only (tables/offsets.py): every commit of a group adds rows,
+and the newest `committed_at` per (group, topic, partition) wins. This job rewrites the files it
+read into one file holding only those newest rows (ties are all kept, so the winner is unchanged),
+sorted by group, topic and partition, and removes what it read, in one commit. Offsets committed
+meanwhile land in new files that this commit does not touch, so none is lost; it registers only
+the files it read, so the delivery workers' appends never conflict with it.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import TYPE_CHECKING, Any
+
+from spark_pipeline.delta_txn import DeltaTxn, maintain_log, table_exists, with_retries
+from spark_pipeline.jobs.common import (
+    CONFLICT_ATTEMPTS,
+    entry_main,
+    job_tags,
+    parser,
+    settings_from,
+    table_stats,
+    vacuum,
+)
+from spark_pipeline.results import JobName, JobResult, Outcome, Run, TableResult
+from tables.layout import Layout
+from tables.settings import Settings
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+TARGET = "_system/consumer_offsets"
+KEY = ["group", "topic", "partition"]
+
+
+def run(spark: SparkSession, settings: Settings, topic: str | None = None, *,
+        trigger: str = "library") -> JobResult:
+    """`topic` is accepted for a uniform signature; the offsets table is compacted as a whole."""
+    layout = Layout(settings.data_dir)
+    job = Run(JobName.OFFSETS_COMPACTION, trigger)
+    job.table(TARGET, None, lambda r: compact_offsets(spark, layout.offsets_table, r, run_id=job.result.run_id,
+                                                      vacuum_hours=settings.vacuum_retention_hours))
+    return job.finish()
+
+
+def latest_offsets(frame: DataFrame) -> DataFrame:
+    """The rows that win in OffsetsTable.latest(): the newest committed_at per key (ties kept)."""
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    newest = Window.partitionBy(*KEY).orderBy(F.col("committed_at").desc())
+    return frame.withColumn("_rank", F.rank().over(newest)).where(F.col("_rank") == 1).drop("_rank")
+
+
+def compact_offsets(spark: SparkSession, uri: str, result: TableResult, *, run_id: str,
+                    vacuum_hours: float | None = None) -> None:
+    if not table_exists(spark, uri):
+        result.outcome = Outcome.SKIPPED
+        result.details["reason"] = "no offsets committed yet"
+        return
+    result.files_before, result.bytes_before = table_stats(uri)
+    result.details.update(with_retries("offsets compaction", CONFLICT_ATTEMPTS,
+                                       lambda: _compact_once(spark, uri, run_id)))
+    result.rows_removed = result.details["rows_removed"]
+    result.details["checkpoint_version"] = maintain_log(uri)
+    if vacuum_hours is not None:
+        vacuum(spark, uri, vacuum_hours)
+    result.files_after, result.bytes_after = table_stats(uri)
+
+
+def _compact_once(spark: SparkSession, uri: str, run_id: str) -> dict[str, Any]:
+    txn = DeltaTxn(spark, uri)
+    files = txn.files()
+    rows_before = sum(f.rows or 0 for f in files)
+    latest = latest_offsets(txn.read(files))
+    rows_after = latest.count()
+    if rows_after == rows_before and len(files) <= 1:
+        return {"rows_removed": 0, "rows_kept": rows_after, "commit_version": None}  # nothing to gain
+    adds = txn.write(latest.coalesce(1).sortWithinPartitions(*KEY), data_change=True)
+    actions = adds + txn.removes(files, data_change=True)
+    version = txn.commit(actions, txn.delete_op(["committed_at < current_timestamp()"]),
+                         tags=job_tags(JobName.OFFSETS_COMPACTION, run_id),
+                         metrics={"numDeletedRows": rows_before - rows_after, "numCopiedRows": rows_after})
+    return {"rows_removed": rows_before - rows_after, "rows_kept": rows_after, "commit_version": version}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = parser(JobName.OFFSETS_COMPACTION, "Keep the latest offset per consumer group and partition.")
+    args = p.parse_args(argv)
+    return entry_main(JobName.OFFSETS_COMPACTION, run, args, settings_from(args), lambda: None)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

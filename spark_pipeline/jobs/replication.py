@@ -1,0 +1,377 @@
+"""Replication: an incremental, resumable, idempotent copy of every table to a second location.
+
+Open-source Delta's SHALLOW CLONE only points at the primary's files, so it is no replica. Instead,
+per table, a Delta *streaming read* of the primary with the AvailableNow trigger and a checkpoint
+copies what was appended since the last run, then stops:
+
+* the checkpoint lives with the replica (`<to>/_replication/checkpoints/...`), one per table and
+  topic id, so each run resumes where the last one stopped, and a topic re-created under the same
+  name starts a fresh copy (its old replica table is dropped);
+* `skipChangeCommits` makes the stream ignore the primary's retention, key-compaction and
+  offsets-compaction commits (they only remove or rewrite rows already copied); compaction's
+  `dataChange=false` commits are ignored by any Delta stream;
+* each micro-batch is committed to the replica with a txn action (appId
+  `lakebroker.replicate.<query id>`, version = batch id) in the same commit as its rows, and a
+  batch whose version is already recorded is skipped, so a batch replayed after a crash (committed
+  to the replica, not yet to the checkpoint) is never applied twice;
+* topic rows are also filtered against the replica's own per-partition log end (which is carried
+  as the same `lakebroker.partition.{p}` txn the flusher writes, so a replica can be promoted):
+  even a lost checkpoint, which restarts the stream from scratch, cannot duplicate a row.
+
+The replica's retention follows the primary's: after copying, each replica partition is advanced
+to the primary's log-start offset (whole files, plus a trim of the one straddling file), rows that
+key compaction removed on the primary are removed on the replica (compact topics), the replica's
+offsets table is compacted like the primary's, and replica tables are VACUUMed.
+
+The small, updated-in-place system tables (`topics`, `subscriptions`, `dead_letters`,
+`retention_skips`) are copied whole whenever their version changed (txnAppId/txnVersion = source
+version, so a replay is skipped). `_system/job_runs` and the delivery leases are not replicated.
+
+Limits: the replica lags by up to one run; a replica further behind than the primary's
+`vacuum_retention_hours` (or `delta.logRetentionDuration`) cannot resume, since the files or log
+entries it still needs are gone (verify-replica reports the lag; re-create the replica then).
+A schema change on the primary stops the stream until the replica's table is re-created.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+import threading
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlparse
+
+from deltalake import DeltaTable
+
+from spark_pipeline.delta_txn import DeltaTxn, jvm_of, maintain_log, table_exists, with_retries
+from spark_pipeline.jobs.common import (
+    CONFLICT_ATTEMPTS,
+    entry_main,
+    job_tags,
+    parser,
+    remove_rows,
+    select_topics,
+    settings_from,
+    vacuum,
+)
+from spark_pipeline.jobs.offsets_compaction import compact_offsets
+from spark_pipeline.jobs.retention import follow_log_starts
+from spark_pipeline.results import JobName, JobResult, Outcome, Run, TableResult
+from tables import delta
+from tables.errors import InvalidRequest
+from tables.layout import Layout
+from tables.settings import Settings
+from tables.topics import CleanupPolicy, TopicConfig
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+REPLICATION_APP_PREFIX = "lakebroker.replicate."
+SNAPSHOT_APP_ID = "lakebroker.replicate.snapshot"
+SNAPSHOT_TABLES = ("topics", "subscriptions", "dead_letters", "retention_skips")
+STREAM_TIMEOUT_S = 6 * 3600  # one table's catch-up; bounded so a stuck stream cannot hang the scheduler
+MAX_FILES_PER_BATCH = 1000
+
+
+@dataclass(frozen=True)
+class Replica:
+    """Where each table of a data dir lives in the replica (the same layout as a data dir, so
+    `lakebroker --data-dir <replica>` can serve it after a failover)."""
+
+    root: str
+
+    def topic_table(self, topic: str) -> str:
+        return f"{self.root}/topics/{topic}"
+
+    def system_table(self, name: str) -> str:
+        return f"{self.root}/_system/{name}"
+
+    def checkpoint(self, kind: str, name: str, ident: str) -> str:
+        return f"{self.root}/_replication/checkpoints/{kind}/{name}-{ident}"
+
+    @property
+    def is_local(self) -> bool:
+        return "://" not in self.root or self.root.startswith("file:")
+
+    def local_path(self, uri: str) -> Path:
+        return Path(uri.removeprefix("file://").removeprefix("file:"))
+
+
+def resolve_replica(uri: str | None, data_dir: Path) -> Replica:
+    """Validate `--to`: a local path or file: URI outside the data dir, or an object-store URI."""
+    if not uri or not uri.strip():
+        raise InvalidRequest("replication needs a target: --to URI (or the replication_uri setting)")
+    parsed = urlparse(uri)
+    if parsed.scheme in ("", "file"):
+        if parsed.scheme == "file" and parsed.netloc not in ("", "localhost"):
+            raise InvalidRequest(f"bad replica URI {uri!r}: a file: URI must be file:///absolute/path")
+        path = Path(parsed.path if parsed.scheme == "file" else uri).expanduser().resolve()
+        data = data_dir.resolve()
+        if path == data or data in path.parents or path in data.parents:
+            raise InvalidRequest(f"bad replica URI {uri!r}: the replica must be outside the data dir {data}")
+        return Replica(str(path))
+    if len(parsed.scheme) == 1:  # a Windows drive letter is no scheme we support
+        raise InvalidRequest(f"bad replica URI {uri!r}")
+    if not parsed.netloc:
+        raise InvalidRequest(f"bad replica URI {uri!r}: expected scheme://bucket/path")
+    return Replica(uri.rstrip("/"))
+
+
+def check_filesystem(spark: SparkSession, replica: Replica) -> None:
+    """Refuse a URI whose scheme has no Hadoop filesystem on this Spark (one line, no traceback)."""
+    if replica.is_local:
+        return
+    jvm = jvm_of(spark)
+    try:
+        jvm.org.apache.hadoop.fs.Path(replica.root).getFileSystem(spark._jsc.hadoopConfiguration())
+    except Exception as exc:  # noqa: BLE001 - py4j wraps Hadoop's error; reported as bad input
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise InvalidRequest(f"bad replica URI {replica.root!r}: {first[:300]}") from None
+
+
+def run(spark: SparkSession, settings: Settings, topic: str | None = None, *, to: str | None = None,
+        trigger: str = "library") -> JobResult:
+    """Replicate one topic, or every topic and the system tables, to `to` (default: replication_uri)."""
+    layout = Layout(settings.data_dir)
+    replica = resolve_replica(to or settings.replication_uri, settings.data_dir)
+    topics = select_topics(layout, topic)
+    check_filesystem(spark, replica)
+    job = Run(JobName.REPLICATION, trigger)
+    run_id = job.result.run_id
+    for t in topics:
+        job.table(t.name, t.name, partial(replicate_topic, spark, layout, replica, t, settings, run_id=run_id))
+    if topic is None:
+        job.table("_system/consumer_offsets", None, partial(replicate_offsets, spark, layout, replica, settings,
+                                                            run_id=run_id))
+        for name in SNAPSHOT_TABLES:
+            source = str(layout.system_root.resolve() / name)
+            job.table(f"_system/{name}", None, partial(copy_snapshot, spark, source, replica.system_table(name)))
+        if replica.is_local and topics:  # never mirror "no topics" (an unreadable topic list) as a wipe
+            _drop_deleted_topics(replica, {t.name for t in topics})
+    return job.finish()
+
+
+# -- topics ---------------------------------------------------------------------------------------
+def replicate_topic(spark: SparkSession, layout: Layout, replica: Replica, topic: TopicConfig, settings: Settings,
+                    result: TableResult, *, run_id: str) -> None:
+    source = layout.topic_table(topic.name)
+    target = replica.topic_table(topic.name)
+    if not table_exists(spark, source):
+        result.outcome = Outcome.SKIPPED
+        result.details["reason"] = "no table yet"
+        return
+    _ensure_replica_table(spark, source, target, replica, identity={"lakebroker.topicId": topic.topic_id},
+                          checkpoints=replica.checkpoint("topics", topic.name, "*"))
+    checkpoint = replica.checkpoint("topics", topic.name, topic.topic_id)
+    copied = stream_copy(spark, source, target, checkpoint, topic=topic, run_id=run_id)
+    result.details.update(copied)
+    result.details["log_starts"] = starts = primary_log_starts(source, topic.partitions)
+    applied = follow_log_starts(spark, target, topic.partitions, starts, run_id=run_id)
+    removed = applied.rows_removed
+    if topic.cleanup_policy is CleanupPolicy.COMPACT:
+        removed += mirror_removed_rows(spark, source, target, run_id=run_id,
+                                       target_bytes=settings.compaction_target_file_bytes)
+    result.rows_removed = removed
+    vacuum(spark, target, settings.vacuum_retention_hours)
+    if replica.is_local:
+        maintain_log(target)
+    files = DeltaTxn(spark, target).files()
+    result.files_after, result.bytes_after = len(files), sum(f.size for f in files)
+    result.details["replica"] = target
+
+
+def primary_log_starts(source: str, partitions: int) -> dict[int, int]:
+    """Each primary partition's lowest offset still present (its log end if retention emptied it)."""
+    table = DeltaTable(source)
+    files = delta.partition_files(table)
+    out = {}
+    for p in range(partitions):
+        found = files.get(p)
+        if found is not None and found.min_offset is not None:
+            out[p] = int(found.min_offset)
+        else:
+            out[p] = delta.txn_version(table, delta.partition_app_id(p)) or 0
+    return out
+
+
+def stream_copy(spark: SparkSession, source: str, target: str, checkpoint: str, *, topic: TopicConfig | None,
+                run_id: str) -> dict[str, Any]:
+    """Copy what the primary appended since the checkpoint, batch by batch, then stop."""
+    from pyspark.sql import functions as F
+
+    started = threading.Event()
+    query_id: dict[str, str] = {}
+    stats = {"batches": 0, "batches_skipped": 0, "rows_copied": 0}
+
+    def write_batch(frame: DataFrame, batch_id: int) -> None:
+        started.wait(120)
+        app_id = REPLICATION_APP_PREFIX + query_id["id"]
+
+        def once() -> None:
+            txn = DeltaTxn(spark, target)
+            done = txn.app_version(app_id)
+            if done is not None and done >= batch_id:
+                stats["batches_skipped"] += 1  # replayed after a crash: already in the replica
+                return
+            data = frame
+            ends: dict[int, int] = {}
+            if topic is not None:
+                ends = {p: txn.app_version(delta.partition_app_id(p)) or 0 for p in range(topic.partitions)}
+                floor = F.create_map(*[F.lit(x) for p, end in ends.items() for x in (p, end)])
+                data = frame.where(F.col("offset") >= F.coalesce(F.element_at(floor, F.col("partition")), F.lit(0)))
+            adds = txn.write(data, data_change=True)
+            versions = {app_id: batch_id}
+            for f in txn.added_files(adds):
+                if topic is not None and f.partition is not None and f.max_offset is not None:
+                    versions[delta.partition_app_id(f.partition)] = max(
+                        versions.get(delta.partition_app_id(f.partition), 0), ends.get(f.partition, 0),
+                        f.max_offset + 1)
+            rows = sum(f.rows or 0 for f in txn.added_files(adds))
+            txn.commit(adds, txn.append_op(), tags=job_tags(JobName.REPLICATION, run_id), app_versions=versions,
+                       metrics={"numOutputRows": rows})
+            stats["batches"] += 1
+            stats["rows_copied"] += rows
+
+        with_retries(f"replication batch {batch_id} of {source}", CONFLICT_ATTEMPTS, once)
+
+    stream = (spark.readStream.format("delta").option("skipChangeCommits", "true")
+              .option("maxFilesPerTrigger", MAX_FILES_PER_BATCH).load(source))
+    query = (stream.writeStream.foreachBatch(write_batch).option("checkpointLocation", checkpoint)
+             .trigger(availableNow=True).start())
+    query_id["id"] = str(query.id)
+    started.set()
+    try:
+        finished = query.awaitTermination(STREAM_TIMEOUT_S)
+    finally:
+        if query.isActive:
+            query.stop()
+    if not finished:
+        raise TimeoutError(f"replication of {source} did not catch up within {STREAM_TIMEOUT_S}s")
+    if query.exception() is not None:
+        raise RuntimeError(f"replication stream of {source} failed: {query.exception()}")
+    return {**stats, "checkpoint": checkpoint}
+
+
+def mirror_removed_rows(spark: SparkSession, source: str, target: str, *, target_bytes: int, run_id: str) -> int:
+    """Remove from the replica the rows key compaction removed on the primary (below the
+    primary's newest offset), rewriting only the affected replica files."""
+    from pyspark import StorageLevel
+    from pyspark.sql import functions as F
+
+    def once() -> int:
+        txn = DeltaTxn(spark, target)
+        listed = txn.files()
+        if not listed:
+            return 0
+        replica_rows = txn.read(listed).select("partition", "offset")
+        primary_rows = spark.read.format("delta").load(source).select("partition", "offset")
+        primary_end = primary_rows.groupBy("partition").agg(F.max("offset").alias("newest"))
+        gone = (replica_rows.join(primary_end, "partition").where(F.col("offset") <= F.col("newest"))
+                .select("partition", "offset").join(primary_rows, ["partition", "offset"], "left_anti")
+                .persist(StorageLevel.MEMORY_AND_DISK))
+        try:
+            removal = remove_rows(txn, listed, gone, target_bytes=target_bytes)
+            if removal.rows_removed:
+                txn.commit(removal.actions, txn.delete_op(["offset >= 0"]), tags=job_tags(JobName.REPLICATION, run_id),
+                           metrics={"numDeletedRows": removal.rows_removed, "numCopiedRows": removal.rows_copied})
+            return removal.rows_removed
+        finally:
+            gone.unpersist()
+
+    return with_retries(f"replica key compaction of {target}", CONFLICT_ATTEMPTS, once)
+
+
+# -- system tables ------------------------------------------------------------------------------------
+def replicate_offsets(spark: SparkSession, layout: Layout, replica: Replica, settings: Settings,
+                      result: TableResult, *, run_id: str) -> None:
+    source = layout.offsets_table
+    target = replica.system_table("consumer_offsets")
+    if not table_exists(spark, source):
+        result.outcome = Outcome.SKIPPED
+        result.details["reason"] = "no offsets committed yet"
+        return
+    table_id = str(DeltaTable(source).metadata().id)
+    _ensure_replica_table(spark, source, target, replica, identity={"lakebroker.sourceTableId": table_id},
+                          checkpoints=replica.checkpoint("system", "consumer_offsets", "*"))
+    result.details.update(stream_copy(spark, source, target, replica.checkpoint("system", "consumer_offsets",
+                                                                                 table_id), topic=None,
+                                      run_id=run_id))
+    compacted = TableResult(target=result.target, topic=None)
+    compact_offsets(spark, target, compacted, run_id=run_id, vacuum_hours=settings.vacuum_retention_hours)
+    result.rows_removed = compacted.rows_removed
+    result.files_after, result.bytes_after = compacted.files_after, compacted.bytes_after
+
+
+def copy_snapshot(spark: SparkSession, source: str, target: str, result: TableResult) -> None:
+    """Copy a small system table whole when its version changed (a replay of the same version is
+    skipped by Delta's txnAppId/txnVersion)."""
+    if not table_exists(spark, source):
+        result.outcome = Outcome.SKIPPED
+        result.details["reason"] = "no table yet"
+        return
+    version = int(DeltaTable(source).version())
+    if table_exists(spark, target) and DeltaTxn(spark, target).app_version(SNAPSHOT_APP_ID) == version:
+        result.details.update({"source_version": version, "copied": False})
+        return
+    frame = spark.read.format("delta").option("versionAsOf", version).load(source)
+    (frame.write.format("delta").mode("overwrite").option("overwriteSchema", "true")
+     .option("txnAppId", SNAPSHOT_APP_ID).option("txnVersion", version).save(target))
+    result.details.update({"source_version": version, "copied": True})
+
+
+# -- replica tables -----------------------------------------------------------------------------------
+def _ensure_replica_table(spark: SparkSession, source: str, target: str, replica: Replica,
+                          identity: dict[str, str], checkpoints: str) -> None:
+    """Create the replica table like the primary's (schema, partitioning, properties); drop it
+    (and its stream checkpoints) first if it replicates a different incarnation of the source."""
+    from delta.tables import DeltaTable as SparkDeltaTable
+
+    if table_exists(spark, target):
+        current = DeltaTxn(spark, target).configuration
+        if all(current.get(k) == v for k, v in identity.items()):
+            return
+        if not replica.is_local:
+            raise InvalidRequest(f"replica table {target} belongs to another incarnation of {source}; remove it")
+        shutil.rmtree(replica.local_path(target), ignore_errors=True)
+        parent = replica.local_path(checkpoints).parent
+        for stale in parent.glob(Path(checkpoints).name):
+            shutil.rmtree(stale, ignore_errors=True)
+    txn = DeltaTxn(spark, source)
+    schema = spark.read.format("delta").load(source).schema
+    builder = SparkDeltaTable.createIfNotExists(spark).location(target).addColumns(schema)
+    if txn.partition_columns:
+        builder = builder.partitionedBy(*txn.partition_columns)
+    for key, value in {**txn.configuration, **identity, "lakebroker.replicaOf": source}.items():
+        builder = builder.property(key, value)
+    builder.execute()
+
+
+def _drop_deleted_topics(replica: Replica, live: set[str]) -> None:
+    """A topic deleted on the primary is deleted on the replica too (with its checkpoints)."""
+    root = replica.local_path(replica.root)
+    for table in sorted((root / "topics").glob("*")) if (root / "topics").is_dir() else []:
+        if table.name not in live:
+            shutil.rmtree(table, ignore_errors=True)
+            for stale in (root / "_replication" / "checkpoints" / "topics").glob(f"{table.name}-*"):
+                shutil.rmtree(stale, ignore_errors=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = parser(JobName.REPLICATION, "Copy every table incrementally to a second storage location.")
+    p.add_argument("--to", help="Replica location (default: the replication_uri setting).")
+    p.add_argument("--topic", help="Only this topic (default: every topic and the system tables).")
+    args = p.parse_args(argv)
+    settings = settings_from(args)
+
+    def validate() -> None:
+        resolve_replica(args.to or settings.replication_uri, settings.data_dir)
+        select_topics(Layout(settings.data_dir), args.topic)
+
+    return entry_main(JobName.REPLICATION, run, args, settings, validate, topic=args.topic, to=args.to)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,240 @@
+"""`lakebroker verify-replica`: compare the primary and a replica, and say what explains the gaps.
+
+Per topic partition it compares row counts and offset ranges, and the actual (partition, offset)
+sets over the range both hold. A difference is *explained* when it is:
+
+* lag: primary rows past the replica's newest offset (not copied yet; reported in messages and in
+  seconds of produce time);
+* pending retention: replica rows below the primary's log start (the next run removes them);
+* pending key compaction (compact topics): replica rows the primary has compacted away.
+
+Anything else is a problem: a row the replica lacks inside the range it claims to hold, a row the
+primary never had, a topic or system table that was never replicated. The offsets table is compared
+per (group, topic, partition); the copied system tables by version. With `max_lag_messages`, lag
+beyond it is a problem too.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from deltalake import DeltaTable
+
+from spark_pipeline.delta_txn import DeltaTxn, table_exists
+from spark_pipeline.jobs.common import parser, select_topics, settings_from
+from spark_pipeline.jobs.replication import SNAPSHOT_APP_ID, SNAPSHOT_TABLES, check_filesystem, resolve_replica
+from tables.errors import LakebrokerError
+from tables.layout import Layout
+from tables.settings import Settings
+from tables.topics import CleanupPolicy, TopicConfig
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+
+@dataclass
+class PartitionCheck:
+    topic: str
+    partition: int
+    primary_rows: int
+    replica_rows: int
+    primary_range: tuple[int | None, int | None]  # (lowest, newest) offset
+    replica_range: tuple[int | None, int | None]
+    lag_messages: int  # primary rows past the replica's newest offset
+    lag_seconds: float | None  # produce-time gap between the newest rows
+    pending_retention: int  # replica rows below the primary's log start
+    pending_compaction: int  # replica rows the primary compacted away (compact topics)
+    missing: int  # primary rows the replica lacks inside its range: a problem
+    unexpected: int  # replica rows the primary never had: a problem
+
+
+@dataclass
+class Verification:
+    partitions: list[PartitionCheck] = field(default_factory=list)
+    tables: list[dict[str, Any]] = field(default_factory=list)  # system tables
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    @property
+    def lag_messages(self) -> int:
+        return sum(p.lag_messages for p in self.partitions)
+
+
+def verify(spark: SparkSession, settings: Settings, to: str | None = None, *, topic: str | None = None,
+           max_lag_messages: int | None = None) -> Verification:
+    layout = Layout(settings.data_dir)
+    replica = resolve_replica(to or settings.replication_uri, settings.data_dir)
+    topics = select_topics(layout, topic)
+    check_filesystem(spark, replica)
+    out = Verification()
+    for t in topics:
+        source, target = layout.topic_table(t.name), replica.topic_table(t.name)
+        if not table_exists(spark, source):
+            continue
+        if not table_exists(spark, target):
+            out.problems.append(f"topic {t.name!r} has no replica table at {target}")
+            continue
+        out.partitions += _check_topic(spark, t, source, target)
+    for check in out.partitions:
+        where = f"{check.topic}[{check.partition}]"
+        if check.missing:
+            out.problems.append(f"{where}: the replica lacks {check.missing} rows inside the range it holds")
+        if check.unexpected:
+            out.problems.append(f"{where}: the replica has {check.unexpected} rows the primary never had")
+        if max_lag_messages is not None and check.lag_messages > max_lag_messages:
+            out.problems.append(f"{where}: lag of {check.lag_messages} messages is over {max_lag_messages}")
+    if topic is None:
+        _check_offsets(spark, layout.offsets_table, replica.system_table("consumer_offsets"), out)
+        for name in SNAPSHOT_TABLES:
+            _check_snapshot(spark, str(layout.system_root.resolve() / name), replica.system_table(name), name, out)
+    return out
+
+
+def _stats(frame: DataFrame) -> dict[int, tuple[int, int, int, datetime | None]]:
+    from pyspark.sql import functions as F
+
+    rows = frame.groupBy("partition").agg(F.count("*").alias("n"), F.min("offset").alias("lo"),
+                                          F.max("offset").alias("hi"), F.max("timestamp").alias("ts")).collect()
+    return {int(r["partition"]): (int(r["n"]), int(r["lo"]), int(r["hi"]), r["ts"]) for r in rows}
+
+
+def _check_topic(spark: SparkSession, topic: TopicConfig, source: str, target: str) -> list[PartitionCheck]:
+    from pyspark.sql import functions as F
+
+    primary = spark.read.format("delta").load(source).select("partition", "offset", "timestamp").cache()
+    replica = spark.read.format("delta").load(target).select("partition", "offset", "timestamp").cache()
+    try:
+        p_stats, r_stats = _stats(primary), _stats(replica)
+        starts = _log_starts(source, topic, p_stats)
+        bounds = spark.createDataFrame(
+            [(p, starts[p], p_stats.get(p, (0, 0, -1, None))[2], r_stats.get(p, (0, 0, -1, None))[2])
+             for p in range(topic.partitions)], "partition int, start long, p_hi long, r_hi long")
+        p_keys, r_keys = primary.select("partition", "offset"), replica.select("partition", "offset")
+        missing = _count(p_keys.join(bounds, "partition").where(F.col("offset") <= F.col("r_hi"))
+                          .select("partition", "offset").join(r_keys, ["partition", "offset"], "left_anti"))
+        in_range = (r_keys.join(bounds, "partition")
+                    .where((F.col("offset") >= F.col("start")) & (F.col("offset") <= F.col("p_hi")))
+                    .select("partition", "offset").join(p_keys, ["partition", "offset"], "left_anti"))
+        absent = _count(in_range)
+        below = _count(r_keys.join(bounds, "partition").where(F.col("offset") < F.col("start")))
+        beyond = _count(r_keys.join(bounds, "partition").where(F.col("offset") > F.col("p_hi")))
+        lag = _count(p_keys.join(bounds, "partition").where(F.col("offset") > F.col("r_hi")))
+    finally:
+        primary.unpersist()
+        replica.unpersist()
+    compact = topic.cleanup_policy is CleanupPolicy.COMPACT
+    out = []
+    for p in range(topic.partitions):
+        pn, plo, phi, pts = p_stats.get(p, (0, None, None, None))
+        rn, rlo, rhi, rts = r_stats.get(p, (0, None, None, None))
+        if pts is None:
+            lag_s: float | None = 0.0
+        elif rts is None:
+            lag_s = None  # nothing copied yet
+        else:
+            lag_s = max(0.0, (pts - rts).total_seconds())
+        out.append(PartitionCheck(
+            topic=topic.name, partition=p, primary_rows=pn, replica_rows=rn, primary_range=(plo, phi),
+            replica_range=(rlo, rhi), lag_messages=lag.get(p, 0), lag_seconds=lag_s,
+            # On a compact topic, rows below the first offset were removed by key compaction too.
+            pending_retention=0 if compact else below.get(p, 0),
+            pending_compaction=absent.get(p, 0) + below.get(p, 0) if compact else 0,
+            missing=missing.get(p, 0), unexpected=beyond.get(p, 0) + (0 if compact else absent.get(p, 0))))
+    return out
+
+
+def _count(frame: DataFrame) -> dict[int, int]:
+    return {int(r["partition"]): int(r["count"]) for r in frame.groupBy("partition").count().collect()}
+
+
+def _log_starts(source: str, topic: TopicConfig, stats: dict[int, tuple[int, int, int, Any]]) -> dict[int, int]:
+    from tables import delta
+
+    table = DeltaTable(source)
+    return {p: stats[p][1] if p in stats else (delta.txn_version(table, delta.partition_app_id(p)) or 0)
+            for p in range(topic.partitions)}
+
+
+def _check_offsets(spark: SparkSession, source: str, target: str, out: Verification) -> None:
+    from spark_pipeline.jobs.offsets_compaction import KEY, latest_offsets
+
+    if not table_exists(spark, source):
+        return
+    if not table_exists(spark, target):
+        out.problems.append("the offsets table has no replica")
+        return
+    primary = {tuple(r[k] for k in KEY): (r["offset"], r["committed_at"]) for r in
+               latest_offsets(spark.read.format("delta").load(source)).collect()}
+    replica = {tuple(r[k] for k in KEY): (r["offset"], r["committed_at"]) for r in
+               latest_offsets(spark.read.format("delta").load(target)).collect()}
+    behind = 0
+    for key, (offset, at) in primary.items():
+        copy = replica.get(key)
+        if copy is None or copy[1] < at:
+            behind += 1  # lag: committed after the last replication
+        elif copy[1] > at or copy[0] != offset:
+            out.problems.append(f"offsets of {key}: replica has {copy[0]} at {copy[1]}, primary {offset} at {at}")
+    for key in replica.keys() - primary.keys():
+        out.problems.append(f"offsets of {key}: the replica has a position the primary does not")
+    out.tables.append({"table": "_system/consumer_offsets", "positions": len(primary), "behind": behind})
+
+
+def _check_snapshot(spark: SparkSession, source: str, target: str, name: str, out: Verification) -> None:
+    if not table_exists(spark, source):
+        return
+    if not table_exists(spark, target):
+        out.problems.append(f"system table {name} has no replica")
+        return
+    version = int(DeltaTable(source).version())
+    copied = DeltaTxn(spark, target).app_version(SNAPSHOT_APP_ID)
+    entry: dict[str, Any] = {"table": f"_system/{name}", "version": version, "replicated_version": copied}
+    if copied == version:
+        rows = (spark.read.format("delta").load(source).count(), spark.read.format("delta").load(target).count())
+        entry["rows"] = rows
+        if rows[0] != rows[1]:
+            out.problems.append(f"system table {name}: {rows[1]} rows in the replica, {rows[0]} in the primary")
+    out.tables.append(entry)
+
+
+def main(argv: list[str] | None = None) -> int:
+    import json
+
+    from spark_pipeline.sql import spark_for
+
+    args = parser_for().parse_args(argv)
+    settings = settings_from(args)
+    try:
+        resolve_replica(args.to or settings.replication_uri, settings.data_dir)
+        select_topics(Layout(settings.data_dir), args.topic)
+    except LakebrokerError as exc:
+        print(f"error: {exc.message}", file=sys.stderr)
+        return 2
+    spark = spark_for(settings, "lakebroker-verify-replica")
+    try:
+        result = verify(spark, settings, args.to, topic=args.topic, max_lag_messages=args.max_lag_messages)
+    finally:
+        spark.stop()
+    print(json.dumps({"ok": result.ok, "problems": result.problems, "lag_messages": result.lag_messages,
+                      "partitions": [c.__dict__ for c in result.partitions], "tables": result.tables}, default=str))
+    return 0 if result.ok else 1
+
+
+def parser_for() -> Any:
+    from spark_pipeline.results import JobName
+
+    p = parser(JobName.REPLICATION, "Compare the primary and a replica; non-zero exit on unexplained differences.")
+    p.prog = "python -m spark_pipeline.jobs.verify_replica"
+    p.add_argument("--to", help="Replica location (default: the replication_uri setting).")
+    p.add_argument("--topic", help="Only this topic.")
+    p.add_argument("--max-lag-messages", type=int, default=None, help="Treat more lag than this as a problem.")
+    return p
+
+
+if __name__ == "__main__":
+    sys.exit(main())

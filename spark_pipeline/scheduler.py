@@ -1,0 +1,228 @@
+"""The built-in scheduler of `lakebroker serve`: each maintenance job on its own interval.
+
+APScheduler (a BackgroundScheduler with a single worker thread) triggers the jobs; each run is
+a child process, `python -m spark_pipeline.jobs.<job>`, with its own JVM, so the ingest process
+never hosts one, and the single worker makes the runs take turns (one JVM at a time; compaction
+and retention never race on a table). A run that is still going when its next turn comes is not
+started twice (max_instances=1; missed turns coalesce into one).
+
+Intervals are settings (`compaction_interval_s`, `retention_interval_s`,
+`key_compaction_interval_s`, `offsets_compaction_interval_s`, `replication_interval_s`; 0
+disables one; replication also needs `replication_uri`). The child gets every setting through
+the environment (`LAKEBROKER_*`), records its own run in `_system/job_runs` and exits 0 (ok),
+1 (failed, recorded) or 2 (bad input). A child that dies otherwise (killed at `job_timeout_s`,
+out of memory, a JVM crash) is recorded here as failed, with the tail of its log
+(`<data_dir>/_jobs/<job>.log`, the last run of each job).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from apscheduler.executors.pool import ThreadPoolExecutor
+from apscheduler.schedulers.background import BackgroundScheduler
+from apscheduler.triggers.interval import IntervalTrigger
+
+from spark_pipeline import job_runs
+from spark_pipeline.results import JobName, JobResult
+from tables.layout import Layout
+from tables.settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ScheduledJob:
+    job: JobName
+    module: str
+    interval_setting: str
+
+    def interval_s(self, settings: Settings) -> int:
+        seconds: int = getattr(settings, self.interval_setting)
+        if self.job is JobName.REPLICATION and not settings.replication_uri:
+            return 0
+        return seconds
+
+
+JOBS = (
+    ScheduledJob(JobName.COMPACTION, "spark_pipeline.jobs.compaction", "compaction_interval_s"),
+    ScheduledJob(JobName.RETENTION, "spark_pipeline.jobs.retention", "retention_interval_s"),
+    ScheduledJob(JobName.KEY_COMPACTION, "spark_pipeline.jobs.key_compaction", "key_compaction_interval_s"),
+    ScheduledJob(JobName.OFFSETS_COMPACTION, "spark_pipeline.jobs.offsets_compaction",
+                 "offsets_compaction_interval_s"),
+    ScheduledJob(JobName.REPLICATION, "spark_pipeline.jobs.replication", "replication_interval_s"),
+)
+
+
+def job_env(settings: Settings, base: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment that gives a child process exactly these settings."""
+    env = dict(os.environ if base is None else base)
+    for name, value in settings.model_dump().items():
+        key = f"LAKEBROKER_{name.upper()}"
+        if value is None:
+            env.pop(key, None)
+        elif isinstance(value, bool):
+            env[key] = "true" if value else "false"
+        elif isinstance(value, str | int | float | Path):
+            env[key] = str(value)
+        else:
+            env[key] = json.dumps(value, default=str)
+    env.setdefault("PYSPARK_PYTHON", sys.executable)
+    return env
+
+
+def job_command(job: JobName, settings: Settings, *, topic: str | None = None, trigger: str = "scheduler",
+                python: str | None = None) -> list[str]:
+    """The command line of one run, as the scheduler, the Airflow DAGs and operators use it."""
+    spec = next(s for s in JOBS if s.job is job)
+    argv = [python or sys.executable, "-m", spec.module, "--data-dir", str(settings.data_dir),
+            "--master", settings.spark_master, "--trigger", trigger]
+    if topic is not None:
+        argv += ["--topic", topic]
+    if job is JobName.REPLICATION and settings.replication_uri:
+        argv += ["--to", settings.replication_uri]
+    return argv
+
+
+def spark_home() -> Path:
+    """pyspark's own directory: a complete SPARK_HOME (bin/spark-submit, bin/spark-class, jars/)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("pyspark")
+    if spec is None or not spec.submodule_search_locations:
+        raise RuntimeError("pyspark is not installed")
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def spark_submit_command(job: JobName, settings: Settings, *, topic: str | None = None,
+                         trigger: str = "spark-submit", extra_conf: dict[str, str] | None = None) -> list[str]:
+    """The same run through `spark-submit` (a cluster's driver, or Airflow's SparkSubmitOperator):
+    the Delta jars go as --jars, since the driver JVM starts before the job's Python does."""
+    from spark_pipeline.session import session_conf
+
+    spec = next(s for s in JOBS if s.job is job)
+    conf = {**session_conf(settings.jars_dir), "spark.driver.memory": settings.spark_driver_memory,
+            **(extra_conf or {})}
+    script = Path(__file__).resolve().parent / "jobs" / f"{spec.module.rsplit('.', 1)[-1]}.py"
+    argv = [str(spark_home() / "bin" / "spark-submit"), "--master", settings.spark_master,
+            "--jars", conf.pop("spark.jars")]
+    for key, value in conf.items():
+        argv += ["--conf", f"{key}={value}"]
+    return [*argv, str(script), *job_command(job, settings, topic=topic, trigger=trigger)[3:]]
+
+
+class JobRunner:
+    """Runs one job at a time as a child process, and remembers it so shutdown can stop it."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.layout = Layout(settings.data_dir)
+        self._child: subprocess.Popen[bytes] | None = None
+        self._lock = threading.Lock()
+        self._stopping = False
+
+    def run(self, job: JobName) -> int | None:
+        if self._stopping:
+            return None
+        logs = self.layout.data_dir / "_jobs"
+        logs.mkdir(parents=True, exist_ok=True)
+        log_file = logs / f"{job.value}.log"
+        started, t0 = datetime.now(UTC), time.monotonic()
+        argv = job_command(job, self.settings)
+        log.info("starting %s: %s", job.value, " ".join(argv))
+        with log_file.open("wb") as out, self._lock:
+            self._child = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=job_env(self.settings),
+                                           start_new_session=True)
+        child = self._child
+        try:
+            code = child.wait(timeout=self.settings.job_timeout_s)
+        except subprocess.TimeoutExpired:
+            self._kill(child)
+            code = child.wait()
+            log.error("%s exceeded job_timeout_s=%d and was killed", job.value, self.settings.job_timeout_s)
+        finally:
+            with self._lock:
+                self._child = None
+        duration_ms = int((time.monotonic() - t0) * 1000)
+        if code in (0, 1, 2):
+            log.log(logging.INFO if code == 0 else logging.WARNING, "%s finished with exit %d in %.1fs",
+                    job.value, code, duration_ms / 1000)
+        if code not in (0, 1) and not self._stopping:  # 1: the child recorded its failure itself
+            tail = log_file.read_bytes()[-2000:].decode(errors="replace").strip().splitlines()[-5:]
+            result = JobResult(job=job, run_id=f"crash-{int(started.timestamp())}", trigger="scheduler",
+                               started_at=started, duration_ms=duration_ms,
+                               error=f"exit {code}: " + " | ".join(tail)[:1000])
+            try:
+                job_runs.record(self.layout, result)
+            except Exception:  # the scheduler must survive a failing disk; it is logged
+                log.exception("could not record the failed %s run", job.value)
+        return code
+
+    @staticmethod
+    def _kill(child: subprocess.Popen[bytes]) -> None:
+        try:
+            os.killpg(child.pid, signal.SIGTERM)
+            child.wait(timeout=20)
+        except (ProcessLookupError, subprocess.TimeoutExpired):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(child.pid, signal.SIGKILL)
+
+    def stop(self) -> None:
+        self._stopping = True
+        with self._lock:
+            child = self._child
+        if child is not None and child.poll() is None:
+            self._kill(child)
+
+
+class MaintenanceScheduler(BackgroundScheduler):  # type: ignore[misc]
+    runner: JobRunner
+
+
+def start_scheduler(settings: Settings, *, first_run_after_s: float | None = None) -> MaintenanceScheduler:
+    """Start the jobs' schedule (background threads). Each job first runs one interval after start
+    (or after `first_run_after_s`), then every interval."""
+    runner = JobRunner(settings)
+    scheduler = MaintenanceScheduler(
+        executors={"default": ThreadPoolExecutor(max_workers=1)},
+        job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": 3600},
+        timezone=UTC,
+    )
+    scheduler.runner = runner
+    now = datetime.now(UTC)
+    for spec in JOBS:
+        interval = spec.interval_s(settings)
+        if interval <= 0:
+            continue
+        first = now + timedelta(seconds=interval if first_run_after_s is None else first_run_after_s)
+        scheduler.add_job(runner.run, IntervalTrigger(seconds=interval, timezone=UTC), args=[spec.job],
+                          id=spec.job.value, name=f"lakebroker {spec.job.value}", next_run_time=first)
+    scheduler.start()
+    log.info("maintenance jobs scheduled: %s", ", ".join(
+        f"{j.id} every {j.trigger.interval.total_seconds():.0f}s" for j in scheduler.get_jobs()) or "none")
+    return scheduler
+
+
+def shutdown(scheduler: MaintenanceScheduler) -> None:
+    """Stop scheduling and stop the running child, if any (it re-plans on its next run)."""
+    scheduler.runner.stop()
+    scheduler.shutdown(wait=False)
+
+
+def describe(scheduler: MaintenanceScheduler) -> list[dict[str, Any]]:
+    """The schedule, for an ops endpoint or the dashboard."""
+    return [{"job": j.id, "interval_s": j.trigger.interval.total_seconds(),
+             "next_run": None if j.next_run_time is None else j.next_run_time.isoformat()}
+            for j in scheduler.get_jobs()]

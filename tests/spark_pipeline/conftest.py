@@ -1,0 +1,3 @@
+from tests.spark_fixtures import spark
+
+__all__ = ["spark"]

@@ -1,0 +1,117 @@
+"""Replication to a second location: incremental, resumable, idempotent; verify-replica."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+from deltalake import DeltaTable
+
+from spark_pipeline.jobs import key_compaction, replication, retention
+from spark_pipeline.jobs.verify_replica import verify
+from spark_pipeline.results import Outcome
+from tables import delta
+from tables.dead_letters import DeadLetter, DeadLetterTable
+from tables.errors import InvalidRequest
+from tables.layout import Layout
+from tables.offsets import OffsetReason, OffsetsTable
+from tests.spark_pipeline.topics import NOW_US, create_topic, log_ends, offsets_by_partition, produce, settings_for
+
+pytestmark = pytest.mark.spark
+
+
+def _replica_offsets(replica: Path, topic: str) -> dict[int, list[int]]:
+    out: dict[int, list[int]] = {}
+    for r in DeltaTable(str(replica / "topics" / topic)).to_pyarrow_table(columns=["partition", "offset"]).to_pylist():
+        out.setdefault(r["partition"], []).append(r["offset"])
+    return {p: sorted(v) for p, v in out.items()}
+
+
+def test_replicate_then_verify_after_more_produce(spark: Any, tmp_path: Path) -> None:
+    settings = settings_for(tmp_path / "data", key_compaction_min_lag_ms=0)
+    layout = Layout(settings.data_dir)
+    replica = tmp_path / "replica"
+    create_topic(settings, "orders", partitions=2, retention_ms=3_600_000)
+    create_topic(settings, "state", partitions=1, cleanup_policy="compact", tombstone_retention_ms=0)
+    old = NOW_US() - 2 * 3_600_000_000
+    produce(settings, "orders", 0, 10, ts_us=old)
+    for i in range(4):
+        produce(settings, "orders", i % 2, 10)
+    produce(settings, "state", 0, 6, keys=["a", "b", "a", "c", "b", "a"], ts_us=old)
+    OffsetsTable(layout).commit("g", "orders", {0: 3, 1: 4}, OffsetReason.ACK)
+    DeadLetterTable(layout).add([DeadLetter.from_exhausted_retries("g", "orders", 0, 1, 5, 500, "boom")])
+
+    first = replication.run(spark, settings, to=str(replica))
+    assert first.outcome is Outcome.OK, first.public()
+    assert first.table("orders").details["rows_copied"] == 50
+    check = verify(spark, settings, str(replica))
+    assert check.ok and check.lag_messages == 0, check.problems
+    assert _replica_offsets(replica, "orders") == offsets_by_partition(settings, "orders")
+    # The replica carries the log ends, so it could be promoted and keep assigning offsets.
+    replica_table = DeltaTable(str(replica / "topics" / "orders"))
+    assert {p: replica_table.transaction_version(delta.partition_app_id(p)) for p in (0, 1)} == \
+        log_ends(settings, "orders", 2)
+    assert DeltaTable(str(replica / "_system" / "dead_letters")).to_pyarrow_table().num_rows == 1
+
+    # More produce: verify reports the lag (explained), then a run catches up.
+    produce(settings, "orders", 1, 7)
+    OffsetsTable(layout).commit("g", "orders", {0: 20}, OffsetReason.ACK)
+    lagging = verify(spark, settings, str(replica))
+    assert lagging.ok and lagging.lag_messages == 7
+    assert not verify(spark, settings, str(replica), max_lag_messages=0).ok
+    second = replication.run(spark, settings, to=str(replica))
+    assert second.table("orders").details["rows_copied"] == 7
+    assert verify(spark, settings, str(replica), max_lag_messages=0).ok
+
+    # A crash after the replica commit but before the checkpoint's: the batch replays, and is skipped.
+    produce(settings, "orders", 0, 5)
+    checkpoint = Path(second.table("orders").details["checkpoint"])
+    third = replication.run(spark, settings, to=str(replica))
+    assert third.table("orders").details["rows_copied"] == 5
+    last = max(int(p.name) for p in (checkpoint / "commits").iterdir() if p.name.isdigit())
+    for name in (str(last), f".{last}.crc"):  # the commit marker and Hadoop's checksum of it
+        (checkpoint / "commits" / name).unlink(missing_ok=True)
+    replayed = replication.run(spark, settings, "orders", to=str(replica))
+    assert replayed.table("orders").details["batches_skipped"] == 1
+    assert replayed.table("orders").details["rows_copied"] == 0
+    # Even a lost checkpoint (a fresh stream from the start) duplicates nothing.
+    shutil.rmtree(checkpoint)
+    fresh = replication.run(spark, settings, "orders", to=str(replica))
+    assert fresh.table("orders").details["rows_copied"] == 0
+    assert _replica_offsets(replica, "orders") == offsets_by_partition(settings, "orders")
+
+    # Retention and key compaction on the primary: the replica follows.
+    retention.run(spark, settings, "orders")
+    key_compaction.run(spark, settings, "state")
+    assert offsets_by_partition(settings, "orders")[0][0] == 10
+    pending = verify(spark, settings, str(replica))
+    assert pending.ok
+    assert sum(c.pending_retention for c in pending.partitions) == 10
+    assert sum(c.pending_compaction for c in pending.partitions) == 3
+    replication.run(spark, settings, to=str(replica))
+    after = verify(spark, settings, str(replica), max_lag_messages=0)
+    assert after.ok, after.problems
+    assert sum(c.pending_retention + c.pending_compaction for c in after.partitions) == 0
+    assert _replica_offsets(replica, "orders") == offsets_by_partition(settings, "orders")
+    assert _replica_offsets(replica, "state") == offsets_by_partition(settings, "state") == {0: [3, 4, 5]}
+
+    # A replica that lost rows is a problem verify-replica reports.
+    DeltaTable(str(replica / "topics" / "orders")).delete("partition = 1 AND \"offset\" = 12")
+    broken = verify(spark, settings, str(replica))
+    assert not broken.ok and any("lacks 1 rows" in p for p in broken.problems)
+
+
+def test_replica_uri_validation(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    with pytest.raises(InvalidRequest, match="outside the data dir"):
+        replication.resolve_replica(str(data / "replica"), data)
+    with pytest.raises(InvalidRequest, match="outside the data dir"):
+        replication.resolve_replica(str(tmp_path), data)
+    with pytest.raises(InvalidRequest, match="bad replica URI"):
+        replication.resolve_replica("s3://", data)
+    with pytest.raises(InvalidRequest, match="needs a target"):
+        replication.resolve_replica(None, data)
+    assert replication.resolve_replica(f"file://{tmp_path}/r", data).root == str(tmp_path / "r")
+    assert replication.resolve_replica("s3a://bucket/lake/", data).root == "s3a://bucket/lake"

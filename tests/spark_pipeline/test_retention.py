@@ -1,0 +1,152 @@
+"""Retention on real topic tables: whole-file drops, log-start advance, lagging groups moved."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from spark_pipeline import job_runs
+from spark_pipeline.jobs import retention
+from spark_pipeline.results import Outcome
+from tables.layout import Layout
+from tables.offsets import OffsetReason, OffsetsTable
+from tests.spark_pipeline.topics import (
+    NOW_US,
+    create_topic,
+    file_count,
+    log_ends,
+    offsets_by_partition,
+    produce,
+    settings_for,
+)
+
+pytestmark = pytest.mark.spark
+
+HOUR_US = 3_600_000_000
+
+
+def _last_commit_actions(uri: str) -> list[dict[str, Any]]:
+    log = sorted((Path(uri) / "_delta_log").glob("*.json"))[-1]
+    return [json.loads(line) for line in log.read_text().splitlines()]
+
+
+def _deletes(uri: str) -> list[list[dict[str, Any]]]:
+    out = []
+    for f in sorted((Path(uri) / "_delta_log").glob("*.json")):
+        actions = [json.loads(line) for line in f.read_text().splitlines()]
+        info = next(a["commitInfo"] for a in actions if "commitInfo" in a)
+        if info["operation"] == "DELETE":
+            out.append(actions)
+    return out
+
+
+def test_time_retention_drops_whole_files_and_moves_lagging_groups(spark: Any, tmp_path: Path) -> None:
+    settings = settings_for(tmp_path / "data")
+    layout = Layout(settings.data_dir)
+    create_topic(settings, "events", partitions=2, retention_ms=3_600_000)
+    old = NOW_US() - 2 * HOUR_US
+    for _ in range(3):
+        produce(settings, "events", 0, 10, ts_us=old)  # 0-29 expired
+    for _ in range(2):
+        produce(settings, "events", 0, 10)  # 30-49 fresh
+    for _ in range(2):
+        produce(settings, "events", 1, 10, ts_us=old)  # 0-19: the whole partition expires
+    ends = log_ends(settings, "events", 2)
+    offsets = OffsetsTable(layout)
+    offsets.commit("lagging", "events", {0: 5, 1: 10}, OffsetReason.ACK)
+    offsets.commit("current", "events", {0: 42, 1: 20}, OffsetReason.ACK)
+    offsets.commit("other-topic", "orders", {0: 0}, OffsetReason.ACK)
+
+    result = retention.run(spark, settings, "events")
+    assert result.outcome is Outcome.OK, result.public()
+    table = result.table("events")
+    assert table.rows_removed == 30 + 20
+    assert table.details["files_dropped_whole"] == 5
+    assert table.details["files_rewritten"] == 0
+    assert table.files_before == 7 and table.files_after == 2
+
+    # Whole files went without a rewrite: the DELETE commit holds removes and no add.
+    uri = layout.topic_table("events")
+    (delete,) = _deletes(uri)
+    assert sum("remove" in a for a in delete) == 5 and not any("add" in a for a in delete)
+    info = next(a["commitInfo"] for a in delete if "commitInfo" in a)
+    assert info["tags"]["lakebroker.job"] == "retention"
+
+    assert offsets_by_partition(settings, "events") == {0: list(range(30, 50))}
+    assert log_ends(settings, "events", 2) == ends  # the flusher's log ends are untouched
+
+    latest = offsets.latest()
+    assert latest[("lagging", "events", 0)] == (30, OffsetReason.RETENTION_SKIP.value)
+    assert latest[("lagging", "events", 1)] == (20, OffsetReason.RETENTION_SKIP.value)
+    assert latest[("current", "events", 0)] == (42, OffsetReason.ACK.value)
+    assert latest[("current", "events", 1)] == (20, OffsetReason.ACK.value)
+    assert latest[("other-topic", "orders", 0)] == (0, OffsetReason.ACK.value)
+
+    skips = job_runs.retention_skips(layout, group="lagging")
+    assert sorted((s.partition, s.from_offset, s.to_offset, s.skipped_messages) for s in skips) == [
+        (0, 5, 30, 25), (1, 10, 20, 10)]
+    assert all(s.run_id == result.run_id for s in skips)
+    assert {(g["group"], g["partition"], g["skipped"]) for g in table.details["groups_skipped"]} == {
+        ("lagging", 0, 25), ("lagging", 1, 10)}
+    assert job_runs.retention_skips(layout, group="current") == []
+
+    # Re-running is a no-op: nothing left to drop, nobody left behind.
+    again = retention.run(spark, settings, "events")
+    assert again.table("events").rows_removed == 0
+    assert again.table("events").details["groups_skipped"] == []
+    assert len(job_runs.retention_skips(layout)) == 2
+
+    # A new produce lands after the partition emptied by retention, at its old log end.
+    assert produce(settings, "events", 1, 1) == (20, 21)
+
+
+def test_size_retention_keeps_at_least_retention_bytes(spark: Any, tmp_path: Path) -> None:
+    settings = settings_for(tmp_path / "data")
+    create_topic(settings, "sized", partitions=1, retention_ms=None, retention_bytes=1)
+    for _ in range(6):
+        produce(settings, "sized", 0, 10)
+    one_file = file_count(settings, "sized")
+    assert one_file == 6
+    import pyarrow as pa
+
+    from tests.spark_pipeline.topics import table as delta_table
+
+    sizes = pa.table(delta_table(settings, "sized").get_add_actions(flatten=True)).column("size_bytes").to_pylist()
+    limit = sum(sorted(sizes)[:2])  # keep about two files' worth
+    from tables.topics import TopicStore
+
+    TopicStore(Layout(settings.data_dir)).update("sized", retention_bytes=limit)
+    result = retention.run(spark, settings, "sized")
+    kept = offsets_by_partition(settings, "sized")[0]
+    assert kept[-1] == 59 and kept == list(range(kept[0], 60))
+    remaining = pa.table(delta_table(settings, "sized").get_add_actions(flatten=True)).column("size_bytes")
+    total = sum(remaining.to_pylist())
+    assert total >= limit  # never below retention_bytes ...
+    assert total - min(remaining.to_pylist()) < limit  # ... and the next-oldest file would have gone under
+    assert result.table("sized").details["partitions"]["0"]["reason"] == "size"
+
+
+def test_trim_partial_files_rewrites_only_the_straddling_file(spark: Any, tmp_path: Path) -> None:
+    settings = settings_for(tmp_path / "data", retention_trim_partial_files=True)
+    create_topic(settings, "trim", partitions=1, retention_ms=3_600_000)
+    old, now = NOW_US() - 2 * HOUR_US, NOW_US()
+    produce(settings, "trim", 0, 10, ts_us=old)
+    produce(settings, "trim", 0, 10, ts_us=[old] * 4 + [now] * 6)  # straddles the cutoff
+    produce(settings, "trim", 0, 10, ts_us=now)
+    result = retention.run(spark, settings, "trim")
+    table = result.table("trim")
+    assert table.details["files_dropped_whole"] == 1 and table.details["files_rewritten"] == 1
+    assert table.rows_removed == 14
+    assert offsets_by_partition(settings, "trim") == {0: list(range(14, 30))}
+
+
+def test_compact_topics_keep_their_data(spark: Any, tmp_path: Path) -> None:
+    settings = settings_for(tmp_path / "data")
+    create_topic(settings, "state", partitions=1, cleanup_policy="compact", retention_ms=1)
+    produce(settings, "state", 0, 5, ts_us=NOW_US() - 10 * HOUR_US)
+    result = retention.run(spark, settings, "state")
+    assert result.table("state").rows_removed == 0
+    assert offsets_by_partition(settings, "state") == {0: list(range(5))}

@@ -1,0 +1,99 @@
+"""Real topic tables for job tests: created through TopicStore, appended as the flusher appends
+(one delta-rs commit per batch, carrying each partition's log-end offset as a txn)."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+from deltalake import DeltaTable
+
+from tables import delta
+from tables.layout import Layout
+from tables.schemas import TOPIC_SCHEMA
+from tables.settings import Settings
+from tables.topics import TopicConfig, TopicStore, new_topic
+
+NOW_US = lambda: int(time.time() * 1_000_000)  # noqa: E731
+
+
+def settings_for(data: Path, **overrides: Any) -> Settings:
+    return Settings(**{"data_dir": data, "spark_master": "local[2]", "vacuum_retention_hours": 0.0, **overrides})
+
+
+def create_topic(settings: Settings, name: str, partitions: int = 2, **config: Any) -> TopicConfig:
+    return TopicStore(Layout(settings.data_dir)).create(new_topic(name, partitions, **config))
+
+
+def table(settings: Settings, topic: str) -> DeltaTable:
+    return DeltaTable(Layout(settings.data_dir).topic_table(topic))
+
+
+def log_ends(settings: Settings, topic: str, partitions: int) -> dict[int, int | None]:
+    t = table(settings, topic)
+    return {p: t.transaction_version(delta.partition_app_id(p)) for p in range(partitions)}
+
+
+def produce(settings: Settings, topic: str, partition: int, n: int, *, ts_us: int | Sequence[int] | None = None,
+            keys: Sequence[str | None] | None = None, values: Sequence[bytes | None] | None = None,
+            table_: DeltaTable | None = None) -> tuple[int, int]:
+    """Append n rows to one partition at its log end, as one flusher commit; returns [start, end)."""
+    t = table_ or table(settings, topic)
+    t.update_incremental()
+    start = t.transaction_version(delta.partition_app_id(partition)) or 0
+    stamps = [ts_us] * n if isinstance(ts_us, int) else list(ts_us) if ts_us is not None else [NOW_US()] * n
+    rows = pa.table({
+        "partition": pa.array([partition] * n, pa.int32()),
+        "offset": pa.array(range(start, start + n), pa.int64()),
+        "timestamp": pa.array(stamps, pa.timestamp("us", tz="UTC")),
+        "key": pa.array(list(keys) if keys is not None else [f"k{(start + i) % 7}" for i in range(n)], pa.string()),
+        "value": pa.array(list(values) if values is not None else [f"v{start + i}".encode() for i in range(n)],
+                          pa.binary()),
+        "format": pa.array(["text"] * n, pa.string()),
+        "headers": pa.array([None] * n, pa.map_(pa.string(), pa.string())),
+        "message_id": pa.array([None] * n, pa.string()),
+        "producer_id": pa.array([None] * n, pa.string()),
+        "sequence": pa.array([None] * n, pa.int64()),
+    }, schema=TOPIC_SCHEMA)
+    delta.append(t, rows, txns={delta.partition_app_id(partition): start + n},
+                 metadata={"lakebroker.operation": "flush"})
+    return start, start + n
+
+
+def rows(settings: Settings, topic: str, columns: list[str] | None = None) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = table(settings, topic).to_pyarrow_table(columns=columns).to_pylist()
+    return out
+
+
+def offsets_by_partition(settings: Settings, topic: str) -> dict[int, list[int]]:
+    out: dict[int, list[int]] = {}
+    for r in rows(settings, topic, ["partition", "offset"]):
+        out.setdefault(r["partition"], []).append(r["offset"])
+    return {p: sorted(v) for p, v in out.items()}
+
+
+def commit_infos(uri: str) -> list[tuple[int, dict[str, Any]]]:
+    """(version, commitInfo) of every JSON commit still in the log."""
+    log = Path(uri) / "_delta_log"
+    out = []
+    for f in sorted(log.iterdir()):
+        if re.fullmatch(r"\d{20}\.json", f.name):
+            for line in f.read_text().splitlines():
+                action = json.loads(line)
+                if "commitInfo" in action:
+                    out.append((int(f.name[:20]), action["commitInfo"]))
+    return out
+
+
+def file_count(settings: Settings, topic: str, partition: int | None = None) -> int:
+    t = table(settings, topic)
+    t.update_incremental()
+    actions = pa.table(t.get_add_actions(flatten=True))
+    if partition is None:
+        return actions.num_rows
+    return sum(1 for p in actions.column("partition.partition").to_pylist() if p == partition)
