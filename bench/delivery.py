@@ -172,7 +172,7 @@ def plot_cdf(latencies_ms: list[float], path: Path) -> None:
 
 def run(quick: bool) -> str:
     n = 5_000 if quick else 40_000
-    with tempfile.TemporaryDirectory(prefix="lakebroker-bench-delivery-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="lakebroker-bench-delivery-", ignore_cleanup_errors=True) as tmp:
         work = Path(tmp)
         single, base1 = throughput(work, n, 1)
         batched, base100 = throughput(work, n, 100)

@@ -7,7 +7,7 @@
 Other engineers' benchmark modules join the report: for bench.spark_jobs and bench.delivery, when
 the module exists and has `run(quick: bool) -> str`, it runs in a child process (bounded in time)
 and its markdown is included; otherwise, or if it fails, the fragment file it leaves
-(docs/benchmarks-spark.md, docs/benchmarks-delivery.md) is included when present.
+(docs/benchmarks-spark.md, docs/benchmarks-delivery.md, docs/benchmarks-faults.md) is included when present.
 """
 
 from __future__ import annotations
@@ -49,6 +49,7 @@ class External:
 EXTERNAL = (
     External("bench.spark_jobs", "benchmarks-spark.md", "Spark jobs"),
     External("bench.delivery", "benchmarks-delivery.md", "Webhook delivery"),
+    External("bench.faults", "benchmarks-faults.md", "Fault injection"),
 )
 
 

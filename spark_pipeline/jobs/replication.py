@@ -165,6 +165,8 @@ def replicate_topic(spark: SparkSession, layout: Layout, replica: Replica, topic
         return
     _ensure_replica_table(spark, source, target, replica, identity={"lakebroker.topicId": topic.topic_id},
                           checkpoints=replica.checkpoint("topics", topic.name, "*"))
+    before = DeltaTxn(spark, target).files()
+    result.files_before, result.bytes_before = len(before), sum(f.size for f in before)
     checkpoint = replica.checkpoint("topics", topic.name, topic.topic_id)
     copied = stream_copy(spark, source, target, checkpoint, topic=topic, run_id=run_id)
     result.details.update(copied)

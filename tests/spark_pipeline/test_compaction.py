@@ -156,3 +156,27 @@ def test_checkpoint_and_log_cleanup_keep_txns(spark: Any, tmp_path: Path) -> Non
     # The flusher's next commit still sees its log end.
     assert produce(settings, "t", 0, 1) == (ends[0], (ends[0] or 0) + 1)
     assert delta.txn_version(table(settings, "t"), delta.partition_app_id(1)) == ends[1]
+
+
+def test_a_concurrent_job_on_the_same_files_conflicts_and_compaction_replans(spark: Any, tmp_path: Path) -> None:
+    from spark_pipeline.delta_txn import DeltaConflict, DeltaTxn
+    from spark_pipeline.jobs.common import rewrite_bin
+
+    settings = settings_for(tmp_path / "data", compaction_target_file_bytes=1_000_000)
+    create_topic(settings, "t", partitions=1)
+    for _ in range(4):
+        produce(settings, "t", 0, 10)
+    uri = Layout(settings.data_dir).topic_table("t")
+    compacting = DeltaTxn(spark, uri)
+    files = sorted(compacting.files(), key=lambda f: f.min_offset or 0)
+    adds, removes = rewrite_bin(compacting, files, "offset", data_change=False)
+    # Meanwhile retention removes the oldest file, and the flusher appends.
+    retaining = DeltaTxn(spark, uri)
+    retaining.commit(retaining.removes(files[:1], data_change=True), retaining.delete_op(["offset < 10"]))
+    produce(settings, "t", 0, 10)
+    with pytest.raises(DeltaConflict):
+        compacting.commit(adds + removes, compacting.optimize_op([]))
+    # The job re-plans from a fresh snapshot: no row comes back, none is lost.
+    result = compaction.run(spark, settings, "t")
+    assert result.outcome is Outcome.OK and result.table("t").files_after == 1
+    assert offsets_by_partition(settings, "t") == {0: list(range(10, 50))}
