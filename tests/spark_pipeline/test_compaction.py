@@ -103,8 +103,10 @@ def test_compaction_under_concurrent_appends_loses_and_duplicates_nothing(spark:
     # Fewer files, and each partition's files still hold disjoint ascending offset ranges.
     table_result = first.table("orders")
     assert table_result.files_before is not None and table_result.files_after is not None
-    assert table_result.files_after < table_result.files_before
+    # (files_after also counts what the writer appended during the run, so compare the rewrite itself:
+    # under load the writer can add more files than compaction removes.)
     assert table_result.details["bins"] >= 2
+    assert table_result.details["files_rewritten"] > table_result.details["bins"]
     for p, ranges in _ranges(settings, "orders").items():
         for (lo1, hi1), (lo2, _) in itertools.pairwise(ranges):
             assert lo1 <= hi1 < lo2, (p, ranges)
