@@ -12,7 +12,8 @@ disables one; replication also needs `replication_uri`). The child gets every se
 the environment (`LAKEBROKER_*`), records its own run in `_system/job_runs` and exits 0 (ok),
 1 (failed, recorded) or 2 (bad input). A child that dies otherwise (killed at `job_timeout_s`,
 out of memory, a JVM crash) is recorded here as failed, with the tail of its log
-(`<data_dir>/_jobs/<job>.log`, the last run of each job).
+(`<data_dir>/_jobs/<job>.log`, the last run of each job). On Linux a child also gets SIGTERM if
+the broker dies (PR_SET_PDEATHSIG), so a SIGKILLed broker leaves no job behind.
 """
 
 from __future__ import annotations
@@ -123,6 +124,27 @@ def spark_submit_command(job: JobName, settings: Settings, *, topic: str | None 
     return [*argv, str(script), *job_command(job, settings, topic=topic, trigger=trigger)[3:]]
 
 
+def _parent_death_signal() -> Any:
+    """A pre-resolved `prctl(PR_SET_PDEATHSIG, SIGTERM)` for the child (Linux), so a job does not
+    outlive a broker that was SIGKILLed; resolved here because nothing may be imported between
+    fork and exec in a threaded process."""
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
+    import ctypes.util
+
+    try:
+        prctl = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    pr_set_pdeathsig, sigterm = 1, int(signal.SIGTERM)
+
+    def preexec() -> None:
+        prctl(pr_set_pdeathsig, sigterm)
+
+    return preexec
+
+
 class JobRunner:
     """Runs one job at a time as a child process, and remembers it so shutdown can stop it."""
 
@@ -132,6 +154,7 @@ class JobRunner:
         self._child: subprocess.Popen[bytes] | None = None
         self._lock = threading.Lock()
         self._stopping = False
+        self._preexec = _parent_death_signal()
 
     def run(self, job: JobName) -> int | None:
         if self._stopping:
@@ -144,7 +167,7 @@ class JobRunner:
         log.info("starting %s: %s", job.value, " ".join(argv))
         with log_file.open("wb") as out, self._lock:
             self._child = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=job_env(self.settings),
-                                           start_new_session=True)
+                                           start_new_session=True, preexec_fn=self._preexec)
         child = self._child
         try:
             code = child.wait(timeout=self.settings.job_timeout_s)
