@@ -109,19 +109,22 @@ class PartitionPipeline:
         self._done: set[int] = set()
         self._busy_keys: set[Any] = set()
         self._tasks: set[asyncio.Task[None]] = set()
+        self._reader: asyncio.Task[bool] | None = None
         self._dead: list[DeadLetter] = []
         self._wake = asyncio.Event()
         self._last_poll = 0.0
         self._gone: Gone | None = None
-        # Known label sets start at zero, so dashboards and alerts see them before the first event.
+        # Children bound once: a labels() lookup per message is measurable at thousands a second.
+        # Binding also starts each series at zero, so dashboards and alerts see it before any event.
         name, part = sub.name, str(partition)
-        for outcome in ("ok", "retry", "rate_limited", "timeout", "error", "gone"):
-            metrics.attempts.labels(name, outcome)
-        metrics.delivered.labels(name)
-        metrics.dead_lettered.labels(name)
-        metrics.in_flight.labels(name)
-        metrics.lag.labels(name, part)
-        metrics.skipped.labels(name, part)
+        self._attempts = {o: metrics.attempts.labels(name, o)
+                          for o in ("ok", "retry", "rate_limited", "timeout", "error", "gone")}
+        self._delivered = metrics.delivered.labels(name)
+        self._dead_lettered = metrics.dead_lettered.labels(name)
+        self._in_flight = metrics.in_flight.labels(name)
+        self._lag = metrics.lag.labels(name, part)
+        self._skipped = metrics.skipped.labels(name, part)
+        self._latency = metrics.latency.labels(name)
 
     # -- the loop -------------------------------------------------------------------------
     async def run(self) -> None:
@@ -129,7 +132,7 @@ class PartitionPipeline:
         (worker.py), batched across its pipelines, so a Delta commit never stalls dispatch."""
         try:
             while True:
-                await self._fill()
+                self._read_ahead()
                 self._dispatch()
                 # asyncio.timeout, not wait_for: 3.11's wait_for can swallow a cancel that races
                 # a wake-up, and then stop() would wait forever.
@@ -145,9 +148,10 @@ class PartitionPipeline:
 
     async def stop(self, *, commit: bool) -> None:
         """Cancel outstanding sends (they will be redelivered), then commit what is done."""
-        for task in list(self._tasks):
+        tasks = list(self._tasks) + ([self._reader] if self._reader is not None else [])
+        for task in tasks:
             task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await asyncio.gather(*tasks, return_exceptions=True)
         if commit:
             await self.commit()
 
@@ -159,7 +163,7 @@ class PartitionPipeline:
             return None, []  # another worker may own the partition now: never move its offset
         position = self.status.position
         letters, self._dead = self._dead, []
-        self.metrics.lag.labels(self.sub.name, str(self.partition)).set(max(0, self.status.log_end - position))
+        self._lag.set(max(0, self.status.log_end - position))
         return (None if position == self.status.committed else position), letters
 
     def committed(self, position: int) -> None:
@@ -182,18 +186,33 @@ class PartitionPipeline:
             self.committed(position)
 
     # -- reading --------------------------------------------------------------------------
-    async def _fill(self) -> None:
-        if len(self._pending) >= READ_AHEAD // 2:
-            return
+    def _read_ahead(self) -> None:
+        """Keep the buffer topped up in the background, so sends never wait for a Delta read."""
+        reader = self._reader
+        if reader is not None:
+            if not reader.done():
+                return
+            self._reader = None
+            reader.result()  # a failed read stops the pipeline; the worker restarts it
+        if len(self._pending) < READ_AHEAD // 2:
+            self._reader = asyncio.create_task(self._fill())
+            self._reader.add_done_callback(self._read_done)
+
+    def _read_done(self, reader: asyncio.Task[bool]) -> None:
+        if reader.cancelled() or reader.exception() is not None or reader.result():
+            self._wake.set()  # new rows to send, or an error for run() to raise
+
+    async def _fill(self) -> bool:
+        """Read the next messages into the buffer; False if there was nothing new."""
         if self._read_pos >= self.status.log_end:
             # Looking for new commits reads the Delta log: at most once per poll interval.
             if time.monotonic() - self._last_poll < self.poll_s:
-                return
+                return False
             self._last_poll = time.monotonic()
             self.status.log_end = await asyncio.to_thread(self.source.log_end)
         log_end = self.status.log_end
         if self._read_pos >= log_end:
-            return
+            return False
         if self._read_pos == self.status.position:
             await self._skip_expired(log_end)
         end = min(self._read_pos + READ_AHEAD, log_end)
@@ -204,6 +223,7 @@ class PartitionPipeline:
         self._pending.extend(rows)
         self._read_pos = end
         self._advance()
+        return True
 
     async def _skip_expired(self, log_end: int) -> None:
         log_start = await asyncio.to_thread(self.source.log_start, log_end)
@@ -214,7 +234,7 @@ class PartitionPipeline:
                     self.sub.name, self.partition, skipped, self._read_pos, log_start - 1)
         await asyncio.to_thread(self.offsets.commit, self.sub.name, self.sub.topic, {self.partition: log_start},
                                 OffsetReason.RETENTION_SKIP)
-        self.metrics.skipped.labels(self.sub.name, str(self.partition)).inc(skipped)
+        self._skipped.inc(skipped)
         self.status.skipped += skipped
         self.status.last_error = f"retention removed {skipped} undelivered messages ({self._read_pos}-{log_start - 1})"
         self._read_pos = self.status.position = self.status.committed = log_start
@@ -238,7 +258,7 @@ class PartitionPipeline:
                 return
             window.in_flight += 1  # taken synchronously, so the loop never oversubscribes
             self.status.in_flight += 1
-            self.metrics.in_flight.labels(self.sub.name).inc()
+            self._in_flight.inc()
             task = asyncio.create_task(self._deliver(unit))
             self._tasks.add(task)
             task.add_done_callback(self._finished)
@@ -311,7 +331,7 @@ class PartitionPipeline:
             if holding:
                 await window.release(False)
             self.status.in_flight -= 1
-            self.metrics.in_flight.labels(self.sub.name).dec()
+            self._in_flight.dec()
 
     def _record(self, outcome: Outcome) -> None:
         if outcome.ok:
@@ -324,7 +344,7 @@ class PartitionPipeline:
             label = "rate_limited"
         else:
             label = "retry"
-        self.metrics.attempts.labels(self.sub.name, label).inc()
+        self._attempts[label].inc()
         self.status.last_status = outcome.status
         if not outcome.ok:
             self.status.last_error = outcome.error
@@ -335,14 +355,14 @@ class PartitionPipeline:
         for row in unit.rows:
             self._done.add(row["offset"])
             if delivered:
-                self.metrics.latency.labels(self.sub.name).observe(max(0.0, now - row["timestamp"].timestamp()))
+                self._latency.observe(max(0.0, now - row["timestamp"].timestamp()))
         if delivered:
             self.status.delivered += len(unit.rows)
-            self.metrics.delivered.labels(self.sub.name).inc(len(unit.rows))
+            self._delivered.inc(len(unit.rows))
             self.status.state = "healthy"
         else:
             self.status.dead_lettered += len(unit.rows)
-            self.metrics.dead_lettered.labels(self.sub.name).inc(len(unit.rows))
+            self._dead_lettered.inc(len(unit.rows))
         self._advance()
 
     def _advance(self) -> None:
@@ -367,7 +387,7 @@ class PartitionPipeline:
                 raise Gone("endpoint answered 410 Gone during a dead-letter replay")
             if outcome.ok:
                 replayed.append(row["offset"])
-                self.metrics.delivered.labels(self.sub.name).inc()
+                self._delivered.inc()
             else:
                 failed.append((row["offset"], outcome))
         missing = set(offsets[:100]) - {r["offset"] for r in rows}  # removed by retention since

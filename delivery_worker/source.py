@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pyarrow.compute as pc
+import pyarrow.dataset as pads
 from deltalake import DeltaTable
 
 from tables import delta
@@ -16,6 +17,7 @@ class PartitionSource:
         self.uri = table_uri
         self.partition = partition
         self._table: DeltaTable | None = None
+        self._dataset: tuple[int, pads.Dataset] | None = None  # (table version, this partition's files)
 
     def _refresh(self) -> DeltaTable | None:
         if self._table is None:
@@ -41,10 +43,11 @@ class PartitionSource:
         table = self._table
         if table is None or start >= end:
             return []
-        rows = delta.read_rows(
-            table,
-            (pc.field("partition") == self.partition) & (pc.field("offset") >= start) & (pc.field("offset") < end),
-            columns=TOPIC_SCHEMA.names,
+        version = table.version()
+        if self._dataset is None or self._dataset[0] != version:
+            self._dataset = (version, delta.partition_dataset(table, self.partition))
+        rows = self._dataset[1].to_table(
+            filter=(pc.field("offset") >= start) & (pc.field("offset") < end), columns=TOPIC_SCHEMA.names,
         ).sort_by("offset")
         out: list[dict[str, Any]] = rows.to_pylist()
         return out

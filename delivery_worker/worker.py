@@ -15,9 +15,9 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-import httpx
 import orjson
 
+from delivery_worker.http1 import LeanTransport
 from delivery_worker.leases import Lease, LeaseTable, Pair
 from delivery_worker.metrics import DeliveryMetrics
 from delivery_worker.pipeline import Endpoint, Gone, PartitionPipeline, PipelineStatus
@@ -60,7 +60,7 @@ class DeliveryWorker:
         self._running: dict[Pair, _Running] = {}
         self._endpoints: dict[str, tuple[Subscription, Endpoint]] = {}
         self._held: dict[Pair, Lease] = {}
-        self._client: httpx.AsyncClient | None = None
+        self._transport: LeanTransport | None = None
         self._sender: Sender | None = None
         self._gone: dict[str, str] = {}
         self._commit_lock = asyncio.Lock()  # a pipeline's final commit and the batch commit never interleave
@@ -68,10 +68,8 @@ class DeliveryWorker:
 
     # -- lifecycle ----------------------------------------------------------------------
     async def run(self) -> None:
-        # A modest pool: httpcore scans every pooled connection on each request.
-        self._client = httpx.AsyncClient(limits=httpx.Limits(max_connections=64, max_keepalive_connections=64),
-                                         follow_redirects=False)
-        self._sender = Sender(self._client, self.worker_id)
+        self._transport = LeanTransport(allow_private=self.settings.allow_private_webhooks)
+        self._sender = Sender(self._transport, self.worker_id)
         committer = asyncio.create_task(self._commit_loop())
         try:
             while True:
@@ -96,9 +94,9 @@ class DeliveryWorker:
         if pairs:
             with contextlib.suppress(Exception):
                 await asyncio.to_thread(self.leases.heartbeat, [], pairs, {}, {})
-        if self._client is not None:
-            await self._client.aclose()
-            self._client = None
+        if self._transport is not None:
+            await self._transport.aclose()
+            self._transport = None
 
     # -- one tick -----------------------------------------------------------------------
     async def tick(self) -> None:

@@ -106,6 +106,13 @@ def timestamp_literal(epoch_us: int) -> pc.Expression:
     return pc.scalar(pa.scalar(epoch_us, type=pa.timestamp("us", tz="UTC")))
 
 
+def partition_dataset(table: DeltaTable, partition: int) -> pads.Dataset:
+    """One topic partition's files as a dataset. Building one costs time per file, so callers
+    that read a partition repeatedly keep it for as long as the table version stays the same."""
+    dataset: pads.Dataset = table.to_pyarrow_dataset(partitions=[("partition", "=", str(partition))])
+    return dataset
+
+
 def read_rows(table: DeltaTable, filter_expr: pc.Expression, columns: list[str] | None = None) -> pa.Table:
     """Read rows matching a filter; partition and file statistics prune what is opened."""
     dataset: pads.Dataset = table.to_pyarrow_dataset()
