@@ -110,6 +110,7 @@ class PartitionPipeline:
         self._busy_keys: set[Any] = set()
         self._tasks: set[asyncio.Task[None]] = set()
         self._reader: asyncio.Task[bool] | None = None
+        self._stopping = False
         self._dead: list[DeadLetter] = []
         self._wake = asyncio.Event()
         self._last_poll = 0.0
@@ -148,6 +149,7 @@ class PartitionPipeline:
 
     async def stop(self, *, commit: bool) -> None:
         """Cancel outstanding sends (they will be redelivered), then commit what is done."""
+        self._stopping = True
         tasks = list(self._tasks) + ([self._reader] if self._reader is not None else [])
         for task in tasks:
             task.cancel()
@@ -194,6 +196,9 @@ class PartitionPipeline:
                 return
             self._reader = None
             reader.result()  # a failed read stops the pipeline; the worker restarts it
+        caught_up = self._read_pos >= self.status.log_end
+        if caught_up and time.monotonic() - self._last_poll < self.poll_s:
+            return  # looking for new commits reads the Delta log: at most once per poll interval
         if len(self._pending) < READ_AHEAD // 2:
             self._reader = asyncio.create_task(self._fill())
             self._reader.add_done_callback(self._read_done)
@@ -205,9 +210,6 @@ class PartitionPipeline:
     async def _fill(self) -> bool:
         """Read the next messages into the buffer; False if there was nothing new."""
         if self._read_pos >= self.status.log_end:
-            # Looking for new commits reads the Delta log: at most once per poll interval.
-            if time.monotonic() - self._last_poll < self.poll_s:
-                return False
             self._last_poll = time.monotonic()
             self.status.log_end = await asyncio.to_thread(self.source.log_end)
         log_end = self.status.log_end
@@ -288,6 +290,8 @@ class PartitionPipeline:
 
     def _finished(self, task: asyncio.Task[None]) -> None:
         self._tasks.discard(task)
+        if not self._stopping and self._gone is None:
+            self._dispatch()  # the next message goes now, not after a turn of run()'s loop
         self._wake.set()
 
     async def _deliver(self, unit: _Unit) -> None:

@@ -38,7 +38,10 @@ def ensure_table(uri: str, schema: pa.Schema, *, partition_by: list[str] | None,
     else:
         Path(uri).mkdir(parents=True, exist_ok=True)
         config: dict[str, str | None] = dict(HOT_PATH_TABLE_PROPERTIES)
-        table = DeltaTable.create(uri, schema, mode="ignore", partition_by=partition_by, configuration=config)
+        try:
+            table = DeltaTable.create(uri, schema, mode="ignore", partition_by=partition_by, configuration=config)
+        except CommitFailedError:  # mode="ignore" still loses the race for version 0 with a concurrent create
+            table = DeltaTable(uri)
     # delta-rs refuses custom properties at create time, so the version is a second commit.
     if table.metadata().configuration.get(SCHEMA_VERSION_PROPERTY) is None:
         try:
@@ -106,11 +109,14 @@ def timestamp_literal(epoch_us: int) -> pc.Expression:
     return pc.scalar(pa.scalar(epoch_us, type=pa.timestamp("us", tz="UTC")))
 
 
-def partition_dataset(table: DeltaTable, partition: int) -> pads.Dataset:
-    """One topic partition's files as a dataset. Building one costs time per file, so callers
-    that read a partition repeatedly keep it for as long as the table version stays the same."""
-    dataset: pads.Dataset = table.to_pyarrow_dataset(partitions=[("partition", "=", str(partition))])
-    return dataset
+def read_offset_range(table: DeltaTable, partition: int, start: int, end: int,
+                      columns: list[str] | None = None) -> pa.Table:
+    """Rows of one topic partition with start <= offset < end. delta-rs prunes files by the
+    partition value and offset statistics before any fragment is built, so the cost follows
+    the files holding the range, not the files in the table (a tail read touches one or two)."""
+    predicate = f'partition = {int(partition)} AND "offset" >= {int(start)} AND "offset" < {int(end)}'
+    dataset: pads.Dataset = table.to_pyarrow_dataset(file_pruning_predicate=predicate)
+    return dataset.to_table(filter=(pc.field("offset") >= start) & (pc.field("offset") < end), columns=columns)
 
 
 def read_rows(table: DeltaTable, filter_expr: pc.Expression, columns: list[str] | None = None) -> pa.Table:

@@ -1,0 +1,99 @@
+"""The Delta log tail against real topic tables, checked against delta-rs's own reading."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow.compute as pc
+from deltalake import DeltaTable
+
+from tables import delta
+from tables.log_tail import TopicLogTail
+from tables.schemas import TOPIC_SCHEMA
+from tests.spark_pipeline.topics import create_topic, produce, settings_for, table
+
+
+def delta_rs_rows(t: DeltaTable, partition: int, start: int, end: int) -> list[dict[str, object]]:
+    t.update_incremental()
+    rows = delta.read_rows(t, (pc.field("partition") == partition) & (pc.field("offset") >= start)
+                           & (pc.field("offset") < end), TOPIC_SCHEMA.names)
+    out: list[dict[str, object]] = rows.sort_by("offset").to_pylist()
+    return out
+
+
+def tail_rows(tail: TopicLogTail, partition: int, start: int, end: int) -> list[dict[str, object]]:
+    out: list[dict[str, object]] = tail.read(partition, start, end).sort_by("offset").to_pylist()
+    return out
+
+
+def test_follows_appends_commit_by_commit_and_reads_only_the_files_in_range(tmp_path: Path) -> None:
+    settings = settings_for(tmp_path)
+    create_topic(settings, "t", partitions=2)
+    uri = str(table(settings, "t").table_uri)
+    tail = TopicLogTail(uri)
+    first = tail.refresh()
+    assert tail.txn(delta.partition_app_id(0)) is None
+
+    for _ in range(3):
+        produce(settings, "t", 0, 10)
+    produce(settings, "t", 1, 4)
+    assert tail.refresh() == first + 4
+    assert tail.txn(delta.partition_app_id(0)) == 30 and tail.txn(delta.partition_app_id(1)) == 4
+    assert [(f.min_offset, f.max_offset) for f in tail.files(0, 12, 18)] == [(10, 19)]
+    assert len(tail.files(0)) == 3 and len(tail.files(1)) == 1
+
+    t = table(settings, "t")
+    assert tail_rows(tail, 0, 5, 25) == delta_rs_rows(t, 0, 5, 25)
+    assert [r["offset"] for r in tail_rows(tail, 0, 5, 25)] == list(range(5, 25))
+    assert tail_rows(tail, 1, 0, 4) == delta_rs_rows(t, 1, 0, 4)
+    assert tail.read(0, 30, 40).num_rows == 0
+
+
+def test_a_rewrite_replaces_files_without_duplicating_rows(tmp_path: Path) -> None:
+    settings = settings_for(tmp_path)
+    create_topic(settings, "t", partitions=1)
+    uri = str(table(settings, "t").table_uri)
+    for _ in range(4):
+        produce(settings, "t", 0, 25)
+    tail = TopicLogTail(uri)
+    tail.refresh()
+    assert len(tail.files(0)) == 4
+
+    t = table(settings, "t")
+    t.optimize.compact()  # remove x4, add x1, in one commit (what compaction does)
+    produce(settings, "t", 0, 5)
+    tail.refresh()
+    assert len(tail.files(0)) == 2
+    rows = tail_rows(tail, 0, 0, 105)
+    assert [r["offset"] for r in rows] == list(range(105))
+    assert rows == delta_rs_rows(t, 0, 0, 105)
+
+
+def test_falling_behind_a_checkpoint_and_log_cleanup_rebuilds_from_delta(tmp_path: Path) -> None:
+    settings = settings_for(tmp_path)
+    create_topic(settings, "t", partitions=1)
+    uri = str(table(settings, "t").table_uri)
+    produce(settings, "t", 0, 10)
+    tail = TopicLogTail(uri)
+    behind = tail.refresh()
+
+    for _ in range(3):
+        produce(settings, "t", 0, 10)
+    t = table(settings, "t")
+    t.alter.set_table_properties({"delta.logRetentionDuration": "interval 0 seconds"})
+    t.update_incremental()
+    t.create_checkpoint()
+    t.cleanup_metadata()
+    produce(settings, "t", 0, 10)
+    assert not (Path(uri) / "_delta_log" / f"{behind + 1:020d}.json").exists()  # the commit we need is gone
+
+    assert tail.refresh() == table(settings, "t").version()
+    assert tail.txn(delta.partition_app_id(0)) == 50
+    assert [r["offset"] for r in tail_rows(tail, 0, 0, 50)] == list(range(50))
+
+
+def test_no_table_yet_is_version_minus_one_and_no_rows(tmp_path: Path) -> None:
+    tail = TopicLogTail(str(tmp_path / "missing"))
+    assert tail.refresh() == -1
+    assert tail.files(0) == []
+    assert tail.txn(delta.partition_app_id(0)) is None
