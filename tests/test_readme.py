@@ -49,3 +49,14 @@ def test_every_metric_in_the_readme_appears_after_produce_and_deliver(client: Te
         assert kinds & samples, f"{name} has no sample in /metrics"
     assert 'lakebroker_dead_lettered_messages_total{subscription="hooks"} 1.0' in text
     assert 'lakebroker_delivered_messages_total{subscription="hooks"} 4.0' in text
+
+
+def test_every_declared_dependency_is_explained_in_the_readme() -> None:
+    import tomllib
+
+    project = tomllib.loads((Path(__file__).resolve().parent.parent / "pyproject.toml").read_text())["project"]
+    declared = project["dependencies"] + project["optional-dependencies"]["dev"]
+    names = {re.split(r"[\[<>=!~ ]", spec, maxsplit=1)[0].lower() for spec in declared}
+    table = README.split("## Dependencies", 1)[1].split("\n## ", 1)[0]
+    explained = {name.lower() for name in re.findall(r"`([A-Za-z0-9_.-]+)(?:\[[a-z,]+\])?`", table)}
+    assert names - explained == set(), "add these to the README's dependency table, with why"
