@@ -212,6 +212,8 @@ class PartitionPipeline:
         if self._read_pos >= self.status.log_end:
             self._last_poll = time.monotonic()
             self.status.log_end = await asyncio.to_thread(self.source.log_end)
+            if self._read_pos > self.status.log_end and self._read_pos == self.status.position:
+                await self._reset_to_log_end(self.status.log_end)
         log_end = self.status.log_end
         if self._read_pos >= log_end:
             return False
@@ -226,6 +228,20 @@ class PartitionPipeline:
         self._read_pos = end
         self._advance()
         return True
+
+    async def _reset_to_log_end(self, log_end: int) -> None:
+        """The group is past the table's log end: the data dir was restored from a backup or failed
+        over to a replica that is behind. The offsets in between were never in this table, so new
+        messages will take them: move back to the log end, as Kafka's offset reset does, and say so
+        (waiting instead would skip those new messages without a word)."""
+        ahead = self._read_pos
+        log.warning("subscription %s partition %d: committed offset %d is past the log end %d; resetting to it",
+                    self.sub.name, self.partition, ahead, log_end)
+        await asyncio.to_thread(self.offsets.commit, self.sub.name, self.sub.topic, {self.partition: log_end},
+                                OffsetReason.RESET)
+        self.status.last_error = f"committed offset {ahead} was past the log end {log_end}; reset to {log_end}"
+        self._read_pos = self.status.position = self.status.committed = log_end
+        self._done = {o for o in self._done if o < log_end}
 
     async def _skip_expired(self, log_end: int) -> None:
         log_start = await asyncio.to_thread(self.source.log_start, log_end)

@@ -1,7 +1,7 @@
 """Consumer-group offsets: the `_system/consumer_offsets` Delta table.
 
 Rows are appended, never updated: each commit adds one row per partition whose offset
-moved, with the reason (ack, seek, retention-skip). A group's position is the newest row
+moved, with the reason (ack, seek, retention-skip, reset, start). A group's position is the newest row
 per (group, topic, partition); the offsets-compaction job drops superseded rows. The
 offset is the *next* offset to deliver, as in Kafka.
 """
@@ -28,6 +28,7 @@ class OffsetReason(StrEnum):
     SEEK = "seek"  # moved by an operator
     RETENTION_SKIP = "retention-skip"  # retention deleted messages the group had not delivered
     START = "start"  # where a new group begins
+    RESET = "reset"  # the group was past the log end (a restored or failed-over table): moved back to it
 
 
 class OffsetsTable:

@@ -177,3 +177,29 @@ def test_duplicate_name_is_409(client: TestClient, orders: str, receiver: Receiv
     subscribe(client, receiver)
     r = client.post("/v1/subscriptions", json={"name": "hooks", "topic": "orders", "url": receiver.url})
     assert r.status_code == 409
+
+
+def test_a_group_past_the_log_end_is_reset_to_it_not_left_to_skip(client: TestClient, orders: str,
+                                                                    receiver: Receiver, settings: Any) -> None:
+    """After a failover to a replica that is behind (or a restore), the group's offset can be past
+    the table's log end; the next messages take those offsets and must still be delivered."""
+    from tables.layout import Layout
+    from tables.offsets import OffsetReason, OffsetsTable
+
+    produce(client, 5, partition=1)
+    subscribe(client, receiver)
+    receiver.wait_for(lambda: len(receiver.messages()) == 5)
+    assert client.post("/v1/subscriptions/hooks/pause").status_code == 200
+    time.sleep(1.5)  # the worker stops the paused pipelines
+    offsets = OffsetsTable(Layout(settings.data_dir))
+    offsets.commit("hooks", "orders", {1: 50}, OffsetReason.SEEK)  # as the replica's offsets table might say
+    assert client.post("/v1/subscriptions/hooks/resume").status_code == 200
+    deadline = time.monotonic() + 20
+    while offsets.latest("hooks").get(("hooks", "orders", 1), (None, None))[1] != OffsetReason.RESET.value:
+        assert time.monotonic() < deadline, offsets.latest("hooks")
+        time.sleep(0.1)
+    produce(client, 3, partition=1)
+    receiver.wait_for(lambda: len(receiver.messages()) == 8)
+    assert [m["offset"] for m in receiver.messages()[5:]] == [5, 6, 7]
+    status = client.get("/v1/subscriptions/hooks").json()["partitions"][1]
+    assert "past the log end" in (status["last_error"] or "")
