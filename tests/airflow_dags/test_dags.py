@@ -1,4 +1,4 @@
-"""The maintenance DAGs: they import cleanly, and really run (dag.test) against a local topic table."""
+"""The maintenance DAGs: they import cleanly, and each of the five really runs (dag.test) against local tables."""
 
 from __future__ import annotations
 
@@ -7,10 +7,22 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from deltalake import DeltaTable
 
 from spark_pipeline import job_runs
 from tables.layout import Layout
-from tests.spark_pipeline.topics import create_topic, file_count, log_ends, offsets_by_partition, produce, settings_for
+from tables.offsets import OffsetReason, OffsetsTable
+from tables.settings import Settings
+from tests.spark_pipeline.topics import (
+    NOW_US,
+    create_topic,
+    file_count,
+    log_ends,
+    offsets_by_partition,
+    produce,
+    rows,
+    settings_for,
+)
 
 pytestmark = pytest.mark.spark
 
@@ -38,21 +50,82 @@ def test_dags_import_without_errors_or_heavy_imports(airflow_db: Path) -> None:
         assert dag.max_active_runs == 1 and not dag.catchup
 
 
-def test_compaction_and_retention_dags_run_for_real(airflow_db: Path, tmp_path: Path) -> None:
+def _run(bag: Any, dag_id: str, **conf: str) -> None:
+    run = bag.get_dag(dag_id).test(run_conf=conf)
+    assert str(run.state) in ("success", "DagRunState.SUCCESS"), (dag_id, run.state)
+
+
+def _replica_rows(replica: Path, topic: str) -> dict[int, int]:
+    counts: dict[int, int] = {}
+    for r in DeltaTable(str(replica / "topics" / topic)).to_pyarrow_table(columns=["partition"]).to_pylist():
+        counts[r["partition"]] = counts.get(r["partition"], 0) + 1
+    return counts
+
+
+def _rows_per_partition(settings: Settings, topic: str) -> dict[int, int]:
+    return {p: len(v) for p, v in offsets_by_partition(settings, topic).items()}
+
+
+def test_every_dag_runs_for_real_and_does_its_job(airflow_db: Path, tmp_path: Path) -> None:
+    """All five DAGs through dag.test() on one data dir, in the order that shows each effect:
+    retention drops the expired files (and moves a lagging group), compaction then merges what is
+    left, key compaction keeps the latest value per key, offsets compaction one row per group and
+    partition, and replication copies it all. Settings come as DAG params, as in production."""
     settings = settings_for(tmp_path / "data")
-    create_topic(settings, "events", partitions=2)
-    for i in range(6):
-        produce(settings, "events", i % 2, 10)
+    layout = Layout(settings.data_dir)
+    replica = tmp_path / "replica"
+    create_topic(settings, "events", partitions=2, retention_ms=3_600_000)
+    old = NOW_US() - 2 * 3_600_000_000
+    for _ in range(3):
+        produce(settings, "events", 0, 10, ts_us=old)  # 0-29 expired
+    produce(settings, "events", 1, 10, ts_us=old)  # 0-9 expired
+    for i in range(5):
+        produce(settings, "events", 0 if i < 2 else 1, 10)  # p0: 30-49, p1: 10-39, fresh
+    create_topic(settings, "users", partitions=1, cleanup_policy="compact")
+    produce(settings, "users", 0, 6, ts_us=old, keys=["a", "b", "a", "c", "b", "a"],
+            values=[b"a0", b"b1", b"a2", b"c3", b"b4", b"a5"])
+    offsets = OffsetsTable(layout)
+    for n in range(1, 4):
+        offsets.commit("current", "events", {0: 40 + n, 1: 30 + n}, OffsetReason.ACK)
+    offsets.commit("lagging", "events", {0: 5, 1: 12}, OffsetReason.ACK)
     ends = log_ends(settings, "events", 2)
-    before = offsets_by_partition(settings, "events")
+    assert file_count(settings, "events") == 9
+
     bag = _dagbag()
     conf = {"data_dir": str(settings.data_dir), "spark_master": "local[1]"}
-    for dag_id in ("lakebroker_compaction", "lakebroker_retention"):
-        run = bag.get_dag(dag_id).test(run_conf=conf)
-        assert str(run.state) in ("success", "DagRunState.SUCCESS"), (dag_id, run.state)
-    assert file_count(settings, "events") == 2
-    assert offsets_by_partition(settings, "events") == before
+
+    _run(bag, "lakebroker_retention", **conf, topic="events")
+    kept = {0: list(range(30, 50)), 1: list(range(10, 40))}
+    assert offsets_by_partition(settings, "events") == kept  # the expired files went, the log starts moved
     assert log_ends(settings, "events", 2) == ends
-    runs = job_runs.last_runs(Layout(settings.data_dir))
+    assert offsets.latest()[("lagging", "events", 0)] == (30, OffsetReason.RETENTION_SKIP.value)
+    assert offsets.latest()[("lagging", "events", 1)] == (12, OffsetReason.ACK.value)  # not behind: untouched
+
+    _run(bag, "lakebroker_compaction", **conf, topic="events")
+    assert file_count(settings, "events") == 2  # p0: 2 files -> 1, p1: 3 -> 1
+    assert offsets_by_partition(settings, "events") == kept
+
+    _run(bag, "lakebroker_key_compaction", **conf)
+    assert {(r["key"], r["offset"], r["value"]) for r in rows(settings, "users")} == {
+        ("c", 3, b"c3"), ("b", 4, b"b4"), ("a", 5, b"a5")}
+
+    positions = offsets.latest()
+    assert len(DeltaTable(layout.offsets_table).to_pyarrow_table().to_pylist()) == 9
+    _run(bag, "lakebroker_offsets_compaction", **conf)
+    compacted = DeltaTable(layout.offsets_table).to_pyarrow_table(columns=["group", "topic", "partition"])
+    keys = [(r["group"], r["topic"], r["partition"]) for r in compacted.to_pylist()]
+    assert sorted(keys) == sorted(positions) and len(keys) == 4  # one row per group, topic and partition
+    assert offsets.latest() == positions
+
+    _run(bag, "lakebroker_replication", **conf, replication_uri=str(replica))
+    for topic in ("events", "users"):
+        assert _replica_rows(replica, topic) == _rows_per_partition(settings, topic), topic
+    replica_offsets = DeltaTable(str(replica / "_system" / "consumer_offsets")).to_pyarrow_table()
+    assert replica_offsets.num_rows == len(keys)
+
+    runs = job_runs.last_runs(Layout(settings.data_dir), limit=100)
     assert {(r["job"], r["target"], r["trigger"], r["outcome"]) for r in runs} >= {
-        ("compaction", "events", "airflow", "ok"), ("retention", "events", "airflow", "ok")}
+        ("retention", "events", "airflow", "ok"), ("compaction", "events", "airflow", "ok"),
+        ("key-compaction", "users", "airflow", "ok"),
+        ("offsets-compaction", "_system/consumer_offsets", "airflow", "ok"),
+        ("replication", "events", "airflow", "ok"), ("replication", "users", "airflow", "ok")}
