@@ -1,10 +1,16 @@
 """A subscription's status per partition: committed offset, lag, in-flight, last error, state.
 
 One owner for the figures `GET /v1/subscriptions/{name}` and the dashboard both show. The
-shared tables (offsets, leases, dead letters) are read once by `read_groups`, for one group
-or all of them, and `subscription_status` combines that read with the broker's log ends and
-what the delivery workers report: the in-process worker directly, the others through the
-status they heartbeat into their leases.
+shared tables (offsets, leases, dead letters, and on request the retention skips) are read once
+by `read_groups`, for one group or all of them, and `subscription_status` combines that read
+with the broker's log ends and what the delivery workers report: the in-process worker
+directly, the others through the status they heartbeat into their leases.
+
+Two figures tell of messages retention removed before the group delivered them:
+`retention_skips` is the durable record the retention job writes when it moves the group forward
+(`_system/retention_skips`, every skip since the subscription was created), and
+`retention_skipped` is what the partition's current delivery worker found already removed when
+it read (a live counter, reset when the partition changes worker).
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from ingest_api.broker import Broker
 from tables.dead_letters import DeadLetterTable
 from tables.layout import Layout
 from tables.offsets import GroupPartition, OffsetsTable
+from tables.retention_skips import RetentionSkip, SkipSummary, retention_skips, summarize
 from tables.subscriptions import Subscription
 
 
@@ -30,11 +37,13 @@ class GroupTables:
     committed: dict[GroupPartition, tuple[int, str]]
     leases: dict[Pair, Lease]
     dead_letters: dict[str, int]  # group -> letters not yet replayed
+    retention_skips: tuple[RetentionSkip, ...] = ()  # read only when asked for
 
 
 def read_groups(layout: Layout, group: str | None = None, *, offsets: OffsetsTable | None = None,
-                dead_letters: dict[str, int] | None = None) -> GroupTables:
-    """Read offsets, leases and dead-letter counts for `group`, or for every group (blocking).
+                dead_letters: dict[str, int] | None = None, with_retention_skips: bool = False) -> GroupTables:
+    """Read offsets, leases and dead-letter counts for `group`, or for every group (blocking),
+    and the retention skips when `with_retention_skips` (the dashboard does not show them).
 
     A caller that reads often passes its own long-lived `offsets` (it follows the table's log
     incrementally), and `dead_letters` when it has read that table already."""
@@ -44,7 +53,17 @@ def read_groups(layout: Layout, group: str | None = None, *, offsets: OffsetsTab
         dead = DeadLetterTable(layout)
         dead_letters = ({group: dead.count(group)} if group is not None
                         else {g: n for g, (n, _) in dead.unreplayed().items()})
-    return GroupTables(committed, leases, dead_letters)
+    skips = tuple(retention_skips(layout, group=group)) if with_retention_skips else ()
+    return GroupTables(committed, leases, dead_letters, skips)
+
+
+def _skips_public(summary: SkipSummary | None) -> dict[str, Any]:
+    if summary is None:
+        return {"skips": 0, "messages": 0, "last": None}
+    last = summary.last
+    return {"skips": summary.skips, "messages": summary.messages,
+            "last": {"skipped_at": last.skipped_at.isoformat(), "from_offset": last.from_offset,
+                     "to_offset": last.to_offset, "messages": last.skipped_messages, "run_id": last.run_id}}
 
 
 def subscription_status(broker: Broker, worker: DeliveryWorker | None, sub: Subscription,
@@ -52,6 +71,9 @@ def subscription_status(broker: Broker, worker: DeliveryWorker | None, sub: Subs
     """The subscription's public configuration, its dead-letter count and per-partition status."""
     topic = broker.topics.get(sub.topic)
     live = worker.status(sub.name) if worker is not None else {}
+    # Only this subscription's skips: a group of the same name deleted before it does not count.
+    skips = summarize(s for s in groups.retention_skips
+                      if s.group == sub.name and s.topic == sub.topic and s.skipped_at >= sub.created_at)
     partitions = []
     for p in range(topic.partitions if topic else 0):
         assert topic is not None
@@ -73,6 +95,7 @@ def subscription_status(broker: Broker, worker: DeliveryWorker | None, sub: Subs
             "delivered": reported.get("delivered", 0),
             "dead_lettered": reported.get("dead_lettered", 0),
             "retention_skipped": reported.get("skipped", 0),
+            "retention_skips": _skips_public(skips.get((sub.name, sub.topic, p))),
             "last_status": reported.get("last_status"),
             "last_error": reported.get("last_error"),
             "state": sub.endpoint_state if not sub.active else reported.get("state", "idle"),

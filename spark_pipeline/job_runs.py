@@ -1,21 +1,21 @@
-"""The durable record of maintenance jobs: `_system/job_runs` and `_system/retention_skips`.
+"""The durable record of maintenance jobs: `_system/job_runs`.
 
 Written and read with delta-rs only (no pyspark import), so the API, the dashboard, the
 scheduler and Prometheus can all read it from the ingest process:
 
 * `record(layout, result)` appends one row per table a run touched (or one row for a run that
   failed before touching any), in one commit;
-* `last_runs(layout, ...)` returns the newest runs, newest first, for the dashboard;
-* `record_skips` / `retention_skips(layout, group=..., topic=...)` are the skips retention made
-  when it moved a consumer group past messages it had not delivered. They are never silent:
-  each is a row here, an `OffsetReason.RETENTION_SKIP` row in the offsets table, and a metric
-  (spark_pipeline/metrics.py).
+* `last_runs(layout, ...)` returns the newest runs, newest first, for the dashboard.
+
+The skips retention makes when it moves a consumer group past messages it had not delivered
+have their own table, `_system/retention_skips` (tables/retention_skips.py). They are never
+silent: each is a row there, an `OffsetReason.RETENTION_SKIP` row in the offsets table, a metric
+(spark_pipeline/metrics.py), and part of the subscription's status.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -25,12 +25,7 @@ import pyarrow.compute as pc
 from spark_pipeline.results import JobResult, Outcome
 from tables import delta
 from tables.layout import Layout
-from tables.schemas import (
-    JOB_RUNS_SCHEMA,
-    JOB_RUNS_SCHEMA_VERSION,
-    RETENTION_SKIPS_SCHEMA,
-    RETENTION_SKIPS_SCHEMA_VERSION,
-)
+from tables.schemas import JOB_RUNS_SCHEMA, JOB_RUNS_SCHEMA_VERSION
 
 
 def record(layout: Layout, result: JobResult) -> None:
@@ -75,58 +70,6 @@ def last_runs(layout: Layout, *, job: str | None = None, topic: str | None = Non
     for row in out:
         row["details"] = json.loads(row["details"]) if row["details"] else {}
     return out
-
-
-@dataclass(frozen=True)
-class RetentionSkip:
-    group: str
-    topic: str
-    partition: int
-    from_offset: int
-    to_offset: int
-    skipped_at: datetime
-    run_id: str
-
-    @property
-    def skipped_messages(self) -> int:
-        return self.to_offset - self.from_offset
-
-
-def record_skips(layout: Layout, skips: list[RetentionSkip]) -> None:
-    if not skips:
-        return
-    table = delta.ensure_table(layout.retention_skips_table, RETENTION_SKIPS_SCHEMA, partition_by=None,
-                               version=RETENTION_SKIPS_SCHEMA_VERSION)
-    rows = [{"group": s.group, "topic": s.topic, "partition": s.partition, "from_offset": s.from_offset,
-             "to_offset": s.to_offset, "skipped_messages": s.skipped_messages, "skipped_at": s.skipped_at,
-             "run_id": s.run_id} for s in skips]
-    delta.append(table, pa.Table.from_pylist(rows, schema=RETENTION_SKIPS_SCHEMA),
-                 metadata={"lakebroker.operation": "retention-skip"})
-
-
-def retention_skips(layout: Layout, *, group: str | None = None, topic: str | None = None,
-                    since: datetime | None = None) -> list[RetentionSkip]:
-    """Every recorded skip (oldest first), for a subscription's status or the dashboard.
-
-    A skip recorded twice (a retention run that crashed after recording it and before moving the
-    group is redone by the next run) is returned once.
-    """
-    table = delta.open_table(layout.retention_skips_table)
-    if table is None:
-        return []
-    flt = pc.scalar(True)
-    if group is not None:
-        flt = flt & (pc.field("group") == group)
-    if topic is not None:
-        flt = flt & (pc.field("topic") == topic)
-    if since is not None:
-        flt = flt & (pc.field("skipped_at") >= delta.timestamp_literal(int(since.timestamp() * 1_000_000)))
-    seen: dict[tuple[str, str, int, int, int], RetentionSkip] = {}
-    for r in delta.read_rows(table, flt).sort_by("skipped_at").to_pylist():
-        key = (r["group"], r["topic"], r["partition"], r["from_offset"], r["to_offset"])
-        seen.setdefault(key, RetentionSkip(r["group"], r["topic"], r["partition"], r["from_offset"],
-                                           r["to_offset"], r["skipped_at"], r["run_id"]))
-    return list(seen.values())
 
 
 def horizon(days: int) -> datetime:

@@ -25,6 +25,7 @@ from prometheus_client.registry import Collector
 
 from spark_pipeline import job_runs
 from tables.layout import Layout
+from tables.retention_skips import retention_skips
 
 
 class JobMetricsCollector(Collector):
@@ -88,7 +89,7 @@ class JobMetricsCollector(Collector):
         for (job, topic), n in sorted(removed_by.items()):
             removed.add_metric([job, topic], n)
         totals: dict[tuple[str, str], list[int]] = defaultdict(lambda: [0, 0])
-        for s in job_runs.retention_skips(self.layout):
+        for s in retention_skips(self.layout):
             totals[(s.topic, s.group)][0] += s.skipped_messages
             totals[(s.topic, s.group)][1] += 1
         for (topic, group), (messages, count) in sorted(totals.items()):

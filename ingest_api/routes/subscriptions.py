@@ -86,6 +86,63 @@ class ReplayRequest(BaseModel):
     to_offset: int | None = Field(None, ge=0)
 
 
+class RetentionSkipPublic(BaseModel):
+    skipped_at: str = Field(description="When the retention job moved the group (ISO 8601, UTC).")
+    from_offset: int = Field(description="The group's committed offset before the skip.")
+    to_offset: int = Field(description="The partition's new log start, where the group was moved.")
+    messages: int = Field(description="Undelivered messages skipped: to_offset - from_offset.")
+    run_id: str = Field(description="The retention run (see `lakebroker job-runs`).")
+
+
+class RetentionSkipsPublic(BaseModel):
+    """The durable record (`_system/retention_skips`) of the retention job moving this group past
+    messages it had not delivered, since the subscription was created."""
+
+    skips: int
+    messages: int = Field(description="Undelivered messages skipped in all.")
+    last: RetentionSkipPublic | None = Field(description="The latest skip; null if there was none.")
+
+
+class PartitionStatusPublic(BaseModel):
+    partition: int
+    committed_offset: int = Field(description="Next offset to deliver.")
+    last_commit_reason: str = Field(description="Why the offset last moved: start, ack, seek, retention-skip, ...")
+    log_end_offset: int = Field(description="Offsets below this are committed to the Delta table.")
+    lag: int
+    in_flight: int
+    delivered: int = Field(description="Delivered by the partition's current worker (live).")
+    dead_lettered: int = Field(description="Dead-lettered by the partition's current worker (live).")
+    retention_skipped: int = Field(description="Messages the partition's current worker found already removed "
+                                               "by retention when it read (live; see retention_skips for the "
+                                               "durable record).")
+    retention_skips: RetentionSkipsPublic
+    last_status: int | None = Field(description="HTTP status of the last delivery attempt.")
+    last_error: str | None
+    state: str = Field(description="healthy, backing_off, disabled, paused or idle.")
+    owner: str | None = Field(description="The delivery worker holding the partition's lease.")
+
+
+class SubscriptionStatusPublic(BaseModel):
+    name: str
+    topic: str
+    url: str
+    ordering: Ordering
+    max_in_flight: int
+    rate_limit_per_s: float | None
+    max_attempts: int
+    retry_schedule_ms: list[int]
+    timeout_ms: int
+    batch_size: int
+    paused: bool
+    disabled_reason: str | None
+    seek_epoch: int
+    created_at: str
+    endpoint_state: Literal["active", "paused", "disabled"]
+    secret: str = Field(description="Masked.")
+    dead_letters: int = Field(description="Dead letters not yet replayed.")
+    partitions: list[PartitionStatusPublic]
+
+
 def _store(request: Request) -> SubscriptionStore:
     return SubscriptionStore(request.app.state.broker.layout)
 
@@ -119,9 +176,10 @@ async def _targets(broker: Broker, topic: TopicConfig, how: str) -> dict[int, in
     return out
 
 
-async def _status(request: Request, broker: Broker, sub: Subscription) -> dict[str, Any]:
-    groups = await asyncio.to_thread(read_groups, broker.layout, sub.name)
-    return subscription_status(broker, request.app.state.delivery, sub, groups)
+async def _status(request: Request, broker: Broker, sub: Subscription) -> SubscriptionStatusPublic:
+    groups = await asyncio.to_thread(read_groups, broker.layout, sub.name, with_retention_skips=True)
+    return SubscriptionStatusPublic.model_validate(subscription_status(broker, request.app.state.delivery, sub,
+                                                                       groups))
 
 
 @router.post("", status_code=201, responses=_ERRORS)
@@ -151,8 +209,10 @@ async def list_subscriptions(store: StoreDep) -> list[dict[str, Any]]:
 
 
 @router.get("/{name}", responses=_ERRORS)
-async def get_subscription(name: str, request: Request, broker: BrokerDep, store: StoreDep) -> dict[str, Any]:
-    """Configuration (secret masked) and per-partition committed offset, lag, in-flight, last error, state."""
+async def get_subscription(name: str, request: Request, broker: BrokerDep,
+                           store: StoreDep) -> SubscriptionStatusPublic:
+    """Configuration (secret masked) and per-partition committed offset, lag, in-flight, last error,
+    state, and the messages retention removed before the group delivered them."""
     sub = await asyncio.to_thread(store.get, name)
     return await _status(request, broker, sub)
 

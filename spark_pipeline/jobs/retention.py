@@ -12,7 +12,7 @@ Then, per partition, the log-start offset (lowest offset still in the table, or 
 retention emptied it) moves forward, and every consumer group whose committed offset is now below
 it is moved to it: an `OffsetReason.RETENTION_SKIP` offsets row, plus a row in
 `_system/retention_skips` first (so a crash in between repeats the record rather than losing
-it). `spark_pipeline.job_runs.retention_skips()` reads them; Prometheus shows them.
+it). `tables.retention_skips` reads them; Prometheus and the subscription's status show them.
 
 Topics with `cleanup_policy=compact` keep their data (key compaction is their retention).
 Every topic table is then VACUUMed with `vacuum_retention_hours`. With no topic given, the job
@@ -32,7 +32,6 @@ from typing import TYPE_CHECKING, Any
 
 from deltalake import DeltaTable
 
-from spark_pipeline import job_runs
 from spark_pipeline.delta_txn import DeltaTxn, table_exists, with_retries
 from spark_pipeline.jobs.common import (
     CONFLICT_ATTEMPTS,
@@ -50,6 +49,7 @@ from spark_pipeline.results import JobName, JobResult, Outcome, Run, TableResult
 from tables import delta
 from tables.layout import Layout
 from tables.offsets import OffsetReason, OffsetsTable
+from tables.retention_skips import RetentionSkip, record_skips
 from tables.settings import Settings
 from tables.topics import CleanupPolicy, TopicConfig
 
@@ -208,7 +208,7 @@ def _log_ends(uri: str, partitions: int) -> dict[int, int]:
 
 
 def forward_lagging_groups(layout: Layout, topic: TopicConfig, log_starts: dict[int, int], *,
-                           run_id: str) -> list[job_runs.RetentionSkip]:
+                           run_id: str) -> list[RetentionSkip]:
     """Move every group whose committed offset fell below a partition's log start up to it.
 
     Idempotent: it compares the current state, so a run after a crash finishes the job.
@@ -217,14 +217,14 @@ def forward_lagging_groups(layout: Layout, topic: TopicConfig, log_starts: dict[
     if delta.open_table(offsets.uri) is None:
         return []
     now = datetime.now(UTC)
-    skips: list[job_runs.RetentionSkip] = []
+    skips: list[RetentionSkip] = []
     for (group, name, partition), (offset, _reason) in sorted(offsets.latest().items()):
         start = log_starts.get(partition)
         if name == topic.name and start is not None and offset < start:
-            skips.append(job_runs.RetentionSkip(group, name, partition, offset, start, now, run_id))
+            skips.append(RetentionSkip(group, name, partition, offset, start, now, run_id))
     if not skips:
         return []
-    job_runs.record_skips(layout, skips)  # first: a crash after this repeats the record, never loses it
+    record_skips(layout, skips)  # first: a crash after this repeats the record, never loses it
     by_group: dict[str, dict[int, int]] = {}
     for s in skips:
         by_group.setdefault(s.group, {})[s.partition] = s.to_offset

@@ -11,6 +11,7 @@ from spark_pipeline import job_runs
 from spark_pipeline.metrics import JobMetricsCollector
 from spark_pipeline.results import JobName, Outcome, Run, TableResult
 from tables.layout import Layout
+from tables.retention_skips import RetentionSkip, record_skips, retention_skips
 
 
 def _run(job: JobName, outcome: Outcome = Outcome.OK) -> Run:
@@ -47,14 +48,14 @@ def test_record_and_read_runs(tmp_path: Path) -> None:
 def test_skips_are_durable_deduplicated_and_exported(tmp_path: Path) -> None:
     layout = Layout(tmp_path)
     at = datetime.now(UTC)
-    skip = job_runs.RetentionSkip("billing", "orders", 1, 5, 30, at, "run1")
-    job_runs.record_skips(layout, [skip])
-    redo = job_runs.RetentionSkip("billing", "orders", 1, 5, 30, at + timedelta(seconds=1), "run2")
-    job_runs.record_skips(layout, [redo])  # a run that crashed before moving the group, redone
-    job_runs.record_skips(layout, [job_runs.RetentionSkip("other", "orders", 0, 0, 3, at, "run3")])
-    found = job_runs.retention_skips(layout, group="billing")
+    skip = RetentionSkip("billing", "orders", 1, 5, 30, at, "run1")
+    record_skips(layout, [skip])
+    redo = RetentionSkip("billing", "orders", 1, 5, 30, at + timedelta(seconds=1), "run2")
+    record_skips(layout, [redo])  # a run that crashed before moving the group, redone
+    record_skips(layout, [RetentionSkip("other", "orders", 0, 0, 3, at, "run3")])
+    found = retention_skips(layout, group="billing")
     assert [(s.partition, s.skipped_messages, s.run_id) for s in found] == [(1, 25, "run1")]
-    assert job_runs.retention_skips(layout, since=at + timedelta(seconds=2)) == []
+    assert retention_skips(layout, since=at + timedelta(seconds=2)) == []
     job_runs.record(layout, _run(JobName.COMPACTION).finish())
     registry = CollectorRegistry()
     registry.register(JobMetricsCollector(layout))

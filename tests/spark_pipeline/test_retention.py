@@ -8,11 +8,11 @@ from typing import Any
 
 import pytest
 
-from spark_pipeline import job_runs
 from spark_pipeline.jobs import retention
 from spark_pipeline.results import Outcome
 from tables.layout import Layout
 from tables.offsets import OffsetReason, OffsetsTable
+from tables.retention_skips import retention_skips
 from tests.spark_pipeline.topics import (
     NOW_US,
     create_topic,
@@ -85,19 +85,19 @@ def test_time_retention_drops_whole_files_and_moves_lagging_groups(spark: Any, t
     assert latest[("current", "events", 1)] == (20, OffsetReason.ACK.value)
     assert latest[("other-topic", "orders", 0)] == (0, OffsetReason.ACK.value)
 
-    skips = job_runs.retention_skips(layout, group="lagging")
+    skips = retention_skips(layout, group="lagging")
     assert sorted((s.partition, s.from_offset, s.to_offset, s.skipped_messages) for s in skips) == [
         (0, 5, 30, 25), (1, 10, 20, 10)]
     assert all(s.run_id == result.run_id for s in skips)
     assert {(g["group"], g["partition"], g["skipped"]) for g in table.details["groups_skipped"]} == {
         ("lagging", 0, 25), ("lagging", 1, 10)}
-    assert job_runs.retention_skips(layout, group="current") == []
+    assert retention_skips(layout, group="current") == []
 
     # Re-running is a no-op: nothing left to drop, nobody left behind.
     again = retention.run(spark, settings, "events")
     assert again.table("events").rows_removed == 0
     assert again.table("events").details["groups_skipped"] == []
-    assert len(job_runs.retention_skips(layout)) == 2
+    assert len(retention_skips(layout)) == 2
 
     # A new produce lands after the partition emptied by retention, at its old log end.
     assert produce(settings, "events", 1, 1) == (20, 21)
