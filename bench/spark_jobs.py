@@ -1,7 +1,7 @@
-"""Benchmarks of the Spark maintenance jobs; writes docs/benchmarks-spark.md.
+"""Benchmarks of the Spark maintenance jobs; writes docs/benchmarks-spark.md (full mode only).
 
     python -m bench.spark_jobs            # full: 1,000 files / 5 M rows; a 10 M-row topic
-    python -m bench.spark_jobs --quick    # small sizes, for `make bench-quick`
+    python -m bench.spark_jobs --quick    # small sizes, for `make bench-quick`: printed, not written
 
 1. Compaction of one partition made of many small files (as the flusher writes them): time, files
    and bytes before and after.
@@ -12,7 +12,8 @@
    plan's metrics) against the files in the partition and the table.
 
 `run(quick) -> str` is what bench/run.py calls; the topics are built with delta-rs exactly as the
-flusher writes them (one commit per file, the partition's log end as a txn).
+flusher writes them (one commit per file, the partition's log end as a txn). Only a full run
+replaces the fragment file: quick figures never overwrite the full-size ones.
 """
 
 from __future__ import annotations
@@ -246,7 +247,8 @@ which is tight because compaction writes offset-sorted, disjoint files. The exec
 """
 
 
-def run(quick: bool) -> str:
+def measure(quick: bool) -> str:
+    """Run the three benchmarks on a throwaway data dir; the report as markdown."""
     from spark_pipeline.sql import spark_for
 
     sizes = QUICK if quick else FULL
@@ -261,16 +263,24 @@ def run(quick: bool) -> str:
             query = bench_query(spark, settings)
         finally:
             spark.stop()
-        markdown = render("quick" if quick else "full", comp, ret, query)
+        return render("quick" if quick else "full", comp, ret, query)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    FRAGMENT.write_text(markdown)
+
+
+def run(quick: bool) -> str:
+    """The report; a full run also writes it to docs/benchmarks-spark.md, a quick one only returns it."""
+    markdown = measure(quick)
+    if not quick:
+        FRAGMENT.write_text(markdown)
     return markdown
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.spark_jobs", description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="Small sizes (about a minute).")
+    parser.add_argument("--quick", action="store_true",
+                        help="Small sizes (about a minute). The report is only printed: "
+                             "docs/benchmarks-spark.md keeps the full run's figures.")
     args = parser.parse_args(argv)
     print(run(args.quick))
     return 0
