@@ -24,7 +24,8 @@ PARAMS: dict[str, Any] = {
     "data_dir": Param(None, type=["null", "string"], description="Data dir (default LAKEBROKER_DATA_DIR)."),
     "spark_master": Param(None, type=["null", "string"], description="Spark master (default the setting)."),
     "replication_uri": Param(None, type=["null", "string"], description="Replica location (replication only)."),
-    "topic": Param(None, type=["null", "string"], description="Only this topic."),
+    "topic": Param(None, type=["null", "string"],
+                   description="Only this topic (ignored by offsets compaction and replication)."),
     "spark_submit": Param(False, type="boolean", description="Run through spark-submit instead of python -m."),
 }
 
@@ -43,7 +44,7 @@ def _targets(job: str, params: dict[str, Any]) -> list[str]:
     from tables.topics import CleanupPolicy
 
     if job in ("offsets-compaction", "replication"):
-        return [params.get("topic") or ""]
+        return [""]  # whole-table jobs: their entry points take no --topic, so the param does not apply
     topics = select_topics(Layout(_settings(params).data_dir), params.get("topic"))
     if job == "key-compaction":
         topics = [t for t in topics if t.cleanup_policy is CleanupPolicy.COMPACT]

@@ -129,3 +129,16 @@ def test_every_dag_runs_for_real_and_does_its_job(airflow_db: Path, tmp_path: Pa
         ("key-compaction", "users", "airflow", "ok"),
         ("offsets-compaction", "_system/consumer_offsets", "airflow", "ok"),
         ("replication", "events", "airflow", "ok"), ("replication", "users", "airflow", "ok")}
+
+
+def test_a_topic_param_reaches_only_the_jobs_that_take_one(airflow_db: Path, tmp_path: Path) -> None:
+    import airflow_dags.lakebroker_maintenance as dags
+
+    settings = settings_for(tmp_path / "data")
+    create_topic(settings, "events", partitions=1)
+    params = {"data_dir": str(settings.data_dir), "topic": "events"}
+    for job in ("offsets-compaction", "replication"):
+        assert dags._targets(job, params) == [""]
+        assert "--topic" not in dags._command(job, "", {**params, "replication_uri": str(tmp_path / "r")})
+    assert dags._targets("compaction", params) == ["events"]
+    assert "--topic events" in dags._command("compaction", "events", params)
