@@ -150,3 +150,27 @@ def test_compact_topics_keep_their_data(spark: Any, tmp_path: Path) -> None:
     result = retention.run(spark, settings, "state")
     assert result.table("state").rows_removed == 0
     assert offsets_by_partition(settings, "state") == {0: list(range(5))}
+
+
+def test_vacuum_keeps_removed_files_inside_the_safe_window(spark: Any, tmp_path: Path) -> None:
+    """Readers of an older version (time travel, a stream, a slow consumer) still find the files
+    retention removed, until `vacuum_retention_hours` has passed; then VACUUM deletes them."""
+    settings = settings_for(tmp_path / "data", vacuum_retention_hours=1.0)
+    create_topic(settings, "windowed", partitions=1, retention_ms=3_600_000)
+    for _ in range(3):
+        produce(settings, "windowed", 0, 10, ts_us=NOW_US() - 2 * HOUR_US)
+    produce(settings, "windowed", 0, 10)
+    uri = Layout(settings.data_dir).topic_table("windowed")
+    before = {p.name for p in Path(uri).glob("partition=0/*.parquet")}
+    version_before = spark.sql(f"DESCRIBE HISTORY delta.`{uri}`").agg({"version": "max"}).first()[0]
+
+    retention.run(spark, settings, "windowed")
+    assert offsets_by_partition(settings, "windowed")[0] == list(range(30, 40))
+    assert {p.name for p in Path(uri).glob("partition=0/*.parquet")} == before  # removed, not yet deleted
+    old = spark.sql(f"SELECT count(*) FROM delta.`{uri}` VERSION AS OF {version_before}").first()[0]
+    assert old == 40  # time travel to before retention still reads every file
+
+    from spark_pipeline.jobs.common import vacuum
+
+    vacuum(spark, uri, 0.0)  # past the window: the removed files go
+    assert len(list(Path(uri).glob("partition=0/*.parquet"))) == 1
