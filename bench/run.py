@@ -63,6 +63,13 @@ def demote(markdown: str) -> str:
     return "\n".join(out)
 
 
+def nest(title: str, markdown: str) -> str:
+    """A fragment demoted under its section, without its own title if that repeats the section's."""
+    out = demote(markdown)
+    heading = f"## {title}"
+    return out[len(heading):].lstrip("\n") if out.startswith(heading + "\n") else out
+
+
 def _exists(module: str) -> bool:
     try:
         return importlib.util.find_spec(module) is not None
@@ -87,7 +94,7 @@ def external_fragment(ext: External, docs_dir: Path, quick: bool, timeout: float
             try:
                 log, _ = proc.communicate(timeout=timeout)
                 if proc.returncode == 0 and out.exists():
-                    return ext.title, demote(out.read_text())
+                    return ext.title, nest(ext.title, out.read_text())
                 last = (log.strip().splitlines() or [""])[-1].replace("`", "'")
                 note = f"`{ext.module}.run` failed (exit {proc.returncode}): `{last}`"
             except subprocess.TimeoutExpired:
@@ -99,7 +106,7 @@ def external_fragment(ext: External, docs_dir: Path, quick: bool, timeout: float
     if path.exists():
         when = datetime.fromtimestamp(path.stat().st_mtime, UTC).strftime("%Y-%m-%d %H:%M UTC")
         prefix = (note + "; " if note else "") + f"from `{relative(path, REPO)}` written {when}"
-        return ext.title, f"_{prefix}_\n\n" + demote(path.read_text())
+        return ext.title, f"_{prefix}_\n\n" + nest(ext.title, path.read_text())
     if note:
         return ext.title, f"_{note}; no fragment file `{ext.fragment}` either._"
     return None
@@ -183,7 +190,7 @@ def run(mode: str, out: Path, img_dir: Path, docs_dir: Path, *, external: bool =
             budget = budget if budget >= 10 else 0.0  # too little left: use the fragment file
         fragment = external_fragment(ext, docs_dir, mode != "full", budget) if external else None
         if fragment is None and not external and (docs_dir / ext.fragment).exists():
-            fragment = (ext.title, demote((docs_dir / ext.fragment).read_text()))
+            fragment = (ext.title, nest(ext.title, (docs_dir / ext.fragment).read_text()))
         if fragment is not None:
             results.fragments.append(fragment)
     results.elapsed_s = time.monotonic() - started

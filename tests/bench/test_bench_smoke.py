@@ -59,6 +59,7 @@ def test_tiny_run_writes_every_section_with_positive_figures(tmp_path: Path) -> 
                     "## How it was measured", "## Machine", "## Spark jobs"):
         assert heading in text
     assert "spark-fragment-marker" in text
+    assert text.count("## Spark jobs") == 1  # the fragment's own "# Spark jobs" is not a second heading
     for png in ("produce_throughput.png", "produce_to_table_cdf.png"):
         assert (docs / "img" / png).stat().st_size > 1000
         assert f"img/{png}" in text
