@@ -27,10 +27,9 @@ class PartitionSource:
 
     def log_start(self, log_end: int) -> int:
         """The lowest offset still in the table (retention moves it up), as of the last refresh."""
-        lows = [f.min_offset for f in self._tail.files(self.partition)]
-        if not lows:
-            return log_end
-        return log_end if None in lows else min(low for low in lows if low is not None)
+        # A file without statistics says nothing about its offsets: the known minimum is the start.
+        lows = [f.min_offset for f in self._tail.files(self.partition) if f.min_offset is not None]
+        return min(lows) if lows else log_end
 
     def read(self, start: int, end: int) -> list[dict[str, Any]]:
         """Rows with start <= offset < end, in offset order (may have holes after key compaction)."""
@@ -46,9 +45,11 @@ class PartitionSource:
 
     def read_offsets(self, offsets: list[int]) -> list[dict[str, Any]]:
         """Scattered offsets (dead-letter replays): rare, so the full delta-rs read is fine."""
-        table = self._table = delta.open_table(self.uri) if self._table is None else self._table
-        if table is not None:
-            table.update_incremental()
+        if self._table is None:
+            self._table = delta.open_table(self.uri)
+        else:
+            self._table.update_incremental()
+        table = self._table
         if table is None or not offsets:
             return []
         rows = delta.read_rows(
