@@ -235,28 +235,27 @@ class PartitionPipeline:
         messages will take them: move back to the log end, as Kafka's offset reset does, and say so
         (waiting instead would skip those new messages without a word)."""
         ahead = self._read_pos
-        log.warning("subscription %s partition %d: committed offset %d is past the log end %d; resetting to it",
-                    self.sub.name, self.partition, ahead, log_end)
-        await asyncio.to_thread(self.offsets.commit, self.sub.name, self.sub.topic, {self.partition: log_end},
-                                OffsetReason.RESET)
-        self.status.last_error = f"committed offset {ahead} was past the log end {log_end}; reset to {log_end}"
-        self._read_pos = self.status.position = self.status.committed = log_end
-        self._done = {o for o in self._done if o < log_end}
+        await self._jump(log_end, OffsetReason.RESET,
+                         f"committed offset {ahead} was past the log end {log_end}; reset to {log_end}")
 
     async def _skip_expired(self, log_end: int) -> None:
         log_start = await asyncio.to_thread(self.source.log_start, log_end)
         if log_start <= self._read_pos:
             return
         skipped = log_start - self._read_pos
-        log.warning("subscription %s partition %d: retention removed %d undelivered messages (%d-%d)",
-                    self.sub.name, self.partition, skipped, self._read_pos, log_start - 1)
-        await asyncio.to_thread(self.offsets.commit, self.sub.name, self.sub.topic, {self.partition: log_start},
-                                OffsetReason.RETENTION_SKIP)
-        self._skipped.inc(skipped)
+        await self._jump(log_start, OffsetReason.RETENTION_SKIP,
+                         f"retention removed {skipped} undelivered messages ({self._read_pos}-{log_start - 1})")
+        self._skipped.inc(skipped)  # counted once the move is committed, so a failed commit never counts twice
         self.status.skipped += skipped
-        self.status.last_error = f"retention removed {skipped} undelivered messages ({self._read_pos}-{log_start - 1})"
-        self._read_pos = self.status.position = self.status.committed = log_start
-        self._done = {o for o in self._done if o >= log_start}
+
+    async def _jump(self, offset: int, reason: OffsetReason, why: str) -> None:
+        """Move the group to `offset` and commit it with the reason, never silently. Called only
+        when nothing is buffered, in flight or done past the position, so there is nothing to keep."""
+        log.warning("subscription %s partition %d: %s", self.sub.name, self.partition, why)
+        await asyncio.to_thread(self.offsets.commit, self.sub.name, self.sub.topic, {self.partition: offset}, reason)
+        self.status.last_error = why
+        self._read_pos = self.status.position = self.status.committed = offset
+        self._done.clear()
 
     # -- dispatching ----------------------------------------------------------------------
     def _key(self, row: dict[str, Any]) -> Any:

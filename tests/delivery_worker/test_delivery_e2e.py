@@ -203,3 +203,26 @@ def test_a_group_past_the_log_end_is_reset_to_it_not_left_to_skip(client: TestCl
     assert [m["offset"] for m in receiver.messages()[5:]] == [5, 6, 7]
     status = client.get("/v1/subscriptions/hooks").json()["partitions"][1]
     assert "past the log end" in (status["last_error"] or "")
+
+
+def test_messages_removed_before_delivery_are_skipped_visibly(client: TestClient, orders: str,
+                                                              receiver: Receiver, settings: Any) -> None:
+    """If the log start passes a group's position while it waits (retention by any tool), the worker
+    jumps to it with a recorded retention-skip, counts it, and says so in the status."""
+    from deltalake import DeltaTable
+
+    from tables.layout import Layout
+    from tables.offsets import OffsetsTable
+
+    subscribe(client, receiver)
+    assert client.post("/v1/subscriptions/hooks/pause").status_code == 200
+    produce(client, 5, partition=1)
+    DeltaTable(Layout(settings.data_dir).topic_table("orders")).delete('partition = 1 AND "offset" < 3')
+    assert client.post("/v1/subscriptions/hooks/resume").status_code == 200
+    receiver.wait_for(lambda: len(receiver.messages()) == 2)
+    assert [m["offset"] for m in receiver.messages()] == [3, 4]
+    status = client.get("/v1/subscriptions/hooks").json()["partitions"][1]
+    assert status["retention_skipped"] == 3
+    assert status["last_error"] == "retention removed 3 undelivered messages (0-2)"
+    history = OffsetsTable(Layout(settings.data_dir)).latest("hooks")
+    assert history[("hooks", "orders", 1)][0] >= 3
