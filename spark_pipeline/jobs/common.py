@@ -218,3 +218,18 @@ def entry_main(job: JobName, run: RunFn, args: argparse.Namespace, settings: Set
     job_runs.record(Layout(settings.data_dir), result)
     print(json.dumps(result.public(), default=str), flush=True)
     return 1 if result.outcome is Outcome.FAILED else 0
+
+
+def topic_job_main(job: JobName, description: str, run: RunFn, argv: list[str] | None, *,
+                   select: Callable[[Layout, str | None], object] = select_topics,
+                   every: str = "every topic") -> int:
+    """The entry point of a job that takes `--topic`: the topic is checked (`select`) before Spark starts."""
+    p = parser(job, description)
+    p.add_argument("--topic", help=f"Only this topic (default: {every}).")
+    args = p.parse_args(argv)
+    settings = settings_from(args)
+
+    def validate() -> None:
+        select(Layout(settings.data_dir), args.topic)
+
+    return entry_main(job, run, args, settings, validate, topic=args.topic)

@@ -30,13 +30,11 @@ from typing import TYPE_CHECKING, Any
 from spark_pipeline.delta_txn import DeltaTxn, maintain_log, table_exists, with_retries
 from spark_pipeline.jobs.common import (
     CONFLICT_ATTEMPTS,
-    entry_main,
     job_tags,
-    parser,
     rewrite_bin,
     select_topics,
-    settings_from,
     table_stats,
+    topic_job_main,
 )
 from spark_pipeline.plans import by_partition, plan_bins
 from spark_pipeline.results import JobName, JobResult, Outcome, Run, TableResult
@@ -124,16 +122,7 @@ def _compact_round(spark: SparkSession, uri: str, order_column: str, target_byte
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = parser(JobName.COMPACTION, "Bin-pack small files of topic tables, ordered by offset.")
-    p.add_argument("--topic", help="Only this topic (default: every topic).")
-    args = p.parse_args(argv)
-    settings = settings_from(args)
-
-    def validate() -> None:
-        select_topics(Layout(settings.data_dir), args.topic)
-
-    return entry_main(JobName.COMPACTION, run, args, settings, validate, topic=args.topic)
-
+    return topic_job_main(JobName.COMPACTION, "Bin-pack small files of topic tables, ordered by offset.", run, argv)
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -29,13 +29,11 @@ from typing import TYPE_CHECKING, Any
 from spark_pipeline.delta_txn import DeltaTxn, table_exists, with_retries
 from spark_pipeline.jobs.common import (
     CONFLICT_ATTEMPTS,
-    entry_main,
     job_tags,
-    parser,
     remove_rows,
     select_topics,
-    settings_from,
     table_stats,
+    topic_job_main,
 )
 from spark_pipeline.results import JobName, JobResult, Outcome, Run, TableResult
 from tables.errors import InvalidRequest
@@ -129,16 +127,8 @@ def _compact_once(spark: SparkSession, uri: str, topic: TopicConfig, *, now_us: 
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = parser(JobName.KEY_COMPACTION, "Keep the latest value per key of cleanup_policy=compact topics.")
-    p.add_argument("--topic", help="Only this topic (default: every compact topic).")
-    args = p.parse_args(argv)
-    settings = settings_from(args)
-
-    def validate() -> None:
-        compact_topics(Layout(settings.data_dir), args.topic)
-
-    return entry_main(JobName.KEY_COMPACTION, run, args, settings, validate, topic=args.topic)
-
+    return topic_job_main(JobName.KEY_COMPACTION, "Keep the latest value per key of cleanup_policy=compact topics.",
+                          run, argv, select=compact_topics, every="every compact topic")
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -35,13 +35,11 @@ from deltalake import DeltaTable
 from spark_pipeline.delta_txn import DeltaTxn, table_exists, with_retries
 from spark_pipeline.jobs.common import (
     CONFLICT_ATTEMPTS,
-    entry_main,
     job_tags,
-    parser,
     rewrite_bin,
     select_topics,
-    settings_from,
     table_stats,
+    topic_job_main,
     vacuum,
 )
 from spark_pipeline.plans import FileEntry, PartitionRetention, by_partition, plan_log_start, plan_retention
@@ -268,16 +266,8 @@ def follow_log_starts(spark: SparkSession, uri: str, partitions: int, log_starts
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = parser(JobName.RETENTION, "Apply retention_ms / retention_bytes; move lagging consumer groups forward.")
-    p.add_argument("--topic", help="Only this topic (default: every topic).")
-    args = p.parse_args(argv)
-    settings = settings_from(args)
-
-    def validate() -> None:
-        select_topics(Layout(settings.data_dir), args.topic)
-
-    return entry_main(JobName.RETENTION, run, args, settings, validate, topic=args.topic)
-
+    return topic_job_main(JobName.RETENTION,
+                          "Apply retention_ms / retention_bytes; move lagging consumer groups forward.", run, argv)
 
 if __name__ == "__main__":
     sys.exit(main())
