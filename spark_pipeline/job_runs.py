@@ -20,7 +20,6 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from spark_pipeline.results import JobResult, Outcome
 from tables import delta
@@ -58,13 +57,7 @@ def last_runs(layout: Layout, *, job: str | None = None, topic: str | None = Non
     table = delta.open_table(layout.job_runs_table)
     if table is None:
         return []
-    flt = pc.scalar(True)
-    if job is not None:
-        flt = flt & (pc.field("job") == job)
-    if topic is not None:
-        flt = flt & (pc.field("topic") == topic)
-    if since is not None:
-        flt = flt & (pc.field("started_at") >= delta.timestamp_literal(int(since.timestamp() * 1_000_000)))
+    flt = delta.matching({"job": job, "topic": topic}, ("started_at", since))
     rows = delta.read_rows(table, flt).sort_by([("started_at", "descending"), ("target", "ascending")])
     out: list[dict[str, Any]] = rows.slice(0, limit).to_pylist()
     for row in out:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -107,6 +108,19 @@ def partition_files(table: DeltaTable) -> dict[int, PartitionFiles]:
 def timestamp_literal(epoch_us: int) -> pc.Expression:
     """A literal comparable with the UTC microsecond `timestamp` columns."""
     return pc.scalar(pa.scalar(epoch_us, type=pa.timestamp("us", tz="UTC")))
+
+
+def matching(equal: Mapping[str, Any], since: tuple[str, datetime | None] = ("", None)) -> pc.Expression:
+    """A row filter: each column equal to its value (None: any value), and the `since` timestamp
+    column at or after that moment (None: any time)."""
+    flt = pc.scalar(True)
+    for column, value in equal.items():
+        if value is not None:
+            flt = flt & (pc.field(column) == value)
+    column, moment = since
+    if moment is not None:
+        flt = flt & (pc.field(column) >= timestamp_literal(int(moment.timestamp() * 1_000_000)))
+    return flt
 
 
 def read_offset_range(table: DeltaTable, partition: int, start: int, end: int,

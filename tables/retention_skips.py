@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from datetime import datetime
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from tables import delta
 from tables.layout import Layout
@@ -71,13 +70,7 @@ def retention_skips(layout: Layout, *, group: str | None = None, topic: str | No
     table = delta.open_table(layout.retention_skips_table)
     if table is None:
         return []
-    flt = pc.scalar(True)
-    if group is not None:
-        flt = flt & (pc.field("group") == group)
-    if topic is not None:
-        flt = flt & (pc.field("topic") == topic)
-    if since is not None:
-        flt = flt & (pc.field("skipped_at") >= delta.timestamp_literal(int(since.timestamp() * 1_000_000)))
+    flt = delta.matching({"group": group, "topic": topic}, ("skipped_at", since))
     seen: dict[tuple[str, str, int, int, int], RetentionSkip] = {}
     for r in delta.read_rows(table, flt).sort_by("skipped_at").to_pylist():
         key = (r["group"], r["topic"], r["partition"], r["from_offset"], r["to_offset"])
