@@ -20,6 +20,10 @@ also trims `_system/job_runs` and `_system/retention_skips` to `job_runs_retenti
 
 The removal commit registers only the files it removes, so the flusher's appends never conflict
 with it; a concurrent compaction that rewrote the same files does, and the partition is re-planned.
+The other way round is not free: delta-rs refuses an append whose snapshot a concurrent removal
+changed ("a concurrent transaction deleted data"). The flusher keeps those records pending and
+commits them on its next attempt, so nothing is lost; each refusal counts in
+`lakebroker_flush_errors_total` (tests/spark_pipeline/test_retention.py races the two).
 """
 
 from __future__ import annotations

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import itertools
 import os
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -17,6 +16,7 @@ from spark_pipeline.results import Outcome
 from tables import delta
 from tables.layout import Layout
 from tests.spark_pipeline.topics import (
+    ConcurrentFlusher,
     commit_infos,
     create_topic,
     file_count,
@@ -47,32 +47,11 @@ def test_compaction_under_concurrent_appends_loses_and_duplicates_nothing(spark:
     files_before = file_count(settings, "orders")
     assert files_before == 30
 
-    appended: list[tuple[int, int, int]] = []
-    stop = threading.Event()
-    errors: list[BaseException] = []
-
-    def writer() -> None:  # the flusher's commit, from another thread: bounded in count and time
-        t = table(settings, "orders")
-        deadline = time.monotonic() + 180
-        try:
-            for i in range(400):
-                if stop.is_set() or time.monotonic() > deadline:
-                    break
-                start, end = produce(settings, "orders", i % 2, 25, table_=t)
-                appended.append((i % 2, start, end))
-                time.sleep(0.05)
-        except Exception as exc:  # noqa: BLE001 - surfaced by the assertion below
-            errors.append(exc)
-
-    thread = threading.Thread(target=writer, name="delta-rs-flusher")
-    thread.start()
-    try:
+    with ConcurrentFlusher(settings, "orders", 25) as flusher:
         first = compaction.run(spark, settings, "orders")
         second = compaction.run(spark, settings, "orders")
-    finally:
-        stop.set()
-        thread.join(timeout=60)
-    assert not thread.is_alive() and not errors, errors
+    appended = flusher.appended
+    assert not flusher.alive and not flusher.errors, flusher.errors
     assert first.outcome is Outcome.OK, first.public()
     assert second.outcome is Outcome.OK, second.public()
     assert len(appended) >= 5, "the writer must really have run during compaction"
@@ -85,7 +64,7 @@ def test_compaction_under_concurrent_appends_loses_and_duplicates_nothing(spark:
         assert offsets[p] == list(range(ends[p] or 0)), f"partition {p}"
     # And each txn log-end is the last one the writer committed.
     for p in (0, 1):
-        assert ends[p] == max(end for q, _, end in appended if q == p)
+        assert ends[p] == max(end for q, _, end, _ in appended if q == p)
 
     # No commit lost: every flusher commit is in the log, and versions are contiguous.
     uri = Layout(settings.data_dir).topic_table("orders")

@@ -180,10 +180,9 @@ def test_vacuum_keeps_removed_files_inside_the_safe_window(spark: Any, tmp_path:
 def test_retention_racing_ingest_loses_and_duplicates_nothing(spark: Any, tmp_path: Path) -> None:
     """Retention commits its removes while the flusher keeps appending: every fresh row and every
     flusher commit survives, offsets stay dense above the new log start, and nothing doubles."""
-    import threading
     import time
 
-    from tests.spark_pipeline.topics import commit_infos, table
+    from tests.spark_pipeline.topics import ConcurrentFlusher, commit_infos
 
     # A real VACUUM window: at 0 h VACUUM may delete a file a concurrent append has written and not
     # yet committed (Delta's documented hazard, and why the window exists).
@@ -192,36 +191,14 @@ def test_retention_racing_ingest_loses_and_duplicates_nothing(spark: Any, tmp_pa
     for i in range(10):
         produce(settings, "events", i % 2, 20, ts_us=NOW_US() - 2 * HOUR_US)  # 0-99 of each partition expire
 
-    appended: list[tuple[int, int, int, float]] = []  # partition, start, end, when
-    stop = threading.Event()
-    errors: list[BaseException] = []
-
-    def writer() -> None:  # the flusher's commits, bounded in count and time
-        t = table(settings, "events")
-        deadline = time.monotonic() + 180
-        try:
-            for i in range(400):
-                if stop.is_set() or time.monotonic() > deadline:
-                    break
-                start, end = produce(settings, "events", i % 2, 15, table_=t)
-                appended.append((i % 2, start, end, time.monotonic()))
-                time.sleep(0.05)
-        except Exception as exc:  # noqa: BLE001 - surfaced by the assertion below
-            errors.append(exc)
-
-    thread = threading.Thread(target=writer, name="delta-rs-flusher")
-    thread.start()
-    try:
-        while len(appended) < 3 and thread.is_alive():
-            time.sleep(0.05)
+    with ConcurrentFlusher(settings, "events", 15) as flusher:
+        flusher.wait_for_commits(3)
         began = time.monotonic()
         first = retention.run(spark, settings, "events")
         ended = time.monotonic()
         second = retention.run(spark, settings, "events")
-    finally:
-        stop.set()
-        thread.join(timeout=60)
-    assert not thread.is_alive() and not errors, errors
+    appended = flusher.appended
+    assert not flusher.alive and not flusher.errors, flusher.errors
     assert first.outcome is Outcome.OK and second.outcome is Outcome.OK, (first.public(), second.public())
     assert any(began < when < ended for *_, when in appended), "the writer must commit while retention runs"
     assert first.table("events").rows_removed == 200, first.public()

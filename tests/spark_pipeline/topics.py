@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -12,6 +13,7 @@ from typing import Any
 
 import pyarrow as pa
 from deltalake import DeltaTable
+from deltalake.exceptions import CommitFailedError
 
 from tables import delta
 from tables.layout import Layout
@@ -97,3 +99,55 @@ def file_count(settings: Settings, topic: str, partition: int | None = None) -> 
     if partition is None:
         return actions.num_rows
     return sum(1 for p in actions.column("partition.partition").to_pylist() if p == partition)
+
+
+class ConcurrentFlusher:
+    """Appends to a topic from a thread as the flusher does (`rows` per commit, partitions in turn),
+    bounded in count and time, while a job runs: `with ConcurrentFlusher(...) as f: job()`.
+    Like the flusher, a commit Delta refuses is made again (`refused` counts them).
+    `appended` holds (partition, start, end, monotonic time) per commit; `errors` what it raised."""
+
+    def __init__(self, settings: Settings, topic: str, rows: int, partitions: int = 2) -> None:
+        self.settings, self.topic, self.rows, self.partitions = settings, topic, rows, partitions
+        self.appended: list[tuple[int, int, int, float]] = []
+        self.errors: list[BaseException] = []
+        self.refused = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._write, name="delta-rs-flusher")
+
+    def _write(self) -> None:
+        t = table(self.settings, self.topic)
+        deadline = time.monotonic() + 180
+        try:
+            for i in range(400):
+                if self._stop.is_set() or time.monotonic() > deadline:
+                    break
+                p = i % self.partitions
+                for attempt in range(5):
+                    try:
+                        start, end = produce(self.settings, self.topic, p, self.rows, table_=t)
+                        break
+                    except CommitFailedError:
+                        if attempt == 4:
+                            raise
+                        self.refused += 1  # nothing was committed: the same rows go again, at the same offsets
+                self.appended.append((p, start, end, time.monotonic()))
+                time.sleep(0.05)
+        except Exception as exc:  # noqa: BLE001 - surfaced by the test's assertion
+            self.errors.append(exc)
+
+    def wait_for_commits(self, n: int) -> None:
+        while len(self.appended) < n and self._thread.is_alive():
+            time.sleep(0.05)
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def __enter__(self) -> ConcurrentFlusher:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=60)
