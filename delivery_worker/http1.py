@@ -13,7 +13,6 @@ to an internal one.
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import socket
 import ssl
 import time
@@ -22,6 +21,8 @@ from typing import Any, cast
 
 import httptools
 import httpx
+
+from delivery_worker.ssrf import private_address
 
 MAX_RESPONSE_BODY = 64 * 1024  # we read a receiver's answer only to show it in errors
 Origin = tuple[str, str, int]
@@ -200,10 +201,9 @@ class LeanTransport(httpx.AsyncBaseTransport):
             raise OSError(f"{host} does not resolve")
         family, _, _, _, address = infos[0]
         ip = str(address[0])
-        if not self.allow_private and not ipaddress.ip_address(ip).is_global:
-            raise httpx.ConnectError(
-                f"refusing to connect: {host} resolves to {ip}, a private, loopback or link-local address "
-                "(allow_private_webhooks is off)")
+        problem = None if self.allow_private else private_address(host, ip)
+        if problem is not None:
+            raise httpx.ConnectError(f"refusing to connect: {problem}")
         tls: dict[str, Any] = {}
         if scheme == "https":
             if self._ssl is None:

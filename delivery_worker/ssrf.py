@@ -28,10 +28,16 @@ def check_webhook_url(url: str, *, allow_private: bool) -> str:
     except socket.gaierror:
         raise InvalidRequest(f"webhook host {parts.hostname!r} does not resolve") from None
     for info in infos:
-        address = ipaddress.ip_address(info[4][0])
-        if not address.is_global:
-            raise InvalidRequest(
-                f"webhook host {parts.hostname!r} resolves to {address}, a private, loopback or link-local "
-                "address; set allow_private_webhooks (LAKEBROKER_ALLOW_PRIVATE_WEBHOOKS=1) to allow it"
-            )
+        problem = private_address(parts.hostname, str(info[4][0]))
+        if problem is not None:
+            raise InvalidRequest(problem)
     return url
+
+
+def private_address(host: str, address: str) -> str | None:
+    """Why `host`, resolved to `address`, must not be called; None if the address is public. The one
+    rule, applied when a subscription is made and again on every connection the worker dials."""
+    if ipaddress.ip_address(address).is_global:
+        return None
+    return (f"webhook host {host!r} resolves to {address}, a private, loopback or link-local "
+            "address; set allow_private_webhooks (LAKEBROKER_ALLOW_PRIVATE_WEBHOOKS=1) to allow it")
