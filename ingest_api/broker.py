@@ -21,7 +21,7 @@ from ingest_api.flusher import Flusher
 from ingest_api.group_commit import GroupCommitter, Pending
 from ingest_api.metrics import IngestMetrics
 from ingest_api.partitioner import RoundRobin, partition_for_key
-from ingest_api.records import Record
+from ingest_api.records import Record, message_bytes
 from ingest_api.wal import PartitionKey, Wal
 from tables import delta
 from tables.errors import Backpressure, InvalidRequest, LakebrokerError, NotFound, TooLarge
@@ -258,11 +258,11 @@ class Broker:
         if not messages:
             raise InvalidRequest("no messages to produce")
         for i, m in enumerate(messages):
-            size = len(m.value or b"") + len(m.key or "")
+            size = message_bytes(m.key, m.value, m.headers)
             if size > topic.max_message_bytes:
                 raise TooLarge(
-                    f"message {i} is {size} bytes, over topic {topic.name!r}'s max_message_bytes "
-                    f"{topic.max_message_bytes}"
+                    f"message {i} is {size} bytes (key, value and headers), over topic {topic.name!r}'s "
+                    f"max_message_bytes {topic.max_message_bytes}"
                 )
             if m.partition is not None:
                 topic.check_partition(m.partition)

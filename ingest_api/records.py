@@ -46,7 +46,15 @@ class Record:
     @property
     def size(self) -> int:
         """Approximate bytes held, for backlog and batch-size accounting."""
-        return 64 + len(self.value or b"") + len(self.key or "")
+        return 64 + message_bytes(self.key, self.value, self.headers)
+
+
+def message_bytes(key: str | None, value: bytes | None, headers: dict[str, str] | None) -> int:
+    """A message's size wherever one is measured: its key, value and header names and values."""
+    size = len(value or b"") + (len(key.encode()) if key else 0)
+    if headers:
+        size += sum(len(name.encode()) + len(text.encode()) for name, text in headers.items())
+    return size
 
 
 def _put(parts: list[bytes], data: bytes | None) -> None:
