@@ -163,6 +163,11 @@ class DeliveryWorker:
         found = committed.get((sub.name, sub.topic, partition))
         if found is not None:
             return found[0]
+        if sub.seek_offsets and partition in sub.seek_offsets:
+            # The create has not committed its START offsets yet, or crashed first: its row holds them.
+            target = sub.seek_offsets[partition]
+            await asyncio.to_thread(self.offsets.commit, sub.name, sub.topic, {partition: target}, OffsetReason.START)
+            return target
         # A partition added after the subscription began: start at its beginning.
         source = PartitionSource(self.layout.topic_table(sub.topic), partition)
         return await asyncio.to_thread(lambda: source.log_start(source.log_end()))

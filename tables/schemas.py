@@ -112,7 +112,7 @@ SUBSCRIPTIONS_SCHEMA = pa.schema(
         pa.field("paused", pa.bool_(), nullable=False),
         pa.field("disabled_reason", pa.string()),  # set when the endpoint answered 410 Gone
         pa.field("seek_epoch", pa.int64(), nullable=False),
-        pa.field("seek_offsets", pa.map_(pa.int32(), pa.int64())),  # targets of the newest seek
+        pa.field("seek_offsets", pa.map_(pa.int32(), pa.int64())),  # newest seek targets; at creation, the start
         pa.field("created_at", pa.timestamp("us", tz="UTC"), nullable=False),
     ]
 )

@@ -190,14 +190,16 @@ async def create_subscription(body: SubscriptionCreate, broker: BrokerDep, store
     if body.start not in ("earliest", "latest"):
         parse_timestamp(body.start)
     secret = validate_secret(body.secret) if body.secret else new_secret()
+    start = await _targets(broker, topic, body.start)
+    # The row carries its start (as the targets of seek epoch 0), so a worker that reads it before
+    # the START offsets below are committed, or after a crash between the two writes, still starts there.
     sub = Subscription(
         name=body.name, topic=body.topic, url=url, ordering=body.ordering, max_in_flight=body.max_in_flight,
         rate_limit_per_s=body.rate_limit_per_s, max_attempts=body.max_attempts,
         retry_schedule_ms=_schedule_ms(body.retry_schedule_s), timeout_ms=int(body.timeout_s * 1000),
-        batch_size=body.batch_size, secrets=(secret,),
+        batch_size=body.batch_size, secrets=(secret,), seek_offsets=start,
     )
     created = await asyncio.to_thread(store.create, sub)
-    start = await _targets(broker, topic, body.start)
     await asyncio.to_thread(OffsetsTable(broker.layout).commit, sub.name, sub.topic, start, OffsetReason.START)
     return created.public(reveal_secret=True)
 
