@@ -1,7 +1,10 @@
 """The segmented, checksummed write-ahead log.
 
 Appends go to the active segment as whole groups (one write and one fsync per group, see
-group_commit.py). A segment is deleted only once every record in it is committed to Delta.
+group_commit.py). A segment is rolled once it passes `segment_bytes`: the next one is opened
+before the current one is sealed, so a roll that fails (EMFILE, ENOSPC) leaves the group that
+was just written durable and the current segment active. A segment is deleted only once every
+record in it is committed to Delta.
 
 Recovery reads every segment in order:
 - a bad frame with no valid frame after it, in the newest segment, is a torn tail from a
@@ -153,9 +156,12 @@ class Wal:
             self._size = before + len(data)
             self._active.note(records)
             if self._size >= self.segment_bytes:
-                self._sealed.append(self._active)
-                os.close(self._fd)
-                self._roll(int(self._active.path.stem) + 1)
+                # The group is durable whatever happens here: a failed roll must not fail it.
+                try:
+                    self._roll(int(self._active.path.stem) + 1)
+                except OSError:
+                    log.exception("WAL: could not roll to a new segment; %s grows until a roll succeeds",
+                                  self._active.path.name)
 
     def _cut_back(self, size: int) -> None:
         try:
@@ -165,15 +171,26 @@ class Wal:
             log.exception("WAL: could not cut back a failed write; recovery will truncate it")
 
     def _roll(self, number: int) -> None:
+        """Open segment `number` and make it active; on failure the current segment stays active."""
         path = self.directory / f"{number:016d}{_SUFFIX}"
-        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        self._size = os.fstat(self._fd).st_size
-        self._active = _Segment(path)
-        dir_fd = os.open(self.directory, os.O_RDONLY)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         try:
-            os.fsync(dir_fd)  # the new file's name must survive a crash too
-        finally:
-            os.close(dir_fd)
+            size = os.fstat(fd).st_size
+            dir_fd = os.open(self.directory, os.O_RDONLY)
+            try:
+                os.fsync(dir_fd)  # the new file's name must survive a crash too
+            finally:
+                os.close(dir_fd)
+        except OSError:
+            os.close(fd)
+            # An empty file left as the newest segment would make recovery treat a torn tail
+            # in the segment before it as corruption.
+            path.unlink(missing_ok=True)
+            raise
+        if self._active is not None:
+            self._sealed.append(self._active)
+            os.close(self._fd)
+        self._fd, self._size, self._active = fd, size, _Segment(path)
 
     # -- release ------------------------------------------------------------------------
     def release(self, committed_below: Callable[[PartitionKey], int]) -> int:

@@ -1,5 +1,9 @@
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -85,3 +89,51 @@ def test_sealed_segment_is_released_only_once_committed(tmp_path: Path) -> None:
     remaining = [r.offset for r in open_wal(tmp_path).recover().records]
     assert set(range(3, 6)) <= set(remaining)  # nothing uncommitted was released
     assert len(remaining) < 6  # and committed segments were
+
+
+def append_under_fd_limit(directory: str) -> None:
+    """Child process: append while no descriptor can be opened (EMFILE), then with the limit lifted."""
+    import json
+    import resource
+
+    wal = open_wal(Path(directory), segment_bytes=200)
+    wal.recover()
+    probe = os.dup(0)
+    os.close(probe)  # the lowest free descriptor: with the limit there, every os.open fails
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    outcomes: list[bool] = []
+
+    def append(offset: int) -> None:
+        try:
+            wal.append([encode(rec(offset))], [rec(offset)])
+            outcomes.append(True)
+        except OSError:
+            outcomes.append(False)
+
+    resource.setrlimit(resource.RLIMIT_NOFILE, (probe, hard))
+    for offset in range(6):  # ~93 bytes each: the third crosses segment_bytes and must roll
+        append(offset)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    for offset in range(6, 9):
+        append(offset)
+    wal.close()
+    print(json.dumps(outcomes))
+
+
+def test_failed_segment_roll_keeps_wal_state_consistent(tmp_path: Path) -> None:
+    """os.open of the next segment fails for real (RLIMIT_NOFILE in a child process) after a
+    group is durable: that group must not be answered as failed and then replayed, and later
+    appends must still work."""
+    script = f"from tests.ingest_api.test_wal import append_under_fd_limit as run; run({str(tmp_path)!r})"
+    child = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=Path(__file__).resolve().parents[2], capture_output=True, text=True, timeout=120,
+    )
+    assert child.returncode == 0, child.stderr
+    outcomes: list[bool] = json.loads(child.stdout.splitlines()[-1])
+    replayed = [r.offset for r in open_wal(tmp_path).recover().records]
+    answered_ok = [i for i, ok in enumerate(outcomes) if ok]
+    assert replayed == answered_ok, f"appends answered {outcomes}, recovery replayed offsets {replayed}"
+    assert "could not roll" in child.stderr, f"the roll never failed, so nothing was tested: {child.stderr}"
+    assert outcomes[6:] == [True, True, True], f"appends after the limit was lifted: {outcomes[6:]}"
+    assert len(list(tmp_path.glob("*.wal"))) > 1, "the segment was never rolled once descriptors were free"
