@@ -2,13 +2,15 @@
 
 Frame layout (little-endian):
 
-    u32 body_length | u32 crc32(body_length || body) | body
+    magic "\\xd3LBf" | u32 body_length | u32 crc32(body_length || body) | body
 
     body = topic_id[16] partition:u32 offset:u64 timestamp_us:i64 format:u8 sequence:i64
            then topic, key, value, headers(JSON), message_id, producer_id,
            each as i32 length (-1 for null) followed by the bytes.
 
-The CRC covers the length too, so a damaged length is caught before it is trusted.
+The CRC covers the length too, so a damaged length is caught before it is trusted. The magic
+lets recovery resynchronise after damage by searching for it, instead of checksumming from
+every byte position; a body is never longer than MAX_FRAME_BYTES, which bounds each try.
 """
 
 from __future__ import annotations
@@ -22,7 +24,9 @@ import orjson
 FORMATS = ("json", "text", "binary")
 _FORMAT_CODE = {name: i for i, name in enumerate(FORMATS)}
 
-FRAME_HEADER = struct.Struct("<II")
+FRAME_MAGIC = b"\xd3LBf"  # non-ASCII first byte: rare in text and JSON payloads
+FRAME_HEADER = struct.Struct("<4sII")
+MAX_FRAME_BYTES = 128 * 1024 * 1024  # twice the largest max_message_bytes
 _FIXED = struct.Struct("<16sIQqBq")
 _LEN = struct.Struct("<i")
 _NO_SEQUENCE = -(2**63)
@@ -80,8 +84,10 @@ def encode(record: Record) -> bytes:
     _put(parts, None if record.producer_id is None else record.producer_id.encode())
     body = b"".join(parts)
     length = len(body)
+    if length > MAX_FRAME_BYTES:  # recovery would read it as corruption, so never write it
+        raise ValueError(f"a WAL frame of {length} bytes is over the {MAX_FRAME_BYTES}-byte frame limit")
     crc = zlib.crc32(body, zlib.crc32(_LEN.pack(length)))
-    return FRAME_HEADER.pack(length, crc) + body
+    return FRAME_HEADER.pack(FRAME_MAGIC, length, crc) + body
 
 
 def frame_crc_ok(length: int, crc: int, body: bytes) -> bool:

@@ -24,11 +24,10 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ingest_api.records import FRAME_HEADER, Record, decode, frame_crc_ok
+from ingest_api.records import FRAME_HEADER, FRAME_MAGIC, MAX_FRAME_BYTES, Record, decode, frame_crc_ok
 
 log = logging.getLogger(__name__)
 
-MAX_FRAME_BYTES = 128 * 1024 * 1024
 _SUFFIX = ".wal"
 
 PartitionKey = tuple[bytes, int]  # (topic_id, partition)
@@ -64,9 +63,9 @@ def _frame_at(data: bytes, pos: int) -> int | None:
     """End position of a valid frame starting at pos, or None."""
     if len(data) - pos < FRAME_HEADER.size:
         return None
-    length, crc = FRAME_HEADER.unpack_from(data, pos)
+    magic, length, crc = FRAME_HEADER.unpack_from(data, pos)
     end: int = pos + FRAME_HEADER.size + length
-    if length > MAX_FRAME_BYTES or end > len(data):
+    if magic != FRAME_MAGIC or length > MAX_FRAME_BYTES or end > len(data):
         return None
     if not frame_crc_ok(length, crc, data[pos + FRAME_HEADER.size : end]):
         return None
@@ -74,9 +73,13 @@ def _frame_at(data: bytes, pos: int) -> int | None:
 
 
 def _next_valid_frame(data: bytes, pos: int) -> int | None:
-    for candidate in range(pos, len(data) - FRAME_HEADER.size + 1):
+    # Only positions holding the magic are checksummed: a payload of random bytes holds it
+    # about once per 4 GiB, so a resync costs a search, not a checksum per byte.
+    candidate = data.find(FRAME_MAGIC, pos)
+    while candidate >= 0:
         if _frame_at(data, candidate) is not None:
             return candidate
+        candidate = data.find(FRAME_MAGIC, candidate + 1)
     return None
 
 

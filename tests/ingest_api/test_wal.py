@@ -2,13 +2,15 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from ingest_api.records import Record, decode, encode
+from ingest_api import wal as wal_module
+from ingest_api.records import FRAME_HEADER, Record, decode, encode
 from ingest_api.wal import Wal
 
 pytestmark = pytest.mark.fault
@@ -27,9 +29,9 @@ def open_wal(path: Path, segment_bytes: int = 1 << 20) -> Wal:
 
 def test_record_round_trip_keeps_every_field() -> None:
     r = Record("orders", b"x" * 16, 7, 123, 456, None, None, "json", None, None, "prod", 9)
-    assert decode(encode(r)[8:]) == r
+    assert decode(encode(r)[FRAME_HEADER.size :]) == r
     r2 = rec(5)
-    assert decode(encode(r2)[8:]) == r2
+    assert decode(encode(r2)[FRAME_HEADER.size :]) == r2
 
 
 def test_recover_replays_appended_records(tmp_path: Path) -> None:
@@ -137,3 +139,39 @@ def test_failed_segment_roll_keeps_wal_state_consistent(tmp_path: Path) -> None:
     assert "could not roll" in child.stderr, f"the roll never failed, so nothing was tested: {child.stderr}"
     assert outcomes[6:] == [True, True, True], f"appends after the limit was lifted: {outcomes[6:]}"
     assert len(list(tmp_path.glob("*.wal"))) > 1, "the segment was never rolled once descriptors were free"
+
+
+def test_resync_over_binary_payloads_checksums_only_frame_starts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A corrupt multi-MB binary frame mid-segment and a torn multi-MB tail: resync looks only
+    at positions that start like a frame, so the checksum count stays bounded by the frames."""
+    rng = random.Random(10)
+    wal = open_wal(tmp_path, segment_bytes=1 << 30)
+    wal.recover()
+    records = [rec(0), rec(1, value=rng.randbytes(3 << 20)), rec(2)]
+    wal.append([encode(r) for r in records], records)
+    wal.close()
+    segment = sorted(tmp_path.glob("*.wal"))[-1]
+    data = bytearray(segment.read_bytes())
+    start1 = len(encode(records[0]))
+    start2 = start1 + len(encode(records[1]))
+    data[start1 + (1 << 20)] ^= 0xFF  # damage record 1's payload
+    torn = encode(rec(3, value=rng.randbytes(3 << 20)))[:-100]  # a crash while writing record 3
+    segment.write_bytes(bytes(data) + torn)
+
+    checksums = 0
+    real_crc_ok = wal_module.frame_crc_ok
+
+    def counting_crc_ok(length: int, crc: int, body: bytes) -> bool:
+        nonlocal checksums
+        checksums += 1
+        return real_crc_ok(length, crc, body)
+
+    monkeypatch.setattr(wal_module, "frame_crc_ok", counting_crc_ok)
+    report = open_wal(tmp_path).recover()
+    assert [r.offset for r in report.records] == [0, 2]
+    assert report.records == [records[0], records[2]]
+    assert [(c.start, c.end) for c in report.corrupt] == [(start1, start2)]
+    assert report.torn_bytes == len(torn)
+    assert checksums <= 6, f"{checksums} checksum attempts to recover 4 frames"
