@@ -11,19 +11,23 @@ MAX_RETRY_AFTER_S = 3600.0
 
 
 def parse_retry_after(value: str | None, now: datetime | None = None) -> float | None:
-    """Seconds to wait from a Retry-After header (delta-seconds or an HTTP date), capped at an hour."""
+    """Seconds to wait from a Retry-After header (delta-seconds or an HTTP date), capped at an hour.
+
+    The value comes from the endpoint, so anything else (Unicode digits, signs, exponents, absurd
+    dates) is None: ignored, never an exception in the delivery."""
     if not value:
         return None
     value = value.strip()
-    if value.isdigit():
-        return min(float(value), MAX_RETRY_AFTER_S)
+    if value.isascii() and value.isdigit():  # RFC 9110: 1*DIGIT, ASCII only ("²".isdigit() is true)
+        significant = value.lstrip("0")
+        return MAX_RETRY_AFTER_S if len(significant) > 8 else min(float(significant or 0), MAX_RETRY_AFTER_S)
     try:
         when = parsedate_to_datetime(value)
-    except (TypeError, ValueError):
+        if when.tzinfo is None:
+            when = when.replace(tzinfo=UTC)
+        seconds = (when - (now or datetime.now(UTC))).total_seconds()
+    except (TypeError, ValueError, OverflowError, IndexError):
         return None
-    if when.tzinfo is None:
-        when = when.replace(tzinfo=UTC)
-    seconds = (when - (now or datetime.now(UTC))).total_seconds()
     return min(max(seconds, 0.0), MAX_RETRY_AFTER_S)
 
 

@@ -83,6 +83,9 @@ class Sender:
                                 extensions={"timeout": timeouts})
         try:
             response = await self.transport.handle_async_request(request)
+            if 200 <= response.status_code < 300:
+                return Outcome(response.status_code)
+            text = (await response.aread())[:300].decode(errors="replace")
         except httpx.TimeoutException:
             return Outcome(None, f"timed out after {timeout_s:g} s")
         except httpx.HTTPError as exc:
@@ -90,10 +93,7 @@ class Sender:
         except Exception as exc:  # a bug here must cost a retry, never a stalled partition
             log.exception("sending to %s failed unexpectedly", url)
             return Outcome(None, f"internal error: {type(exc).__name__}: {exc}"[:500])
-        if 200 <= response.status_code < 300:
-            return Outcome(response.status_code)
         retry_after = None
         if response.status_code in (429, 503):
             retry_after = parse_retry_after(response.headers.get("retry-after"))
-        text = (await response.aread())[:300].decode(errors="replace")
         return Outcome(response.status_code, f"HTTP {response.status_code}: {text}", retry_after)

@@ -79,3 +79,14 @@ def test_ssrf_guard_refuses_internal_addresses(url: str) -> None:
 
 def test_ssrf_guard_allows_public_addresses() -> None:
     assert check_webhook_url("https://93.184.215.14/hook", allow_private=False)
+
+
+@pytest.mark.parametrize("value", ["²", "٣", "\uff10", "1e309", "NaN", "inf", "-1", "1.5", "9" * 400, "1,2",
+                                   "x" * 10_000, "Thu, 01 Jan 0000 00:00:00 GMT", "Mon, 99 Xyz 2020 99:99:99 GMT"])
+def test_retry_after_parsing_survives_hostile_values(value: str) -> None:
+    """A Retry-After is whatever the endpoint sends: a value that is not ASCII delta-seconds or a
+    valid HTTP date is ignored (None), never an exception that kills the delivery."""
+    parsed = parse_retry_after(value)
+    assert parsed is None or 0 <= parsed <= 3600
+    if not value.isascii():
+        assert parsed is None  # Unicode digits are not delta-seconds
