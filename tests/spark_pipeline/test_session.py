@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import random
 import re
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -76,7 +77,8 @@ def test_logstore_write_is_put_if_absent(spark: Any, tmp_path: Path) -> None:
     store = delta_log.store().getDelegate(target).logStoreImpl()
     assert store.getClass().getName() == LOGSTORE_CLASS
     hadoop_conf = spark._jsc.hadoopConfiguration()
-    assert not store.isPartialWriteVisible(target, hadoop_conf)
+    # True so that checkpoints are renamed into place; commits below stay put-if-absent regardless.
+    assert store.isPartialWriteVisible(target, hadoop_conf)
 
     def lines(*texts: str) -> Any:
         java_list = jvm.java.util.ArrayList()
@@ -149,3 +151,91 @@ def test_spark_and_delta_rs_commit_concurrently(spark: Any, tmp_path: Path) -> N
     assert sorted(r.id for r in spark_rows) == expected
     rs_rows = DeltaTable(uri).to_pyarrow_table().column("id").to_pylist()
     assert sorted(rs_rows) == expected
+
+
+class _DirEvents:
+    """inotify on one directory: which names were created in place and which arrived by a rename.
+
+    The kernel queues every event, so what it reports does not depend on timing."""
+
+    IN_MOVED_TO, IN_CREATE = 0x80, 0x100
+
+    def __init__(self, directory: Path) -> None:
+        import ctypes
+        import os
+
+        self._os = os
+        libc = ctypes.CDLL(None, use_errno=True)
+        self._fd = libc.inotify_init1(os.O_NONBLOCK | os.O_CLOEXEC)
+        if self._fd < 0 or libc.inotify_add_watch(self._fd, str(directory).encode(),
+                                                  self.IN_CREATE | self.IN_MOVED_TO) < 0:
+            raise OSError(ctypes.get_errno(), "inotify")
+        self.created: list[str] = []
+        self.renamed_in: list[str] = []
+
+    def drain(self) -> None:
+        import struct
+
+        while True:
+            try:
+                buf = self._os.read(self._fd, 1 << 16)
+            except BlockingIOError:
+                return
+            i = 0
+            while i < len(buf):
+                _wd, mask, _cookie, length = struct.unpack_from("iIII", buf, i)
+                name = buf[i + 16:i + 16 + length].rstrip(b"\0").decode()
+                (self.created if mask & self.IN_CREATE else self.renamed_in).append(name)
+                i += 16 + length
+
+    def close(self) -> None:
+        self._os.close(self._fd)
+
+
+def test_checkpoints_appear_only_whole_to_a_concurrent_delta_rs_reader(spark: Any, tmp_path: Path) -> None:
+    """Spark writes `N.checkpoint.parquet` as a temp file renamed into place, never in place.
+
+    A checkpoint written in place is visible from its first byte: a delta-rs reader that loads the
+    table meanwhile fails ("Parquet error: ... Corrupt footer"), and a job killed mid-write leaves
+    the torn file for every later reader. Delta renames a temp file instead only when the LogStore
+    says partial writes are visible. The directory's inotify events show how each checkpoint got
+    its name; a delta-rs thread loads and reads the table throughout and must never fail."""
+    table = tmp_path / "cp"
+    uri = str(table)
+    write_deltalake(uri, pa.table({"id": [0], "src": ["seed"]}, schema=SCHEMA))
+    spark.sql(f"ALTER TABLE delta.`{uri}` SET TBLPROPERTIES ('delta.checkpointInterval' = '1')")
+    events = _DirEvents(table / "_delta_log")
+
+    stop = threading.Event()
+    reads: list[int] = []
+    errors: list[BaseException] = []
+
+    def reader() -> None:
+        while not stop.is_set():
+            try:
+                reads.append(DeltaTable(uri).to_pyarrow_table().num_rows)
+            except Exception as exc:  # noqa: BLE001 - asserted below
+                errors.append(exc)
+
+    thread = threading.Thread(target=reader, name="delta-rs-reader")
+    thread.start()
+    try:
+        rounds = 6
+        for n in range(rounds):  # each Spark commit writes a checkpoint (interval 1)
+            spark.createDataFrame([(100 + n, "spark")], "id long, src string").write.format("delta") \
+                .mode("append").save(uri)
+    finally:
+        stop.set()
+        thread.join(timeout=60)
+        events.drain()
+        events.close()
+
+    checkpoint = re.compile(r"\d{20}\.checkpoint\.parquet")
+    whole = sorted(n for n in events.renamed_in if checkpoint.fullmatch(n))
+    torn = sorted(n for n in events.created if checkpoint.fullmatch(n))
+    assert torn == [], f"checkpoints created in place (visible half-written): {torn}"
+    assert len(whole) >= rounds, (whole, events.created)
+    assert not errors, errors[:3]
+    assert reads, "the reader must have loaded the table while Spark wrote"
+    assert DeltaTable(uri).to_pyarrow_table().num_rows == 1 + rounds
+    assert not [p.name for p in (table / "_delta_log").iterdir() if p.name.endswith(".tmp")]

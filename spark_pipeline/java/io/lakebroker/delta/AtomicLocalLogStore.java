@@ -73,8 +73,15 @@ public class AtomicLocalLogStore extends LocalLogStore {
     }
   }
 
+  /**
+   * True: a local file is readable from its first byte. Delta then writes each checkpoint
+   * ({@code N.checkpoint.parquet}) to a temp file and renames it into place, so a delta-rs reader
+   * or a killed job never meets a torn one. Commits do not consult this: they always go through
+   * {@link #write} with {@code overwrite=false}, which stays put-if-absent. (It also turns on
+   * Delta's in-JVM commit lock, as for the stock LocalLogStore.)
+   */
   @Override
   public Boolean isPartialWriteVisible(Path path, Configuration hadoopConf) {
-    return false;
+    return true;
   }
 }
