@@ -117,7 +117,7 @@ def create_app(
     app.include_router(dashboard.router, responses=AUTH_ERRORS, dependencies=[
         require(Scope.ADMIN, topic_checked_by_route=True)])
     check_every_route_decided(app)
-    app.add_middleware(BodyLimit, max_bytes=settings.max_request_bytes)
+    app.add_middleware(BodyLimit, max_bytes=settings.max_request_bytes, read_timeout_s=settings.body_read_timeout_s)
     app.add_middleware(AuthGate, authenticator=auth, public_routes=public_routes(app))  # before any body is read
     app.add_middleware(HeaderLimit)
     return app

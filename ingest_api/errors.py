@@ -10,7 +10,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match, Route
 
 from ingest_api.responses import JSONBytes
-from tables.errors import Backpressure, Forbidden, LakebrokerError, Unauthenticated
+from tables.errors import Backpressure, Forbidden, LakebrokerError, RequestTimeout, Unauthenticated
 
 
 def _error(status: int, code: str, message: str, headers: Mapping[str, str] | None = None) -> JSONBytes:
@@ -26,6 +26,8 @@ def error_response(exc: LakebrokerError) -> JSONBytes:
         headers = {"WWW-Authenticate": f'Bearer realm="lakebroker"{invalid}'}
     elif isinstance(exc, Forbidden) and exc.scope is not None:
         headers = {"WWW-Authenticate": f'Bearer realm="lakebroker", error="insufficient_scope", scope="{exc.scope}"'}
+    elif isinstance(exc, RequestTimeout):  # RFC 9110: the rest of the body is never read
+        headers = {"Connection": "close"}
     return _error(exc.status, exc.code, exc.message, headers)
 
 

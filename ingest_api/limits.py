@@ -1,4 +1,5 @@
-"""ASGI guards: request bodies over the configured size get a 413; too many or too large
+"""ASGI guards: request bodies over the configured size get a 413, bodies that do not arrive
+whole within the configured deadline a 408 (and the connection closed); too many or too large
 headers a 431.
 
 The HTTP server bounds what it buffers of a request head before any of this runs
@@ -8,19 +9,26 @@ HeaderLimit makes the header bound exact."""
 
 from __future__ import annotations
 
+import asyncio
+
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from tables.errors import TooLarge
-
-
-class BodyTooLarge(Exception):
-    pass
+from ingest_api.errors import error_response
+from tables.errors import LakebrokerError, RequestTimeout, TooLarge
 
 
 class BodyLimit:
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+    """Bounds how large a request body may be and how long it may take to arrive (from the app's
+    first read of it), so a slow or endless upload cannot hold a connection slot.
+
+    The refusal is raised inside the app's read, and it is also what the client gets: a route
+    that turns any body-read error into its own answer (FastAPI answers 400 for a body model)
+    has that answer replaced by the refusal."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int, read_timeout_s: float) -> None:
         self.app = app
         self.max_bytes = max_bytes
+        self.read_timeout_s = read_timeout_s
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -36,17 +44,45 @@ class BodyLimit:
                     await _too_large(send, declared, self.max_bytes)
                     return
         seen = 0
+        deadline: float | None = None
+        body_done = False
+        refusal: LakebrokerError | None = None
+        answered = False
 
         async def limited() -> Message:
-            nonlocal seen
-            message = await receive()
+            nonlocal seen, deadline, body_done, refusal
+            if body_done:  # later reads wait for a disconnect, which may take as long as it likes
+                return await receive()
+            if deadline is None:
+                deadline = asyncio.get_running_loop().time() + self.read_timeout_s
+            try:
+                async with asyncio.timeout_at(deadline):
+                    message = await receive()
+            except TimeoutError:
+                refusal = RequestTimeout(f"the request body did not arrive within {self.read_timeout_s:g} s "
+                                         "(setting body_read_timeout_s)")
+                raise refusal from None
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
+                body_done = not message.get("more_body", False)
                 if seen > self.max_bytes:
-                    raise TooLarge(f"request body is over the server limit of {self.max_bytes} bytes")
+                    refusal = TooLarge(f"request body is over the server limit of {self.max_bytes} bytes")
+                    raise refusal
             return message
 
-        await self.app(scope, limited, send)
+        async def answer(message: Message) -> None:
+            nonlocal answered
+            if refusal is None:
+                answered = answered or message["type"] == "http.response.start"
+                await send(message)
+            elif not answered:
+                answered = True
+                await error_response(refusal)(scope, receive, send)
+            # else: the rest of the app's own answer to a refused body is dropped
+
+        await self.app(scope, limited, answer)
+        if refusal is not None and not answered:
+            await error_response(refusal)(scope, receive, send)
 
 
 MAX_HEADERS = 100  # Apache's LimitRequestFields; a produce request needs a handful

@@ -8,6 +8,7 @@
      ├── NotFound                an unknown topic, partition or subscription (404)
      ├── AlreadyExists           a create that names something that exists (409)
      ├── OutOfRange              an offset outside [log_start, log_end] (416)
+     ├── RequestTimeout          a request body that did not arrive in time (408)
      ├── TooLarge                a message or body over its limit (413)
      ├── Backpressure            the WAL backlog is over its bound (429)
      └── StorageUnavailable      the disk is full or failing (507)
@@ -68,6 +69,11 @@ class AlreadyExists(LakebrokerError):
 class OutOfRange(LakebrokerError):
     status = 416
     code = "offset_out_of_range"
+
+
+class RequestTimeout(LakebrokerError):
+    status = 408
+    code = "request_timeout"
 
 
 class TooLarge(LakebrokerError):

@@ -24,6 +24,10 @@ class Settings(BaseSettings):
     host: str = Field("127.0.0.1", description="Address `lakebroker serve` binds.")
     port: int = Field(8080, ge=0, le=65535, description="Port `lakebroker serve` binds.")
     max_request_bytes: int = Field(32 * 1024 * 1024, gt=0, description="Largest HTTP request body accepted.")
+    body_read_timeout_s: float = Field(
+        60.0, gt=0, description="A request body must arrive whole within this many seconds of the server starting "
+        "to read it, or the answer is 408 and the connection is closed (a slow upload cannot hold a slot)."
+    )
 
     # access control (ingest_api/auth.py, tables/tokens.py)
     auth: Literal["auto", "required", "off"] = Field(

@@ -14,7 +14,7 @@ from ingest_api.broker import Broker
 from ingest_api.deps import BrokerDep
 from ingest_api.reader import log_start, offset_for_timestamp, partition_files
 from ingest_api.routes.consume import parse_timestamp
-from ingest_api.schemas import ErrorPublic
+from ingest_api.schemas import MAX_INT, ErrorPublic
 from ingest_api.subscription_status import read_groups, subscription_status
 from tables.dead_letters import DeadLetterTable
 from tables.errors import InvalidRequest, OutOfRange
@@ -27,14 +27,17 @@ from tables.subscriptions import (
     new_secret,
     validate_secret,
 )
-from tables.topics import TopicConfig
+from tables.topics import MAX_PARTITIONS, TopicConfig
 
 router = APIRouter(prefix="/v1/subscriptions", tags=["subscriptions"])
+# Python's JSON parser takes NaN and Infinity, which no bound refuses: these models refuse them.
+_INPUT = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)  # strict: true is not 1
+RetryDelay = Annotated[float, Field(ge=0, le=86_400)]
 _ERRORS: dict[int | str, dict[str, Any]] = {c: {"model": ErrorPublic} for c in (400, 404, 409, 416, 422)}
 
 
 class SubscriptionCreate(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)  # strict: true is not 1
+    model_config = _INPUT
     name: str = Field(min_length=1, max_length=128)
     topic: str = Field(min_length=1, max_length=128)
     url: str = Field(min_length=1, max_length=2048)
@@ -44,7 +47,7 @@ class SubscriptionCreate(BaseModel):
     max_in_flight: int = Field(16, ge=1, le=1000)
     rate_limit_per_s: float | None = Field(None, gt=0, le=100_000)
     max_attempts: int = Field(8, ge=1, le=100)
-    retry_schedule_s: list[float] = Field(
+    retry_schedule_s: list[RetryDelay] = Field(
         [d / 1000 for d in DEFAULT_RETRY_SCHEDULE_MS], min_length=1, max_length=50,
         description="Delays before attempts 2, 3, ...; the last repeats. Jittered by ±20 %.",
     )
@@ -56,13 +59,13 @@ class SubscriptionCreate(BaseModel):
 class SubscriptionUpdate(BaseModel):
     # Only the fields given change; rate_limit_per_s takes null (no limit), the other fields cannot
     # be null (their None defaults only mark them as not given).
-    model_config = ConfigDict(extra="forbid", strict=True)
+    model_config = _INPUT
     url: str = Field(None, min_length=1, max_length=2048)  # type: ignore[assignment]
     ordering: Ordering = Field(None, strict=False)  # type: ignore[assignment]
     max_in_flight: int = Field(None, ge=1, le=1000)  # type: ignore[assignment]
     rate_limit_per_s: float | None = Field(None, gt=0, le=100_000)
     max_attempts: int = Field(None, ge=1, le=100)  # type: ignore[assignment]
-    retry_schedule_s: list[float] | None = Field(None, min_length=1, max_length=50)
+    retry_schedule_s: list[RetryDelay] | None = Field(None, min_length=1, max_length=50)
     timeout_s: float | None = Field(None, ge=0.1, le=120)
     batch_size: int = Field(None, ge=1, le=1000)  # type: ignore[assignment]
     secret: str | None = Field(None, description="A new signing secret; the previous one keeps signing too.")
@@ -71,7 +74,7 @@ class SubscriptionUpdate(BaseModel):
 
 
 class SeekRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
+    model_config = _INPUT
     to: Literal["earliest", "latest"] | None = None
     timestamp: str | None = None
     offsets: dict[str, int] | None = Field(
@@ -80,10 +83,10 @@ class SeekRequest(BaseModel):
 
 
 class ReplayRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
-    partition: int | None = Field(None, ge=0)
-    from_offset: int | None = Field(None, ge=0)
-    to_offset: int | None = Field(None, ge=0)
+    model_config = _INPUT
+    partition: int | None = Field(None, ge=0, le=MAX_PARTITIONS - 1)
+    from_offset: int | None = Field(None, ge=0, le=MAX_INT)
+    to_offset: int | None = Field(None, ge=0, le=MAX_INT)
 
 
 class RetentionSkipPublic(BaseModel):
@@ -151,8 +154,6 @@ StoreDep = Annotated[SubscriptionStore, Depends(_store)]
 
 
 def _schedule_ms(delays: list[float]) -> tuple[int, ...]:
-    if any(d < 0 or d > 86_400 for d in delays):
-        raise InvalidRequest("each retry delay must be between 0 and 86400 seconds")
     return tuple(int(d * 1000) for d in delays)
 
 
@@ -298,9 +299,11 @@ async def seek(name: str, body: SeekRequest, broker: BrokerDep, store: StoreDep)
 @router.get("/{name}/dead-letters", responses=_ERRORS)
 async def list_dead_letters(
     name: str, broker: BrokerDep, store: StoreDep,
-    partition: int | None = Query(None, ge=0), limit: int = Query(100, ge=1, le=10_000),
+    partition: int | None = Query(None, ge=0, le=MAX_PARTITIONS - 1), limit: int = Query(100, ge=1, le=10_000),
 ) -> dict[str, Any]:
-    await asyncio.to_thread(store.get, name)
+    sub = await asyncio.to_thread(store.get, name)
+    if partition is not None:
+        broker.topic(sub.topic).check_partition(partition)
     rows = await asyncio.to_thread(DeadLetterTable(broker.layout).letters, name, limit=limit, partition=partition)
     for r in rows:
         for k in ("dead_at", "replay_requested_at", "replayed_at"):
@@ -311,9 +314,11 @@ async def list_dead_letters(
 @router.post("/{name}/dead-letters/replay", responses=_ERRORS)
 async def replay_dead_letters(name: str, body: ReplayRequest, broker: BrokerDep, store: StoreDep) -> dict[str, int]:
     """Redeliver dead letters: one (partition + from_offset = to_offset), a range, or all (empty body)."""
-    await asyncio.to_thread(store.get, name)
+    sub = await asyncio.to_thread(store.get, name)
     if (body.from_offset is not None or body.to_offset is not None) and body.partition is None:
         raise InvalidRequest("an offset range needs a partition")
+    if body.partition is not None:
+        broker.topic(sub.topic).check_partition(body.partition)
     requested = await asyncio.to_thread(DeadLetterTable(broker.layout).request_replay, name,
                                         partition=body.partition, from_offset=body.from_offset,
                                         to_offset=body.to_offset)

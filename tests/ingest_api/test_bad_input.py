@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
+import socket
+from collections.abc import Iterator
+
+import httpx
 import pytest
 from fastapi.testclient import TestClient
 
 from ingest_api import create_app
+from tables.dead_letters import DeadLetter, DeadLetterTable
+from tables.layout import Layout
 from tables.settings import Settings
+from tests.servers import ServerProcess
 
 
 def assert_error(response, status: int, needle: str) -> None:  # type: ignore[no-untyped-def]
@@ -126,3 +134,109 @@ def test_backlog_over_bound_is_429_with_retry_after(tmp_path) -> None:  # type: 
         assert_error(r, 429, "retry after")
         assert int(r.headers["retry-after"]) >= 1
         assert client.get("/readyz").status_code == 503
+
+
+HOOK = {"name": "hooks", "topic": "orders", "url": "http://127.0.0.1:9/hook"}
+
+
+@pytest.mark.parametrize("token", [b"NaN", b"Infinity", b"-Infinity"])
+def test_non_finite_retry_delays_are_422(client: TestClient, orders: str, token: bytes) -> None:
+    """Python's JSON parser takes NaN and Infinity; a retry delay must be a finite number."""
+    body = b'{"name": "hooks", "topic": "orders", "url": "http://127.0.0.1:9/hook", "retry_schedule_s": [1, %s]}'
+    r = client.post("/v1/subscriptions", content=body % token, headers={"content-type": "application/json"})
+    assert_error(r, 422, "retry_schedule_s.1")
+    assert client.get("/v1/subscriptions").json() == []
+    assert client.post("/v1/subscriptions", json=HOOK).status_code == 201
+    r = client.patch("/v1/subscriptions/hooks", content=b'{"retry_schedule_s": [%s]}' % token,
+                     headers={"content-type": "application/json"})
+    assert_error(r, 422, "retry_schedule_s.0")
+    for field in (b"timeout_s", b"rate_limit_per_s"):
+        r = client.patch("/v1/subscriptions/hooks", content=b'{"%s": %s}' % (field, token),
+                         headers={"content-type": "application/json"})
+        assert_error(r, 422, field.decode())
+    assert client.get("/v1/subscriptions/hooks").json()["retry_schedule_ms"][0] == 5000  # unchanged
+
+
+def _with_a_dead_letter(client: TestClient, settings: Settings) -> None:
+    assert client.post("/v1/subscriptions", json=HOOK).status_code == 201
+    letter = DeadLetter.from_exhausted_retries("hooks", "orders", 1, 0, 3, 500, "boom")
+    DeadLetterTable(Layout(settings.data_dir)).add([letter])  # the table exists, so a filter reaches it
+
+
+@pytest.mark.parametrize("partition", [2**31, 2**63, 10**30])
+def test_huge_dead_letter_partition_is_422(client: TestClient, orders: str, settings: Settings,
+                                           partition: int) -> None:
+    _with_a_dead_letter(client, settings)
+    assert_error(client.get(f"/v1/subscriptions/hooks/dead-letters?partition={partition}"), 422, "partition")
+    assert_error(client.post("/v1/subscriptions/hooks/dead-letters/replay", json={"partition": partition}), 422,
+                 "partition")
+
+
+def test_dead_letter_partition_outside_the_topic_is_400(client: TestClient, orders: str, settings: Settings) -> None:
+    _with_a_dead_letter(client, settings)
+    assert_error(client.get("/v1/subscriptions/hooks/dead-letters?partition=3"), 400, "partition 3 is out of range")
+    assert_error(client.post("/v1/subscriptions/hooks/dead-letters/replay", json={"partition": 3}), 400,
+                 "partition 3 is out of range")
+
+
+@pytest.mark.parametrize("offset", [2**63, 10**30])
+@pytest.mark.parametrize("field", ["from_offset", "to_offset"])
+def test_huge_replay_offsets_are_422(client: TestClient, orders: str, settings: Settings, field: str,
+                                     offset: int) -> None:
+    _with_a_dead_letter(client, settings)
+    r = client.post("/v1/subscriptions/hooks/dead-letters/replay", json={"partition": 1, field: offset})
+    assert_error(r, 422, field)
+    r = client.post("/v1/subscriptions/hooks/dead-letters/replay", json={"partition": 1, "from_offset": 0})
+    assert r.json() == {"requested": 1}  # nothing was marked by the refused requests
+
+
+@pytest.fixture(scope="module")
+def quick_body_deadline(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, int]]:
+    """A real `lakebroker serve` whose request bodies must arrive within 1 s."""
+    proc = ServerProcess(tmp_path_factory.mktemp("body-deadline") / "data",
+                         env={"LAKEBROKER_DELIVER_IN_SERVE": "false", "LAKEBROKER_BODY_READ_TIMEOUT_S": "1"})
+    url = proc.start()
+    assert httpx.post(url + "/v1/topics", json={"name": "orders", "partitions": 1}).status_code == 201
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    try:
+        yield host, int(port)
+    finally:
+        proc.stop()
+
+
+def _answer_while_trickling(address: tuple[str, int], head: bytes, body_start: bytes) -> bytes:
+    """Send a request head and part of its body, then one more body byte at a time (which must not
+    extend the deadline), until the server answers and closes; b"<still open>" if it never does."""
+    out = b""
+    with socket.create_connection(address) as sock:
+        sock.sendall(head + body_start)
+        sock.settimeout(0.2)
+        for _ in range(300):  # a guard against a server that never answers, not a timing bound
+            try:
+                chunk = sock.recv(65536)
+            except TimeoutError:
+                if not out:
+                    with contextlib.suppress(OSError):
+                        sock.sendall(b" ")
+                continue
+            except ConnectionResetError:
+                return out + b"<reset>"
+            if not chunk:
+                return out  # closed by the server
+            out += chunk
+    return out + b"<still open>"
+
+
+@pytest.mark.parametrize("path", ["/v1/topics/orders/messages", "/v1/subscriptions"])
+def test_a_body_that_does_not_arrive_in_time_gets_408_and_close(quick_body_deadline: tuple[str, int],
+                                                                 path: str) -> None:
+    head = (b"POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100000\r\n\r\n"
+            % path.encode())
+    answer = _answer_while_trickling(quick_body_deadline, head, b'{"value": "')
+    assert answer.startswith(b"HTTP/1.1 408"), answer[:300]
+    assert b'"code":"request_timeout"' in answer and b"body_read_timeout_s" in answer, answer[:300]
+    assert b"connection: close" in answer.lower()
+    assert not answer.endswith(b"<still open>")  # the slot is given back
+    host, port = quick_body_deadline
+    r = httpx.post(f"http://{host}:{port}/v1/topics/orders/messages", json={"value": 1})
+    assert r.status_code == 200, r.text  # a body that arrives in time is unaffected
