@@ -57,7 +57,7 @@ class PipelineStatus:
     skipped: int = 0
     last_status: int | None = None
     last_error: str | None = None
-    state: str = "healthy"  # healthy | backing_off | disabled
+    state: str = "healthy"  # healthy | backing_off | fenced (lease not renewed: sends wait) | disabled
 
     def as_dict(self) -> dict[str, Any]:
         return {**self.__dict__, "lag": max(0, self.log_end - self.committed)}
@@ -115,6 +115,7 @@ class PartitionPipeline:
         self._wake = asyncio.Event()
         self._last_poll = 0.0
         self._gone: Gone | None = None
+        self._crashed: BaseException | None = None
         # Children bound once: a labels() lookup per message is measurable at thousands a second.
         # Binding also starts each series at zero, so dashboards and alerts see it before any event.
         name, part = sub.name, str(partition)
@@ -143,6 +144,8 @@ class PartitionPipeline:
                 self._wake.clear()
                 if self._gone is not None:
                     raise self._gone
+                if self._crashed is not None:  # a delivery task hit a bug: the worker restarts this pipeline
+                    raise self._crashed
         except Gone as exc:
             self.status.state = "disabled"
             self.on_gone(str(exc))
@@ -265,9 +268,18 @@ class PartitionPipeline:
             return ("k", row["key"])
         return ("o", row["offset"])  # unordered: its own key
 
+    def _fenced(self) -> bool:
+        """True while the lease is in doubt: a send now could overlap the next owner's."""
+        if self.lease_valid():
+            if self.status.state == "fenced":
+                self.status.state = "healthy"
+            return False
+        self.status.state = "fenced"
+        return True
+
     def _dispatch(self) -> None:
         window = self.endpoint.window
-        if time.monotonic() < self.endpoint.backing_off_until:
+        if time.monotonic() < self.endpoint.backing_off_until or self._fenced():
             return
         while self._pending and window.has_room():
             unit = self._next_unit()
@@ -305,6 +317,8 @@ class PartitionPipeline:
 
     def _finished(self, task: asyncio.Task[None]) -> None:
         self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None and self._crashed is None:
+            self._crashed = task.exception()  # its key would stay busy forever: let run() fail loudly
         if not self._stopping and self._gone is None:
             self._dispatch()  # the next message goes now, not after a turn of run()'s loop
         self._wake.set()
@@ -318,9 +332,10 @@ class PartitionPipeline:
                 if not holding:
                     await window.acquire()
                     holding = True
+                while self._fenced():  # retries too: never send once the lease may have passed on
+                    await asyncio.sleep(self.poll_s)
                 await self.endpoint.bucket.take(len(unit.rows))
-                outcome = await self.sender.send(self.sub.url, self.sub.topic, unit.rows, self.signer,
-                                                 self.sub.timeout_ms / 1000, batch=self.sub.batch_size > 1)
+                outcome = await self._attempt(unit.rows)
                 attempts += 1
                 self._record(outcome)
                 holding = False
@@ -351,6 +366,16 @@ class PartitionPipeline:
                 await window.release(False)
             self.status.in_flight -= 1
             self._in_flight.dec()
+
+    async def _attempt(self, rows: list[dict[str, Any]]) -> Outcome:
+        """One POST. Whatever goes wrong ends the attempt as a failure, retried by the policy: an
+        exception escaping here would kill the task, keep its key busy and stall the partition."""
+        try:
+            return await self.sender.send(self.sub.url, self.sub.topic, rows, self.signer,
+                                          self.sub.timeout_ms / 1000, batch=self.sub.batch_size > 1)
+        except Exception as exc:
+            log.exception("subscription %s partition %d: delivery attempt failed", self.sub.name, self.partition)
+            return Outcome(None, f"internal error: {type(exc).__name__}: {exc}"[:500])
 
     def _record(self, outcome: Outcome) -> None:
         if outcome.ok:
@@ -398,9 +423,10 @@ class PartitionPipeline:
         replayed: list[int] = []
         failed: list[tuple[int, Outcome]] = []
         for row in rows:  # one attempt per replay request; a failure leaves the letter dead
+            if self._fenced():
+                break  # the rest stay requested, for whoever holds the lease next
             await self.endpoint.bucket.take()
-            outcome = await self.sender.send(self.sub.url, self.sub.topic, [row], self.signer,
-                                             self.sub.timeout_ms / 1000, batch=self.sub.batch_size > 1)
+            outcome = await self._attempt([row])
             self._record(outcome)
             if outcome.gone:
                 raise Gone("endpoint answered 410 Gone during a dead-letter replay")

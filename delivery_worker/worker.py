@@ -110,9 +110,14 @@ class DeliveryWorker:
         release: set[Pair] = set()
         for pair, current in list(self._running.items()):
             sub = active.get(pair[0])
-            if pair not in desired or sub is None or _config(sub) != current.config or current.task.done():
+            if (pair not in desired or sub is None or _config(sub) != current.config
+                    or current.pipeline.status.state == "disabled"):
                 await self._stop(pair, commit=True)
                 release.add(pair)
+            elif current.task.done():  # a crashed pipeline: restarted below, under the lease it holds
+                crash = None if current.task.cancelled() else current.task.exception()
+                log.error("pipeline of %s partition %d stopped; restarting it", *pair, exc_info=crash)
+                await self._stop(pair, commit=True)
 
         statuses = {pair: orjson.dumps(r.pipeline.status.as_dict()).decode() for pair, r in self._running.items()}
         applied = {pair: r.seek_epoch for pair, r in self._running.items()}

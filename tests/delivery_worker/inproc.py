@@ -1,0 +1,40 @@
+"""Delivery workers in the test's event loop, over real Delta tables (no ingest server): the
+topic is appended as the flusher appends (tests/spark_pipeline/topics.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+
+from delivery_worker.metrics import DeliveryMetrics
+from delivery_worker.worker import DeliveryWorker
+from tables.layout import Layout
+from tables.settings import Settings
+from tables.subscriptions import Subscription, SubscriptionStore, new_secret
+
+
+async def until(predicate: Callable[[], bool], what: str, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"not met in {timeout}s: {what}"
+        await asyncio.sleep(0.02)
+
+
+def worker_settings(data: Path, heartbeat_s: float = 0.2) -> Settings:
+    return Settings(data_dir=data, lease_ttl_s=2, heartbeat_s=heartbeat_s, delivery_poll_ms=20,
+                    offset_commit_interval_ms=100, allow_private_webhooks=True)
+
+
+def worker(settings: Settings, worker_id: str) -> DeliveryWorker:
+    return DeliveryWorker(settings, DeliveryMetrics(CollectorRegistry()), worker_id=worker_id)
+
+
+def subscribe(data: Path, topic: str, url: str, **config: Any) -> Subscription:
+    sub = Subscription(name="hooks", topic=topic, url=url, retry_schedule_ms=(50,), timeout_ms=2000,
+                       secrets=(new_secret(),), **config)
+    return SubscriptionStore(Layout(data)).create(sub)
