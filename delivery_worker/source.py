@@ -8,6 +8,7 @@ import pyarrow.compute as pc
 from deltalake import DeltaTable
 
 from tables import delta
+from tables.log_start import log_start
 from tables.log_tail import TopicLogTail
 from tables.schemas import TOPIC_SCHEMA
 
@@ -27,9 +28,7 @@ class PartitionSource:
 
     def log_start(self, log_end: int) -> int:
         """The lowest offset still in the table (retention moves it up), as of the last refresh."""
-        # A file without statistics says nothing about its offsets: the known minimum is the start.
-        lows = [f.min_offset for f in self._tail.files(self.partition) if f.min_offset is not None]
-        return min(lows) if lows else log_end
+        return log_start((f.min_offset for f in self._tail.files(self.partition)), log_end)
 
     def read(self, start: int, end: int) -> list[dict[str, Any]]:
         """Rows with start <= offset < end, in offset order (may have holes after key compaction)."""

@@ -36,8 +36,8 @@ from ingest_api.subscription_status import GroupTables, read_groups, subscriptio
 from spark_pipeline.job_runs import last_runs
 from spark_pipeline.results import JobName
 from tables.dead_letters import DeadLetterTable
-from tables.delta import PartitionFiles
 from tables.layout import Layout
+from tables.log_start import PartitionLog
 from tables.offsets import OffsetsTable
 from tables.subscriptions import Subscription, SubscriptionStore
 from tables.tokens import ApiToken
@@ -81,7 +81,7 @@ class ProduceRates:
 class _TableReads:
     """Everything the snapshot reads from Delta, read in one worker thread."""
 
-    files: dict[str, dict[int, PartitionFiles]]
+    files: dict[str, dict[int, PartitionLog]]
     subscriptions: dict[str, Subscription]
     groups: GroupTables
     dead_letters: dict[str, list[dict[str, Any]]]
@@ -196,7 +196,7 @@ class Dashboard:
             "dead_letters": letters,
         }
 
-    def _topic(self, topic: TopicConfig, files: dict[int, PartitionFiles], now: float) -> dict[str, Any]:
+    def _topic(self, topic: TopicConfig, files: dict[int, PartitionLog], now: float) -> dict[str, Any]:
         partitions = []
         for p in range(topic.partitions):
             f = files.get(p)

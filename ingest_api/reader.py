@@ -9,6 +9,7 @@ import pyarrow.compute as pc
 from tables import delta
 from tables.errors import OutOfRange
 from tables.layout import Layout
+from tables.log_start import PartitionLog, partition_logs
 from tables.message_format import message_json
 from tables.schemas import TOPIC_SCHEMA
 from tables.topics import TopicConfig
@@ -16,16 +17,16 @@ from tables.topics import TopicConfig
 _COLUMNS = TOPIC_SCHEMA.names
 
 
-def partition_files(layout: Layout, topic: TopicConfig) -> dict[int, delta.PartitionFiles]:
+def partition_files(layout: Layout, topic: TopicConfig) -> dict[int, PartitionLog]:
+    """Every partition's files and log start, from one snapshot ({} before the table exists)."""
     table = delta.open_table(layout.topic_table(topic.name))
-    return {} if table is None else delta.partition_files(table)
+    return {} if table is None else partition_logs(table, topic.partitions)
 
 
-def log_start(files: delta.PartitionFiles | None, committed_end: int) -> int:
-    """Lowest offset still in the table; the committed end when retention emptied the partition."""
-    if files is None or files.min_offset is None:
-        return committed_end
-    return int(files.min_offset)
+def log_start(files: PartitionLog | None, committed_end: int) -> int:
+    """Lowest offset still in the table, judged on the files' own snapshot (tables.log_start).
+    Capped at `committed_end`: the snapshot may hold a commit the broker has not yet counted."""
+    return committed_end if files is None else min(files.log_start, committed_end)
 
 
 def offset_for_timestamp(layout: Layout, topic: TopicConfig, partition: int, timestamp_us: int) -> int | None:

@@ -106,19 +106,18 @@ def topics_list() -> None:
 @topics_app.command("describe")
 def topics_describe(name: str) -> None:
     """Show a topic's configuration and each partition's offsets, size and files."""
-    from ingest_api.reader import log_start, partition_files
     from tables import delta
+    from tables.log_start import partition_logs
 
     layout = Layout(settings().data_dir)
     topic = TopicStore(layout).get(name)
     out.print(", ".join(f"{k}={v}" for k, v in topic.public().items()), highlight=False, soft_wrap=True)
-    files = partition_files(layout, topic)
     table = delta.open_table(layout.topic_table(name))
+    logs = {} if table is None else partition_logs(table, topic.partitions)  # one snapshot
     rows = []
     for p in range(topic.partitions):
-        end = 0 if table is None else delta.txn_version(table, delta.partition_app_id(p)) or 0
-        f = files.get(p)
-        rows.append([p, log_start(f, end), end, f.size_bytes if f else 0, f.files if f else 0])
+        f = logs.get(p)
+        rows.append([p, f.log_start if f else 0, f.log_end if f else 0, f.size_bytes if f else 0, f.files if f else 0])
     print_rows(["partition", "log_start_offset", "committed_offset", "size_bytes", "files"], rows)
 
 

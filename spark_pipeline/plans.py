@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from tables.log_start import log_start
+
 # A file below this fraction of the target size is "small": worth merging with its neighbours.
 SMALL_FRACTION = 0.75
 # Delta (Spark and delta-rs) truncates timestamp statistics to milliseconds: the true maximum of
@@ -163,8 +165,7 @@ class PartitionRetention:
 
     def log_start(self, log_end: int) -> int:
         """The partition's lowest offset after the whole-file drops (log_end when none remain)."""
-        starts = [f.min_offset for f in self.keep if f.min_offset is not None]
-        return min(starts) if starts else log_end
+        return log_start((f.min_offset for f in self.keep), log_end)
 
 
 def plan_retention(partition: int, files: Iterable[FileEntry], *, now_us: int, retention_ms: int | None,

@@ -63,6 +63,7 @@ from spark_pipeline.results import JobName, JobResult, Outcome, Run, TableResult
 from tables import delta
 from tables.errors import InvalidRequest
 from tables.layout import Layout
+from tables.log_start import log_starts
 from tables.settings import Settings
 from tables.topics import CleanupPolicy, TopicConfig
 
@@ -187,16 +188,7 @@ def replicate_topic(spark: SparkSession, layout: Layout, replica: Replica, topic
 
 def primary_log_starts(source: str, partitions: int) -> dict[int, int]:
     """Each primary partition's lowest offset still present (its log end if retention emptied it)."""
-    table = DeltaTable(source)
-    files = delta.partition_files(table)
-    out = {}
-    for p in range(partitions):
-        found = files.get(p)
-        if found is not None and found.min_offset is not None:
-            out[p] = int(found.min_offset)
-        else:
-            out[p] = delta.txn_version(table, delta.partition_app_id(p)) or 0
-    return out
+    return log_starts(DeltaTable(source), partitions)
 
 
 def stream_copy(spark: SparkSession, source: str, target: str, checkpoint: str, *, topic: TopicConfig | None,

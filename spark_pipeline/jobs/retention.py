@@ -8,9 +8,10 @@ partition as for a 10 kB one. The file straddling the time cutoff is kept whole 
 `retention_trim_partial_files` is on, in which case it is rewritten without its expired rows.
 Like Kafka, `retention_ms` is thus a lower bound: a row can outlive it by at most its file's span.
 
-Then, per partition, the log-start offset (lowest offset still in the table, or the log end when
-retention emptied it) moves forward, and every consumer group whose committed offset is now below
-it is moved to it: an `OffsetReason.RETENTION_SKIP` offsets row, plus a row in
+Then, per partition, the log-start offset (tables/log_start.py: lowest offset still in the table,
+or the log end when retention emptied it, judged on the snapshot of the removal commit, so rows
+the flusher commits meanwhile are never counted as removed) moves forward, and every consumer
+group whose committed offset is now below it is moved to it: an `OffsetReason.RETENTION_SKIP` offsets row, plus a row in
 `_system/retention_skips` first (so a crash in between repeats the record rather than losing
 it). `tables.retention_skips` reads them; Prometheus and the subscription's status show them.
 
@@ -50,6 +51,7 @@ from spark_pipeline.plans import FileEntry, PartitionRetention, by_partition, pl
 from spark_pipeline.results import JobName, JobResult, Outcome, Run, TableResult
 from tables import delta
 from tables.layout import Layout
+from tables.log_start import log_starts
 from tables.offsets import OffsetReason, OffsetsTable
 from tables.retention_skips import RetentionSkip, record_skips
 from tables.settings import Settings
@@ -105,7 +107,7 @@ def apply_topic_retention(spark: SparkSession, layout: Layout, topic: TopicConfi
                                                        trim_before_us=cutoff_us))
         result.rows_removed = applied.rows_removed
         result.details.update(applied.details())
-        skips = forward_lagging_groups(layout, topic, applied.log_starts(_log_ends(uri, topic.partitions)),
+        skips = forward_lagging_groups(layout, topic, _log_starts_after(uri, applied, topic.partitions),
                                        run_id=run_id)
         result.details["groups_skipped"] = [
             {"group": s.group, "partition": s.partition, "from": s.from_offset, "to": s.to_offset,
@@ -127,14 +129,6 @@ class Applied:
     @property
     def rows_removed(self) -> int:
         return sum(p.rows_dropped for p in self.plans.values()) + self.trimmed_rows
-
-    def log_starts(self, ends: dict[int, int]) -> dict[int, int]:
-        out = {}
-        for partition, end in ends.items():
-            plan = self.plans.get(partition)
-            start = end if plan is None else plan.log_start(end)
-            out[partition] = max(start, self.trimmed_to.get(partition, start))
-        return out
 
     def details(self) -> dict[str, Any]:
         return {
@@ -202,11 +196,13 @@ def remove_prefixes(spark: SparkSession, uri: str, partitions: int, plan: PlanFn
     return applied
 
 
-def _log_ends(uri: str, partitions: int) -> dict[int, int]:
-    """Each partition's log-end offset: the txn the flusher commits with its rows (delta-rs read,
-    outside any Spark transaction, so it cannot make a job conflict with the flusher)."""
-    table = DeltaTable(uri)
-    return {p: delta.txn_version(table, delta.partition_app_id(p)) or 0 for p in range(partitions)}
+def _log_starts_after(uri: str, applied: Applied, partitions: int) -> dict[int, int]:
+    """Each partition's log start in the snapshot of this run's removal commit (the newest one when
+    it removed nothing), files and log end together: groups move only past what was removed.
+    (A log end read later would count rows the flusher committed meanwhile as removed.) Read with
+    delta-rs, outside any Spark transaction, so it cannot make a job conflict with the flusher."""
+    table = DeltaTable(uri) if applied.version is None else DeltaTable(uri, version=applied.version)
+    return log_starts(table, partitions)
 
 
 def forward_lagging_groups(layout: Layout, topic: TopicConfig, log_starts: dict[int, int], *,

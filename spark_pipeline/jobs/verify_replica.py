@@ -28,6 +28,7 @@ from spark_pipeline.jobs.common import parser, select_topics, settings_from
 from spark_pipeline.jobs.replication import SNAPSHOT_APP_ID, SNAPSHOT_TABLES, check_filesystem, resolve_replica
 from tables.errors import LakebrokerError
 from tables.layout import Layout
+from tables.log_start import log_starts
 from tables.settings import Settings
 from tables.topics import CleanupPolicy, TopicConfig
 
@@ -107,11 +108,13 @@ def _stats(frame: DataFrame) -> dict[int, tuple[int, int, int, datetime | None]]
 def _check_topic(spark: SparkSession, topic: TopicConfig, source: str, target: str) -> list[PartitionCheck]:
     from pyspark.sql import functions as F
 
-    primary = spark.read.format("delta").load(source).select("partition", "offset", "timestamp").cache()
+    snapshot = DeltaTable(source)  # the primary's rows and log starts from this one version
+    primary = (spark.read.format("delta").option("versionAsOf", snapshot.version()).load(source)
+               .select("partition", "offset", "timestamp").cache())
     replica = spark.read.format("delta").load(target).select("partition", "offset", "timestamp").cache()
     try:
         p_stats, r_stats = _stats(primary), _stats(replica)
-        starts = _log_starts(source, topic, p_stats)
+        starts = log_starts(snapshot, topic.partitions)
         bounds = spark.createDataFrame(
             [(p, starts[p], p_stats.get(p, (0, 0, -1, None))[2], r_stats.get(p, (0, 0, -1, None))[2])
              for p in range(topic.partitions)], "partition int, start long, p_hi long, r_hi long")
@@ -151,14 +154,6 @@ def _check_topic(spark: SparkSession, topic: TopicConfig, source: str, target: s
 
 def _count(frame: DataFrame) -> dict[int, int]:
     return {int(r["partition"]): int(r["count"]) for r in frame.groupBy("partition").count().collect()}
-
-
-def _log_starts(source: str, topic: TopicConfig, stats: dict[int, tuple[int, int, int, Any]]) -> dict[int, int]:
-    from tables import delta
-
-    table = DeltaTable(source)
-    return {p: stats[p][1] if p in stats else (delta.txn_version(table, delta.partition_app_id(p)) or 0)
-            for p in range(topic.partitions)}
 
 
 def _check_offsets(spark: SparkSession, source: str, target: str, out: Verification) -> None:

@@ -215,3 +215,47 @@ def test_retention_racing_ingest_loses_and_duplicates_nothing(spark: Any, tmp_pa
     assert versions == list(range(versions[0], versions[-1] + 1)), versions
     flushes = [c for _, c in infos if c.get("lakebroker.operation") == "flush"]
     assert len(flushes) == 10 + len(appended), (len(flushes), len(appended))
+
+
+@pytest.mark.parametrize("append_after", ["plan_retention", "remove_prefixes"])
+def test_groups_move_only_past_what_retention_removed(spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                      append_after: str) -> None:
+    """The flusher commits 100-102 to a partition whose files all expire, while retention runs:
+    after the plan is made (so the plan keeps no file of it), or after the removal commit. Groups
+    are moved to 100, the end of what retention removed, never past the new rows.
+
+    Deterministic: the append runs inside the named step of the real job (a wrapper that calls
+    the step, then appends through delta-rs with the partition's txn, as the flusher does)."""
+    settings = settings_for(tmp_path / "data")
+    layout = Layout(settings.data_dir)
+    create_topic(settings, "events", partitions=2, retention_ms=3_600_000)
+    old = NOW_US() - 2 * HOUR_US
+    produce(settings, "events", 0, 10, ts_us=old)
+    produce(settings, "events", 0, 10)  # partition 0 keeps 10-19
+    for _ in range(2):
+        produce(settings, "events", 1, 50, ts_us=old)  # partition 1: 0-99, all expired
+    offsets = OffsetsTable(layout)
+    offsets.commit("lagging", "events", {1: 5}, OffsetReason.ACK)
+    offsets.commit("caught-up", "events", {1: 100}, OffsetReason.ACK)
+
+    step = getattr(retention, append_after)
+    appended: list[tuple[int, int]] = []
+
+    def step_then_append(*args: Any, **kwargs: Any) -> Any:
+        out = step(*args, **kwargs)
+        if not appended:
+            appended.append(produce(settings, "events", 1, 3))  # the flusher's 100-102
+        return out
+
+    monkeypatch.setattr(retention, append_after, step_then_append)
+    result = retention.run(spark, settings, "events")
+    assert result.outcome is Outcome.OK, result.public()
+    assert appended == [(100, 103)]
+    assert result.table("events").rows_removed == 10 + 100
+
+    assert offsets_by_partition(settings, "events") == {0: list(range(10, 20)), 1: [100, 101, 102]}
+    latest = offsets.latest()
+    assert latest[("lagging", "events", 1)] == (100, OffsetReason.RETENTION_SKIP.value), latest
+    assert latest[("caught-up", "events", 1)] == (100, OffsetReason.ACK.value), latest
+    skips = retention_skips(layout)
+    assert [(s.group, s.partition, s.from_offset, s.to_offset) for s in skips] == [("lagging", 1, 5, 100)]

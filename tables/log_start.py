@@ -1,0 +1,56 @@
+"""A partition's log-start offset: the lowest offset still in its topic table.
+
+The one rule, for every reader (pull consume, subscriptions, delivery, retention, replication):
+the lowest known offset of the partition's files; when retention emptied the partition, its log
+end (the flusher's txn version). A file without statistics says nothing about its offsets, so it
+does not count.
+
+Files and log end must come from ONE snapshot. Mixed, a log end read after the files can count
+rows the flusher committed in between as removed: retention would move groups past live messages.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from deltalake import DeltaTable
+
+from tables import delta
+
+
+def log_start(min_offsets: Iterable[int | None], log_end: int) -> int:
+    """The rule: `min_offsets` are the partition's files' lowest offsets, `log_end` its log end,
+    both from the same snapshot."""
+    lows = [int(low) for low in min_offsets if low is not None]
+    return min(lows) if lows else log_end
+
+
+@dataclass(frozen=True)
+class PartitionLog:
+    """One partition as one snapshot saw it."""
+
+    partition: int
+    files: int
+    rows: int
+    size_bytes: int
+    log_start: int
+    log_end: int
+
+
+def partition_logs(table: DeltaTable, partitions: int) -> dict[int, PartitionLog]:
+    """Every partition's files, log start and log end, from the table object's one snapshot."""
+    files = delta.partition_files(table)
+    out = {}
+    for p in range(partitions):
+        found = files.get(p)
+        end = delta.txn_version(table, delta.partition_app_id(p)) or 0
+        start = log_start([None if found is None else found.min_offset], end)
+        out[p] = PartitionLog(p, found.files if found else 0, found.rows if found else 0,
+                              found.size_bytes if found else 0, start, end)
+    return out
+
+
+def log_starts(table: DeltaTable, partitions: int) -> dict[int, int]:
+    """Every partition's log start, from the table object's one snapshot."""
+    return {p: log.log_start for p, log in partition_logs(table, partitions).items()}
