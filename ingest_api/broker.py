@@ -8,7 +8,6 @@ both drive this class; it knows nothing of HTTP.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from dataclasses import dataclass
@@ -105,13 +104,15 @@ class Broker:
         self.started = True
 
     async def stop(self) -> None:
+        # The tasks stop first, each between two groups or flushes, so the drain below is the
+        # only writer: a drain beside a running committer or flusher could interleave with it.
+        self.committer.close()
+        self.flusher.close()
+        for task in self._tasks:
+            await task
         await self.committer.drain()
         if self.flusher.pending_bytes:
             await self.flusher.flush_once()
-        for task in self._tasks:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
         self.wal.close()
         self.started = False
 
@@ -141,11 +142,12 @@ class Broker:
                 did = dedup_id(row["message_id"], row["producer_id"], row["sequence"])
                 if did is not None:
                     ts = int(row["timestamp"].timestamp() * 1_000_000)
-                    seen.append((ts, (topic.name, did), row["partition"], row["offset"]))
+                    seen.append((ts, (topic.topic_id, did), row["partition"], row["offset"]))
+        live = {bytes.fromhex(t.topic_id) for t in self.topics.values()}
         for r in wal_records:
             did = dedup_id(r.message_id, r.producer_id, r.sequence)
-            if did is not None and r.timestamp_us >= horizon_us:
-                seen.append((r.timestamp_us, (r.topic, did), r.partition, r.offset))
+            if did is not None and r.timestamp_us >= horizon_us and r.topic_id in live:
+                seen.append((r.timestamp_us, (r.topic_id.hex(), did), r.partition, r.offset))
         for ts, key, partition, offset in sorted(seen):
             self.dedup.remember(key, partition, offset, at=ts / 1_000_000)
 
@@ -169,10 +171,12 @@ class Broker:
         return updated
 
     async def delete_topic(self, name: str) -> None:
-        self.topic(name)
-        await asyncio.to_thread(self.store.delete, name)
-        self.topics = {k: v for k, v in self.topics.items() if k != name}
+        topic = self.topic(name)
+        async with self.flusher.commit_lock:  # no flush may land in the table once it is gone
+            await asyncio.to_thread(self.store.delete, name)
+            self.topics = {k: v for k, v in self.topics.items() if k != name}
         self._round_robin.pop(name, None)
+        await self.flusher.forget(topic.topic_id)
 
     def log_end(self, topic: TopicConfig, partition: int) -> int:
         return self.committer.next_offsets.get((bytes.fromhex(topic.topic_id), partition), 0)
@@ -207,7 +211,7 @@ class Broker:
         pending: list[Pending] = []
         for i, m in enumerate(messages):
             did = dedup_id(m.message_id, m.producer_id, m.sequence)
-            key: DedupKey | None = None if did is None else (topic.name, did)
+            key: DedupKey | None = None if did is None else (topic.topic_id, did)
             if key is not None:
                 hit = self.dedup.lookup(key)
                 if isinstance(hit, tuple):

@@ -1,4 +1,4 @@
-"""The idempotent-producer index: (topic, message id) → the original partition and offset.
+"""The idempotent-producer index: (topic id, message id) → the original partition and offset.
 
 An id is a producer-supplied message id, or a producer id with a sequence number. The index
 is bounded by a time window and an entry count, and is rebuilt at start from the WAL and the
@@ -11,7 +11,7 @@ import asyncio
 import time
 from collections import OrderedDict
 
-DedupKey = tuple[str, str]
+DedupKey = tuple[str, str]  # (topic id, not name: a re-created topic is a new log; dedup id)
 
 
 def dedup_id(message_id: str | None, producer_id: str | None, sequence: int | None) -> str | None:

@@ -5,7 +5,13 @@ waiting records pass `flush_max_records` / `flush_max_bytes`. Each commit carrie
 txn actions, every touched partition's new log-end offset (tables.delta.partition_app_id).
 Before committing, records below the table's recorded log-end are dropped: they are already
 in the table (a crash came between the Delta commit and the WAL cleanup), so a replay
-neither loses nor duplicates a row.
+neither loses nor duplicates a row. The rest must start exactly at that log-end and be
+dense: a commit that would leave a gap is refused (GapError) and retried, so no interleaving
+of flushes can make a later commit's txn version cover records that never arrived.
+
+One flush runs at a time (`commit_lock`); deleting a topic takes the same lock, so no commit
+lands in a table after it is deleted. Tables are cached by topic id, not name: a re-created
+topic is a new table.
 """
 
 from __future__ import annotations
@@ -24,12 +30,19 @@ from ingest_api.metrics import IngestMetrics
 from ingest_api.records import Record
 from ingest_api.wal import PartitionKey
 from tables import delta
+from tables.errors import LakebrokerError, NotFound
 from tables.layout import Layout
 from tables.schemas import TOPIC_PARTITION_COLUMNS, TOPIC_SCHEMA, TOPIC_SCHEMA_VERSION
 from tables.settings import Settings
 from tables.topics import TopicConfig
 
 log = logging.getLogger(__name__)
+
+
+class GapError(LakebrokerError):
+    """A flush would commit offsets that do not start at the partition's committed end."""
+
+    code = "offset_gap"
 
 
 def records_to_arrow(records: list[Record]) -> pa.Table:
@@ -72,7 +85,9 @@ class Flusher:
         self._pending_bytes = 0
         self._oldest: float | None = None
         self._wake = asyncio.Event()
-        self._tables: dict[str, DeltaTable] = {}
+        self._closing = False
+        self.commit_lock = asyncio.Lock()
+        self._tables: dict[str, DeltaTable] = {}  # by topic id
         self.committed: dict[PartitionKey, int] = {}  # log-end offsets known to be in Delta
         self._waiters: dict[PartitionKey, list[tuple[int, asyncio.Future[None]]]] = defaultdict(list)
         self.healthy = True
@@ -102,24 +117,47 @@ class Flusher:
         return future
 
     async def run(self) -> None:
+        """Flush until close(); returns between flushes, never in the middle of one."""
         interval = self._settings.flush_interval_ms / 1000
-        backoff = interval
-        while True:
+        backoff = 0.0
+        while not self._closing:
             wait = interval if self._oldest is None else max(0.0, self._oldest + interval - time.monotonic())
-            with contextlib.suppress(TimeoutError):  # (not wait_for: it can swallow a cancel in 3.11)
-                async with asyncio.timeout(wait):
-                    await self._wake.wait()
-            self._wake.clear()
+            await self._sleep(max(wait, backoff))
+            if self._closing:
+                return
             if not self._pending:
                 continue
-            if await self.flush_once():
-                backoff = interval
-            else:
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 5.0)
+            backoff = 0.0 if await self.flush_once() else min(max(backoff * 2, interval), 5.0)
+
+    async def _sleep(self, seconds: float) -> None:
+        with contextlib.suppress(TimeoutError):  # (not wait_for: it can swallow a cancel in 3.11)
+            async with asyncio.timeout(seconds):
+                await self._wake.wait()
+        self._wake.clear()
+
+    def close(self) -> None:
+        """Ask run() to return once the flush in progress, if any, is done."""
+        self._closing = True
+        self._wake.set()
+
+    async def forget(self, topic_id: str) -> None:
+        """A deleted topic: drop its table handle and fail whoever waits for its commits."""
+        key_id = bytes.fromhex(topic_id)
+        async with self.commit_lock:
+            self._tables.pop(topic_id, None)
+            for key in [k for k in self._waiters if k[0] == key_id]:
+                for _, future in self._waiters.pop(key):
+                    if not future.done():
+                        future.set_exception(NotFound("the topic was deleted before the message was committed"))
+            for key in [k for k in self.committed if k[0] == key_id]:
+                del self.committed[key]
 
     async def flush_once(self) -> bool:
         """Commit everything pending; on failure keep it pending and report False."""
+        async with self.commit_lock:
+            return await self._flush_locked()
+
+    async def _flush_locked(self) -> bool:
         batch, self._pending = self._pending, []
         self._pending_bytes = 0
         self._oldest = None
@@ -127,6 +165,7 @@ class Flusher:
         for r in batch:
             by_topic[r.topic].append(r)
         failed: list[Record] = []
+        committed_any = False
         topics = self._topics()
         for name, records in by_topic.items():
             topic = topics.get(name)
@@ -145,6 +184,9 @@ class Flusher:
             self._metrics.flush_latency.observe(time.perf_counter() - started)
             self._metrics.flush_batch.observe(len(live))
             self._mark_committed(topic, ends)
+            committed_any = True
+        if committed_any:  # one failing topic must not hold every other topic's WAL
+            self._on_committed()
         if failed:
             self.healthy = False
             self._pending = failed + self._pending
@@ -152,16 +194,14 @@ class Flusher:
             self._oldest = time.monotonic()
             return False
         self.healthy = True
-        self._on_committed()
         return True
 
     def _table(self, topic: TopicConfig) -> DeltaTable:
-        uri = self._layout.topic_table(topic.name)
-        table = self._tables.get(uri)
+        table = self._tables.get(topic.topic_id)
         if table is None:
-            table = delta.ensure_table(uri, TOPIC_SCHEMA, partition_by=TOPIC_PARTITION_COLUMNS,
-                                       version=TOPIC_SCHEMA_VERSION)
-            self._tables[uri] = table
+            table = delta.ensure_table(self._layout.topic_table(topic.name), TOPIC_SCHEMA,
+                                       partition_by=TOPIC_PARTITION_COLUMNS, version=TOPIC_SCHEMA_VERSION)
+            self._tables[topic.topic_id] = table
             self._metrics.flush_errors.labels(topic.name)  # starts at zero, visible before a failure
         else:
             table.update_incremental()
@@ -170,11 +210,11 @@ class Flusher:
     def _commit(self, topic: TopicConfig, records: list[Record]) -> dict[int, int]:
         table = self._table(topic)
         ends = {p: delta.txn_version(table, delta.partition_app_id(p)) or 0 for p in {r.partition for r in records}}
-        fresh = [r for r in records if r.offset >= ends[r.partition]]
+        fresh = _contiguous_from(ends, records)
         if not fresh:
             return ends
         for r in fresh:
-            ends[r.partition] = max(ends[r.partition], r.offset + 1)
+            ends[r.partition] = r.offset + 1
         delta.append(
             table,
             records_to_arrow(fresh),
@@ -197,3 +237,20 @@ class Flusher:
                     if o < end and not f.done():
                         f.set_result(None)
                 self._waiters[key] = still
+
+
+def _contiguous_from(ends: dict[int, int], records: list[Record]) -> list[Record]:
+    """The records at or past each partition's committed end, which must continue it densely."""
+    fresh: dict[tuple[int, int], Record] = {}
+    for r in records:
+        if r.offset >= ends[r.partition]:
+            fresh.setdefault((r.partition, r.offset), r)  # a record queued twice is committed once
+    expected = dict(ends)
+    for partition, offset in sorted(fresh):
+        if offset != expected[partition]:
+            raise GapError(
+                f"partition {partition}: a commit would start at offset {offset}, but the table ends at "
+                f"{expected[partition]}; refused so no gap is committed"
+            )
+        expected[partition] = offset + 1
+    return [fresh[k] for k in sorted(fresh)]

@@ -45,6 +45,7 @@ class GroupCommitter:
         self._max_group = max_group
         self._queue: list[Pending] = []
         self._wake = asyncio.Event()
+        self._closing = False
         self._last_ts = 0
         self.queued_bytes = 0
 
@@ -54,15 +55,20 @@ class GroupCommitter:
         self._wake.set()
 
     async def run(self) -> None:
-        while True:
+        """Commit groups until close(); returns between groups, never in the middle of one."""
+        while not self._closing:
             await self._wake.wait()
             self._wake.clear()
-            while self._queue:
+            while self._queue and not self._closing:
                 group, self._queue = self._queue[: self._max_group], self._queue[self._max_group :]
                 await self._commit(group)
 
+    def close(self) -> None:
+        self._closing = True
+        self._wake.set()
+
     async def drain(self) -> None:
-        """Commit whatever is queued now (used at shutdown and by the embedded CLI)."""
+        """Commit whatever is queued now: at shutdown once run() has returned, or with no run() (the CLI)."""
         while self._queue:
             group, self._queue = self._queue[: self._max_group], self._queue[self._max_group :]
             await self._commit(group)
