@@ -6,7 +6,7 @@ txn actions, every touched partition's new log-end offset (tables.delta.partitio
 Before committing, records below the table's recorded log-end are dropped: they are already
 in the table (a crash came between the Delta commit and the WAL cleanup), so a replay
 neither loses nor duplicates a row. The rest must start exactly at that log-end and be
-dense: a commit that would leave a gap is refused (GapError) and retried, so no interleaving
+dense: a commit that would leave a gap is refused (OffsetGap) and retried, so no interleaving
 of flushes can make a later commit's txn version cover records that never arrived.
 
 One flush runs at a time (`commit_lock`); deleting a topic takes the same lock, so no commit
@@ -30,19 +30,13 @@ from ingest_api.metrics import IngestMetrics
 from ingest_api.records import Record
 from ingest_api.wal import PartitionKey
 from tables import delta
-from tables.errors import LakebrokerError, NotFound
+from tables.errors import NotFound, OffsetGap
 from tables.layout import Layout
 from tables.schemas import TOPIC_PARTITION_COLUMNS, TOPIC_SCHEMA, TOPIC_SCHEMA_VERSION
 from tables.settings import Settings
 from tables.topics import TopicConfig
 
 log = logging.getLogger(__name__)
-
-
-class GapError(LakebrokerError):
-    """A flush would commit offsets that do not start at the partition's committed end."""
-
-    code = "offset_gap"
 
 
 def records_to_arrow(records: list[Record]) -> pa.Table:
@@ -248,7 +242,7 @@ def _contiguous_from(ends: dict[int, int], records: list[Record]) -> list[Record
     expected = dict(ends)
     for partition, offset in sorted(fresh):
         if offset != expected[partition]:
-            raise GapError(
+            raise OffsetGap(
                 f"partition {partition}: a commit would start at offset {offset}, but the table ends at "
                 f"{expected[partition]}; refused so no gap is committed"
             )

@@ -9,7 +9,7 @@ import pyarrow.compute as pc
 from tables import delta
 from tables.errors import OutOfRange
 from tables.layout import Layout
-from tables.log_start import PartitionLog, partition_logs
+from tables.log_start import PartitionLog, check_dense, partition_logs
 from tables.message_format import message_json
 from tables.schemas import TOPIC_SCHEMA
 from tables.topics import TopicConfig
@@ -58,20 +58,19 @@ def read_messages(
     messages: list[dict[str, Any]] = []
     next_offset = offset
     if offset < committed_end:
+        stop = min(offset + limit, committed_end)
         table = delta.open_table(layout.topic_table(topic.name))
         assert table is not None
         rows = delta.read_rows(
             table,
-            (pc.field("partition") == partition)
-            & (pc.field("offset") >= offset)
-            & (pc.field("offset") < min(offset + limit, committed_end)),
+            (pc.field("partition") == partition) & (pc.field("offset") >= offset) & (pc.field("offset") < stop),
             columns=_COLUMNS,
         ).sort_by("offset")
+        if not topic.may_have_holes:
+            check_dense(topic, partition, rows["offset"].to_pylist(), offset, stop)
         for row in rows.to_pylist():
             messages.append(message_json(row))
-        if messages:
-            next_offset = messages[-1]["offset"] + 1
-        else:  # key compaction can leave holes; skip past the empty range
-            next_offset = min(offset + limit, committed_end)
+        # Key compaction can leave holes: past a hole, or an empty range, the next read starts after it.
+        next_offset = messages[-1]["offset"] + 1 if messages else stop
     return {"messages": messages, "next_offset": next_offset, "log_start_offset": start,
             "committed_offset": committed_end}

@@ -11,7 +11,8 @@
      ├── RequestTimeout          a request body that did not arrive in time (408)
      ├── TooLarge                a message or body over its limit (413)
      ├── Backpressure            the WAL backlog is over its bound (429)
-     └── StorageUnavailable      the disk is full or failing (507)
+     ├── StorageUnavailable      the disk is full or failing (507)
+     └── OffsetGap               offsets missing inside a partition that is not key-compacted (500)
 
 Each class carries the HTTP status it maps to, so the API maps errors in one place
 and the CLI prints the same one-line message.
@@ -93,3 +94,12 @@ class Backpressure(LakebrokerError):
 class StorageUnavailable(LakebrokerError):
     status = 507
     code = "storage_unavailable"
+
+
+class OffsetGap(LakebrokerError):
+    """Offsets are dense: a hole is only legitimate where key compaction removed rows.
+
+    Anywhere else it means damage (or a bug), so it is refused or reported, never skipped."""
+
+    status = 500
+    code = "offset_gap"

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from deltalake import DeltaTable
 
 from tables import delta
+from tables.errors import OffsetGap
+from tables.topics import TopicConfig
 
 
 def log_start(min_offsets: Iterable[int | None], log_end: int) -> int:
@@ -54,3 +56,16 @@ def partition_logs(table: DeltaTable, partitions: int) -> dict[int, PartitionLog
 def log_starts(table: DeltaTable, partitions: int) -> dict[int, int]:
     """Every partition's log start, from the table object's one snapshot."""
     return {p: log.log_start for p, log in partition_logs(table, partitions).items()}
+
+
+def check_dense(topic: TopicConfig, partition: int, offsets: list[int], start: int, end: int) -> None:
+    """Raise OffsetGap unless `offsets` (sorted) are exactly start..end-1: a topic that is not
+    key-compacted has no holes between its log start and its log end."""
+    if offsets == list(range(start, end)):
+        return
+    missing = sorted(set(range(start, end)) - set(offsets))
+    what = f"is missing offsets {missing[0]}-{missing[-1]}" if missing else "holds an offset twice"
+    raise OffsetGap(
+        f"partition {partition} of {topic.name!r} {what} in {start}-{end - 1}, below its committed end, "
+        "and the topic is not key-compacted: the table is damaged (restore it or fail over to a replica)"
+    )

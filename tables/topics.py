@@ -61,6 +61,11 @@ class TopicConfig:
         if self.tombstone_retention_ms < 0:
             raise InvalidRequest("tombstone_retention_ms must not be negative")
 
+    @property
+    def may_have_holes(self) -> bool:
+        """Key compaction removes superseded rows and keeps offsets; nothing else makes holes."""
+        return self.cleanup_policy is CleanupPolicy.COMPACT
+
     def check_partition(self, partition: int) -> None:
         if not 0 <= partition < self.partitions:
             raise InvalidRequest(

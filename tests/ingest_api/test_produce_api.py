@@ -182,3 +182,21 @@ def test_health_ready_and_metrics(client: TestClient, orders: str) -> None:
                  "lakebroker_partition_committed_offset"):
         assert name in text, name
     assert 'lakebroker_partition_log_end_offset{partition="0",topic="orders"} 1.0' in text
+
+
+def test_a_hole_in_a_topic_that_is_not_compacted_is_an_error_not_a_skip(client: TestClient) -> None:
+    """Only key compaction removes rows inside the log; any other hole is damage, reported."""
+    from deltalake import DeltaTable
+
+    for name, policy in (("plain", "delete"), ("compacted", "compact")):
+        client.post("/v1/topics", json={"name": name, "partitions": 1, "cleanup_policy": policy})
+        client.post(f"/v1/topics/{name}/batch?ack=table",
+                    json={"messages": [{"value": i, "key": f"k{i}"} for i in range(6)]})
+        uri = client.app.state.broker.layout.topic_table(name)  # type: ignore[attr-defined]
+        DeltaTable(uri).delete("`offset` IN (2, 3)")
+    r = client.get("/v1/topics/plain/partitions/0/messages", params={"offset": 0})
+    assert r.status_code == 500 and r.json()["error"]["code"] == "offset_gap", r.text
+    assert "missing offsets 2-3" in r.json()["error"]["message"]
+    assert client.get("/v1/topics/plain/partitions/0/messages", params={"offset": 4}).status_code == 200
+    compacted = client.get("/v1/topics/compacted/partitions/0/messages", params={"offset": 0}).json()
+    assert [m["offset"] for m in compacted["messages"]] == [0, 1, 4, 5] and compacted["next_offset"] == 6

@@ -9,10 +9,10 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from ingest_api.broker import AckMode, Broker, NewMessage
-from ingest_api.flusher import GapError
 from ingest_api.metrics import IngestMetrics
 from ingest_api.records import Record
 from tables import delta
+from tables.errors import OffsetGap
 from tables.settings import Settings
 from tables.topics import new_topic
 
@@ -77,9 +77,9 @@ async def test_the_flusher_refuses_a_commit_that_would_leave_a_gap(settings: Set
 
     try:
         created = (await asyncio.to_thread(broker.flusher._table, topic)).version()
-        with pytest.raises(GapError, match="partition 1: a commit would start at offset 3"):
+        with pytest.raises(OffsetGap, match="partition 1: a commit would start at offset 3"):
             await asyncio.to_thread(broker.flusher._commit, topic, [rec(0, 0), rec(1, 3), rec(1, 4)])
-        with pytest.raises(GapError, match="partition 0: a commit would start at offset 2"):
+        with pytest.raises(OffsetGap, match="partition 0: a commit would start at offset 2"):
             await asyncio.to_thread(broker.flusher._commit, topic, [rec(0, 0), rec(0, 2)])
         table = delta.open_table(broker.layout.topic_table("t"))
         assert table is not None and table.version() == created, "a refused commit wrote"
