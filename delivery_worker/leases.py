@@ -101,6 +101,26 @@ class LeaseTable:
 
         return self.table.mutate(change)
 
+    def raise_epoch(self, pair: Pair, epoch: int) -> Lease | None:
+        """Lift the epoch of a lease this worker holds to at least `epoch`; None if it is not held.
+
+        Offsets can carry epochs this table has forgotten (a subscription re-created under its
+        name, a data dir restored or failed over to a replica), and a fencing token must outrank
+        every commit made before its lease began."""
+
+        def change(rows: Rows) -> tuple[Rows, Lease | None]:
+            now = datetime.now(UTC)
+            out = [dict(r) for r in rows]
+            for r in out:
+                if r["kind"] == "lease" and (r["group"], r["partition"]) == pair:
+                    if r["owner"] != self.worker_id or r["expires_at"] <= now:
+                        return rows, None
+                    r["epoch"] = max(r["epoch"], epoch)
+                    return out, _lease(r)
+            return rows, None
+
+        return self.table.mutate(change)
+
     def forget_group(self, group: str) -> None:
         self.table.mutate(lambda rows: ([r for r in rows if r["group"] != group], None))
 

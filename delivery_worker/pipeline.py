@@ -26,7 +26,7 @@ from delivery_worker.sender import Outcome, Sender
 from delivery_worker.signer import Signer
 from delivery_worker.source import PartitionSource
 from tables.dead_letters import DeadLetter, DeadLetterTable
-from tables.offsets import OffsetReason, OffsetsTable
+from tables.offsets import Fence, OffsetReason, OffsetsTable
 from tables.subscriptions import Ordering, Subscription
 
 log = logging.getLogger(__name__)
@@ -88,6 +88,7 @@ class PartitionPipeline:
         metrics: DeliveryMetrics,
         poll_s: float,
         lease_valid: Callable[[], bool],
+        fence: Fence,
         on_gone: Callable[[str], None],
     ) -> None:
         self.sub = sub
@@ -100,6 +101,7 @@ class PartitionPipeline:
         self.metrics = metrics
         self.poll_s = poll_s
         self.lease_valid = lease_valid
+        self.fence = fence  # carried by every offset commit: a late commit of ours never beats a successor's
         self.on_gone = on_gone
         self.policy = RetryPolicy(sub.retry_schedule_ms, sub.max_attempts)
         self.signer = Signer(sub.secrets)
@@ -187,7 +189,7 @@ class PartitionPipeline:
             raise
         if position is not None:
             await asyncio.to_thread(self.offsets.commit, self.sub.name, self.sub.topic, {self.partition: position},
-                                    OffsetReason.ACK)
+                                    OffsetReason.ACK, fence=self.fence)
             self.committed(position)
 
     # -- reading --------------------------------------------------------------------------
@@ -255,7 +257,8 @@ class PartitionPipeline:
         """Move the group to `offset` and commit it with the reason, never silently. Called only
         when nothing is buffered, in flight or done past the position, so there is nothing to keep."""
         log.warning("subscription %s partition %d: %s", self.sub.name, self.partition, why)
-        await asyncio.to_thread(self.offsets.commit, self.sub.name, self.sub.topic, {self.partition: offset}, reason)
+        await asyncio.to_thread(self.offsets.commit, self.sub.name, self.sub.topic, {self.partition: offset}, reason,
+                                fence=self.fence)
         self.status.last_error = why
         self._read_pos = self.status.position = self.status.committed = offset
         self._done.clear()

@@ -25,10 +25,10 @@ from delivery_worker.sender import Sender
 from delivery_worker.source import PartitionSource
 from tables.dead_letters import DeadLetterTable
 from tables.layout import Layout
-from tables.offsets import OffsetReason, OffsetsTable
+from tables.offsets import Fence, OffsetReason, OffsetsTable, Position
 from tables.settings import Settings
 from tables.subscriptions import Subscription, SubscriptionStore
-from tables.topics import TopicStore
+from tables.topics import TopicConfig, TopicStore
 
 log = logging.getLogger(__name__)
 
@@ -111,6 +111,7 @@ class DeliveryWorker:
         for pair, current in list(self._running.items()):
             sub = active.get(pair[0])
             if (pair not in desired or sub is None or _config(sub) != current.config
+                    or current.pipeline.fence.topic_id != topics[sub.topic].topic_id  # deleted and re-created
                     or current.pipeline.status.state == "disabled"):
                 await self._stop(pair, commit=True)
                 release.add(pair)
@@ -135,7 +136,7 @@ class DeliveryWorker:
                 await self._stop(pair, commit=False)
                 running = None
             if running is None:
-                await self._start(sub, pair[1], lease)
+                await self._start(sub, topics[sub.topic], pair[1], lease)
 
     # -- pipelines ----------------------------------------------------------------------
     def _endpoint(self, sub: Subscription) -> Endpoint:
@@ -145,29 +146,38 @@ class DeliveryWorker:
             self._endpoints[sub.name] = known
         return known[1]
 
-    async def _start(self, sub: Subscription, partition: int, lease: Lease) -> None:
+    async def _start(self, sub: Subscription, topic: TopicConfig, partition: int, lease: Lease) -> None:
         assert self._sender is not None
         pair = (sub.name, partition)
-        start = await self._start_offset(sub, partition, lease)
+        committed = await asyncio.to_thread(self.offsets.positions, sub.name, topics={topic.name: topic})
+        found = committed.get((sub.name, sub.topic, partition))
+        if found is not None and found.epoch >= lease.epoch:  # our token must outrank every earlier commit
+            raised = await asyncio.to_thread(self.leases.raise_epoch, pair, found.epoch + 1)
+            if raised is None:
+                return  # the lease is gone: the next tick sorts it out
+            lease = self._held[pair] = raised
+        fence = Fence(topic.topic_id, lease.epoch)
+        start = await self._start_offset(sub, partition, lease, fence, None if found is None else found.offset)
         source = PartitionSource(self.layout.topic_table(sub.topic), partition)
         pipeline = PartitionPipeline(
             sub, partition, start, source=source, sender=self._sender, endpoint=self._endpoint(sub),
             offsets=self.offsets, dead_letters=self.dead_letters, metrics=self.metrics,
             poll_s=self.settings.delivery_poll_ms / 1000,
-            lease_valid=lambda: self._lease_valid(pair), on_gone=lambda reason: self._on_gone(sub.name, reason),
+            lease_valid=lambda: self._lease_valid(pair), fence=fence,
+            on_gone=lambda reason: self._on_gone(sub.name, reason),
         )
         task = asyncio.create_task(pipeline.run(), name=f"deliver-{sub.name}-{partition}")
         self._running[pair] = _Running(pipeline, task, _config(sub), sub.seek_epoch)
 
-    async def _start_offset(self, sub: Subscription, partition: int, lease: Lease) -> int:
+    async def _start_offset(self, sub: Subscription, partition: int, lease: Lease, fence: Fence,
+                            committed: int | None) -> int:
         if lease.seek_epoch < sub.seek_epoch and sub.seek_offsets and partition in sub.seek_offsets:
             target = sub.seek_offsets[partition]
-            await asyncio.to_thread(self.offsets.commit, sub.name, sub.topic, {partition: target}, OffsetReason.SEEK)
+            await asyncio.to_thread(self.offsets.commit, sub.name, sub.topic, {partition: target}, OffsetReason.SEEK,
+                                    fence=fence)
             return target
-        committed = await asyncio.to_thread(self.offsets.latest, sub.name)
-        found = committed.get((sub.name, sub.topic, partition))
-        if found is not None:
-            return found[0]
+        if committed is not None:
+            return committed
         if sub.seek_offsets and partition in sub.seek_offsets:
             # The create has not committed its START offsets yet, or crashed first: its row holds them.
             target = sub.seek_offsets[partition]
@@ -220,7 +230,8 @@ class DeliveryWorker:
                 raise
             moved = [(p, pos) for p, pos, _ in taken if pos is not None]
             await asyncio.to_thread(self.offsets.commit_many,
-                                    [(p.sub.name, p.sub.topic, p.partition, pos) for p, pos in moved], OffsetReason.ACK)
+                                    [Position(p.sub.name, p.sub.topic, p.partition, pos, p.fence) for p, pos in moved],
+                                    OffsetReason.ACK)
             for pipeline, pos in moved:
                 pipeline.committed(pos)
 

@@ -17,7 +17,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as pads
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
-from deltalake.exceptions import CommitFailedError
+from deltalake.exceptions import CommitFailedError, DeltaError
+from deltalake.schema import Schema
 
 from tables.schemas import HOT_PATH_TABLE_PROPERTIES, SCHEMA_VERSION_PROPERTY
 
@@ -49,7 +50,26 @@ def ensure_table(uri: str, schema: pa.Schema, *, partition_by: list[str] | None,
             table.alter.set_table_properties({SCHEMA_VERSION_PROPERTY: str(version)}, raise_if_not_exists=False)
         except CommitFailedError:
             table = DeltaTable(uri)  # another process created the table and set it first
+    if int(table.metadata().configuration.get(SCHEMA_VERSION_PROPERTY) or version) < version:
+        table = _migrate(uri, table, schema, version)
     return table
+
+
+def _migrate(uri: str, table: DeltaTable, schema: pa.Schema, version: int) -> DeltaTable:
+    """Bring an older table up to `version`. A schema version may only add nullable columns, so
+    the migration adds the missing ones (old rows read them as null), then records the version.
+    Racing processes are fine: whoever loses re-reads a table the winner migrated."""
+    have = {f.name for f in table.schema().fields}
+    missing = [f for f in schema if f.name not in have]
+    if any(not f.nullable for f in missing):
+        raise ValueError(f"{uri}: schema version {version} adds a non-nullable column; it needs its own migration")
+    try:
+        if missing:
+            table.alter.add_columns(Schema.from_arrow(pa.schema(missing)).fields)
+        table.alter.set_table_properties({SCHEMA_VERSION_PROPERTY: str(version)}, raise_if_not_exists=False)
+    except (CommitFailedError, DeltaError):
+        pass  # a concurrent migration (or commit) won; the re-read below shows its result
+    return DeltaTable(uri)
 
 
 def open_table(uri: str) -> DeltaTable | None:

@@ -1,24 +1,41 @@
 """Consumer-group offsets: the `_system/consumer_offsets` Delta table.
 
 Rows are appended, never updated: each commit adds one row per partition whose offset
-moved, with the reason (ack, seek, retention-skip, reset, start). A group's position is the newest row
-per (group, topic, partition); the offsets-compaction job drops superseded rows. The
-offset is the *next* offset to deliver, as in Kafka.
+moved, with the reason (ack, seek, retention-skip, reset, start). The offset is the *next*
+offset to deliver, as in Kafka; the offsets-compaction job drops superseded rows.
+
+Which row is a group's position (per group, topic and partition):
+- only rows of the topic's current incarnation count (`topic_id`), so a topic deleted and
+  created again under its name starts its groups afresh instead of mid-log;
+- of those, the highest `epoch` wins, then the highest `seq`. The epoch is the writer's lease
+  epoch (delivery_worker/leases.py), a fencing token: a worker whose lease passed on can still
+  land a commit late, but never over its successor's. `seq` is commit order, taken from the
+  table under optimistic concurrency, never from a wall clock.
+- rows from before schema version 2 have neither: epoch 0, ordered by `committed_at` below
+  every newer row, and counted for a topic only if written after the topic was created.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import random
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import StrEnum
+from typing import Any, NamedTuple
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from deltalake import DeltaTable
+from deltalake import CommitProperties, DeltaTable, write_deltalake
+from deltalake.exceptions import CommitFailedError
 
 from tables import delta
+from tables.errors import StorageUnavailable
 from tables.layout import Layout
-from tables.schemas import OFFSETS_SCHEMA, OFFSETS_SCHEMA_VERSION
+from tables.schemas import LEASES_SCHEMA, LEASES_SCHEMA_VERSION, OFFSETS_SCHEMA, OFFSETS_SCHEMA_VERSION
+from tables.state_table import StateTable
+from tables.topics import TopicConfig, TopicStore
 
 GroupPartition = tuple[str, str, int]  # (group, topic, partition)
 
@@ -31,9 +48,38 @@ class OffsetReason(StrEnum):
     RESET = "reset"  # the group was past the log end (a restored or failed-over table): moved back to it
 
 
+@dataclass(frozen=True)
+class Fence:
+    """Who commits: the topic incarnation the positions belong to, and the writer's lease epoch."""
+
+    topic_id: str
+    epoch: int
+
+
+class Position(NamedTuple):
+    group: str
+    topic: str
+    partition: int
+    offset: int
+    fence: Fence | None = None  # None: an administrative commit (see OffsetsTable.commit)
+
+
+@dataclass(frozen=True)
+class Committed:
+    offset: int
+    reason: str
+    epoch: int
+
+
+def _rank(row: Mapping[str, Any]) -> tuple[int, int, datetime]:
+    return row["epoch"] or 0, -1 if row["seq"] is None else row["seq"], row["committed_at"]
+
+
 class OffsetsTable:
     def __init__(self, layout: Layout) -> None:
         self.uri = layout.offsets_table
+        self.layout = layout
+        self._leases = StateTable(layout.leases_table, LEASES_SCHEMA, LEASES_SCHEMA_VERSION)
         self._table: DeltaTable | None = None
 
     def _open(self) -> DeltaTable:
@@ -44,37 +90,103 @@ class OffsetsTable:
             self._table.update_incremental()
         return self._table
 
-    def commit(self, group: str, topic: str, offsets: Mapping[int, int], reason: OffsetReason) -> None:
-        self.commit_many([(group, topic, p, o) for p, o in offsets.items()], reason)
+    def commit(self, group: str, topic: str, offsets: Mapping[int, int], reason: OffsetReason, *,
+               fence: Fence | None = None) -> None:
+        """Commit positions. A worker passes its fence. Without one, the commit is administrative
+        (a seek, a start, a retention skip, a pull group's ack): it belongs to the topic's current
+        incarnation and takes the highest epoch known for the partition (its lease's, or its newest
+        offset's). So a worker whose lease has passed on can never undo it, while the lease holder,
+        and any later one, moves on from it by commit order or by a higher epoch."""
+        self.commit_many([Position(group, topic, p, o, fence) for p, o in offsets.items()], reason)
 
-    def commit_many(self, positions: list[tuple[str, str, int, int]], reason: OffsetReason) -> None:
-        """One commit for many (group, topic, partition, offset): a worker commits all it owns at once."""
+    def commit_many(self, positions: Sequence[Position], reason: OffsetReason) -> None:
+        """One commit for many positions: a worker commits all it owns at once."""
         if not positions:
             return
-        now = datetime.now(UTC)
-        ordered = sorted(positions)
-        rows = pa.table(
-            {
-                "group": [g for g, _, _, _ in ordered],
-                "topic": [t for _, t, _, _ in ordered],
-                "partition": pa.array([p for _, _, p, _ in ordered], pa.int32()),
-                "offset": pa.array([o for _, _, _, o in ordered], pa.int64()),
-                "committed_at": pa.array([now] * len(ordered), pa.timestamp("us", tz="UTC")),
-                "reason": [reason.value] * len(ordered),
-            },
-            schema=OFFSETS_SCHEMA,
-        )
-        delta.append(self._open(), rows, metadata={"lakebroker.operation": f"offsets-{reason.value}"})
+        ordered = sorted(positions, key=lambda p: p[:4])
+        fences = [p.fence for p in ordered]
+        if any(f is None for f in fences):
+            fences = self._administrative(ordered)
+        for attempt in range(100):
+            table = self._open()
+            # The row's seq is above every seq and version the snapshot holds; a concurrent commit
+            # makes this one fail (no retry inside delta-rs), so seq follows commit order.
+            seq = _next_seq(table)
+            rows = pa.table(
+                {
+                    "group": [p.group for p in ordered],
+                    "topic": [p.topic for p in ordered],
+                    "partition": pa.array([p.partition for p in ordered], pa.int32()),
+                    "offset": pa.array([p.offset for p in ordered], pa.int64()),
+                    "committed_at": pa.array([datetime.now(UTC)] * len(ordered), pa.timestamp("us", tz="UTC")),
+                    "reason": [reason.value] * len(ordered),
+                    "topic_id": [f.topic_id if f else None for f in fences],
+                    "epoch": pa.array([f.epoch if f else None for f in fences], pa.int64()),
+                    "seq": pa.array([seq] * len(ordered), pa.int64()),
+                },
+                schema=OFFSETS_SCHEMA,
+            )
+            try:
+                write_deltalake(table, rows, mode="append", commit_properties=CommitProperties(
+                    custom_metadata={"lakebroker.operation": f"offsets-{reason.value}"}, max_commit_retries=0))
+                return
+            except CommitFailedError:
+                time.sleep(random.uniform(0, 0.005 * (attempt + 1)))
+        raise StorageUnavailable(f"could not commit offsets to {self.uri}: 100 concurrent commits won in a row")
+
+    def _administrative(self, positions: Sequence[Position]) -> list[Fence | None]:
+        topics = TopicStore(self.layout).load()
+        leases = {(r["group"], r["partition"]): r["epoch"] for r in self._leases.read() if r["kind"] == "lease"}
+        current = self.positions(topics=topics)
+        out: list[Fence | None] = []
+        for p in positions:
+            if p.fence is not None:
+                out.append(p.fence)
+                continue
+            topic = topics.get(p.topic)
+            known = current.get((p.group, p.topic, p.partition))
+            epoch = max(leases.get((p.group, p.partition), 0), known.epoch if known else 0)
+            out.append(None if topic is None else Fence(topic.topic_id, epoch))
+        return out
+
+    def positions(self, group: str | None = None, *,
+                  topics: Mapping[str, TopicConfig] | None = None) -> dict[GroupPartition, Committed]:
+        """The current position, the reason it last moved and its epoch, per (group, topic, partition).
+        `topics` is the current topic set (loaded when not given): rows of other incarnations are ignored."""
+        table = self._open()
+        if topics is None:
+            topics = TopicStore(self.layout).load()
+        flt = None if group is None else pc.field("group") == group
+        rows = table.to_pyarrow_dataset().to_table(filter=flt) if flt is not None else table.to_pyarrow_table()
+        best: dict[GroupPartition, dict[str, Any]] = {}
+        for r in rows.to_pylist():
+            topic = topics.get(r["topic"])
+            if topic is not None and not _belongs(r, topic):
+                continue  # a deleted namesake's position (or a legacy row older than the topic)
+            key = (r["group"], r["topic"], r["partition"])
+            seen = best.get(key)
+            if seen is None or _rank(r) >= _rank(seen):
+                best[key] = r
+        return {k: Committed(r["offset"], r["reason"] or "", r["epoch"] or 0) for k, r in best.items()}
 
     def latest(self, group: str | None = None) -> dict[GroupPartition, tuple[int, str]]:
         """The current offset and the reason it last moved, per (group, topic, partition)."""
-        table = self._open()
-        flt = None if group is None else pc.field("group") == group
-        rows = table.to_pyarrow_dataset().to_table(filter=flt) if flt is not None else table.to_pyarrow_table()
-        out: dict[GroupPartition, tuple[int, str, datetime]] = {}
-        for r in rows.to_pylist():
-            key = (r["group"], r["topic"], r["partition"])
-            seen = out.get(key)
-            if seen is None or r["committed_at"] >= seen[2]:
-                out[key] = (r["offset"], r["reason"] or "", r["committed_at"])
-        return {k: (v[0], v[1]) for k, v in out.items()}
+        return {k: (c.offset, c.reason) for k, c in self.positions(group).items()}
+
+
+def _belongs(row: Mapping[str, Any], topic: TopicConfig) -> bool:
+    if row["topic_id"] is None:  # written before schema version 2
+        return bool(row["committed_at"] >= topic.created_at)
+    return bool(row["topic_id"] == topic.topic_id)
+
+
+def _next_seq(table: DeltaTable) -> int:
+    """Above the snapshot's version and every seq in it. The version alone would do on one table;
+    the seqs keep the order when rows were copied from another table (a replica failed over to)."""
+    actions = pa.table(table.get_add_actions(flatten=True))
+    highest = table.version()
+    if "max.seq" in actions.column_names and actions.num_rows:
+        top = pc.max(actions.column("max.seq")).as_py()
+        if top is not None:
+            highest = max(highest, int(top))
+    return highest + 1

@@ -67,7 +67,8 @@ TOKENS_SCHEMA = pa.schema(
     ]
 )
 
-OFFSETS_SCHEMA_VERSION = 1
+# Version 2 added topic_id, epoch and seq (null in rows written before; see tables/offsets.py).
+OFFSETS_SCHEMA_VERSION = 2
 OFFSETS_SCHEMA = pa.schema(
     [
         pa.field("group", pa.string(), nullable=False),
@@ -76,6 +77,9 @@ OFFSETS_SCHEMA = pa.schema(
         pa.field("offset", pa.int64(), nullable=False),  # the next offset to deliver, as in Kafka
         pa.field("committed_at", pa.timestamp("us", tz="UTC"), nullable=False),
         pa.field("reason", pa.string()),  # why it moved: ack, seek, retention skip
+        pa.field("topic_id", pa.string()),  # the topic incarnation the position belongs to
+        pa.field("epoch", pa.int64()),  # the writer's lease epoch (fencing token)
+        pa.field("seq", pa.int64()),  # commit order: above every row committed before it
     ]
 )
 

@@ -1,8 +1,9 @@
 """Offsets-table compaction: keep the latest offset per (group, topic, partition).
 
 `_system/consumer_offsets` is append-only (tables/offsets.py): every commit of a group adds rows,
-and the newest `committed_at` per (group, topic, partition) wins. This job rewrites the files it
-read into one file holding only those newest rows (ties are all kept, so the winner is unchanged),
+and per (group, topic, partition) and topic incarnation the row with the highest (epoch, seq) wins.
+This job rewrites the files it read into one file holding only those rows (ties are all kept, so
+the winner is unchanged; rows from before schema version 2 rank by `committed_at`),
 sorted by group, topic and partition, and removes what it read, in one commit. Offsets committed
 meanwhile land in new files that this commit does not touch, so none is lost; it registers only
 the files it read, so the delivery workers' appends never conflict with it.
@@ -32,6 +33,7 @@ if TYPE_CHECKING:
 
 TARGET = "_system/consumer_offsets"
 KEY = ["group", "topic", "partition"]
+INCARNATION = "topic_id"  # a re-created topic's rows and its deleted namesake's are ranked apart
 
 
 def run(spark: SparkSession, settings: Settings, topic: str | None = None, *,
@@ -45,11 +47,13 @@ def run(spark: SparkSession, settings: Settings, topic: str | None = None, *,
 
 
 def latest_offsets(frame: DataFrame) -> DataFrame:
-    """The rows that win in OffsetsTable.latest(): the newest committed_at per key (ties kept)."""
+    """The rows that can win in OffsetsTable.latest(), per key and topic incarnation (ties kept)."""
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
-    newest = Window.partitionBy(*KEY).orderBy(F.col("committed_at").desc())
+    newest = Window.partitionBy(*KEY, F.coalesce(F.col(INCARNATION), F.lit(""))).orderBy(
+        F.coalesce(F.col("epoch"), F.lit(0)).desc(), F.coalesce(F.col("seq"), F.lit(-1)).desc(),
+        F.col("committed_at").desc())
     return frame.withColumn("_rank", F.rank().over(newest)).where(F.col("_rank") == 1).drop("_rank")
 
 

@@ -157,16 +157,16 @@ def _count(frame: DataFrame) -> dict[int, int]:
 
 
 def _check_offsets(spark: SparkSession, source: str, target: str, out: Verification) -> None:
-    from spark_pipeline.jobs.offsets_compaction import KEY, latest_offsets
+    from spark_pipeline.jobs.offsets_compaction import INCARNATION, KEY, latest_offsets
 
     if not table_exists(spark, source):
         return
     if not table_exists(spark, target):
         out.problems.append("the offsets table has no replica")
         return
-    primary = {tuple(r[k] for k in KEY): (r["offset"], r["committed_at"]) for r in
+    primary = {tuple(r[k] for k in (*KEY, INCARNATION)): (r["offset"], r["committed_at"]) for r in
                latest_offsets(spark.read.format("delta").load(source)).collect()}
-    replica = {tuple(r[k] for k in KEY): (r["offset"], r["committed_at"]) for r in
+    replica = {tuple(r[k] for k in (*KEY, INCARNATION)): (r["offset"], r["committed_at"]) for r in
                latest_offsets(spark.read.format("delta").load(target)).collect()}
     behind = 0
     for key, (offset, at) in primary.items():

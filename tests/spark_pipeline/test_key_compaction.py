@@ -12,7 +12,8 @@ from spark_pipeline.jobs import key_compaction, offsets_compaction
 from spark_pipeline.results import Outcome
 from tables.errors import InvalidRequest
 from tables.layout import Layout
-from tables.offsets import OffsetReason, OffsetsTable
+from tables.offsets import Fence, OffsetReason, OffsetsTable
+from tables.topics import TopicStore, new_topic
 from tests.spark_pipeline.topics import NOW_US, create_topic, log_ends, produce, rows, settings_for
 
 pytestmark = pytest.mark.spark
@@ -88,3 +89,25 @@ def test_offsets_compaction_keeps_latest_per_group_partition(spark: Any, tmp_pat
     offsets.commit("g2", "orders", {0: 8}, OffsetReason.ACK)  # still appendable by delta-rs
     assert OffsetsTable(layout).latest()[("g2", "orders", 0)] == (8, "ack")
     assert offsets_compaction.run(spark, settings).table("_system/consumer_offsets").rows_removed == 1
+
+
+def test_offsets_compaction_keeps_the_newest_owners_position_over_a_later_stale_commit(spark: Any,
+                                                                                       tmp_path: Path) -> None:
+    """The row a stale worker lands last has the newest wall clock but the older lease epoch: the
+    job keeps what OffsetsTable.latest() answers, the newer owner's position (and one row for a
+    deleted namesake of the topic is no rival to the current topic's)."""
+    settings = settings_for(tmp_path / "data")
+    layout = Layout(settings.data_dir)
+    topics = TopicStore(layout)
+    old = topics.create(new_topic("orders", 1))
+    offsets = OffsetsTable(layout)
+    offsets.commit("g", "orders", {0: 90}, OffsetReason.ACK, fence=Fence(old.topic_id, 7))
+    topics.delete("orders")
+    topic = topics.create(new_topic("orders", 1))
+    offsets.commit("g", "orders", {0: 10}, OffsetReason.ACK, fence=Fence(topic.topic_id, 2))
+    offsets.commit("g", "orders", {0: 5}, OffsetReason.ACK, fence=Fence(topic.topic_id, 1))
+    assert offsets.latest() == {("g", "orders", 0): (10, "ack")}
+    result = offsets_compaction.run(spark, settings)
+    assert result.outcome is Outcome.OK, result.public()
+    assert result.table("_system/consumer_offsets").rows_removed == 1  # the stale commit
+    assert OffsetsTable(layout).latest() == {("g", "orders", 0): (10, "ack")}
