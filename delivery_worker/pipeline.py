@@ -2,7 +2,8 @@
 
 Position rules (the group's committed offset is the next offset to deliver):
 - an offset is *done* once acknowledged by a 2xx or dead-lettered (durably, before the
-  offset commit that passes it), or when key compaction left no message there;
+  offset commit that passes it), or when key compaction left no message there (in any other
+  topic a hole is an OffsetGap: the partition waits, with the error in its status, and skips nothing);
 - the position advances only over a contiguous run of done offsets, so nothing is skipped;
 - if retention removed offsets the group never delivered, the jump is committed with the
   reason `retention-skip`, counted in a metric and shown in the status, never silent.
@@ -26,6 +27,7 @@ from delivery_worker.sender import Outcome, Sender
 from delivery_worker.signer import Signer
 from delivery_worker.source import PartitionSource
 from tables.dead_letters import DeadLetter, DeadLetterTable
+from tables.errors import OffsetGap
 from tables.offsets import Fence, OffsetReason, OffsetsTable
 from tables.subscriptions import Ordering, Subscription
 
@@ -116,6 +118,7 @@ class PartitionPipeline:
         self._dead: list[DeadLetter] = []
         self._wake = asyncio.Event()
         self._last_poll = 0.0
+        self._gap = False  # the last read met an OffsetGap: read again only once per poll interval
         self._gone: Gone | None = None
         self._crashed: BaseException | None = None
         # Children bound once: a labels() lookup per message is measurable at thousands a second.
@@ -201,8 +204,8 @@ class PartitionPipeline:
                 return
             self._reader = None
             reader.result()  # a failed read stops the pipeline; the worker restarts it
-        caught_up = self._read_pos >= self.status.log_end
-        if caught_up and time.monotonic() - self._last_poll < self.poll_s:
+        waiting = self._read_pos >= self.status.log_end or self._gap
+        if waiting and time.monotonic() - self._last_poll < self.poll_s:
             return  # looking for new commits reads the Delta log: at most once per poll interval
         if len(self._pending) < READ_AHEAD // 2:
             self._reader = asyncio.create_task(self._fill())
@@ -225,7 +228,15 @@ class PartitionPipeline:
         if self._read_pos == self.status.position:
             await self._skip_expired(log_end)
         end = min(self._read_pos + READ_AHEAD, log_end)
-        rows = await asyncio.to_thread(self.source.read, self._read_pos, end)
+        try:
+            rows, end = await asyncio.to_thread(self.source.read, self._read_pos, end)
+        except OffsetGap as gap:
+            if not self._gap:
+                log.error("subscription %s partition %d: %s", self.sub.name, self.partition, gap.message)
+            self._gap, self.status.last_error = True, gap.message
+            self._last_poll = time.monotonic()
+            return False  # read again after the poll interval; never skip what is missing
+        self._gap = False
         present = {r["offset"] for r in rows}
         # Offsets in the range with no row were removed by key compaction: nothing to deliver.
         self._done.update(o for o in range(self._read_pos, end) if o not in present)

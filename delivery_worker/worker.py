@@ -157,8 +157,8 @@ class DeliveryWorker:
                 return  # the lease is gone: the next tick sorts it out
             lease = self._held[pair] = raised
         fence = Fence(topic.topic_id, lease.epoch)
-        start = await self._start_offset(sub, partition, lease, fence, None if found is None else found.offset)
-        source = PartitionSource(self.layout.topic_table(sub.topic), partition)
+        start = await self._start_offset(sub, topic, partition, lease, fence, None if found is None else found.offset)
+        source = PartitionSource(self.layout, topic, partition)
         pipeline = PartitionPipeline(
             sub, partition, start, source=source, sender=self._sender, endpoint=self._endpoint(sub),
             offsets=self.offsets, dead_letters=self.dead_letters, metrics=self.metrics,
@@ -169,7 +169,7 @@ class DeliveryWorker:
         task = asyncio.create_task(pipeline.run(), name=f"deliver-{sub.name}-{partition}")
         self._running[pair] = _Running(pipeline, task, _config(sub), sub.seek_epoch)
 
-    async def _start_offset(self, sub: Subscription, partition: int, lease: Lease, fence: Fence,
+    async def _start_offset(self, sub: Subscription, topic: TopicConfig, partition: int, lease: Lease, fence: Fence,
                             committed: int | None) -> int:
         if lease.seek_epoch < sub.seek_epoch and sub.seek_offsets and partition in sub.seek_offsets:
             target = sub.seek_offsets[partition]
@@ -184,7 +184,7 @@ class DeliveryWorker:
             await asyncio.to_thread(self.offsets.commit, sub.name, sub.topic, {partition: target}, OffsetReason.START)
             return target
         # A partition added after the subscription began: start at its beginning.
-        source = PartitionSource(self.layout.topic_table(sub.topic), partition)
+        source = PartitionSource(self.layout, topic, partition)
         return await asyncio.to_thread(lambda: source.log_start(source.log_end()))
 
     async def _stop(self, pair: Pair, *, commit: bool) -> None:
