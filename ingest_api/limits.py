@@ -3,9 +3,8 @@ whole within the configured deadline a 408 (and the connection closed); too many
 headers a 431.
 
 The HTTP server bounds what it buffers of a request head before any of this runs
-(lakebroker/server.py: h11_max_incomplete_event_size), but h11 checks that bound only while
-the head is incomplete: a head that arrives whole in one read (up to 64 KiB or more) passes.
-HeaderLimit makes the header bound exact."""
+(lakebroker/http_protocol.py), but only while the head is incomplete, and with room for a request
+line: a head that arrives whole in one read passes. HeaderLimit makes the header bound exact."""
 
 from __future__ import annotations
 

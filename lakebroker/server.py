@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import socket
@@ -9,21 +10,21 @@ from typing import Any
 
 import orjson
 import uvicorn
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from ingest_api import create_app
 from ingest_api.auth import is_loopback
-from lakebroker.http_protocol import BoundedH11Protocol
+from lakebroker.http_protocol import BoundedHttpToolsProtocol, bounded_protocol
 from tables.layout import Layout
 from tables.settings import Settings
 
 # Request limits and timeouts of the HTTP server (body size: setting max_request_bytes; header
-# count and size: ingest_api/limits.py). h11, not httptools: httptools ignores h11_max_incomplete_event_size
-# and accepts request lines and headers of any size (a 4 MiB header was answered 200). On the
-# produce route h11 measured within ~15 % of httptools (about 1,000 requests/s on 2 shared cores):
-# FastAPI and the WAL dominate. BoundedH11Protocol adds the header deadline uvicorn lacks.
+# count and size: ingest_api/limits.py). httptools on uvloop, the fastest uvicorn offers: the bare
+# app costs ~44 µs a request under httptools and ~190 µs under h11 (docs/benchmarks.md).
+# BoundedHttpToolsProtocol adds the request-head bound and deadline that httptools lacks.
 UVICORN_LIMITS: dict[str, Any] = {
-    "http": BoundedH11Protocol,  # h11 + 10 s to deliver a request's headers (slowloris)
-    "h11_max_incomplete_event_size": 16 * 1024,  # most of a request head h11 buffers: over it, 400 and close
+    "http": BoundedHttpToolsProtocol,  # httptools + a bound on a request head (431) and its deadline (408)
+    "loop": "uvloop",
     "limit_concurrency": 4096,  # open connections + in-flight requests; beyond it new requests get 503
     "backlog": 2048,  # pending TCP connections the kernel queues
     "timeout_keep_alive": 5,  # close an idle keep-alive connection after 5 s
@@ -58,13 +59,20 @@ def run_server(settings: Settings) -> None:
     registry.register(JobMetricsCollector(layout))
     jobs: list[Any] = []
 
+    limits = {**UVICORN_LIMITS, "http": bounded_protocol(settings.header_read_timeout_s)}
+    config: uvicorn.Config
+
     def announce() -> None:  # only once this process holds the data-dir lock
+        http, loop = config.http_protocol_class, type(asyncio.get_running_loop())
+        parser = "httptools" if issubclass(http, HttpToolsProtocol) else "not httptools"
+        logging.getLogger(__name__).info("HTTP protocol %s.%s (%s), event loop %s.%s", http.__module__,
+                                         http.__qualname__, parser, loop.__module__, loop.__qualname__)
         layout.server_file.write_bytes(orjson.dumps({"url": f"http://{host}:{port}", "pid": os.getpid()}))
         jobs.append(start_scheduler(settings))
 
     app = create_app(settings, registry=registry, on_started=announce)
 
-    config = uvicorn.Config(app, log_level=settings.log_level, access_log=False, **UVICORN_LIMITS)
+    config = uvicorn.Config(app, log_level=settings.log_level, access_log=False, **limits)
     try:
         uvicorn.Server(config).run(sockets=[sock])
     finally:

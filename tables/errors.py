@@ -8,8 +8,9 @@
      ├── NotFound                an unknown topic, partition or subscription (404)
      ├── AlreadyExists           a create that names something that exists (409)
      ├── OutOfRange              an offset outside [log_start, log_end] (416)
-     ├── RequestTimeout          a request body that did not arrive in time (408)
+     ├── RequestTimeout          a request head or body that did not arrive in time (408)
      ├── TooLarge                a message or body over its limit (413)
+     ├── HeadersTooLarge         a request head over the server's bound (431)
      ├── Backpressure            the WAL backlog is over its bound (429)
      ├── StorageUnavailable      the disk is full or failing (507)
      └── OffsetGap               offsets missing inside a partition that is not key-compacted (500)
@@ -80,6 +81,11 @@ class RequestTimeout(LakebrokerError):
 class TooLarge(LakebrokerError):
     status = 413
     code = "too_large"
+
+
+class HeadersTooLarge(LakebrokerError):
+    status = 431
+    code = "headers_too_large"
 
 
 class Backpressure(LakebrokerError):

@@ -28,6 +28,11 @@ class Settings(BaseSettings):
         60.0, gt=0, description="A request body must arrive whole within this many seconds of the server starting "
         "to read it, or the answer is 408 and the connection is closed (a slow upload cannot hold a slot)."
     )
+    header_read_timeout_s: float = Field(
+        10.0, gt=0, description="A request's line and headers must arrive whole within this many seconds of the "
+        "connection opening (on a keep-alive connection: of the first read of the next request), or the answer is "
+        "408 and the connection is closed (a slowloris client cannot hold a slot)."
+    )
 
     # access control (ingest_api/auth.py, tables/tokens.py)
     auth: Literal["auto", "required", "off"] = Field(

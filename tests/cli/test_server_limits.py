@@ -1,23 +1,29 @@
-"""HTTP request limits of `lakebroker serve`: header size and count, and the header deadline."""
+"""HTTP request limits of `lakebroker serve` (httptools on uvloop), over raw sockets: the bound on
+a request head (431), the exact header count and size (431), the deadline for a request head (408
+or a plain close), and that keep-alive and pipelining still work beside them."""
 
 from __future__ import annotations
 
 import contextlib
+import select
 import socket
-import threading
 import time
 from collections.abc import Iterator
-from typing import Any
+from pathlib import Path
 
+import httpx
+import orjson
 import pytest
-import uvicorn
 
-from lakebroker.http_protocol import BoundedH11Protocol
-from lakebroker.server import UVICORN_LIMITS
+from ingest_api.limits import MAX_HEADER_BYTES
 from tests.servers import ServerProcess
 
+Address = tuple[str, int]
+NO_JOBS = {f"LAKEBROKER_{job}_INTERVAL_S": "0" for job in ("COMPACTION", "RETENTION", "KEY_COMPACTION",
+                                                            "OFFSETS_COMPACTION", "REPLICATION")}
 
-def recv_all(sock: socket.socket, timeout: float) -> bytes:
+
+def recv_all(sock: socket.socket, timeout: float = 30) -> bytes:
     """Everything the server sends until it closes the connection (or `timeout` passes)."""
     sock.settimeout(timeout)
     out = b""
@@ -31,113 +37,214 @@ def recv_all(sock: socket.socket, timeout: float) -> bytes:
     return out
 
 
-def send_request_head(address: tuple[str, int], head: bytes) -> bytes:
+def send_request_head(address: Address, head: bytes) -> bytes:
     with socket.create_connection(address) as sock:
         with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # closed on us mid-send
             sock.sendall(head)
-        return recv_all(sock, 10)
+        return recv_all(sock)
+
+
+def trickle(address: Address, data: bytes, chunk: int = 1) -> bytes:
+    """Sends `data` `chunk` bytes per segment (no Nagle), stopping once the server answers or closes;
+    returns what it answered."""
+    with socket.create_connection(address) as sock:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        for at in range(0, len(data), chunk):
+            if select.select([sock], [], [], 0)[0]:
+                break
+            try:
+                sock.send(data[at:at + chunk])
+            except (BrokenPipeError, ConnectionResetError):
+                break
+        return recv_all(sock)
+
+
+def read_response(sock: socket.socket) -> bytes:
+    """One whole response (head and a content-length body) from a keep-alive connection."""
+    sock.settimeout(30)
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(65536)
+        assert chunk, data
+        data += chunk
+    head, body = data.split(b"\r\n\r\n", 1)
+    length = int(head.lower().split(b"content-length: ", 1)[1].split(b"\r\n", 1)[0])
+    while len(body) < length:
+        chunk = sock.recv(65536)
+        assert chunk, data
+        body += chunk
+    assert len(body) == length, "nothing may follow the response"
+    return head + b"\r\n\r\n" + body
+
+
+def error_code(answer: bytes) -> str:
+    body = answer.split(b"\r\n\r\n", 1)[1].removesuffix(b"<reset>")
+    code: str = orjson.loads(body)["error"]["code"]
+    return code
+
+
+def start_server(data_dir: Path, **env: str) -> tuple[ServerProcess, Address]:
+    proc = ServerProcess(data_dir, env={"LAKEBROKER_DELIVER_IN_SERVE": "false", **NO_JOBS, **env})
+    url = proc.start()
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    httpx.post(url + "/v1/topics", json={"name": "t", "partitions": 1}).raise_for_status()
+    return proc, (host, int(port))
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, int]]:
-    proc = ServerProcess(tmp_path_factory.mktemp("limits") / "data", env={"LAKEBROKER_DELIVER_IN_SERVE": "false"})
-    url = proc.start()
-    host, port = url.removeprefix("http://").rsplit(":", 1)
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServerProcess, Address]]:
+    proc, address = start_server(tmp_path_factory.mktemp("limits") / "data")
     try:
-        yield host, int(port)
+        yield proc, address
     finally:
         proc.stop()
 
 
-def test_serve_uses_h11_with_the_header_deadline() -> None:
-    # httptools (uvicorn's default when installed) ignores h11_max_incomplete_event_size.
-    assert UVICORN_LIMITS["http"] is BoundedH11Protocol
-    assert UVICORN_LIMITS["h11_max_incomplete_event_size"] == 16 * 1024
+@pytest.fixture(scope="module")
+def server(served: tuple[ServerProcess, Address]) -> Address:
+    return served[1]
 
 
-def test_oversized_request_head_is_refused(server: tuple[str, int]) -> None:
-    # Over h11's buffer bound while incomplete: 400 and closed. Whole in one read: our 431.
-    for size in (17 * 1024, 40 * 1024, 4 * 1024 * 1024):
-        answer = send_request_head(server, b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\nX-Big: "
-                                   + b"a" * size + b"\r\n\r\n")
-        assert answer.startswith((b"HTTP/1.1 400", b"HTTP/1.1 431")) or answer in (b"", b"<reset>"), answer[:200]
+@pytest.fixture(scope="module")
+def quick(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Address]:
+    """A server whose request heads must arrive within 1 s (setting header_read_timeout_s)."""
+    proc, address = start_server(tmp_path_factory.mktemp("quick") / "data", LAKEBROKER_HEADER_READ_TIMEOUT_S="1")
+    try:
+        yield address
+    finally:
+        proc.stop()
+
+
+def still_serves(address: Address) -> None:
+    url = f"http://{address[0]}:{address[1]}"
+    assert httpx.get(url + "/healthz").status_code == 200
+    produced = httpx.post(url + "/v1/topics/t/messages?ack=wal", json={"key": "k", "value": "v"})
+    assert produced.status_code == 200, produced.text
+
+
+def produce_request(value: str = "v", close: bool = False) -> bytes:
+    body = orjson.dumps({"key": "k", "value": value})
+    return (b"POST /v1/topics/t/messages?ack=wal HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            + (b"Connection: close\r\n" if close else b"") + b"Content-Length: %d\r\n\r\n" % len(body) + body)
+
+
+def test_serve_runs_httptools_on_uvloop(served: tuple[ServerProcess, Address]) -> None:
+    started = served[0].log.read_text()
+    assert "HTTP protocol lakebroker.http_protocol.BoundedHttpToolsProtocol (httptools)" in started, started[-2000:]
+    assert "event loop uvloop.Loop" in started, started[-2000:]
+
+
+@pytest.mark.parametrize("size", [40 * 1024, 4 * 1024 * 1024])
+def test_a_head_over_the_bound_in_one_send_gets_431_and_is_closed(server: Address, size: int) -> None:
+    head = b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * size
+    for whole in (head + b"\r\n\r\n", head):  # complete, and never finished
+        answer = send_request_head(server, whole)
+        if size > 1024 * 1024 and answer in (b"", b"<reset>"):  # closed with unread data: RST may beat the answer
+            continue
+        assert answer.startswith(b"HTTP/1.1 431 "), answer[:200]
+        assert error_code(answer) == "headers_too_large"
         assert b"<still open>" not in answer
+    still_serves(server)
+
+
+def test_a_head_trickled_byte_by_byte_over_the_bound_gets_431(server: Address) -> None:
+    answer = trickle(server, b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * (64 * 1024))
+    assert answer.startswith(b"HTTP/1.1 431 "), answer[:200]
+    assert error_code(answer) == "headers_too_large"
+    assert b"<still open>" not in answer
+    still_serves(server)
+
+
+@pytest.mark.parametrize("chunk", [None, 97], ids=["one-send", "trickled"])
+def test_the_header_size_limit_is_exact(server: Address, chunk: int | None) -> None:
+    # ingest_api/limits.py counts "name: value\r\n" per header; host (9) + connection (19) + x-pad (9 + value)
+    def head(pad: int) -> bytes:
+        return (b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\nX-Pad: " + b"a" * pad + b"\r\n\r\n")
+
+    at_limit = MAX_HEADER_BYTES - 9 - 19 - 9
+    for pad, status in ((at_limit, b"200"), (at_limit + 1, b"431")):
+        answer = send_request_head(server, head(pad)) if chunk is None else trickle(server, head(pad), chunk)
+        assert answer.startswith(b"HTTP/1.1 " + status), (pad, answer[:200])
+
+
+def test_too_many_headers_get_431(server: Address) -> None:
+    head = b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n" + b"".join(
+        b"X-H%d: v\r\n" % i for i in range(150)) + b"\r\n"
+    answer = send_request_head(server, head)
+    assert answer.startswith(b"HTTP/1.1 431"), answer[:200]
+    assert error_code(answer) == "too_many_headers"
     fine = send_request_head(server, b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Ok: " + b"a" * 8000
                              + b"\r\nConnection: close\r\n\r\n")
     assert fine.startswith(b"HTTP/1.1 200"), fine[:200]
     assert b"\r\nserver:" not in fine.lower()  # the server software is not advertised
 
 
-def test_too_many_headers_get_431(server: tuple[str, int]) -> None:
-    head = b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n" + b"".join(
-        b"X-H%d: v\r\n" % i for i in range(150)) + b"\r\n"
-    answer = send_request_head(server, head)
-    assert answer.startswith(b"HTTP/1.1 431"), answer[:200]
-    assert b'"code":"too_many_headers"' in answer
+def test_keep_alive_and_pipelining_still_work(server: Address) -> None:
+    with socket.create_connection(server) as sock:
+        sock.settimeout(30)
+        for i in range(3):  # one after another on one connection
+            sock.sendall(produce_request(f"keep-{i}"))
+            answer = read_response(sock)
+            assert answer.startswith(b"HTTP/1.1 200"), answer[:200]
+        # three at once, in one send: answered in order, then closed as the last one asks
+        sock.sendall(produce_request("p-0") + b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"
+                     + produce_request("p-2", close=True))
+        answers = recv_all(sock)
+    assert answers.count(b"HTTP/1.1 200 OK\r\n") == 3, answers
+    assert answers.index(b'"offset"') < answers.index(b'"status"') < answers.rindex(b'"offset"')
+    assert not answers.endswith(b"<still open>")
 
 
-# -- the header deadline, on a bare app so the test need not wait 10 s ------------------------------
-class QuickDeadline(BoundedH11Protocol):
-    header_timeout_s = 0.5
+# -- the head deadline (a 1 s setting on the `quick` server) -----------------------------------------
+def test_a_connection_that_sends_nothing_is_closed_after_the_deadline(quick: Address) -> None:
+    with socket.create_connection(quick) as idle:
+        assert recv_all(idle) == b""  # closed, with nothing to answer
+    still_serves(quick)
 
 
-async def echo_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
-    if scope["type"] != "http":
-        return
-    body = b""
-    more = True
-    while more:
-        message = await receive()
-        body += message.get("body", b"")
-        more = message.get("more_body", False)
-    await send({"type": "http.response.start", "status": 200,
-                "headers": [(b"content-length", str(len(body)).encode())]})
-    await send({"type": "http.response.body", "body": body})
+def test_a_head_never_completed_gets_408_and_is_closed(quick: Address) -> None:
+    with socket.create_connection(quick) as partial:
+        partial.sendall(b"POST /v1/topics/t/messages HTTP/1.1\r\nHost: x\r\n")
+        answer = recv_all(partial)
+    assert answer.startswith(b"HTTP/1.1 408 "), answer[:200]
+    assert error_code(answer) == "request_timeout"
+    with socket.create_connection(quick) as slowloris:  # a byte now and then does not extend the deadline
+        slowloris.sendall(b"GET /healthz HTTP/1.1\r\n")
+        for byte in b"X-A: " + b"a" * 600:  # 2 minutes at most
+            if select.select([slowloris], [], [], 0.2)[0]:
+                break
+            with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+                slowloris.send(bytes([byte]))
+        answer = recv_all(slowloris)
+    assert answer.startswith(b"HTTP/1.1 408 "), answer[:200]
+    still_serves(quick)
 
 
-@pytest.fixture(scope="module")
-def quick_server() -> Iterator[tuple[str, int]]:
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    config = uvicorn.Config(echo_app, http=QuickDeadline, lifespan="off", log_level="warning",
-                            timeout_keep_alive=30)
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started:
-        assert time.monotonic() < deadline
-        time.sleep(0.02)
-    yield sock.getsockname()
-    server.should_exit = True
-    thread.join(10)
+def test_the_deadline_spares_slow_bodies_and_idle_keep_alive(quick: Address) -> None:
+    request = produce_request("slow body")
+    head, body = request.split(b"\r\n\r\n", 1)
+    with socket.create_connection(quick) as sock:
+        sock.settimeout(30)
+        sock.sendall(head + b"\r\n\r\n" + body[:5])
+        time.sleep(1.5)  # past the head deadline, but the head was complete: the body has its own
+        sock.sendall(body[5:])
+        answer = read_response(sock)
+        assert answer.startswith(b"HTTP/1.1 200"), answer[:200]
+        time.sleep(1.5)  # idle between requests: uvicorn's keep-alive timeout (5 s) applies, not the deadline
+        sock.sendall(produce_request("after idle"))
+        answer = read_response(sock)
+        assert answer.startswith(b"HTTP/1.1 200"), answer[:200]
+        sock.sendall(b"GET /healthz HTTP/1.1\r\n")  # part of the next head after a response: the deadline again
+        answer = recv_all(sock)
+    assert answer.startswith(b"HTTP/1.1 408 "), answer[:200]
 
 
-def test_a_connection_that_never_finishes_its_headers_is_closed(quick_server: tuple[str, int]) -> None:
-    with socket.create_connection(quick_server) as idle:  # sends nothing at all
-        started = time.monotonic()
-        assert recv_all(idle, 5) == b""
-        assert time.monotonic() - started < 2
-    with socket.create_connection(quick_server) as slow:  # a slowloris: a byte now and then
-        slow.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n")
-        time.sleep(0.3)
-        slow.sendall(b"X-A: 1\r\n")  # data alone does not extend the deadline
-        assert recv_all(slow, 5) == b""
-
-
-def test_the_deadline_spares_slow_bodies_and_rearms_between_requests(quick_server: tuple[str, int]) -> None:
-    with socket.create_connection(quick_server) as sock:
-        sock.sendall(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nab")
-        time.sleep(1.0)  # past the header deadline, but the head was complete
-        sock.sendall(b"cde")
-        sock.settimeout(5)
-        assert sock.recv(1024).endswith(b"abcde")
-        time.sleep(0.2)  # a keep-alive connection may send its next request
-        sock.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
-        assert sock.recv(1024).startswith(b"HTTP/1.1 200")
-        started = time.monotonic()
-        assert recv_all(sock, 5) == b""  # then idles past the deadline: closed
-        assert time.monotonic() - started < 2
+def test_a_pipelined_head_left_unfinished_gets_408_after_the_answers(quick: Address) -> None:
+    with socket.create_connection(quick) as sock:
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n" * 2 + b"GET /healthz HTTP/1.1\r\n")
+        answers = recv_all(sock)
+    assert answers.count(b"HTTP/1.1 200 OK\r\n") == 2, answers
+    assert answers[answers.rindex(b"HTTP/1.1 "):].startswith(b"HTTP/1.1 408 "), answers
 
 
 def test_serve_passes_the_limits_to_uvicorn() -> None:
