@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test setup lint bench bench-quick fault clean
+.PHONY: run test setup lint bench bench-quick fault soak clean
 
 run: setup
 	$(VENV)/bin/lakebroker serve
@@ -41,6 +41,11 @@ bench-quick: setup
 fault: setup
 	LAKEBROKER_CRASH_CYCLES=20 $(PY) -m pytest -p no:cacheprovider -q -m fault
 	$(PY) -m bench.faults --cycles 20
+
+# Ten minutes of mixed load with SIGKILLs, topic churn, Spark jobs and a failing receiver; then every
+# message is accounted for. Writes docs/benchmarks-soak.md and the Soak section of docs/benchmarks.md.
+soak: setup
+	$(PY) -m bench.soak --minutes 10 $(SOAK_ARGS)
 
 clean:
 	rm -rf $(VENV) .cache data

@@ -8,6 +8,7 @@ Other engineers' benchmark modules join the report: for bench.spark_jobs and ben
 the module exists and has `run(quick: bool) -> str`, it runs in a child process (bounded in time)
 and its markdown is included; otherwise, or if it fails, the fragment file it leaves
 (docs/benchmarks-spark.md, docs/benchmarks-delivery.md, docs/benchmarks-faults.md) is included when present.
+The soak (bench.soak, `make soak`) is never run from here: only its fragment file is included.
 """
 
 from __future__ import annotations
@@ -42,14 +43,16 @@ FULL_EXTERNAL_S = 1800.0
 
 
 class External:
-    def __init__(self, module: str, fragment: str, title: str) -> None:
+    def __init__(self, module: str, fragment: str, title: str, runs: bool = True) -> None:
         self.module, self.fragment, self.title = module, fragment, title
+        self.runs = runs  # False: too long for `make bench`; only its fragment file is included
 
 
 EXTERNAL = (
     External("bench.spark_jobs", "benchmarks-spark.md", "Spark jobs"),
     External("bench.delivery", "benchmarks-delivery.md", "Webhook delivery"),
     External("bench.faults", "benchmarks-faults.md", "Fault injection"),
+    External("bench.soak", "benchmarks-soak.md", "Soak", runs=False),
 )
 
 
@@ -81,9 +84,10 @@ def external_fragment(ext: External, docs_dir: Path, quick: bool, timeout: float
                       env: dict[str, str] | None = None) -> tuple[str, str] | None:
     """(title, markdown) from the module's run(quick), else from its fragment file, else None."""
     note = ""
-    if _exists(ext.module) and timeout <= 0:
+    runnable = ext.runs and _exists(ext.module)
+    if runnable and timeout <= 0:
         note = f"`{ext.module}.run` skipped: no time left in the quick run's 3-minute budget"
-    elif _exists(ext.module):
+    elif runnable:
         with tempfile.TemporaryDirectory() as tmp:
             out = Path(tmp) / "fragment.md"
             argv = [sys.executable, "-m", "bench.run", "--fragment-module", ext.module, "--fragment-out", str(out)]
@@ -181,7 +185,7 @@ def run(mode: str, out: Path, img_dir: Path, docs_dir: Path, *, external: bool =
     notes = Path(__file__).with_name("findings.md")
     if notes.exists():
         results.notes = notes.read_text()
-    runnable = [ext for ext in EXTERNAL if external and _exists(ext.module)]
+    runnable = [ext for ext in EXTERNAL if external and ext.runs and _exists(ext.module)]
     for ext in EXTERNAL:
         budget = FULL_EXTERNAL_S
         if mode != "full" and ext in runnable:  # share what is left of the quick budget

@@ -1,0 +1,394 @@
+"""The soak: everything at once, with faults, for a bounded time; then every message is accounted for.
+
+`make soak` (`python -m bench.soak --minutes 10`) writes docs/benchmarks-soak.md and its section of
+docs/benchmarks.md; tests/bench/test_soak.py runs a short form. This module runs the processes and
+the faults; bench/soak_checks.py holds the checks, bench/soak_report.py the report. One run:
+
+* producers in their own process (bench/soak_producer.py): single, batch and Kafka REST v2 produce
+  to four topics, recording every acknowledged (topic, partition, offset, id);
+* `lakebroker serve` with delivery off and its scheduler running compaction, retention, key
+  compaction and replication on short intervals (the order rotates at each restart, so every job
+  gets its turn between kills), and two `lakebroker deliver` workers;
+* a webhook receiver on loopback that fails 30 % of requests, with odd headers, and is slow at times;
+* every `kill_every_s`: SIGKILL of serve (then restarted), and half a period later SIGKILL of one
+  worker (then restarted); every `recreate_every_s`: the topic `churn` deleted and created again.
+
+Then the load stops, delivery drains, the workers stop, serve restarts gracefully with retention,
+key compaction and replication first in its schedule, and once replication has run past all of it,
+serve stops and `lakebroker verify-replica` runs. The checks (`SoakReport.problems`):
+
+* every acknowledged message is in its topic's table exactly once at its acknowledged offset, and
+  offsets are dense from each partition's log start to its log end; below the log start, rows are
+  gone by retention (allowed on `events` only), and on the key-compacted `profiles` an acknowledged
+  message may be missing only if a later row with its key is stored (so the latest value of every
+  key is there);
+* every offset of a subscribed topic is delivered at least once or dead-lettered, with no
+  retention skip (retention_ms is far above the delivery lag, so retention only removes delivered
+  messages); on `profiles`, offsets compacted away before delivery are counted apart;
+* retention removed something, key compaction ran, and the replica verifies.
+Every wait is bounded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import random
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+from deltalake import DeltaTable
+
+from bench.procs import REPO, BenchError
+from bench.run import nest
+from bench.soak_checks import TopicSpec, check_all, check_jobs
+from bench.soak_report import SoakReport
+from tests.receivers import Receiver
+from tests.servers import ServerProcess, free_port
+
+# `events` keeps messages for the plan's retention_ms, the others forever; `profiles` is key-compacted;
+# `churn` is deleted and re-created, with no subscription.
+SPECS = {"orders": TopicSpec(4, subscribed=True), "events": TopicSpec(3, retention=True, subscribed=True),
+         "profiles": TopicSpec(2, compact=True, subscribed=True), "churn": TopicSpec(2)}
+SUBSCRIBED = {"orders": {"ordering": "partition", "batch_size": 10},
+              "events": {"ordering": "none", "batch_size": 1},
+              "profiles": {"ordering": "key", "batch_size": 5}}
+JOBS = ("compaction", "retention", "key-compaction", "replication")
+FAST = {"LAKEBROKER_LEASE_TTL_S": "3", "LAKEBROKER_HEARTBEAT_S": "0.5", "LAKEBROKER_OFFSET_COMMIT_INTERVAL_MS": "200",
+        "LAKEBROKER_ALLOW_PRIVATE_WEBHOOKS": "1", "LAKEBROKER_FLUSH_INTERVAL_MS": "100"}
+
+
+@dataclass
+class SoakPlan:
+    """What one run does; `for_minutes` scales it."""
+
+    minutes: float
+    kill_every_s: float
+    recreate_every_s: float
+    job_interval_s: tuple[int, ...]  # one per JOBS entry, rotated at each serve restart
+    retention_ms: int
+    max_messages: int
+    drain_timeout_s: float
+    jobs_timeout_s: float
+
+    @classmethod
+    def for_minutes(cls, minutes: float, kill_every_s: float = 60.0) -> SoakPlan:
+        short = minutes < 3
+        return cls(minutes=minutes, kill_every_s=kill_every_s, recreate_every_s=kill_every_s * 0.75,
+                   job_interval_s=(3, 4, 5, 6) if short else (15, 20, 25, 30),
+                   retention_ms=20_000 if short else 60_000, max_messages=int(minutes * 60 * 150),
+                   drain_timeout_s=300 if short else 600, jobs_timeout_s=900)
+
+
+def odd_receiver(seed: int) -> Receiver:
+    """30 % failures with odd headers, some slow answers (within the subscriptions' 3 s timeout)."""
+    rng = random.Random(seed)
+    lock = threading.Lock()
+    failures: list[tuple[int, dict[str, str]]] = [
+        (500, {"Retry-After": "99999999999"}),  # huge, and on a 500, where it does not count
+        (503, {"Retry-After": "\u00b2"}),  # a Unicode digit: not delta-seconds
+        (429, {"Retry-After": "1"}),
+        (429, {"Retry-After": "Wed, 21 Oct 2015 07:28:00 GMT"}),  # a date in the past: no wait
+        (503, {"Retry-After": "soon", "X-Garbage": "\u00ff\u00fe\u00e9 \t;;=="}),
+        (500, {"Content-Type": "text/\u00e9\u00e9", "X-Long": "x" * 6000}),
+    ]
+
+    def behave(n: int, body: Any) -> tuple[int, dict[str, str], float]:
+        with lock:
+            roll, slow, pick = rng.random(), rng.random(), rng.randrange(len(failures))
+        delay = 0.5 + slow if slow < 0.04 else 0.0
+        if roll < 0.30:
+            status, headers = failures[pick]
+            return status, headers, delay
+        return 200, ({"Retry-After": "3600", "X-Odd": "\u00b2"} if roll > 0.97 else {}), delay
+
+    return Receiver(behave)
+
+
+def start_worker(data: Path, name: str, log: Path) -> subprocess.Popen[bytes]:
+    with log.open("ab") as out:
+        return subprocess.Popen([sys.executable, "-m", "lakebroker", "--data-dir", str(data), "deliver",
+                                 "--worker-id", name], stdout=out, stderr=subprocess.STDOUT,
+                                env={**os.environ, **FAST}, cwd=REPO)
+
+
+def stop_process(proc: subprocess.Popen[bytes], timeout: float = 30) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=timeout)
+
+
+def wait_for(predicate: Any, timeout: float, step: float = 0.5) -> bool:
+    """Whether `predicate` came true within `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(step)
+    return True
+
+
+class Soak:
+    def __init__(self, plan: SoakPlan, work: Path, seed: int = 12) -> None:
+        self.plan, self.work, self.seed = plan, work, seed
+        self.data = work / "data"
+        self.replica = work / "replica"
+        self.report = SoakReport(minutes=plan.minutes)
+        self.receiver = odd_receiver(seed)
+        self.receiver.server.handle_error = lambda *args: None  # type: ignore[method-assign]  # broken pipes
+        self.server = ServerProcess(self.data, env=self._server_env(0), port=free_port())
+        self.workers: dict[str, subprocess.Popen[bytes]] = {}
+        self.acks_file = work / "acks.jsonl"
+        self.churn_since = 0.0  # time.time() when the current `churn` topic was created
+        self._dead: dict[str, set[tuple[int, int]]] = {}  # topic -> dead-lettered (partition, offset)
+
+    def _server_env(self, rotation: int, drain: bool = False) -> dict[str, str]:
+        intervals = self.plan.job_interval_s[rotation % len(JOBS):] + self.plan.job_interval_s[:rotation % len(JOBS)]
+        names = ("COMPACTION", "RETENTION", "KEY_COMPACTION", "REPLICATION")
+        if drain:  # retention first, then key compaction, replication, and compaction in a long run
+            intervals = (4 if self._need_compaction else 3600, 1, 2, 3)
+        env = {**FAST, "LAKEBROKER_DELIVER_IN_SERVE": "0", "LAKEBROKER_REPLICATION_URI": str(self.replica),
+               "LAKEBROKER_OFFSETS_COMPACTION_INTERVAL_S": "0", "LAKEBROKER_KEY_COMPACTION_MIN_LAG_MS": "2000",
+               "LAKEBROKER_COMPACTION_TARGET_FILE_BYTES": "65536", "LAKEBROKER_JOB_TIMEOUT_S": "300"}
+        for name, seconds in zip(names, intervals, strict=True):
+            env[f"LAKEBROKER_{name}_INTERVAL_S"] = str(seconds)
+        return env
+
+    # --- the run ---
+
+    def run(self) -> SoakReport:
+        started = time.monotonic()
+        try:
+            url = self.server.start(timeout=90)
+            self._setup(url)
+            for name in ("worker-a", "worker-b"):
+                self.workers[name] = start_worker(self.data, name, self.work / f"{name}.log")
+            self._load(url)
+            self._drain(url)
+        finally:
+            for proc in self.workers.values():
+                stop_process(proc)
+            self.server.stop()
+            self.receiver.close()
+            self._keep_evidence()
+        self._verify_replica()
+        self._check()
+        self.report.seconds = time.monotonic() - started
+        return self.report
+
+    def _setup(self, url: str) -> None:
+        with httpx.Client(base_url=url, timeout=30) as client:
+            for name in SPECS:
+                r = client.post("/v1/topics", json=self._topic(name))
+                if r.status_code != 201:
+                    raise BenchError(f"creating {name}: {r.status_code} {r.text}")
+            self.churn_since = time.time()
+            for topic, options in SUBSCRIBED.items():
+                r = client.post("/v1/subscriptions", json={
+                    "name": f"{topic}-hooks", "topic": topic, "url": self.receiver.url, "start": "earliest",
+                    "max_attempts": 4, "retry_schedule_s": [0.05, 0.2, 0.5], "timeout_s": 3.0, **options})
+                if r.status_code != 201:
+                    raise BenchError(f"subscribing to {topic}: {r.status_code} {r.text}")
+
+    def _topic(self, name: str) -> dict[str, Any]:
+        spec = SPECS[name]
+        return {"name": name, "partitions": spec.partitions, "retention_ms": self.plan.retention_ms if spec.retention
+                else None, "cleanup_policy": "compact" if spec.compact else "delete"}
+
+    def _load(self, url: str) -> None:
+        seconds = self.plan.minutes * 60
+        producer = subprocess.Popen(
+            [sys.executable, "-m", "bench.soak_producer", "--url", url, "--seconds", str(seconds), "--max-messages",
+             str(self.plan.max_messages), "--out", str(self.acks_file), "--seed", str(self.seed)],
+            cwd=REPO, stdout=subprocess.PIPE, stderr=(self.work / "producer.log").open("ab"))
+        begin = time.monotonic()
+        every = self.plan.kill_every_s
+        events = sorted([(begin + every * (k + 0.5), "serve") for k in range(int(seconds / every))]
+                        + [(begin + every * (k + 1), "worker") for k in range(int(seconds / every))]
+                        + [(begin + self.plan.recreate_every_s * (k + 1), "recreate")
+                           for k in range(int(seconds / self.plan.recreate_every_s))])
+        try:
+            for at, what in events:
+                if at > begin + seconds - 3:
+                    continue  # leave the end of the load undisturbed
+                time.sleep(max(0.0, at - time.monotonic()))
+                getattr(self, f"_{what}")()
+            out, _ = producer.communicate(timeout=seconds + 120)
+        finally:
+            if producer.poll() is None:
+                producer.kill()
+                producer.wait()
+        self.report.producer = orjson.loads(out.strip().splitlines()[-1])
+
+    def _serve(self) -> None:
+        self.server.kill()
+        self.report.serve_kills += 1
+        self.server.env.update(self._server_env(self.report.serve_kills))
+        self.server.start(timeout=120)
+
+    def _worker(self) -> None:
+        name = ("worker-a", "worker-b")[self.report.worker_kills % 2]
+        self.workers[name].send_signal(signal.SIGKILL)
+        self.workers[name].wait(timeout=30)
+        self.report.worker_kills += 1
+        self.workers[name] = start_worker(self.data, name, self.work / f"{name}.log")
+
+    def _recreate(self) -> None:
+        with httpx.Client(base_url=self.server.url, timeout=60) as client:
+            r = client.delete("/v1/topics/churn")
+            if r.status_code != 204:
+                raise BenchError(f"deleting churn: {r.status_code} {r.text}")
+            r = client.post("/v1/topics", json=self._topic("churn"))
+            if r.status_code != 201:
+                raise BenchError(f"re-creating churn: {r.status_code} {r.text}")
+        self.churn_since = time.time()
+        self.report.recreates += 1
+
+    def _drain(self, url: str) -> None:
+        client = httpx.Client(base_url=url, timeout=60)
+
+        def drained() -> bool:
+            for topic in SUBSCRIBED:
+                status = client.get(f"/v1/subscriptions/{topic}-hooks").json()
+                if any(p["lag"] or p["in_flight"] for p in status["partitions"]):
+                    return False
+            return True
+
+        if not wait_for(drained, self.plan.drain_timeout_s):  # the checks below say what is missing
+            self.report.problems.append(f"delivery did not drain within {self.plan.drain_timeout_s:.0f} s")
+        for topic in SUBSCRIBED:
+            status = client.get(f"/v1/subscriptions/{topic}-hooks").json()
+            self.report.retention_skips += sum(p["retention_skips"]["messages"] for p in status["partitions"])
+            letters = client.get(f"/v1/subscriptions/{topic}-hooks/dead-letters", params={"limit": 10_000}).json()
+            self._dead[topic] = {(d["partition"], d["offset"]) for d in letters["dead_letters"]}
+        for proc in self.workers.values():
+            stop_process(proc)  # graceful: offsets committed, leases released
+        client.close()
+        # A graceful restart (SIGTERM) whose schedule puts retention, key compaction and replication
+        # first: on a busy machine a Spark run takes tens of seconds, and the checks need these.
+        self.server.stop()
+        self.server.env.update(self._server_env(0, drain=True))
+        self.server.start(timeout=120)
+        restarted = datetime.now(UTC)
+        from spark_pipeline import job_runs
+        from tables.layout import Layout
+
+        layout = Layout(self.data)
+
+        def settled() -> bool:
+            runs = job_runs.last_runs(layout, limit=100_000)
+            ok = {r["job"] for r in runs if r["outcome"] == "ok"}
+            replicated = any(r["job"] == "replication" and r["outcome"] == "ok" and r["started_at"] >= restarted
+                             for r in runs)
+            return (replicated and {"key-compaction", *(["compaction"] if self._need_compaction else [])} <= ok
+                    and any(s > 0 for s in self._log_starts("events").values()))
+
+        if not wait_for(settled, self.plan.jobs_timeout_s, step=2):
+            self.report.problems.append(f"the jobs after the drain did not end in {self.plan.jobs_timeout_s:.0f} s")
+
+    @property
+    def _need_compaction(self) -> bool:
+        """A short run's serve is killed before a compaction finishes; a long run must see one succeed."""
+        return self.plan.minutes >= 3
+
+    # --- the checks ---
+
+    def _keep_evidence(self) -> None:
+        """What the checks read besides the tables, kept in the work dir for a post-mortem."""
+        with (self.work / "deliveries.jsonl").open("wb") as out:
+            for got in list(self.receiver.received):
+                out.write(orjson.dumps({"webhook-id": got.headers.get("webhook-id"), "at": got.at,
+                                        "body": got.json}) + b"\n")
+        (self.work / "dead_letters.json").write_bytes(orjson.dumps({t: sorted(d) for t, d in self._dead.items()}))
+
+    def _log_starts(self, topic: str) -> dict[int, int]:
+        from tables.log_start import log_starts
+
+        table = DeltaTable(str(self.data / "topics" / topic))
+        return log_starts(table, SPECS[topic].partitions)
+
+    def _verify_replica(self) -> None:
+        proc = subprocess.run([sys.executable, "-m", "lakebroker", "--data-dir", str(self.data), "verify-replica",
+                               "--to", str(self.replica)], cwd=REPO, capture_output=True, text=True, timeout=600,
+)
+        self.report.replica_verified = proc.returncode == 0
+        self.report.replica_output = (proc.stdout + proc.stderr)[-3000:]
+        if not self.report.replica_verified:
+            self.report.problems.append(f"verify-replica exit {proc.returncode}: "
+                                        + " ".join(self.report.replica_output.splitlines()[-3:]))
+
+    def _check(self) -> None:
+        from spark_pipeline import job_runs
+        from tables.layout import Layout
+
+        acks = [orjson.loads(line) for line in self.acks_file.read_bytes().splitlines() if line.strip()]
+        acks = [a for a in acks if a["topic"] != "churn" or a["sent"] >= self.churn_since]  # this incarnation
+        self.report.receiver_answers = {str(k): v for k, v in sorted(Counter(self.receiver.answers).items())}
+        starts = re.findall(r"spark_pipeline\.scheduler: starting ([a-z-]+):", self.server.log.read_text())
+        self.report.job_starts = dict(sorted(Counter(starts).items()))
+        check_all(self.report, self.data, SPECS, acks, self.receiver.messages(), self._dead)
+        required = JOBS if self._need_compaction else JOBS[1:]
+        check_jobs(self.report, job_runs.last_runs(Layout(self.data), limit=100_000), required)
+
+def run(minutes: float, *, kill_every_s: float = 60.0, work: Path | None = None, seed: int = 12) -> SoakReport:
+    """One soak of `minutes` of load; `work` keeps the data and logs (default: a temporary directory)."""
+    plan = SoakPlan.for_minutes(minutes, kill_every_s)
+    if work is not None:
+        work.mkdir(parents=True, exist_ok=True)
+        return Soak(plan, work, seed).run()
+    with tempfile.TemporaryDirectory(prefix="lakebroker-soak-", ignore_cleanup_errors=True) as tmp:
+        return Soak(plan, Path(tmp), seed).run()
+
+
+def splice(path: Path, title: str, fragment: str) -> None:
+    """Replace the `## {title}` section of a markdown file with the fragment (nested), or append it."""
+    section = f"## {title}\n\n" + nest(title, fragment).strip() + "\n"
+    lines = path.read_text().splitlines(keepends=True) if path.exists() else []
+    start = next((i for i, line in enumerate(lines) if line.rstrip() == f"## {title}"), None)
+    if start is None:
+        text = "".join(lines).rstrip("\n") + "\n\n" + section
+    else:
+        end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")), len(lines))
+        text = "".join(lines[:start]) + section + ("\n" + "".join(lines[end:]) if end < len(lines) else "")
+    path.write_text(text)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="The soak: mixed load with faults, then every message checked.")
+    parser.add_argument("--minutes", type=float, default=10.0)
+    parser.add_argument("--kill-every", type=float, default=60.0, help="seconds between SIGKILLs of serve")
+    parser.add_argument("--work", type=Path, help="keep data and logs here")
+    parser.add_argument("--no-docs", action="store_true", help="print only; leave docs/ alone")
+    args = parser.parse_args(argv)
+    report = run(args.minutes, kill_every_s=args.kill_every, work=args.work)
+    command = "make soak" if (args.minutes, args.kill_every) == (10.0, 60.0) else (
+        f"python -m bench.soak --minutes {args.minutes:g} --kill-every {args.kill_every:g}")
+    text = report.markdown(command)
+    if not args.no_docs:
+        (REPO / "docs" / "benchmarks-soak.md").write_text(text)
+        splice(REPO / "docs" / "benchmarks.md", "Soak", text)
+    print(text)
+    with contextlib.suppress(Exception):
+        print(report.replica_output.strip().splitlines()[-1], file=sys.stderr)
+    sys.exit(0 if report.ok else 1)
+
+
+if __name__ == "__main__":
+    main()

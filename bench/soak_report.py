@@ -1,0 +1,78 @@
+"""The soak's report: the counts of one run and its violations, and their markdown for docs/benchmarks.md."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+
+@dataclass
+class SoakReport:
+    minutes: float
+    seconds: float = 0.0
+    acked: int = 0
+    in_delta: int = 0
+    duplicates: int = 0  # ids stored more than once
+    gaps: int = 0  # partitions whose offsets are not dense from log start to log end
+    lost: int = 0  # acknowledged, above the log start, not in the table at their offset
+    removed_by_retention: int = 0  # acknowledged, then removed by retention (after delivery)
+    compacted_away: int = 0  # acknowledged on `profiles`, superseded and removed by key compaction
+    expected_deliveries: int = 0
+    delivered: int = 0
+    delivered_more_than_once: int = 0
+    dead_lettered: int = 0
+    compacted_before_delivery: int = 0
+    skipped: int = 0  # neither delivered nor dead-lettered
+    retention_skips: int = 0  # messages the retention job moved a group past
+    wrong_content: int = 0  # a delivery whose body is not the table's row at that offset
+    serve_kills: int = 0
+    worker_kills: int = 0
+    recreates: int = 0
+    receiver_answers: dict[str, int] = field(default_factory=dict)
+    producer: dict[str, int] = field(default_factory=dict)
+    job_starts: dict[str, int] = field(default_factory=dict)  # job -> runs the scheduler started
+    job_runs: dict[str, dict[str, int]] = field(default_factory=dict)  # job -> outcome -> runs recorded
+    rows_removed: dict[str, int] = field(default_factory=dict)  # job -> rows removed in all
+    replica_verified: bool = False
+    replica_output: str = ""
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def markdown(self, command: str) -> str:
+        jobs = "; ".join(f"{job}: {self.job_starts.get(job, 0)} started, " + ", ".join(
+            f"{n} {o}" for o, n in sorted(self.job_runs.get(job, {}).items()))
+            + (f" ({self.rows_removed[job]:,} rows removed)" if self.rows_removed.get(job) else "")
+            for job in sorted({*self.job_starts, *self.job_runs}))
+        rows = [
+            ("messages acknowledged", f"{self.acked:,}"),
+            ("rows in Delta (checked topics, at the end)", f"{self.in_delta:,}"),
+            ("duplicates in Delta", f"**{self.duplicates}**"),
+            ("partitions with offset gaps", f"**{self.gaps}**"),
+            ("acknowledged and lost", f"**{self.lost}**"),
+            ("removed by retention (after delivery) / by key compaction", f"{self.removed_by_retention:,} / "
+             f"{self.compacted_away:,}"),
+            ("offsets to deliver", f"{self.expected_deliveries:,}"),
+            ("delivered / of them more than once", f"{self.delivered:,} / {self.delivered_more_than_once:,}"),
+            ("dead-lettered", f"{self.dead_lettered:,}"),
+            ("compacted away before delivery (`profiles`)", f"{self.compacted_before_delivery:,}"),
+            ("skipped (neither delivered nor dead-lettered)", f"**{self.skipped}**"),
+            ("retention skips", f"**{self.retention_skips}**"),
+            ("deliveries whose body differs from the table", f"**{self.wrong_content}**"),
+            ("SIGKILLs of serve / of a worker", f"{self.serve_kills} / {self.worker_kills}"),
+            ("topic re-creates", f"{self.recreates}"),
+            ("job runs (scheduler; a run cut short by a SIGKILL of serve records no outcome)", jobs or "none"),
+            ("replica verified", "yes" if self.replica_verified else "**no**"),
+            ("receiver answers", ", ".join(f"{k}: {v:,}" for k, v in sorted(self.receiver_answers.items()))),
+            ("producer", ", ".join(f"{k}: {v:,}" for k, v in sorted(self.producer.items()))),
+        ]
+        lines = ["# Soak", "",
+                 f"Command: `{command}`; ran {self.seconds / 60:.1f} minutes in all on {datetime.now(UTC):%Y-%m-%d} "
+                 f"({self.minutes:g} minutes of load). See the docstring of `bench/soak.py` for what runs and "
+                 "what is checked.", "",
+                 "| figure | value |", "|---|---|", *(f"| {k} | {v} |" for k, v in rows), "",
+                 f"Result: **{'all invariants hold' if self.ok else 'FAILED'}**."]
+        lines += [f"- {p}" for p in self.problems[:20]]
+        return "\n".join(lines) + "\n"
