@@ -64,7 +64,7 @@ from tests.servers import ServerProcess, free_port
 SPECS = {"orders": TopicSpec(4, subscribed=True), "events": TopicSpec(3, retention=True, subscribed=True),
          "profiles": TopicSpec(2, compact=True, subscribed=True), "churn": TopicSpec(2)}
 SUBSCRIBED = {"orders": {"ordering": "partition", "batch_size": 10},
-              "events": {"ordering": "none", "batch_size": 1},
+              "events": {"ordering": "none", "batch_size": 10},
               "profiles": {"ordering": "key", "batch_size": 5}}
 JOBS = ("compaction", "retention", "key-compaction", "replication")
 FAST = {"LAKEBROKER_LEASE_TTL_S": "3", "LAKEBROKER_HEARTBEAT_S": "0.5", "LAKEBROKER_OFFSET_COMMIT_INTERVAL_MS": "200",
@@ -315,7 +315,7 @@ class Soak:
         with (self.work / "deliveries.jsonl").open("wb") as out:
             for got in list(self.receiver.received):
                 out.write(orjson.dumps({"webhook-id": got.headers.get("webhook-id"), "at": got.at,
-                                        "body": got.json}) + b"\n")
+                                        "worker": got.headers.get("lakebroker-worker"), "body": got.json}) + b"\n")
         (self.work / "dead_letters.json").write_bytes(orjson.dumps({t: sorted(d) for t, d in self._dead.items()}))
 
     def _log_starts(self, topic: str) -> dict[int, int]:

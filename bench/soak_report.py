@@ -5,6 +5,17 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
+ABOUT = ("`lakebroker serve` (delivery off; its scheduler running compaction, retention, key compaction and "
+         "replication every few seconds, replicating to a second directory) and two `lakebroker deliver` workers "
+         "take single, batch and REST v2 produce on four topics from a separate producer process, which records "
+         "every acknowledgement. Serve and a worker are SIGKILLed every kill period (60 s for `make soak`), the "
+         "topic `churn` is deleted and re-created, and the webhook receiver fails 30 % of requests (429, 500, 503) "
+         "with odd headers (`Retry-After: ²`, a huge or garbage Retry-After, a past date, non-ASCII and 6 kB "
+         "values) and answers slowly at times. Once the load stops and delivery drains, every acknowledged message "
+         "is looked up in Delta, every offset in the receiver's records or the dead letters, and the replica is "
+         "checked with `lakebroker verify-replica`; `bench/soak.py` says what each check allows.")
+REMOVERS = ("retention", "key-compaction")  # the jobs whose rows_removed are rows gone from a topic
+
 
 @dataclass
 class SoakReport:
@@ -44,7 +55,7 @@ class SoakReport:
     def markdown(self, command: str) -> str:
         jobs = "; ".join(f"{job}: {self.job_starts.get(job, 0)} started, " + ", ".join(
             f"{n} {o}" for o, n in sorted(self.job_runs.get(job, {}).items()))
-            + (f" ({self.rows_removed[job]:,} rows removed)" if self.rows_removed.get(job) else "")
+            + (f" ({self.rows_removed[job]:,} rows removed)" if job in REMOVERS and self.rows_removed.get(job) else "")
             for job in sorted({*self.job_starts, *self.job_runs}))
         rows = [
             ("messages acknowledged", f"{self.acked:,}"),
@@ -70,8 +81,7 @@ class SoakReport:
         ]
         lines = ["# Soak", "",
                  f"Command: `{command}`; ran {self.seconds / 60:.1f} minutes in all on {datetime.now(UTC):%Y-%m-%d} "
-                 f"({self.minutes:g} minutes of load). See the docstring of `bench/soak.py` for what runs and "
-                 "what is checked.", "",
+                 f"({self.minutes:g} minutes of load). {ABOUT}", "",
                  "| figure | value |", "|---|---|", *(f"| {k} | {v} |" for k, v in rows), "",
                  f"Result: **{'all invariants hold' if self.ok else 'FAILED'}**."]
         lines += [f"- {p}" for p in self.problems[:20]]
