@@ -90,7 +90,7 @@ class SoakPlan:
         return cls(minutes=minutes, kill_every_s=kill_every_s, recreate_every_s=kill_every_s * 0.75,
                    job_interval_s=(3, 4, 5, 6) if short else (15, 20, 25, 30),
                    retention_ms=20_000 if short else 60_000, max_messages=int(minutes * 60 * 150),
-                   drain_timeout_s=300 if short else 600, jobs_timeout_s=900)
+                   drain_timeout_s=300 if short else 600, jobs_timeout_s=1500)
 
 
 def odd_receiver(seed: int) -> Receiver:
@@ -166,7 +166,7 @@ class Soak:
             intervals = (4 if self._need_compaction else 3600, 1, 2, 3)
         env = {**FAST, "LAKEBROKER_DELIVER_IN_SERVE": "0", "LAKEBROKER_REPLICATION_URI": str(self.replica),
                "LAKEBROKER_OFFSETS_COMPACTION_INTERVAL_S": "0", "LAKEBROKER_KEY_COMPACTION_MIN_LAG_MS": "2000",
-               "LAKEBROKER_COMPACTION_TARGET_FILE_BYTES": "65536", "LAKEBROKER_JOB_TIMEOUT_S": "300"}
+               "LAKEBROKER_COMPACTION_TARGET_FILE_BYTES": "65536", "LAKEBROKER_JOB_TIMEOUT_S": "1200"}
         for name, seconds in zip(names, intervals, strict=True):
             env[f"LAKEBROKER_{name}_INTERVAL_S"] = str(seconds)
         return env
