@@ -53,8 +53,8 @@ class SoakReport:
         return not self.problems
 
     def markdown(self, command: str) -> str:
-        jobs = "; ".join(f"{job}: {self.job_starts.get(job, 0)} started, " + ", ".join(
-            f"{n} {o}" for o, n in sorted(self.job_runs.get(job, {}).items()))
+        jobs = "; ".join(f"{job}: {self.job_starts.get(job, 0)} started, " + (", ".join(
+            f"{n} {o}" for o, n in sorted(self.job_runs.get(job, {}).items())) or "none ended")
             + (f" ({self.rows_removed[job]:,} rows removed)" if job in REMOVERS and self.rows_removed.get(job) else "")
             for job in sorted({*self.job_starts, *self.job_runs}))
         rows = [
