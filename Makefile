@@ -14,7 +14,7 @@ run: setup
 test: setup
 	bash scripts/test.sh
 
-setup: $(STAMP) .cache/jars/.stamp
+setup: $(STAMP) .cache/jars/.stamp .cache/spark-cds.jsa
 
 # Every version, transitive ones too, is pinned in requirements.lock.
 $(STAMP): pyproject.toml requirements.lock
@@ -26,6 +26,10 @@ $(STAMP): pyproject.toml requirements.lock
 # Delta jars from Maven Central (transitively), plus the atomic LogStore, into .cache/jars.
 .cache/jars/.stamp: build/jars/pom.xml scripts/fetch_jars.sh $(STAMP) $(wildcard spark_pipeline/java/io/lakebroker/delta/*.java)
 	PYTHON=$(PY) bash scripts/fetch_jars.sh
+
+# The JVM class archive that shortens every Spark session's start (spark_pipeline/class_archive.py).
+.cache/spark-cds.jsa: .cache/jars/.stamp
+	$(PY) -m spark_pipeline.class_archive
 
 lint: setup
 	$(VENV)/bin/ruff check .

@@ -60,6 +60,11 @@ async def _produce(url: str, acked: dict[str, tuple[int, int]], counter: itertoo
 async def _load_then_kill(server: ServerProcess, acked: dict[str, tuple[int, int]], counter: itertools.count[int],
                           seconds: float) -> None:
     tasks = [asyncio.create_task(_produce(server.url, acked, counter)) for _ in range(12)]
+    # Under load first (a busy machine can take seconds to answer the first requests), then a
+    # random moment later the kill.
+    before, deadline = len(acked), time.monotonic() + 60
+    while len(acked) - before < 150 and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
     await asyncio.sleep(seconds)
     server.kill()  # mid-load: requests in flight, groups mid-fsync, flushes mid-commit
     for t in tasks:

@@ -5,4 +5,6 @@ cd "$(dirname "$0")/.."
 .venv/bin/ruff check .
 .venv/bin/mypy tables ingest_api delivery_worker spark_pipeline lakebroker
 mkdir -p test-artifacts
-.venv/bin/python -m pytest -p no:cacheprovider -q "$@"
+# Parallel processes (pytest-xdist), one module per process at a time: module-scoped servers
+# start once. Most tests wait on servers, JVMs and disks, so more processes than cores pays.
+.venv/bin/python -m pytest -p no:cacheprovider -q -n "${LAKEBROKER_TEST_PROCESSES:-4}" --dist loadfile "$@"

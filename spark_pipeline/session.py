@@ -9,6 +9,7 @@ commits with an atomic rename-no-replace) can both write the same table.
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -19,6 +20,7 @@ if TYPE_CHECKING:
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_JARS_DIR = REPO_ROOT / ".cache" / "jars"
+CLASS_ARCHIVE = REPO_ROOT / ".cache" / "spark-cds.jsa"  # built by `make setup` (spark_pipeline/class_archive.py)
 
 LOGSTORE_CONF_KEY = "spark.delta.logStore.file.impl"
 LOGSTORE_CLASS = "io.lakebroker.delta.AtomicLocalLogStore"
@@ -73,6 +75,18 @@ def session_conf(jars_dir: Path) -> dict[str, str]:
     return conf
 
 
+def use_class_archive() -> None:
+    """Have the next driver JVM this process starts map the class archive, if there is one.
+
+    The driver JVM is started by spark-submit, which takes JVM flags from SPARK_SUBMIT_OPTS."""
+    if os.environ.get("LAKEBROKER_SPARK_CLASS_ARCHIVE") == "off" or not CLASS_ARCHIVE.is_file():
+        return
+    flag = f"-XX:SharedArchiveFile={CLASS_ARCHIVE}"
+    opts = os.environ.get("SPARK_SUBMIT_OPTS", "")
+    if flag not in opts:
+        os.environ["SPARK_SUBMIT_OPTS"] = f"{opts} {flag}".strip()
+
+
 def build_spark_session(
     *,
     master: str = "local[*]",
@@ -90,6 +104,7 @@ def build_spark_session(
 
     conf = session_conf(jars_dir)
     conf.update(extra_conf or {})
+    use_class_archive()
 
     builder = SparkSession.builder.master(master).appName(app_name)
     for key, value in conf.items():

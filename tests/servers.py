@@ -17,12 +17,16 @@ import orjson
 import uvicorn
 
 REPO = Path(__file__).resolve().parent.parent
+# A test server schedules no Spark jobs unless its test asks for them (env overrides this): one that
+# lives through a module or the session would otherwise start JVM jobs beside every other test.
+NO_SCHEDULED_JOBS = {f"LAKEBROKER_{job}_INTERVAL_S": "0"
+                     for job in ("COMPACTION", "RETENTION", "KEY_COMPACTION", "OFFSETS_COMPACTION", "REPLICATION")}
 
 
 class ServerProcess:
     def __init__(self, data_dir: Path, env: dict[str, str] | None = None, port: int = 0) -> None:
         self.data_dir = data_dir
-        self.env = {**os.environ, **(env or {})}
+        self.env = {**os.environ, **NO_SCHEDULED_JOBS, **(env or {})}
         self.port = port  # 0: any free port; a fixed one lets a restarted server keep its URL
         self.proc: subprocess.Popen[bytes] | None = None
         self.url = ""

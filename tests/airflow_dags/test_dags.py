@@ -66,6 +66,7 @@ def _rows_per_partition(settings: Settings, topic: str) -> dict[int, int]:
     return {p: len(v) for p, v in offsets_by_partition(settings, topic).items()}
 
 
+@pytest.mark.timeout(1200)  # a long chain of Spark jobs: minutes when the suite runs in parallel
 def test_every_dag_runs_for_real_and_does_its_job(airflow_db: Path, tmp_path: Path) -> None:
     """All five DAGs through dag.test() on one data dir, in the order that shows each effect:
     retention drops the expired files (and moves a lagging group), compaction then merges what is

@@ -79,6 +79,7 @@ def _printed_rows(stdout: str) -> list[list[str]]:
             for line in stdout.splitlines() if line.strip().startswith("│")]
 
 
+@pytest.mark.timeout(1200)  # a long chain of Spark jobs: minutes when the suite runs in parallel
 def test_retention_key_compact_compact_offsets_and_time_travel_from_the_cli(tmp_path: Path) -> None:
     data = tmp_path / "data"
     settings = settings_for(data)

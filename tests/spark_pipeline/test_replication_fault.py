@@ -192,6 +192,7 @@ def _verify_ok(data: Path, replica: Path) -> None:
     assert "replica OK: lag 0 messages" in result.stdout
 
 
+@pytest.mark.timeout(1200)  # a long chain of Spark jobs: minutes when the suite runs in parallel
 def test_replicate_killed_midway_then_rerun_is_exact(tmp_path: Path) -> None:
     data, replica, log = tmp_path / "data", tmp_path / "replica", tmp_path / "replicate.log"
     settings = settings_for(data)
