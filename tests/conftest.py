@@ -27,3 +27,10 @@ def orders(client: TestClient) -> str:
     r = client.post("/v1/topics", json={"name": "orders", "partitions": 3})
     assert r.status_code == 201, r.text
     return "orders"
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Modules with a test marked `slow` run first: in parallel processes (scripts/test.sh) the
+    suite then ends with short modules filling in, not with one long Spark chain started last."""
+    slow = {item.path for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: item.path not in slow)  # stable: the order within each group stays

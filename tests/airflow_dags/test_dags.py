@@ -24,7 +24,7 @@ from tests.spark_pipeline.topics import (
     settings_for,
 )
 
-pytestmark = pytest.mark.spark
+pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parents[2]
 DAG_IDS = {"lakebroker_compaction", "lakebroker_retention", "lakebroker_key_compaction",

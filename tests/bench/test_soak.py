@@ -18,6 +18,7 @@ from bench.soak import run, splice
 
 
 @pytest.mark.fault
+@pytest.mark.slow
 @pytest.mark.timeout(2700)
 def test_short_soak_accounts_for_every_message(tmp_path: Path) -> None:
     report = run(1.0, kill_every_s=20.0, work=tmp_path / "soak")

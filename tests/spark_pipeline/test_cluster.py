@@ -23,7 +23,7 @@ from spark_pipeline.scheduler import job_env, spark_home, spark_submit_command
 from tables.layout import Layout
 from tests.spark_pipeline.topics import create_topic, file_count, log_ends, offsets_by_partition, produce, settings_for
 
-pytestmark = pytest.mark.spark
+pytestmark = [pytest.mark.spark, pytest.mark.slow]
 REPO = Path(__file__).resolve().parents[2]
 
 

@@ -27,7 +27,7 @@ from tests.spark_pipeline.topics import (
     table,
 )
 
-pytestmark = pytest.mark.spark
+pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
 
 def _ranges(settings: Any, topic: str) -> dict[int, list[tuple[int, int]]]:

@@ -25,7 +25,7 @@ from tests.spark_pipeline.topics import (
     table,
 )
 
-pytestmark = pytest.mark.spark
+pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
 
 def lakebroker(data: Path, *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:

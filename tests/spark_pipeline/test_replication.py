@@ -19,7 +19,7 @@ from tables.layout import Layout
 from tables.offsets import OffsetReason, OffsetsTable
 from tests.spark_pipeline.topics import NOW_US, create_topic, log_ends, offsets_by_partition, produce, settings_for
 
-pytestmark = pytest.mark.spark
+pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
 
 def _replica_offsets(replica: Path, topic: str) -> dict[int, list[int]]:

@@ -37,7 +37,7 @@ from tables.layout import Layout
 from tables.offsets import OffsetReason, OffsetsTable
 from tests.spark_pipeline.topics import create_topic, produce, settings_for
 
-pytestmark = [pytest.mark.spark, pytest.mark.fault, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.spark, pytest.mark.fault, pytest.mark.slow, pytest.mark.timeout(900)]
 
 REPO = Path(__file__).resolve().parents[2]
 TOPICS = ("alpha", "bravo", "charlie")  # copied one after another: kills land in different topics
