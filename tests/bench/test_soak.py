@@ -2,8 +2,10 @@
 
 The short form is about a minute of mixed produce (single, batch, REST v2) to four topics while
 serve and a delivery worker are SIGKILLed every 20 s, a topic is deleted and re-created, the
-scheduler runs retention, key compaction and replication (and compaction, which a 20 s life
-rarely lets finish), and the receiver fails 30 % of requests with odd headers. Then every
+scheduler runs key compaction and replication (and compaction, which a 20 s life rarely lets
+finish), and the receiver fails 30 % of requests with odd headers. Retention runs once delivery
+has drained: its 20 s window is shorter than delivery's lag beside the whole suite (the
+10-minute form runs it during the load). Then every
 invariant of the soak must hold. Its Spark runs take most of its time: a few minutes in all.
 """
 
