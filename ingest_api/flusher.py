@@ -239,12 +239,13 @@ def _contiguous_from(ends: dict[int, int], records: list[Record]) -> list[Record
     for r in records:
         if r.offset >= ends[r.partition]:
             fresh.setdefault((r.partition, r.offset), r)  # a record queued twice is committed once
+    order = sorted(fresh)
     expected = dict(ends)
-    for partition, offset in sorted(fresh):
+    for partition, offset in order:
         if offset != expected[partition]:
             raise OffsetGap(
                 f"partition {partition}: a commit would start at offset {offset}, but the table ends at "
                 f"{expected[partition]}; refused so no gap is committed"
             )
         expected[partition] = offset + 1
-    return [fresh[k] for k in sorted(fresh)]
+    return [fresh[k] for k in order]
