@@ -15,7 +15,7 @@ from enum import StrEnum
 
 import pyarrow.compute as pc
 
-from ingest_api.dedup import DedupIndex, DedupKey, dedup_id
+from ingest_api.dedup import DedupIndex, DedupKey, Placed, dedup_id
 from ingest_api.flusher import Flusher
 from ingest_api.group_commit import GroupCommitter, Pending
 from ingest_api.metrics import IngestMetrics
@@ -55,6 +55,7 @@ class ProduceResult:
     partition: int
     offset: int | None
     duplicate: bool = False
+    timestamp_us: int | None = None  # log-append time; None while the offset is
 
 
 class Broker:
@@ -149,7 +150,7 @@ class Broker:
             if did is not None and r.timestamp_us >= horizon_us and r.topic_id in live:
                 seen.append((r.timestamp_us, (r.topic_id.hex(), did), r.partition, r.offset))
         for ts, key, partition, offset in sorted(seen):
-            self.dedup.remember(key, partition, offset, at=ts / 1_000_000)
+            self.dedup.remember(key, (partition, offset, ts))
 
     # -- topics -------------------------------------------------------------------------
     def topic(self, name: str) -> TopicConfig:
@@ -207,7 +208,7 @@ class Broker:
         loop = asyncio.get_running_loop()
         topic_id = bytes.fromhex(topic.topic_id)
         results: list[ProduceResult | None] = [None] * len(messages)
-        waits: list[tuple[int, asyncio.Future[tuple[int, int]], bool]] = []
+        waits: list[tuple[int, asyncio.Future[Placed], bool]] = []
         pending: list[Pending] = []
         for i, m in enumerate(messages):
             did = dedup_id(m.message_id, m.producer_id, m.sequence)
@@ -215,7 +216,7 @@ class Broker:
             if key is not None:
                 hit = self.dedup.lookup(key)
                 if isinstance(hit, tuple):
-                    results[i] = ProduceResult(hit[0], hit[1], duplicate=True)
+                    results[i] = ProduceResult(hit[0], hit[1], True, hit[2])
                     continue
                 if hit is not None:
                     waits.append((i, hit, True))
@@ -223,7 +224,7 @@ class Broker:
             partition = self._partition(topic, m)
             record = Record(topic.name, topic_id, partition, -1, 0, m.key, m.value, m.format, m.headers,
                             m.message_id, m.producer_id, m.sequence)
-            future: asyncio.Future[tuple[int, int]] | None = None
+            future: asyncio.Future[Placed] | None = None
             if ack is not AckMode.NONE or key is not None:
                 future = loop.create_future()
                 waits.append((i, future, False))
@@ -238,15 +239,15 @@ class Broker:
         if ack is AckMode.NONE:
             for i, future, dup in waits:
                 if dup and future.done() and not future.exception():
-                    p, o = future.result()
-                    results[i] = ProduceResult(p, o, duplicate=True)
+                    p, o, ts = future.result()
+                    results[i] = ProduceResult(p, o, True, ts)
                 elif dup:
                     results[i] = ProduceResult(-1, None, duplicate=True)
             return [r for r in results if r is not None]
         await asyncio.gather(*(f for _, f, _ in waits), return_exceptions=True)
         for i, future, dup in waits:
-            p, o = future.result()  # re-raises StorageUnavailable for a group that failed
-            results[i] = ProduceResult(p, o, duplicate=dup)
+            p, o, ts = future.result()  # re-raises StorageUnavailable for a group that failed
+            results[i] = ProduceResult(p, o, dup, ts)
         if duplicates := sum(1 for r in results if r is not None and r.duplicate):
             self.metrics.duplicates.labels(topic.name).inc(duplicates)
         if ack is AckMode.TABLE:
@@ -284,12 +285,11 @@ class Broker:
         return rr.next(topic.partitions)
 
     def _dedup_callback(self, key: DedupKey):  # type: ignore[no-untyped-def]
-        def done(future: asyncio.Future[tuple[int, int]]) -> None:
+        def done(future: asyncio.Future[Placed]) -> None:
             if future.cancelled() or future.exception() is not None:
                 self.dedup.abandon(key)
             else:
-                partition, offset = future.result()
-                self.dedup.remember(key, partition, offset)
+                self.dedup.remember(key, future.result())
 
         return done
 

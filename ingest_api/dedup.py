@@ -1,4 +1,4 @@
-"""The idempotent-producer index: (topic id, message id) → the original partition and offset.
+"""The idempotent-producer index: (topic id, message id) → the original partition, offset and timestamp.
 
 An id is a producer-supplied message id, or a producer id with a sequence number. The index
 is bounded by a time window and an entry count, and is rebuilt at start from the WAL and the
@@ -12,6 +12,7 @@ import time
 from collections import OrderedDict
 
 DedupKey = tuple[str, str]  # (topic id, not name: a re-created topic is a new log; dedup id)
+Placed = tuple[int, int, int]  # where a message went: partition, offset, log-append time (epoch µs)
 
 
 def dedup_id(message_id: str | None, producer_id: str | None, sequence: int | None) -> str | None:
@@ -26,35 +27,36 @@ class DedupIndex:
     def __init__(self, *, window_s: float, max_entries: int) -> None:
         self.window_s = window_s
         self.max_entries = max_entries
-        self._done: OrderedDict[DedupKey, tuple[int, int, float]] = OrderedDict()
-        self._inflight: dict[DedupKey, asyncio.Future[tuple[int, int]]] = {}
+        self._done: OrderedDict[DedupKey, Placed] = OrderedDict()
+        self._inflight: dict[DedupKey, asyncio.Future[Placed]] = {}
 
     def __len__(self) -> int:
         return len(self._done)
 
-    def lookup(self, key: DedupKey) -> tuple[int, int] | asyncio.Future[tuple[int, int]] | None:
+    def lookup(self, key: DedupKey) -> Placed | asyncio.Future[Placed] | None:
         hit = self._done.get(key)
         if hit is not None:
-            return hit[0], hit[1]
+            return hit
         return self._inflight.get(key)
 
-    def begin(self, key: DedupKey, future: asyncio.Future[tuple[int, int]]) -> None:
+    def begin(self, key: DedupKey, future: asyncio.Future[Placed]) -> None:
         self._inflight[key] = future
 
     def abandon(self, key: DedupKey) -> None:
         """The send failed before it was durable: a retry must be accepted afresh."""
         self._inflight.pop(key, None)
 
-    def remember(self, key: DedupKey, partition: int, offset: int, at: float | None = None) -> None:
+    def remember(self, key: DedupKey, placed: Placed) -> None:
+        """`placed`'s log-append time also dates the entry for the window."""
         self._inflight.pop(key, None)
-        self._done[key] = (partition, offset, time.time() if at is None else at)
+        self._done[key] = placed
         self._done.move_to_end(key)
         self._evict()
 
     def _evict(self) -> None:
-        horizon = time.time() - self.window_s
+        horizon_us = (time.time() - self.window_s) * 1_000_000
         while self._done:
-            key, (_, _, at) = next(iter(self._done.items()))
-            if at >= horizon and len(self._done) <= self.max_entries:
+            key, (_, _, at_us) = next(iter(self._done.items()))
+            if at_us >= horizon_us and len(self._done) <= self.max_entries:
                 break
             del self._done[key]

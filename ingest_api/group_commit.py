@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from ingest_api.dedup import Placed
 from ingest_api.metrics import IngestMetrics
 from ingest_api.records import Record, encode
 from ingest_api.wal import PartitionKey, Wal
@@ -26,7 +27,7 @@ log = logging.getLogger(__name__)
 @dataclass(slots=True)
 class Pending:
     record: Record  # offset and timestamp are filled in by the writer
-    future: asyncio.Future[tuple[int, int]] | None = field(default=None)
+    future: asyncio.Future[Placed] | None = field(default=None)
 
 
 class GroupCommitter:
@@ -92,7 +93,7 @@ class GroupCommitter:
         self._metrics.wal_group_size.observe(len(group))
         for p in group:
             if p.future is not None and not p.future.done():
-                p.future.set_result((p.record.partition, p.record.offset))
+                p.future.set_result((p.record.partition, p.record.offset, p.record.timestamp_us))
         self._on_durable(records)
 
     def _assign(self, records: list[Record]) -> dict[PartitionKey, int]:

@@ -101,8 +101,12 @@ class ProduceResultPublic(BaseModel):
     duplicate: bool = False
 
 
+class BatchItemPublic(ProduceResultPublic):
+    timestamp: str | None = Field(description="Log-append time (ISO 8601, UTC); null only with ack=none.")
+
+
 class BatchResultPublic(BaseModel):
-    results: list[ProduceResultPublic]
+    results: list[BatchItemPublic]
 
 
 class MessagePublic(BaseModel):

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from fastapi import APIRouter, Query, Request
 
 from ingest_api.body import parse_batch, parse_message
-from ingest_api.broker import AckMode
+from ingest_api.broker import AckMode, ProduceResult
 from ingest_api.deps import BrokerDep, TopicPath
 from ingest_api.responses import JSONBytes
 from ingest_api.schemas import (
@@ -35,6 +36,7 @@ _RAW_QUERY = [{"name": name, "in": "query", "required": False, "description": _R
                   ("producer_id", {"type": "string", "minLength": 1, "maxLength": 256}),
                   ("sequence", {"type": "integer", "minimum": 0, "maximum": MAX_INT}),
               )]
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _ACK = Query(AckMode.WAL, description="none: when queued; wal: after the WAL fsync; table: after the Delta commit.")
 
 
@@ -76,7 +78,16 @@ async def produce_batch(topic: TopicPath, request: Request, broker: BrokerDep, a
     broker.topic(topic)
     messages = await parse_batch(request)
     results = await broker.produce(topic, messages, ack)
-    return JSONBytes(
-        {"results": [{"partition": r.partition, "offset": r.offset, "duplicate": r.duplicate} for r in results]},
-        status_code=202 if ack is AckMode.NONE else 200,
-    )
+    return JSONBytes({"results": _batch_results(results)}, status_code=202 if ack is AckMode.NONE else 200)
+
+
+def _batch_results(results: list[ProduceResult]) -> list[dict[str, Any]]:
+    # A group commit gives its records one timestamp, so a batch has few distinct ones: convert each once.
+    times: dict[int | None, datetime | None] = {None: None}
+    out = []
+    for r in results:
+        when = times.get(r.timestamp_us)
+        if when is None and r.timestamp_us is not None:
+            when = times[r.timestamp_us] = _EPOCH + timedelta(microseconds=r.timestamp_us)
+        out.append({"partition": r.partition, "offset": r.offset, "duplicate": r.duplicate, "timestamp": when})
+    return out

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import base64
 import time
+from datetime import datetime
 
 import orjson
 from fastapi.testclient import TestClient
@@ -115,6 +116,21 @@ def test_duplicate_ids_return_the_original_offset(client: TestClient, orders: st
     assert total == 3
 
 
+def test_batch_results_carry_the_stored_timestamp_and_a_duplicate_the_original(client: TestClient,
+                                                                               orders: str) -> None:
+    first = client.post(f"/v1/topics/{orders}/batch?ack=table", json={"messages": [
+        {"value": 1, "id": "t1", "partition": 0}, {"value": 2, "partition": 0}]}).json()["results"]
+    stored = read_all(client, orders, 0)
+    assert [r["timestamp"] for r in first] == [m["timestamp"] for m in stored]
+    assert datetime.fromisoformat(first[0]["timestamp"]).tzinfo is not None
+    again = client.post(f"/v1/topics/{orders}/batch", json={"messages": [
+        {"value": 3, "partition": 0}, {"value": 1, "id": "t1", "partition": 0}]}).json()["results"]
+    assert again[1] == {**first[0], "duplicate": True}, "a duplicate answers the original log-append time"
+    assert again[0]["timestamp"] >= first[1]["timestamp"]
+    later = client.post(f"/v1/topics/{orders}/batch?ack=none", json={"messages": [{"value": 4}]}).json()
+    assert later["results"][0]["timestamp"] is None and later["results"][0]["offset"] is None
+
+
 def test_duplicates_are_detected_across_restarts(settings, tmp_path) -> None:  # type: ignore[no-untyped-def]
     from ingest_api import create_app
 
@@ -122,12 +138,15 @@ def test_duplicates_are_detected_across_restarts(settings, tmp_path) -> None:  #
         c.post("/v1/topics", json={"name": "o", "partitions": 2})
         flushed = c.post("/v1/topics/o/messages?ack=table", json={"value": 1, "id": "in-delta"}).json()
         in_wal = c.post("/v1/topics/o/messages", json={"value": 2, "id": "maybe-in-wal"}).json()
+        stamped = c.post("/v1/topics/o/batch", json={"messages": [{"value": 3, "id": "b"}]}).json()["results"]
     with TestClient(create_app(settings)) as c:
         assert c.post("/v1/topics/o/messages", json={"value": 1, "id": "in-delta"}).json() == {
             **flushed, "duplicate": True}
         assert c.post("/v1/topics/o/messages", json={"value": 2, "id": "maybe-in-wal"}).json() == {
             **in_wal, "duplicate": True}
-        assert sum(len(read_all(c, "o", p)) for p in range(2)) == 2
+        again = c.post("/v1/topics/o/batch", json={"messages": [{"value": 3, "id": "b"}]}).json()["results"]
+        assert again == [{**stamped[0], "duplicate": True}], "the original timestamp, rebuilt at start"
+        assert sum(len(read_all(c, "o", p)) for p in range(2)) == 3
 
 
 def test_pull_consume_by_timestamp_and_out_of_range(client: TestClient, orders: str) -> None:
