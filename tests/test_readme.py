@@ -1,15 +1,25 @@
-"""The README stays true to the code: settings, metrics and the quickstart."""
+"""The README stays true to the code: settings, metrics, dependencies and the quickstart's curl examples."""
 
 from __future__ import annotations
 
 import re
+import shlex
+import subprocess
 import time
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+import orjson
+import pytest
 from fastapi.testclient import TestClient
+from standardwebhooks import Webhook
 
+from ingest_api.partitioner import partition_for_key
 from scripts.settings_table import rows
 from tests.receivers import Receiver
+from tests.servers import ServerProcess
 
 README = (Path(__file__).resolve().parent.parent / "README.md").read_text()
 
@@ -60,3 +70,88 @@ def test_every_declared_dependency_is_explained_in_the_readme() -> None:
     table = README.split("## Dependencies", 1)[1].split("\n## ", 1)[0]
     explained = {name.lower() for name in re.findall(r"`([A-Za-z0-9_.-]+)(?:\[[a-z,]+\])?`", table)}
     assert names - explained == set(), "add these to the README's dependency table, with why"
+
+
+# -- the quickstart's curl examples, run with curl against a real `lakebroker serve` -------------
+@dataclass
+class Step:
+    argv: list[str]
+    status: int
+    body: str
+
+
+def curl_steps() -> list[Step]:
+    """The curl commands of the quickstart-http block, each with the `# -> STATUS BODY` it states.
+    `# the same request again -> ...` runs the command before it once more."""
+    block = between("quickstart-http").split("```bash", 1)[1].split("```", 1)[0]
+    steps: list[Step] = []
+    command: list[str] | None = None
+    for line in block.replace("\\\n", " ").splitlines():
+        line = line.strip()
+        if not line:
+            continue
+        if line.startswith("curl "):
+            command = shlex.split(line)
+            continue
+        said = re.fullmatch(r"#(?: the same request again)? -> (\d{3}) (.+)", line)
+        assert said and command is not None, f"not a command or a stated output: {line!r}"
+        steps.append(Step(command, int(said[1]), said[2]))
+    return steps
+
+
+def matches(stated: Any, actual: Any) -> bool:
+    """A stated value equals the actual one, except "x..." (a prefix) and dicts stated with `...`
+    (checked by subset: see `stated_body`)."""
+    if isinstance(stated, str) and stated.endswith("..."):
+        return isinstance(actual, str) and actual.startswith(stated[:-3])
+    if isinstance(stated, dict):
+        return isinstance(actual, dict) and all(k in actual and matches(v, actual[k]) for k, v in stated.items())
+    return bool(stated == actual)
+
+
+def stated_body(text: str) -> tuple[dict[str, Any], bool]:
+    """The stated JSON body, and whether it lists every field (no trailing `, ...}`)."""
+    whole = not text.endswith(", ...}")
+    return orjson.loads(text if whole else text[: -len(", ...}")] + "}"), whole
+
+
+@pytest.fixture(scope="module")
+def http_quickstart(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Receiver]]:
+    """One `lakebroker serve` for the module (loopback: the webhook goes to a local receiver)."""
+    root = tmp_path_factory.mktemp("readme-http")
+    server = ServerProcess(root / "data", env={"LAKEBROKER_ALLOW_PRIVATE_WEBHOOKS": "true",
+                                               "LAKEBROKER_DELIVERY_POLL_MS": "20"})
+    receiver = Receiver()
+    try:
+        yield server.start(), receiver
+    finally:
+        server.stop()
+        receiver.close()
+
+
+def test_readme_curl_examples_answer_what_the_readme_states(http_quickstart: tuple[str, Receiver]) -> None:
+    url, receiver = http_quickstart
+    steps = curl_steps()
+    assert len(steps) == 5 and sum("/v1/subscriptions" in " ".join(s.argv) for s in steps) == 1
+    host = url.removeprefix("http://")
+    answers: list[dict[str, Any]] = []
+    for step in steps:
+        argv = [arg.replace("localhost:8080", host).replace("https://billing.example.com/hook", receiver.url)
+                for arg in step.argv]
+        assert argv[0] == "curl" and argv != step.argv
+        done = subprocess.run([*argv, "-w", "\n%{http_code}"], capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        body, status = done.stdout.rsplit("\n", 1)
+        actual = orjson.loads(body)
+        stated, whole = stated_body(step.body)
+        assert int(status) == step.status, (step.argv, status, body)
+        assert matches(stated, actual) and (not whole or set(stated) == set(actual)), (step.body, body)
+        answers.append(actual)
+    assert partition_for_key("user-7", 6) == 2  # the README's claim is Kafka's murmur2, not a coincidence
+
+    # The hook gets both messages, in offset order, signed with the secret the answer showed once.
+    receiver.wait_for(lambda: len(receiver.messages()) >= 2)
+    verifier = Webhook(answers[-1]["secret"])
+    envelopes = [verifier.verify(r.body, r.headers) for r in receiver.received]
+    assert [(e["partition"], e["offset"], e["key"], e["value"]) for e in envelopes] == [
+        (2, 0, "user-7", {"amount": 42}), (2, 1, "user-7", {"amount": 7})]
