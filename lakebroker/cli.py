@@ -188,14 +188,14 @@ def deliver(
     """Run a delivery worker alone; several share a subscription's partitions through leases."""
     import asyncio
     import contextlib
-    import logging
 
     from prometheus_client import CollectorRegistry
 
     from delivery_worker.metrics import DeliveryMetrics
     from delivery_worker.worker import DeliveryWorker
+    from tables.logs import configure_logging
 
-    logging.basicConfig(level=settings().log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging(settings())
     import signal
 
     import uvloop

@@ -16,6 +16,7 @@ from ingest_api import create_app
 from ingest_api.auth import is_loopback
 from lakebroker.http_protocol import BoundedHttpToolsProtocol, bounded_protocol
 from tables.layout import Layout
+from tables.logs import configure_logging
 from tables.settings import Settings
 
 # Request limits and timeouts of the HTTP server (body size: setting max_request_bytes; header
@@ -34,7 +35,7 @@ UVICORN_LIMITS: dict[str, Any] = {
 
 
 def run_server(settings: Settings) -> None:
-    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging(settings)
     if settings.auth == "off" and not is_loopback(settings.host):
         logging.getLogger(__name__).warning(
             "auth=off on %s: anyone who can reach this address can produce, read and delete topics", settings.host)
@@ -72,7 +73,9 @@ def run_server(settings: Settings) -> None:
 
     app = create_app(settings, registry=registry, on_started=announce)
 
-    config = uvicorn.Config(app, log_level=settings.log_level, access_log=False, **limits)
+    # log_config=None: uvicorn adds no handlers of its own; its records go through configure_logging's.
+    config = uvicorn.Config(app, log_level=settings.log_level, log_config=None, access_log=settings.access_log,
+                            **limits)
     try:
         uvicorn.Server(config).run(sockets=[sock])
     finally:

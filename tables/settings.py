@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from enum import StrEnum
 from pathlib import Path
 from typing import Literal
 
@@ -9,6 +10,17 @@ from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
+
+
+class AuthMode(StrEnum):
+    AUTO = "auto"  # required unless `serve` binds a loopback address
+    REQUIRED = "required"
+    OFF = "off"
+
+
+class LogFormat(StrEnum):
+    TEXT = "text"
+    JSON = "json"
 
 
 class Settings(BaseSettings):
@@ -35,8 +47,8 @@ class Settings(BaseSettings):
     )
 
     # access control (ingest_api/auth.py, tables/tokens.py)
-    auth: Literal["auto", "required", "off"] = Field(
-        "auto", description="API tokens on every route but the health checks: required, off, or auto = "
+    auth: AuthMode = Field(
+        AuthMode.AUTO, description="API tokens on every route but the health checks: required, off, or auto = "
         "required unless `serve` binds a loopback address (127.0.0.0/8, ::1, localhost)."
     )
     metrics_public: bool = Field(False, description="Serve /metrics without a token (scraper on a trusted network).")
@@ -121,7 +133,16 @@ class Settings(BaseSettings):
     # --- end spark maintenance jobs ---
 
     # operator
-    log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="Log level of `serve`.")
+    log_level: Literal["debug", "info", "warning", "error"] = Field(
+        "info", description="Log level of `serve`, `deliver` and the Spark jobs.")
+    log_format: LogFormat = Field(
+        LogFormat.TEXT, description="`text` (one human-readable line per record) or `json` (one JSON object per "
+        "line: timestamp, level, logger, message; see tables/logs.py)."
+    )
+    access_log: bool = Field(
+        False, description="Log every HTTP request `serve` answers (uvicorn's access log: client, method, path, "
+        "status); off by default, since it costs the hot path a log record per request."
+    )
 
     def ensure_dirs(self) -> None:
         self.data_dir.mkdir(parents=True, exist_ok=True)

@@ -16,6 +16,7 @@ from spark_pipeline.plans import FileEntry, by_partition
 from spark_pipeline.results import JobName, JobResult, Outcome
 from tables.errors import LakebrokerError
 from tables.layout import Layout
+from tables.logs import configure_logging
 from tables.settings import Settings
 from tables.topics import TopicConfig, TopicStore
 
@@ -203,8 +204,7 @@ def entry_main(job: JobName, run: RunFn, args: argparse.Namespace, settings: Set
     from spark_pipeline import job_runs
     from spark_pipeline.sql import spark_for
 
-    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("py4j").setLevel(logging.WARNING)
+    configure_logging(settings)
     try:
         validate()
     except LakebrokerError as exc:

@@ -1,0 +1,43 @@
+"""`LAKEBROKER_LOG_FORMAT=json` and `LAKEBROKER_ACCESS_LOG`, on a real `lakebroker serve`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+
+from tests.servers import ServerProcess
+
+
+def serve_and_log(data: Path, access_log: bool) -> list[dict[str, Any]]:
+    """Start serve with JSON logs, make a few requests, stop it; every line it wrote, parsed as JSON."""
+    server = ServerProcess(data, env={"LAKEBROKER_LOG_FORMAT": "json", "LAKEBROKER_LOG_LEVEL": "info",
+                                      "LAKEBROKER_ACCESS_LOG": "true" if access_log else "false"})
+    url = server.start()
+    try:
+        assert httpx.post(url + "/v1/topics", json={"name": "logged", "partitions": 1}).status_code == 201
+        assert httpx.get(url + "/v1/topics/nope").status_code == 404
+    finally:
+        server.stop()
+    lines = server.log.read_text().splitlines()
+    assert lines, "serve logged nothing"
+    return [orjson.loads(line) for line in lines]  # raises on any line that is not one JSON object
+
+
+def test_json_logs_with_the_access_log_on_and_off(tmp_path: Path) -> None:
+    records = serve_and_log(tmp_path / "on", access_log=True)
+    for r in records:
+        assert {"timestamp", "level", "logger", "message"} <= r.keys(), r
+    loggers = {r["logger"] for r in records}
+    assert "lakebroker.server" in loggers and "uvicorn.error" in loggers, loggers  # ours and uvicorn's
+    assert any("Application startup complete" in r["message"] for r in records)
+    access = [r for r in records if r["logger"] == "uvicorn.access"]
+    assert {(r["method"], r["path"], r["status"]) for r in access} >= {
+        ("POST", "/v1/topics", 201), ("GET", "/v1/topics/nope", 404)}, access
+    assert all(r["client"].startswith("127.0.0.1:") and r["level"] == "info" for r in access)
+
+    quiet = serve_and_log(tmp_path / "off", access_log=False)
+    assert not [r for r in quiet if r["logger"] == "uvicorn.access"]
+    assert any(r["logger"] == "uvicorn.error" for r in quiet)  # the rest of uvicorn's log is still there
