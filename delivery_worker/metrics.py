@@ -1,4 +1,7 @@
-"""Prometheus metrics of delivery. Names are stable and listed in the README."""
+"""Prometheus metrics of delivery. Names are stable and listed in the README.
+
+In serve's delivery process they are written to files that serve's /metrics reads
+(delivery_worker/supervisor.py); the gauges then count live processes only (`livesum`)."""
 
 from __future__ import annotations
 
@@ -25,10 +28,11 @@ class DeliveryMetrics:
         )
         self.lag = Gauge(
             "lakebroker_consumer_lag", "Committed-to-Delta offsets not yet delivered, per group and partition.",
-            ["subscription", "partition"], registry=registry,
+            ["subscription", "partition"], registry=registry, multiprocess_mode="livesum",
         )
         self.in_flight = Gauge(
-            "lakebroker_delivery_in_flight", "Webhook POSTs outstanding.", ["subscription"], registry=registry
+            "lakebroker_delivery_in_flight", "Webhook POSTs outstanding.", ["subscription"], registry=registry,
+            multiprocess_mode="livesum",
         )
         self.skipped = Counter(
             "lakebroker_retention_skipped_messages", "Undelivered messages removed by retention before delivery.",

@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 from prometheus_client import CollectorRegistry
 
-from delivery_worker.metrics import DeliveryMetrics
-from delivery_worker.worker import DeliveryWorker
+from delivery_worker.embedded import embedded_delivery
 from ingest_api.auth import (
     AUTH_ERRORS,
     AUTHENTICATED,
@@ -58,29 +55,26 @@ def create_app(
     registry = registry or CollectorRegistry()
     metrics = IngestMetrics(registry)
     broker = Broker(settings, metrics)
-    delivery = DeliveryWorker(settings, DeliveryMetrics(registry)) if settings.deliver_in_serve else None
-    lock = DataDirLock(Layout(settings.data_dir).lock_file)
-    auth = Authenticator(TokenStore(Layout(settings.data_dir)), auth_enforced(settings),
+    delivery = embedded_delivery(settings, registry)  # setting delivery_mode: a child process or a task here
+    lock = DataDirLock(Layout.of(settings).lock_file)
+    auth = Authenticator(TokenStore(Layout.of(settings)), auth_enforced(settings),
                          max_age_s=settings.auth_cache_ms / 1000)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        delivering: asyncio.Task[None] | None = None
         if not lock.try_acquire():
             raise DataDirBusy(f"another lakebroker process owns {settings.data_dir}; stop it or use --data-dir")
         try:
             await auth.start()
             await broker.start()
             if delivery is not None:
-                delivering = asyncio.create_task(delivery.run())
+                await delivery.start()
             if on_started is not None:
                 on_started()
             yield
         finally:
-            if delivering is not None:
-                delivering.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await delivering
+            if delivery is not None:
+                await delivery.stop()  # safe if it never started
             if broker.started:
                 await broker.stop()
             lock.release()

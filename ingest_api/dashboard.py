@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from delivery_worker.worker import DeliveryWorker
+from delivery_worker.embedded import LiveStatus
 from ingest_api.broker import Broker
 from ingest_api.reader import log_start, partition_files
 from ingest_api.subscription_status import GroupTables, read_groups, subscription_status
@@ -154,7 +154,7 @@ def _endpoint(status: dict[str, Any], sub: Subscription) -> tuple[str, str | Non
 
 
 class Dashboard:
-    def __init__(self, broker: Broker, worker: DeliveryWorker | None) -> None:
+    def __init__(self, broker: Broker, worker: LiveStatus | None) -> None:
         self.broker = broker
         self.worker = worker
         self.rates = ProduceRates()

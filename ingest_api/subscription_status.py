@@ -3,8 +3,9 @@
 One owner for the figures `GET /v1/subscriptions/{name}` and the dashboard both show. The
 shared tables (offsets, leases, dead letters, and on request the retention skips) are read once
 by `read_groups`, for one group or all of them, and `subscription_status` combines that read
-with the broker's log ends and what the delivery workers report: the in-process worker
-directly, the others through the status they heartbeat into their leases.
+with the broker's log ends and what the delivery workers report: a worker on the ingest event
+loop (delivery_mode=inprocess) directly, the others (serve's delivery process, `lakebroker
+deliver` workers) through the status they heartbeat into their leases.
 
 Two figures tell of messages retention removed before the group delivered them:
 `retention_skips` is the durable record the retention job writes when it moves the group forward
@@ -20,8 +21,8 @@ from typing import Any
 
 import orjson
 
+from delivery_worker.embedded import LiveStatus
 from delivery_worker.leases import Lease, LeaseTable, Pair
-from delivery_worker.worker import DeliveryWorker
 from ingest_api.broker import Broker
 from tables.dead_letters import DeadLetterTable
 from tables.layout import Layout
@@ -66,7 +67,7 @@ def _skips_public(summary: SkipSummary | None) -> dict[str, Any]:
                      "to_offset": last.to_offset, "messages": last.skipped_messages, "run_id": last.run_id}}
 
 
-def subscription_status(broker: Broker, worker: DeliveryWorker | None, sub: Subscription,
+def subscription_status(broker: Broker, worker: LiveStatus | None, sub: Subscription,
                         groups: GroupTables) -> dict[str, Any]:
     """The subscription's public configuration, its dead-letter count and per-partition status."""
     topic = broker.topics.get(sub.topic)

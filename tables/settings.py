@@ -82,7 +82,12 @@ class Settings(BaseSettings):
     dedup_max_entries: int = Field(2_000_000, gt=0, description="Most ids remembered; the oldest are forgotten first.")
 
     # delivery
-    deliver_in_serve: bool = Field(True, description="Run a delivery worker inside `lakebroker serve`.")
+    deliver_in_serve: bool = Field(True, description="Run a delivery worker with `lakebroker serve`.")
+    delivery_mode: Literal["process", "inprocess"] = Field(
+        "process", description="How `serve` runs its delivery worker: `process` = a supervised child process "
+        "(restarted with backoff if it dies, stopped with serve), so the ingest event loop never waits on delivery; "
+        "`inprocess` = a task on the ingest event loop (tests that read the worker's live state)."
+    )
     allow_private_webhooks: bool = Field(
         False, description="Allow webhook URLs on private, loopback or link-local addresses (SSRF guard off)."
     )

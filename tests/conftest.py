@@ -12,8 +12,9 @@ from tables.settings import Settings
 
 @pytest.fixture
 def settings(tmp_path: Path) -> Settings:
+    # Delivery on the test's own event loop: tests read the worker's live state (app.state.delivery).
     return Settings(data_dir=tmp_path / "data", flush_interval_ms=20, allow_private_webhooks=True, heartbeat_s=0.5,
-                    offset_commit_interval_ms=200)
+                    offset_commit_interval_ms=200, delivery_mode="inprocess")
 
 
 @pytest.fixture

@@ -1,0 +1,40 @@
+"""The entry point of serve's delivery process (`python -m delivery_worker.child`), started and
+supervised by delivery_worker/supervisor.py.
+
+It reads one JSON object on stdin: the parent's settings (so overrides made in code reach the
+child too), the parent's pid and the worker id. Its metrics go to the files under
+PROMETHEUS_MULTIPROC_DIR, which the parent serves on its own /metrics.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+import orjson
+
+
+def main() -> None:
+    order = orjson.loads(sys.stdin.buffer.read())
+    from delivery_worker.runner import die_with_parent
+
+    die_with_parent(order["parent_pid"])
+    import uvloop
+    from prometheus_client import CollectorRegistry
+
+    from delivery_worker.metrics import DeliveryMetrics
+    from delivery_worker.runner import run_until_stopped
+    from delivery_worker.worker import DeliveryWorker
+    from tables.settings import Settings
+
+    settings = Settings.model_validate(order["settings"])
+    logging.basicConfig(level=settings.log_level.upper(),
+                        format="%(asctime)s %(levelname)s delivery[%(process)d] %(name)s: %(message)s")
+    worker = DeliveryWorker(settings, DeliveryMetrics(CollectorRegistry()), order["worker_id"])
+    logging.getLogger(__name__).info("delivery worker %s started for serve %d", worker.worker_id,
+                                     order["parent_pid"])
+    uvloop.run(run_until_stopped(worker, parent_pid=order["parent_pid"]))
+
+
+if __name__ == "__main__":
+    main()
