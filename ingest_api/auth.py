@@ -23,6 +23,7 @@ import ipaddress
 import logging
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Annotated, Any, Final, Literal
 
@@ -52,6 +53,7 @@ AUTH_ERRORS: dict[int | str, dict[str, Any]] = {
 }
 _READS = frozenset({"GET", "HEAD"})
 _MARK = "_lakebroker_access"
+_ACCESS = "_lakebroker_access_rule"
 _STATE_KEY = "principal"
 
 # When auth is off, every request acts with every scope on every topic.
@@ -136,7 +138,7 @@ class AuthGate:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and self.authenticator.enforced and not self._public(scope):
             try:
-                principal = await self.authenticator.authenticate(_bearer_token(scope))
+                principal = await self.authenticator.authenticate(bearer_token(scope))
             except LakebrokerError as exc:  # 401, or 507 when the token table cannot be read
                 await error_response(exc)(scope, receive, send)
                 return
@@ -147,12 +149,50 @@ class AuthGate:
         return any(route.matches(scope)[0] is not Match.NONE for route in self.public_routes)
 
 
-def _bearer_token(scope: Scope) -> str | None:
+def bearer_token(scope: Scope) -> str | None:
     for name, value in scope["headers"]:
         if name == b"authorization":
             scheme, _, token = value.decode("latin-1").partition(" ")
             return token.strip() if scheme.lower() == "bearer" else None
     return None
+
+
+@dataclass(frozen=True)
+class Access:
+    """Who may call a router's routes, as `require` declares it."""
+
+    need: Need
+    read: Need | None = None
+    paths: Mapping[str, Need] | None = None  # route-path prefix -> need, for any method
+    topic_checked_by_route: bool = False
+
+    def need_of(self, method: str, route_path: str) -> Need:
+        if self.paths:
+            for prefix, path_need in self.paths.items():
+                if route_path.startswith(prefix):
+                    return path_need
+        if self.read is not None and method in _READS:
+            return self.read
+        return self.need
+
+    def authorize(self, principal: ApiToken, method: str, route_path: str, topic: str | None) -> None:
+        """Raises Forbidden unless `principal` may call this route (on `topic`, its `{topic}` parameter)."""
+        wanted = self.need_of(method, route_path)
+        if wanted != AUTHENTICATED and not principal.has(TokenScope(wanted)):
+            raise Forbidden(f"{principal.label()} lacks the {wanted!s} scope this route needs", scope=str(wanted))
+        if topic is not None:
+            check_topic(principal, topic)
+        elif principal.topics is not None and not self.topic_checked_by_route:
+            raise Forbidden(f"{principal.label()} is limited to topics {', '.join(principal.topics)}, "
+                            "and this route is not about one topic")
+
+
+async def principal_of(scope: Scope, authenticator: Authenticator, token: str | None) -> ApiToken:
+    """The caller AuthGate admitted, or (with no AuthGate in front) the one `token` names."""
+    principal: ApiToken | None = scope.get("state", {}).get(_STATE_KEY)
+    if principal is None:
+        principal = await authenticator.authenticate(token)
+    return principal
 
 
 def require(
@@ -166,29 +206,32 @@ def require(
 
     `read` is the need of GET and HEAD instead; `paths` maps a route-path prefix (as written
     in the route, e.g. "/v1/subscriptions/{name}/dead-letters") to its need, for any method.
+    Routes served by a plain ASGI handler (ingest_api/asgi_route.py) apply the same `Access`.
     """
+    access = Access(need, read, paths, topic_checked_by_route)
 
     async def check_access(
         request: Request, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
     ) -> ApiToken:
-        principal: ApiToken | None = getattr(request.state, _STATE_KEY, None)
-        if principal is None:  # no AuthGate in front (it is in every app create_app builds)
-            authenticator: Authenticator = request.app.state.auth
-            principal = await authenticator.authenticate(credentials.credentials if credentials else None)
-        wanted = _need_of(request, need, read, paths)
-        if wanted != AUTHENTICATED and not principal.has(TokenScope(wanted)):
-            raise Forbidden(f"{principal.label()} lacks the {wanted!s} scope this route needs", scope=str(wanted))
-        topic = request.path_params.get("topic")
-        if topic is not None:
-            check_topic(principal, topic)
-        elif principal.topics is not None and not topic_checked_by_route:
-            raise Forbidden(f"{principal.label()} is limited to topics {', '.join(principal.topics)}, "
-                            "and this route is not about one topic")
+        principal = await principal_of(request.scope, request.app.state.auth,
+                                       credentials.credentials if credentials else None)
+        template = getattr(request.scope.get("route"), "path", "")
+        access.authorize(principal, request.method, template, request.path_params.get("topic"))
         request.state.principal = principal
         return principal
 
     setattr(check_access, _MARK, str(need))
+    setattr(check_access, _ACCESS, access)
     return Depends(check_access)
+
+
+def access_rule(route: BaseRoute) -> Access | None:
+    """The `Access` a router included this route with, or None for a public route."""
+    for dep in getattr(route, "dependencies", ()):
+        access = getattr(dep.dependency, _ACCESS, None)
+        if access is not None:
+            return access  # type: ignore[no-any-return]
+    return None
 
 
 def public() -> Any:
@@ -248,14 +291,3 @@ def check_every_route_decided(app: FastAPI) -> None:
             f"routes without an access decision: {', '.join(undecided)}. Include their router with "
             "dependencies=[require(Scope...)] or dependencies=[public()] (ingest_api/auth.py)"
         )
-
-
-def _need_of(request: Request, need: Need, read: Need | None, paths: Mapping[str, Need] | None) -> Need:
-    if paths:
-        template = getattr(request.scope.get("route"), "path", "")
-        for prefix, path_need in paths.items():
-            if template.startswith(prefix):
-                return path_need
-    if read is not None and request.method in _READS:
-        return read
-    return need

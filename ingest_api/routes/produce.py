@@ -1,16 +1,23 @@
-"""Produce: one message or a batch, acknowledged per the `ack` query parameter."""
+"""Produce: one message or a batch, acknowledged per the `ack` query parameter.
+
+The hot path: each route is documented by FastAPI (its stub's signature and `openapi_extra`)
+and served by a plain ASGI handler (ingest_api/asgi_route.py), with no dependency solving and
+no model per message."""
 
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from fastapi import APIRouter, Query, Request
+import orjson
+from fastapi import APIRouter, Query
+from starlette.types import Receive, Scope, Send
 
+from ingest_api.asgi_route import AsgiRoute, header, query_of, read_body, send_json, served_by
 from ingest_api.body import parse_batch, parse_message
-from ingest_api.broker import AckMode, ProduceResult
-from ingest_api.deps import BrokerDep, TopicPath
-from ingest_api.responses import JSONBytes
+from ingest_api.broker import AckMode, Broker, ProduceResult
+from ingest_api.deps import TopicPath
+from ingest_api.errors import error_response
 from ingest_api.schemas import (
     MAX_INT,
     BatchIn,
@@ -20,9 +27,10 @@ from ingest_api.schemas import (
     ProduceResultPublic,
     inline_schema,
 )
+from tables.errors import LakebrokerError
 from tables.topics import MAX_PARTITIONS
 
-router = APIRouter(prefix="/v1/topics", tags=["produce"])
+router = APIRouter(prefix="/v1/topics", tags=["produce"], route_class=AsgiRoute)
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
     code: {"model": ErrorPublic} for code in (400, 404, 413, 415, 422, 429, 507)
@@ -38,6 +46,7 @@ _RAW_QUERY = [{"name": name, "in": "query", "required": False, "description": _R
               )]
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _ACK = Query(AckMode.WAL, description="none: when queued; wal: after the WAL fsync; table: after the Delta commit.")
+_ACKS = {mode.value: mode for mode in AckMode}
 
 
 def _body(model: type[MessageIn] | type[BatchIn], ndjson: bool) -> dict[str, Any]:
@@ -49,36 +58,48 @@ def _body(model: type[MessageIn] | type[BatchIn], ndjson: bool) -> dict[str, Any
     return {"requestBody": {"required": True, "content": content}}
 
 
-@router.post(
-    "/{topic}/messages",
-    responses={**_ERRORS, 200: {"model": ProduceResultPublic}, 202: {"model": ProduceResultPublic}},
-    openapi_extra={**_body(MessageIn, ndjson=False), "parameters": _RAW_QUERY},
-    response_class=JSONBytes,
-)
-async def produce_one(topic: TopicPath, request: Request, broker: BrokerDep, ack: AckMode = _ACK) -> JSONBytes:
-    """Produce one message. A raw-bytes body (application/octet-stream) takes key, id, partition,
-    producer_id and sequence as query parameters."""
-    broker.topic(topic)
-    message = await parse_message(request)
-    (result,) = await broker.produce(topic, [message], ack)
-    return JSONBytes(
-        {"partition": result.partition, "offset": result.offset, "duplicate": result.duplicate},
-        status_code=202 if ack is AckMode.NONE else 200,
-    )
+def ack_of(query: dict[str, str]) -> AckMode:
+    text = query.get("ack")
+    if text is None:
+        return AckMode.WAL
+    mode = _ACKS.get(text)
+    if mode is None:
+        raise InvalidAck(f"query parameter ack must be one of {', '.join(_ACKS)}, not {text!r}")
+    return mode
 
 
-@router.post(
-    "/{topic}/batch",
-    responses={**_ERRORS, 200: {"model": BatchResultPublic}, 202: {"model": BatchResultPublic}},
-    openapi_extra=_body(BatchIn, ndjson=True),
-    response_class=JSONBytes,
-)
-async def produce_batch(topic: TopicPath, request: Request, broker: BrokerDep, ack: AckMode = _ACK) -> JSONBytes:
-    """Produce many messages; results come back in request order."""
-    broker.topic(topic)
-    messages = await parse_batch(request)
-    results = await broker.produce(topic, messages, ack)
-    return JSONBytes({"results": _batch_results(results)}, status_code=202 if ack is AckMode.NONE else 200)
+class InvalidAck(LakebrokerError):
+    status = 422
+    code = "invalid_request"
+
+
+async def produce_one(scope: Scope, receive: Receive, send: Send) -> None:
+    broker: Broker = scope["app"].state.broker
+    try:
+        broker.topic(scope["path_params"]["topic"])
+        query = query_of(scope)
+        ack = ack_of(query)
+        message = parse_message(_media_type(scope), query, await read_body(receive))
+        (r,) = await broker.produce(scope["path_params"]["topic"], [message], ack)
+    except LakebrokerError as exc:
+        await error_response(exc)(scope, receive, send)
+        return
+    body = orjson.dumps({"partition": r.partition, "offset": r.offset, "duplicate": r.duplicate})
+    await send_json(send, 202 if ack is AckMode.NONE else 200, body)
+
+
+async def produce_batch(scope: Scope, receive: Receive, send: Send) -> None:
+    broker: Broker = scope["app"].state.broker
+    try:
+        broker.topic(scope["path_params"]["topic"])
+        ack = ack_of(query_of(scope))
+        messages = parse_batch(_media_type(scope), await read_body(receive))
+        results = await broker.produce(scope["path_params"]["topic"], messages, ack)
+    except LakebrokerError as exc:
+        await error_response(exc)(scope, receive, send)
+        return
+    body = orjson.dumps({"results": _batch_results(results)})
+    await send_json(send, 202 if ack is AckMode.NONE else 200, body)
 
 
 def _batch_results(results: list[ProduceResult]) -> list[dict[str, Any]]:
@@ -91,3 +112,30 @@ def _batch_results(results: list[ProduceResult]) -> list[dict[str, Any]]:
             when = times[r.timestamp_us] = _EPOCH + timedelta(microseconds=r.timestamp_us)
         out.append({"partition": r.partition, "offset": r.offset, "duplicate": r.duplicate, "timestamp": when})
     return out
+
+
+def _media_type(scope: Scope) -> str:
+    return header(scope, b"content-type").split(";")[0].strip().lower()
+
+
+@router.post(
+    "/{topic}/messages",
+    responses={**_ERRORS, 200: {"model": ProduceResultPublic}, 202: {"model": ProduceResultPublic}},
+    openapi_extra={**_body(MessageIn, ndjson=False), "parameters": _RAW_QUERY},
+)
+@served_by(produce_one)
+async def produce_one_doc(topic: TopicPath, ack: AckMode = _ACK) -> ProduceResultPublic:
+    """Produce one message. A raw-bytes body (application/octet-stream) takes key, id, partition,
+    producer_id and sequence as query parameters."""
+    raise NotImplementedError  # served by produce_one
+
+
+@router.post(
+    "/{topic}/batch",
+    responses={**_ERRORS, 200: {"model": BatchResultPublic}, 202: {"model": BatchResultPublic}},
+    openapi_extra=_body(BatchIn, ndjson=True),
+)
+@served_by(produce_batch)
+async def produce_batch_doc(topic: TopicPath, ack: AckMode = _ACK) -> BatchResultPublic:
+    """Produce many messages; results come back in request order."""
+    raise NotImplementedError  # served by produce_batch

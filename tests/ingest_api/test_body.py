@@ -1,0 +1,92 @@
+"""The produce hot path checks messages by hand (ingest_api/body.py); /docs documents them with
+`schemas.MessageIn`. These cases hold the two to the same answer: accepted with the same
+fields, or refused."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+import pytest
+from pydantic import TypeAdapter, ValidationError
+
+from ingest_api.body import message_from_json, parse_batch, parse_message
+from ingest_api.schemas import MAX_INT, MessageIn
+from tables.errors import LakebrokerError
+from tables.message_format import from_base64, from_json_value
+
+_MODEL = TypeAdapter(MessageIn)
+
+CASES: list[Any] = [
+    {"value": "hello"},
+    {"value": None},
+    {"value": {"a": [1, 2.5, None]}, "key": "user-7", "headers": {"h": "v"}},
+    {"value": 1, "partition": 0},
+    {"value": 1, "partition": 1023},
+    {"value": 1, "partition": 5.0},
+    {"value": 1, "partition": True},
+    {"value": 1, "partition": "1"},
+    {"value": 1, "partition": -1},
+    {"value": 1, "sequence": MAX_INT, "producer_id": "p"},
+    {"value": 1, "sequence": MAX_INT + 1, "producer_id": "p"},
+    {"value": 1, "id": ""},
+    {"value": 1, "id": "x" * 256},
+    {"value": 1, "id": "x" * 257},
+    {"value": 1, "key": ""},
+    {"value": 1, "key": "k" * (64 * 1024 + 1)},
+    {"value": 1, "key": 5},
+    {"value": 1, "headers": {"h": 1}},
+    {"value": 1, "headers": ["h"]},
+    {"value_b64": "aGk="},
+    {"value_b64": "aGk=", "value": None},
+    {"value_b64": "aGk=", "value": 1},
+    {"value_b64": None},
+    {"value_b64": 5},
+    {"key": "k"},
+    {"value": 1, "bogus": 2},
+    [{"value": 1}],
+    "value",
+]
+
+
+def _model_answer(case: Any) -> tuple[Any, ...] | None:
+    try:
+        m = _MODEL.validate_json(orjson.dumps(case))
+    except ValidationError:
+        return None
+    value, fmt = (from_base64(m.value_b64), "binary") if m.value_b64 is not None else from_json_value(m.value)
+    return value, fmt, m.key, m.headers, m.partition, m.id, m.producer_id, m.sequence
+
+
+def _fast_answer(case: Any) -> tuple[Any, ...] | None:
+    try:
+        n = message_from_json(case)
+    except LakebrokerError as exc:
+        assert 400 <= exc.status < 500
+        return None
+    return n.value, n.format, n.key, n.headers, n.partition, n.message_id, n.producer_id, n.sequence
+
+
+@pytest.mark.parametrize("case", CASES, ids=[orjson.dumps(c)[:40].decode() for c in CASES])
+def test_the_hand_check_agrees_with_the_documented_model(case: Any) -> None:
+    assert _fast_answer(case) == _model_answer(case)
+
+
+def test_integers_beyond_64_bits_stay_exact_or_are_refused() -> None:
+    """A float-based parser would store 123456789012345678901234567890 as 1.2345678901234568e+29."""
+    with pytest.raises(LakebrokerError) as refused:
+        parse_message("application/json", {}, b'{"value": 123456789012345678901234567890}')
+    assert refused.value.status == 400
+    for token in (b"NaN", b"Infinity", b"1e400"):
+        with pytest.raises(LakebrokerError) as bad:
+            parse_message("application/json", {}, b'{"value": ' + token + b"}")
+        assert bad.value.status == 400
+
+
+def test_batch_errors_name_the_message() -> None:
+    with pytest.raises(LakebrokerError, match="message 1: unknown fields bogus"):
+        parse_batch("application/json", b'{"messages": [{"value": 1}, {"value": 2, "bogus": 3}]}')
+    with pytest.raises(LakebrokerError, match="on line 2"):
+        parse_batch("application/x-ndjson", b'{"value": 1}\n{"value": 2, "bogus": 3}\n')
+    with pytest.raises(LakebrokerError, match="1 to 100000"):
+        parse_batch("application/json", b'{"messages": []}')
