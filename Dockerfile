@@ -24,6 +24,7 @@ RUN python -m venv /opt/venv \
  && pip install --no-cache-dir -c requirements.lock -r /tmp/deps.txt
 COPY . .
 RUN pip install --no-cache-dir --no-deps -e . \
+ && pip install --no-cache-dir -c requirements.lock -e ./clients/python \
  && PYTHON=/opt/venv/bin/python bash scripts/fetch_jars.sh \
  && rm -rf .cache/m2
 

@@ -16,11 +16,12 @@ test: setup
 
 setup: $(STAMP) .cache/jars/.stamp .cache/spark-cds.jsa
 
-# Every version, transitive ones too, is pinned in requirements.lock.
-$(STAMP): pyproject.toml requirements.lock
+# Every version, transitive ones too, is pinned in requirements.lock. The Python client is its own
+# distribution (clients/python), installed beside the broker for the tests.
+$(STAMP): pyproject.toml requirements.lock clients/python/pyproject.toml
 	test -x $(PY) || $(PYTHON_BIN) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -c requirements.lock -e ".[dev]"
+	$(PY) -m pip install --quiet -c requirements.lock -e ".[dev]" -e ./clients/python
 	touch $(STAMP)
 
 # Delta jars from Maven Central (transitively), plus the atomic LogStore, into .cache/jars.
@@ -33,7 +34,7 @@ $(STAMP): pyproject.toml requirements.lock
 
 lint: setup
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/mypy tables ingest_api delivery_worker spark_pipeline lakebroker
+	$(VENV)/bin/mypy tables ingest_api delivery_worker spark_pipeline lakebroker clients/python/lakebroker_client
 
 bench: setup
 	$(PY) -m bench.run

@@ -12,8 +12,7 @@ import time
 from pathlib import Path
 
 import httpx
-
-from lakebroker.client import Producer
+from lakebroker_client import Producer
 
 
 def wait_ready(client: httpx.Client, timeout_s: float = 120) -> None:

@@ -1,4 +1,4 @@
-"""A demo webhook receiver: verifies lakebroker deliveries with `lakebroker.client.WebhookVerifier`.
+"""A demo webhook receiver: verifies lakebroker deliveries with `lakebroker_client.fastapi.WebhookDependency`.
 
     WEBHOOK_SECRETS=whsec_... uvicorn --factory examples.receiver:create_app_from_env --port 8000
 
@@ -10,21 +10,22 @@ A bad signature is answered 401, so the broker retries and, in the end, dead-let
 # No `from __future__ import annotations` here: FastAPI must see the Annotated dependency, which
 # names a local (`verified`), as an object rather than a string.
 
+import base64
 import logging
 import os
 from collections import OrderedDict, deque
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, Response
-
-from lakebroker.client import Delivery, Message, WebhookVerifier
+from lakebroker_client import Delivery, Message
+from lakebroker_client.fastapi import WebhookDependency
 
 log = logging.getLogger("receiver")
 REMEMBERED_IDS = 100_000
 
 
 def create_app(secrets: str | list[str]) -> FastAPI:
-    verified = WebhookVerifier(secrets)
+    verified = WebhookDependency(secrets)
     app = FastAPI(title="lakebroker demo receiver")
     seen: OrderedDict[str, None] = OrderedDict()
     app.state.deliveries = deliveries = deque[Delivery](maxlen=10_000)
@@ -35,7 +36,7 @@ def create_app(secrets: str | list[str]) -> FastAPI:
             return Response(status_code=204)
         for message in delivery.messages:
             log.info("%s[%d]@%d key=%s value=%r", message.topic, message.partition, message.offset, message.key,
-                     message.value if message.value_b64 is None else message.data)
+                     message.value)
         deliveries.append(delivery)
         seen[delivery.id] = None
         while len(seen) > REMEMBERED_IDS:
@@ -43,16 +44,26 @@ def create_app(secrets: str | list[str]) -> FastAPI:
         return Response(status_code=204)
 
     @app.get("/received")
-    async def received(limit: int = 100) -> list[Message]:
-        """The latest messages received, newest last."""
+    async def received(limit: int = 100) -> list[dict[str, Any]]:
+        """The latest messages received, newest last (binary values base64-encoded in value_b64)."""
         messages = [m for d in deliveries for m in d.messages]
-        return messages[-limit:]
+        return [_public(m) for m in messages[-limit:]]
 
     @app.get("/healthz")
     async def healthz() -> dict[str, str]:
         return {"status": "ok"}
 
     return app
+
+
+def _public(m: Message) -> dict[str, Any]:
+    out: dict[str, Any] = {"topic": m.topic, "partition": m.partition, "offset": m.offset,
+                           "timestamp": m.timestamp.isoformat(), "key": m.key, "format": m.format, "headers": m.headers}
+    if isinstance(m.value, bytes):
+        out["value_b64"] = base64.b64encode(m.value).decode()
+    else:
+        out["value"] = m.value
+    return out
 
 
 def create_app_from_env() -> FastAPI:

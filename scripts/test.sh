@@ -3,7 +3,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 .venv/bin/ruff check .
-.venv/bin/mypy tables ingest_api delivery_worker spark_pipeline lakebroker
+.venv/bin/mypy tables ingest_api delivery_worker spark_pipeline lakebroker clients/python/lakebroker_client
 mkdir -p test-artifacts
 # Parallel processes (pytest-xdist), one module per process at a time: module-scoped servers
 # start once. Most tests wait on servers, JVMs and disks, so more processes than cores pays.

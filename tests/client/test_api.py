@@ -1,11 +1,17 @@
-"""The public API of lakebroker.client is exactly this; a change here is a change for every user."""
+"""The public API of lakebroker_client is exactly this; a change here is a change for every user."""
 
 from __future__ import annotations
 
-import pytest
+import ast
+import subprocess
+import sys
+import types
+from pathlib import Path
 
-import lakebroker.client as client
-from tables.errors import LakebrokerError
+import httpx
+import lakebroker_client as client
+import pytest
+from tenacity import RetryCallState, Retrying
 
 EXPORTED = [
     "AckMode",
@@ -26,29 +32,50 @@ EXPORTED = [
     "Retry",
     "SendResult",
     "SignatureInvalid",
+    "TopicPartition",
     "WebhookVerifier",
 ]
+PACKAGE = Path(client.__file__).parent
+SERVER_PACKAGES = {"tables", "ingest_api", "delivery_worker", "spark_pipeline", "lakebroker", "airflow_dags"}
 
 
 def test_exported_names_are_pinned() -> None:
     assert sorted(client.__all__) == EXPORTED
-    public = sorted(n for n in vars(client) if not n.startswith("_") and n not in ("annotations",))
+    public = sorted(n for n, v in vars(client).items()
+                    if not n.startswith("_") and not isinstance(v, types.ModuleType))  # `fastapi`, once imported
     assert public == EXPORTED, "import new names from the private modules and list them in __all__"
-    assert all(getattr(client, name).__module__.startswith("lakebroker.client._") for name in EXPORTED)
+    assert all(getattr(client, name).__module__.startswith("lakebroker_client._") for name in EXPORTED)
 
 
-def test_every_client_error_folds_into_the_root_error() -> None:
+def test_every_client_error_folds_into_its_own_root_error() -> None:
     errors = [client.BrokerUnavailable, client.BufferFull, client.ClientClosed, client.InvalidDelivery,
               client.RequestRefused, client.SignatureInvalid]
-    assert all(issubclass(e, client.ClientError) and issubclass(e, LakebrokerError) for e in errors)
+    assert all(issubclass(e, client.ClientError) for e in errors)
+    assert client.ClientError.__mro__[1:] == (Exception, BaseException, object), "no server error in its tree"
+
+
+def test_the_package_imports_nothing_of_the_server() -> None:
+    """Statically, every module (fastapi.py included): only the stdlib, its three dependencies, itself
+    and, in lakebroker_client.fastapi alone, fastapi."""
+    allowed = {"httpx", "standardwebhooks", "tenacity", "lakebroker_client", "__future__"}
+    modules = sorted(PACKAGE.glob("*.py"))
+    assert len(modules) >= 10
+    for path in modules:
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            for name in names:
+                top = name.split(".")[0]
+                assert top not in SERVER_PACKAGES, f"{path.name} imports {name}"
+                assert top in allowed or top in sys.stdlib_module_names or (path.name == "fastapi.py"
+                                                                            and top == "fastapi"), \
+                    f"{path.name} imports {name}, which is not a dependency of lakebroker-client"
 
 
 def test_importing_the_client_loads_no_broker_internals() -> None:
-    import subprocess
-    import sys
-
-    code = ("import sys, lakebroker.client; heavy = [m for m in sys.modules if m.split('.')[0] in "
-            "('pyarrow', 'deltalake', 'pyspark', 'ingest_api')]; print(heavy)")
+    code = ("import sys, lakebroker_client; heavy = [m for m in sys.modules if m.split('.')[0] in "
+            "('pyarrow', 'deltalake', 'pyspark', 'fastapi', 'pydantic', 'orjson', 'tables', 'ingest_api', "
+            "'delivery_worker', 'spark_pipeline', 'lakebroker')]; print(heavy)")
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout == "[]\n"
 
 
@@ -66,7 +93,39 @@ def test_batching_validates_itself(bad: dict[str, float]) -> None:
         client.Batching(**bad)  # type: ignore[arg-type]
 
 
+def _after(failures: int, response: httpx.Response | None = None) -> RetryCallState:
+    state = RetryCallState(Retrying(), None, (), {})
+    state.attempt_number = failures
+    if response is None:
+        state.set_exception((httpx.ConnectError, httpx.ConnectError("refused"), None))
+    else:
+        state.set_result(response)
+    return state
+
+
 def test_retry_backoff_grows_to_its_cap_and_honours_retry_after() -> None:
-    retry = client.Retry(initial_backoff_s=0.1, max_backoff_s=1.0, jitter=0)
-    assert [retry.backoff_s(n) for n in (1, 2, 3, 4, 5, 6)] == [0.1, 0.2, 0.4, 0.8, 1.0, 1.0]
-    assert retry.backoff_s(1, retry_after_s=3) == 3
+    wait = client.Retry(initial_backoff_s=0.1, max_backoff_s=1.0, jitter=0).wait()
+    assert [wait(_after(n)) for n in (1, 2, 3, 4, 5, 6)] == [0.1, 0.2, 0.4, 0.8, 1.0, 1.0]
+    assert wait(_after(1, httpx.Response(429, headers={"retry-after": "3"}))) == 3
+    assert wait(_after(1, httpx.Response(503, headers={"retry-after": "x"}))) == 0.1, "unreadable: ignored"
+    assert wait(_after(1, httpx.Response(500, headers={"retry-after": "3"}))) == 0.1, "only on 429 and 503"
+    deadline = client.Retry(timeout_s=2, initial_backoff_s=0.1, max_backoff_s=1.0, jitter=0).wait()
+    assert deadline(_after(1, httpx.Response(429, headers={"retry-after": "60"}))) <= 2, "never past the deadline"
+
+
+def test_retry_jitter_stays_within_its_bounds() -> None:
+    wait = client.Retry(initial_backoff_s=1.0, max_backoff_s=1.0, jitter=0.2).wait()
+    delays = {wait(_after(1)) for _ in range(200)}
+    assert all(0.8 <= d <= 1.2 for d in delays) and len(delays) > 100
+
+
+def test_the_client_needs_only_its_three_dependencies_each_explained_in_the_readme() -> None:
+    import re
+    import tomllib
+
+    project = tomllib.loads((PACKAGE.parent / "pyproject.toml").read_text())["project"]
+    names = {re.split(r"[\[<>=!~ ]", spec, maxsplit=1)[0].lower() for spec in project["dependencies"]}
+    assert names == {"httpx", "standardwebhooks", "tenacity"}
+    readme = (PACKAGE.parents[2] / "README.md").read_text()
+    table = readme.split("## Dependencies", 1)[1].split("\n## ", 1)[0]
+    assert all(f"`{name}`" in table for name in names)

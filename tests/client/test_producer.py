@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import base64
+import json
 import threading
 import time
 from collections.abc import Callable
+from datetime import UTC, datetime
 from typing import Any
 
 import httpx
 import orjson
 import pytest
-
-from lakebroker.client import (
+from lakebroker_client import (
     Batching,
     BrokerUnavailable,
     BufferFull,
@@ -22,6 +24,7 @@ from lakebroker.client import (
     SendResult,
 )
 
+STAMP = "2026-01-02T03:04:05.000006+00:00"
 FAST_RETRY = Retry(timeout_s=10, initial_backoff_s=0.01, max_backoff_s=0.05)
 Handler = Callable[[httpx.Request, list[dict[str, Any]]], httpx.Response]
 
@@ -46,8 +49,8 @@ class Recorder:
 
 
 def ok(messages: list[dict[str, Any]], duplicate: bool = False) -> httpx.Response:
-    return httpx.Response(200, json={"results": [{"partition": 0, "offset": i, "duplicate": duplicate}
-                                                 for i in range(len(messages))]})
+    return httpx.Response(200, json={"results": [{"partition": 0, "offset": i, "duplicate": duplicate,
+                                                  "timestamp": STAMP} for i in range(len(messages))]})
 
 
 def producer(rec: Recorder, **kwargs: Any) -> Producer:
@@ -65,7 +68,8 @@ def test_sends_within_the_linger_share_one_request_and_results_keep_order() -> N
     assert request.url.path == "/v1/topics/orders/batch" and request.url.params["ack"] == "wal"
     assert [m["value"] for m in messages] == [{"n": i} for i in range(10)]
     assert len({m["id"] for m in messages}) == 10, "every message gets its own id"
-    assert results == [SendResult(0, i, False) for i in range(10)]
+    when = datetime(2026, 1, 2, 3, 4, 5, 6, tzinfo=UTC)
+    assert results == [SendResult("orders", 0, i, when, False) for i in range(10)]
 
 
 def test_full_batches_go_at_once_and_flush_sends_the_rest() -> None:
@@ -193,6 +197,30 @@ def test_value_kinds_and_message_fields() -> None:
     assert first["value_b64"] == "AP8=" and "value" not in first
     assert (first["key"], first["headers"], first["partition"]) == ("k", {"h": "v"}, 2)
     assert second["value"] is None, "None is sent as a tombstone"
+
+
+def test_keys_and_values_as_bytes_or_str_with_serializers() -> None:
+    rec = Recorder()
+    with producer(rec, batching=Batching(linger_ms=20)) as p:
+        p.send("t", "text", key=b"user-7", headers=[("trace", b"abc"), ("kind", "x")])
+        with pytest.raises(ValueError, match="UTF-8"):
+            p.send("t", 1, key=b"\xff")
+        with pytest.raises(TypeError):
+            p.send("t", 1, key=7)
+        with pytest.raises(ValueError, match="twice"):
+            p.send("t", 1, headers=[("h", "a"), ("h", "b")])
+        p.flush()
+    with producer(rec, batching=Batching(linger_ms=20), key_serializer=lambda k: str(k).encode(),
+                  value_serializer=lambda v: json.dumps(v).encode()) as p:
+        p.send("t", {"a": 1}, key=42)
+        p.send("t", None, key=42)  # a tombstone stays a tombstone: the serializer is not called
+        p.flush()
+    with producer(rec, value_serializer=lambda v: v) as p, pytest.raises(TypeError, match="bytes or str"):
+        p.send("t", {"a": 1})
+    (first,), (second, third) = (m for _, _, m in rec.requests)
+    assert (first["key"], first["value"], first["headers"]) == ("user-7", "text", {"trace": "abc", "kind": "x"})
+    assert second["key"] == "42" and json.loads(base64.b64decode(second["value_b64"])) == {"a": 1}
+    assert third["key"] == "42" and third["value"] is None and "value_b64" not in third
 
 
 def test_close_sends_what_is_queued_and_later_sends_are_refused() -> None:

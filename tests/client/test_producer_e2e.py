@@ -14,20 +14,24 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from lakebroker_client import Batching, Consumer, Message, Producer, Retry, SendResult
 
-from lakebroker.client import Batching, Consumer, Producer, Retry, SendResult
 from tests.client.conftest import FAST, Broker
 from tests.servers import ServerProcess, free_port
 
 
-def read_all(url: str, topic: str, token: str | None, count: int) -> list[Any]:
-    values: list[Any] = []
+def read_messages(url: str, topic: str, token: str | None, count: int) -> list[Message]:
+    messages: list[Message] = []
     deadline = time.monotonic() + 60
-    with Consumer(url, topic, token=token, max_poll_messages=5000) as consumer:
-        while len(values) < count and time.monotonic() < deadline:
-            values.extend(m.value for m in consumer.poll(timeout_s=1))
-        values.extend(m.value for m in consumer.poll(timeout_s=0.5))  # anything beyond count would show here
-    return values
+    with Consumer(url, topic, token=token, max_poll_records=5000) as consumer:
+        while len(messages) < count and time.monotonic() < deadline:
+            messages.extend(consumer.poll(timeout_s=1))
+        messages.extend(consumer.poll(timeout_s=0.5))  # anything beyond count would show here
+    return messages
+
+
+def read_all(url: str, topic: str, token: str | None, count: int) -> list[Any]:
+    return [m.value for m in read_messages(url, topic, token, count)]
 
 
 def test_a_broker_killed_mid_run_loses_and_duplicates_nothing(tmp_path: Path) -> None:
@@ -118,6 +122,9 @@ def test_a_retry_after_a_lost_answer_is_answered_as_a_duplicate(broker: Broker) 
     assert transport.lost is not None
     original = [(r["partition"], r["offset"]) for r in transport.lost["results"]]
     assert [(r.partition, r.offset) for r in results] == original, "the retry got the original offsets"
+    stored = {(m.partition, m.offset): m.timestamp for m in read_messages(broker.url, topic, broker.token, 3)}
+    assert [r.timestamp for r in results] == [stored[(r.partition, r.offset)] for r in results], \
+        "each SendResult carries the timestamp stored with its message"
     assert all(r.duplicate for r in results)
     assert sorted(read_all(broker.url, topic, broker.token, 3)) == ["m0", "m1", "m2"]
 
@@ -125,4 +132,5 @@ def test_a_retry_after_a_lost_answer_is_answered_as_a_duplicate(broker: Broker) 
     with Producer(broker.url, broker.token) as a, Producer(broker.url, broker.token) as b:
         first = a.send(topic, "order", id="order-1001").result(timeout=30)
         second = b.send(topic, "order again", id="order-1001").result(timeout=30)
-    assert not first.duplicate and second == SendResult(first.partition, first.offset, True)
+    assert not first.duplicate and first.timestamp is not None
+    assert second == SendResult(topic, first.partition, first.offset, first.timestamp, True)

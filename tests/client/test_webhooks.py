@@ -14,10 +14,10 @@ import httpx
 import orjson
 import pytest
 from fastapi.testclient import TestClient
+from lakebroker_client import Delivery, InvalidDelivery, Producer, SignatureInvalid, WebhookVerifier
 
 from delivery_worker.signer import Signer
 from examples.receiver import create_app
-from lakebroker.client import Delivery, InvalidDelivery, Producer, SignatureInvalid, WebhookVerifier
 from tests.client.conftest import Broker
 from tests.servers import AppThread
 
@@ -88,6 +88,10 @@ def test_signed_bodies_that_are_no_envelope_and_bad_secrets() -> None:
         WebhookVerifier(NEW).verify(*signed({"hello": "world"}, (NEW,)))
     with pytest.raises(InvalidDelivery):
         WebhookVerifier(NEW).verify(*signed([], (NEW,)))
+    for broken in ({**envelope(), "offset": "7"}, {**envelope(), "timestamp": "yesterday"},
+                   {**envelope(), "format": "xml"}, {**envelope(), "value_b64": "!!"}, [envelope(), 5]):
+        with pytest.raises(InvalidDelivery):
+            WebhookVerifier(NEW).verify(*signed(broken, (NEW,)))
     for bad in ("", "whsec_", "whsec_!!!", []):
         with pytest.raises(ValueError):
             WebhookVerifier(bad)
@@ -103,6 +107,10 @@ def test_the_fastapi_dependency_answers_401_and_400() -> None:
         assert client.post("/hook", content=body, headers=headers).status_code == 204
         assert client.post("/hook", content=body, headers=headers).status_code == 204  # a redelivery
         assert [m["offset"] for m in client.get("/received").json()] == [0]
+        body, headers = signed({**envelope(1), "value": None, "value_b64": "AP8=", "format": "binary"}, (NEW,),
+                               "msg_orders_1_1")
+        assert client.post("/hook", content=body, headers=headers).status_code == 204
+        assert client.get("/received").json()[-1]["value_b64"] == "AP8="
 
 
 # -- real deliveries ---------------------------------------------------------------------------

@@ -9,29 +9,29 @@ reach the broker in the order they were sent; linger-based batching supplies the
 
 from __future__ import annotations
 
-import base64
 import concurrent.futures
 import itertools
+import json
 import logging
 import threading
 import uuid
-from collections.abc import Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, replace
+from datetime import datetime
 from types import TracebackType
 from typing import Any
 from urllib.parse import quote
 
 import httpx
-import orjson
 
-from lakebroker.client._batching import Accumulator, Batch, Batching, Pending
-from lakebroker.client._exceptions import ClientClosed, ClientError
-from lakebroker.client._http import Http, refused
-from lakebroker.client._models import AckLike, AckMode, SendResult
-from lakebroker.client._retry import Retry
+from lakebroker_client._batching import Accumulator, Batch, Batching, Pending
+from lakebroker_client._exceptions import ClientClosed, ClientError
+from lakebroker_client._http import Http, refused
+from lakebroker_client._models import AckLike, AckMode, SendResult
+from lakebroker_client._retry import Retry
+from lakebroker_client._serde import Headers, Serializer, headers_field, key_field, value_fields
 
-log = logging.getLogger("lakebroker.client")
+log = logging.getLogger("lakebroker_client")
 
 # Refusals that may come from one bad message: the batch is re-sent one message at a time, so
 # only that message fails. Re-sending is safe: every message carries its id.
@@ -58,6 +58,9 @@ class Producer:
 
     A producer_id + sequence is only unique while the sequence is: give each producer process
     its own producer_id, or persist the sequence and pass `first_sequence` when restarting.
+
+    `key_serializer` / `value_serializer` turn what send() is given into bytes or str, as in
+    Kafka clients (e.g. `value_serializer=lambda v: json.dumps(v).encode()`).
     """
 
     def __init__(
@@ -67,6 +70,8 @@ class Producer:
         *,
         producer_id: str | None = None,
         first_sequence: int = 0,
+        key_serializer: Serializer | None = None,
+        value_serializer: Serializer | None = None,
         batching: Batching | None = None,
         retry: Retry | None = None,
         timeout_s: float = 30.0,
@@ -77,6 +82,8 @@ class Producer:
         self._http = Http(url, token, timeout_s=timeout_s, retry=retry or Retry(), transport=transport)
         self._acc = Accumulator(batching or Batching())
         self._producer_id = producer_id
+        self._key_serializer = key_serializer
+        self._value_serializer = value_serializer
         self._sequence = itertools.count(first_sequence)
         self._outstanding: set[Future[SendResult]] = set()
         self._lock = threading.Lock()
@@ -89,9 +96,9 @@ class Producer:
     def send(
         self,
         topic: str,
-        value: Any,
-        key: str | None = None,
-        headers: Mapping[str, str] | None = None,
+        value: Any = None,
+        key: Any = None,
+        headers: Headers | None = None,
         partition: int | None = None,
         id: str | None = None,
         ack: AckLike = AckMode.WAL,
@@ -99,8 +106,10 @@ class Producer:
         """Queue one message; the future resolves to its SendResult, or to a ClientError.
 
         value: bytes are sent as raw bytes (format binary); a str as text; anything else
-            JSON-serialisable as JSON; None is a tombstone.
-        key: picks the partition as Kafka's default partitioner does; partition overrides it.
+            JSON-serialisable as JSON; None is a tombstone. A value_serializer runs first.
+        key: str, or UTF-8 bytes (after the key_serializer); picks the partition as Kafka's
+            default partitioner does; partition overrides it.
+        headers: a str → str mapping, or Kafka-style (name, str or UTF-8 bytes) pairs.
         ack: "wal" (default) resolves after the broker's WAL fsync, "table" after the Delta
             commit, "none" as soon as the broker queued it (offset None).
         Raises TypeError/ValueError for a message that cannot be sent, BufferFull, ClientClosed.
@@ -110,7 +119,8 @@ class Producer:
         mode = AckMode(ack)
         if not isinstance(topic, str) or not topic:
             raise ValueError("topic must be a non-empty str")
-        fragment = orjson.dumps(self._message(value, key, headers, partition, id))
+        fragment = json.dumps(self._message(value, key, headers, partition, id), separators=(",", ":"),
+                              ensure_ascii=False, allow_nan=False).encode()
         future: Future[SendResult] = Future()
         future.set_running_or_notify_cancel()  # queued messages are sent: cancel() cannot stop them
         with self._lock:
@@ -159,21 +169,13 @@ class Producer:
         self.close()
 
     # -- building a message -------------------------------------------------------------
-    def _message(self, value: Any, key: str | None, headers: Mapping[str, str] | None, partition: int | None,
+    def _message(self, value: Any, key: Any, headers: Headers | None, partition: int | None,
                  message_id: str | None) -> dict[str, Any]:
-        out: dict[str, Any] = {}
-        if isinstance(value, (bytes, bytearray, memoryview)):
-            out["value_b64"] = base64.b64encode(value).decode()
-        else:
-            out["value"] = value
-        if key is not None:
-            if not isinstance(key, str):
-                raise TypeError(f"key must be a str, not {type(key).__name__}")
-            out["key"] = key
-        if headers:
-            if not all(isinstance(k, str) and isinstance(v, str) for k, v in headers.items()):
-                raise TypeError("headers must map str to str")
-            out["headers"] = dict(headers)
+        out = value_fields(value, self._value_serializer)
+        if (key_text := key_field(key, self._key_serializer)) is not None:
+            out["key"] = key_text
+        if (header_map := headers_field(headers)) is not None:
+            out["headers"] = header_map
         if partition is not None:
             if isinstance(partition, bool) or not isinstance(partition, int) or partition < 0:
                 raise ValueError(f"partition must be a non-negative int, not {partition!r}")
@@ -217,7 +219,10 @@ class Producer:
                 return
             self._count(messages=len(results), duplicates=sum(bool(r["duplicate"]) for r in results))
             for item, r in zip(batch.items, results, strict=True):
-                item.future.set_result(SendResult(r["partition"], r["offset"], bool(r["duplicate"])))
+                stamp = r.get("timestamp")
+                item.future.set_result(SendResult(batch.topic, r["partition"], r["offset"],
+                                                  None if stamp is None else datetime.fromisoformat(stamp),
+                                                  bool(r["duplicate"])))
         elif response.status_code in _SPLIT_ON and len(batch.items) > 1:
             for item in batch.items:  # in order, so the topic's order is kept
                 self._deliver(Batch(batch.topic, batch.ack, batch.created, [item], len(item.fragment)))

@@ -1,7 +1,7 @@
 """Where a Consumer keeps its positions: the broker (a consumer group) or a store of the caller's.
 
 A position is the *next* offset to read, per partition, as in Kafka and as the broker's
-consumer_offsets table keeps it.
+consumer_offsets table keeps it. Stores keep them per topic.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from urllib.parse import quote
 
 import httpx
 
-from lakebroker.client._exceptions import RequestRefused
-from lakebroker.client._http import Http, refused
+from lakebroker_client._exceptions import RequestRefused
+from lakebroker_client._http import Http, refused
 
 
 @runtime_checkable
@@ -92,5 +92,5 @@ class GroupOffsetStore:
         error = refused(response, f"{what} {self.group!r}")
         if response.status_code == 404 and error.code == "not_found" and "does not exist" not in error.message:
             error = RequestRefused(error.message + " (this broker serves no consumer-group offsets API: "
-                                   "give the Consumer an offset_store instead of a group)", 404, error.code)
+                                   "give the Consumer an offset_store instead of a group_id)", 404, error.code)
         return error

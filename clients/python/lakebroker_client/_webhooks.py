@@ -1,8 +1,8 @@
 """`WebhookVerifier`: checks Standard Webhooks signatures of lakebroker deliveries and parses them.
 
-Works as a FastAPI dependency (answering 401 for a bad signature) and, through verify(), in
-any other framework. Signatures are checked by the `standardwebhooks` library: HMAC-SHA256
-over `id.timestamp.body`, timestamps within 5 minutes of now.
+Framework-free: `verify(body, headers)` works in any server (`lakebroker_client.fastapi` wraps
+it as a FastAPI dependency). Signatures are checked by the `standardwebhooks` library:
+HMAC-SHA256 over `id.timestamp.body`, timestamps within 5 minutes of now.
 
 Secret rotation: the broker signs with every current secret of a subscription (the new and the
 previous one, until `end_rotation`), and a verifier accepts a delivery that any one of its
@@ -12,27 +12,23 @@ secrets verifies. So either side may move first.
 from __future__ import annotations
 
 import binascii
+import json
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 
-import orjson
-from fastapi import HTTPException, Request
-from pydantic import ValidationError
 from standardwebhooks import Webhook
 from standardwebhooks.webhooks import EmptyWebhookSecretError, WebhookVerificationError
 
-from lakebroker.client._exceptions import InvalidDelivery, SignatureInvalid
-from lakebroker.client._models import Delivery, Message
+from lakebroker_client._exceptions import InvalidDelivery, SignatureInvalid
+from lakebroker_client._models import Delivery, Message
 
 
 class WebhookVerifier:
     """Verifies deliveries signed with one of `secrets` (`whsec_...`, as the subscription returned it).
 
-        verified = WebhookVerifier(os.environ["WEBHOOK_SECRET"])
-
-        @app.post("/hook")
-        async def hook(delivery: Annotated[Delivery, Depends(verified)]) -> None:
-            for message in delivery.messages: ...
+        verifier = WebhookVerifier(os.environ["WEBHOOK_SECRET"])
+        delivery = verifier.verify(request_body, request_headers)  # SignatureInvalid: answer 401
+        for message in delivery.messages: ...
     """
 
     def __init__(self, secrets: str | Sequence[str]) -> None:
@@ -61,24 +57,14 @@ class WebhookVerifier:
             raise SignatureInvalid(f"webhook signature rejected: {problem}")
         return self._parse(text, plain)
 
-    async def __call__(self, request: Request) -> Delivery:
-        """FastAPI dependency: 401 for a bad signature, 400 for a signed body that is no envelope."""
-        body = await request.body()
-        try:
-            return self.verify(body, request.headers)
-        except SignatureInvalid as exc:
-            raise HTTPException(status_code=401, detail=exc.message) from None
-        except InvalidDelivery as exc:
-            raise HTTPException(status_code=400, detail=exc.message) from None
-
     @staticmethod
     def _parse(text: str, headers: Mapping[str, str]) -> Delivery:
         try:
-            data = orjson.loads(text)
+            data = json.loads(text)
             batch = isinstance(data, list)
-            messages = [Message.model_validate(m) for m in (data if batch else [data])]
+            messages = [Message.from_json(m) for m in (data if batch else [data])]
             timestamp = datetime.fromtimestamp(int(float(headers["webhook-timestamp"])), UTC)
-        except (orjson.JSONDecodeError, ValidationError, ValueError, KeyError) as exc:
+        except (ValueError, TypeError, KeyError, binascii.Error) as exc:
             raise InvalidDelivery(f"signed body is not a lakebroker delivery: {exc}"[:500]) from None
         if not messages:
             raise InvalidDelivery("signed body is an empty batch")

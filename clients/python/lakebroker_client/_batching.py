@@ -13,8 +13,8 @@ from collections import deque
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
-from lakebroker.client._exceptions import BufferFull, ClientClosed
-from lakebroker.client._models import AckMode, SendResult
+from lakebroker_client._exceptions import BufferFull, ClientClosed
+from lakebroker_client._models import AckMode, SendResult
 
 MAX_BATCH_MESSAGES = 100_000  # the broker's limit per request
 
