@@ -15,13 +15,13 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from delivery_worker.flow import AdaptiveWindow, TokenBucket
 from delivery_worker.metrics import DeliveryMetrics
+from delivery_worker.ordering import DispatchQueue, Unit
 from delivery_worker.retry import RetryPolicy
 from delivery_worker.sender import Outcome, Sender
 from delivery_worker.signer import Signer
@@ -29,7 +29,7 @@ from delivery_worker.source import PartitionSource
 from tables.dead_letters import DeadLetter, DeadLetterTable
 from tables.errors import OffsetGap
 from tables.offsets import Fence, OffsetReason, OffsetsTable
-from tables.subscriptions import Ordering, Subscription
+from tables.subscriptions import Subscription
 
 log = logging.getLogger(__name__)
 READ_AHEAD = 1000
@@ -63,12 +63,6 @@ class PipelineStatus:
 
     def as_dict(self) -> dict[str, Any]:
         return {**self.__dict__, "lag": max(0, self.log_end - self.committed)}
-
-
-@dataclass
-class _Unit:
-    rows: list[dict[str, Any]]
-    keys: set[Any] = field(default_factory=set)
 
 
 class Gone(Exception):
@@ -109,9 +103,8 @@ class PartitionPipeline:
         self.signer = Signer(sub.secrets)
         self.status = PipelineStatus(committed=start_offset, position=start_offset)
         self._read_pos = start_offset
-        self._pending: deque[dict[str, Any]] = deque()
+        self._queue = DispatchQueue(sub.ordering, sub.batch_size)
         self._done: set[int] = set()
-        self._busy_keys: set[Any] = set()
         self._tasks: set[asyncio.Task[None]] = set()
         self._reader: asyncio.Task[bool] | None = None
         self._stopping = False
@@ -207,7 +200,7 @@ class PartitionPipeline:
         waiting = self._read_pos >= self.status.log_end or self._gap
         if waiting and time.monotonic() - self._last_poll < self.poll_s:
             return  # looking for new commits reads the Delta log: at most once per poll interval
-        if len(self._pending) < READ_AHEAD // 2:
+        if len(self._queue) < READ_AHEAD // 2:
             self._reader = asyncio.create_task(self._fill())
             self._reader.add_done_callback(self._read_done)
 
@@ -240,7 +233,7 @@ class PartitionPipeline:
         present = {r["offset"] for r in rows}
         # Offsets in the range with no row were removed by key compaction: nothing to deliver.
         self._done.update(o for o in range(self._read_pos, end) if o not in present)
-        self._pending.extend(rows)
+        self._queue.extend(rows)
         self._read_pos = end
         self._advance()
         return True
@@ -275,13 +268,6 @@ class PartitionPipeline:
         self._done.clear()
 
     # -- dispatching ----------------------------------------------------------------------
-    def _key(self, row: dict[str, Any]) -> Any:
-        if self.sub.ordering is Ordering.PARTITION:
-            return None
-        if self.sub.ordering is Ordering.KEY and row["key"] is not None:
-            return ("k", row["key"])
-        return ("o", row["offset"])  # unordered: its own key
-
     def _fenced(self) -> bool:
         """True while the lease is in doubt: a send now could overlap the next owner's."""
         if self.lease_valid():
@@ -295,8 +281,8 @@ class PartitionPipeline:
         window = self.endpoint.window
         if time.monotonic() < self.endpoint.backing_off_until or self._fenced():
             return
-        while self._pending and window.has_room():
-            unit = self._next_unit()
+        while window.has_room():
+            unit = self._queue.take()  # the ordering rule: delivery_worker/ordering.py
             if unit is None:
                 return
             window.in_flight += 1  # taken synchronously, so the loop never oversubscribes
@@ -306,29 +292,6 @@ class PartitionPipeline:
             self._tasks.add(task)
             task.add_done_callback(self._finished)
 
-    def _next_unit(self) -> _Unit | None:
-        unit = _Unit([])
-        blocked: set[Any] = set()
-        kept: deque[dict[str, Any]] = deque()
-        while self._pending and len(unit.rows) < self.sub.batch_size:
-            row = self._pending.popleft()
-            key = self._key(row)
-            if key in self._busy_keys or key in blocked:
-                blocked.add(key)  # a later message of a busy key must wait behind it
-                kept.append(row)
-                if self.sub.ordering is Ordering.PARTITION:
-                    break
-                continue
-            unit.rows.append(row)
-            unit.keys.add(key)
-            if self.sub.ordering is Ordering.KEY and len(kept) > 64:
-                break
-        self._pending.extendleft(reversed(kept))
-        if not unit.rows:
-            return None
-        self._busy_keys.update(unit.keys)
-        return unit
-
     def _finished(self, task: asyncio.Task[None]) -> None:
         self._tasks.discard(task)
         if not task.cancelled() and task.exception() is not None and self._crashed is None:
@@ -337,7 +300,7 @@ class PartitionPipeline:
             self._dispatch()  # the next message goes now, not after a turn of run()'s loop
         self._wake.set()
 
-    async def _deliver(self, unit: _Unit) -> None:
+    async def _deliver(self, unit: Unit) -> None:
         window = self.endpoint.window
         attempts = 0
         holding = True
@@ -407,8 +370,8 @@ class PartitionPipeline:
         if not outcome.ok:
             self.status.last_error = outcome.error
 
-    def _complete(self, unit: _Unit, *, delivered: bool) -> None:
-        self._busy_keys.difference_update(unit.keys)
+    def _complete(self, unit: Unit, *, delivered: bool) -> None:
+        self._queue.release(unit)
         now = time.time()
         for row in unit.rows:
             self._done.add(row["offset"])

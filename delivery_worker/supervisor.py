@@ -52,7 +52,8 @@ class _ChildMetrics(Collector):
     def collect(self) -> Iterable[Metric]:
         if self.path is None or not os.path.isdir(self.path):
             return []
-        return MultiProcessCollector(None, self.path).collect()  # type: ignore[no-untyped-call]
+        metrics: Iterable[Metric] = MultiProcessCollector(None, self.path).collect()  # type: ignore[no-untyped-call]
+        return metrics
 
 
 class DeliveryProcess:
@@ -89,7 +90,7 @@ class DeliveryProcess:
                 proc.kill()
                 await proc.wait()
             self._exited(proc)
-            log.info("delivery process %d stopped (%s)", proc.pid, _describe(proc.returncode))
+            log.info("delivery process %d stopped (%s)", proc.pid, _describe(proc.returncode or 0))
         if self._metrics.path is not None:
             shutil.rmtree(self._metrics.path, ignore_errors=True)
             self._metrics.path = None
