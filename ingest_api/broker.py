@@ -195,10 +195,10 @@ class Broker:
         try:
             self._validate(topic, messages)
         except LakebrokerError as exc:
-            self.metrics.rejected.labels(exc.code).inc()
+            self.metrics.rejected_for(exc.code).inc()
             raise
         if self.backlog_bytes > self.settings.max_backlog_bytes:
-            self.metrics.rejected.labels("backpressure").inc()
+            self.metrics.rejected_for("backpressure").inc()
             raise Backpressure(
                 f"{self.backlog_bytes} bytes wait to be committed to Delta (limit "
                 f"{self.settings.max_backlog_bytes}); retry after the indicated delay",
@@ -235,7 +235,7 @@ class Broker:
             results[i] = ProduceResult(partition, None)
         if pending:
             self.committer.submit(pending)
-        self.metrics.produced.labels(topic.name, ack.value).inc(len(pending))
+        self.metrics.produced_to(topic.name, ack.value).inc(len(pending))
         if ack is AckMode.NONE:
             for i, future, dup in waits:
                 if dup and future.done() and not future.exception():
@@ -249,14 +249,14 @@ class Broker:
             p, o, ts = future.result()  # re-raises StorageUnavailable for a group that failed
             results[i] = ProduceResult(p, o, dup, ts)
         if duplicates := sum(1 for r in results if r is not None and r.duplicate):
-            self.metrics.duplicates.labels(topic.name).inc(duplicates)
+            self.metrics.duplicates_to(topic.name).inc(duplicates)
         if ack is AckMode.TABLE:
             highest: dict[int, int] = {}
             for r in results:
                 assert r is not None and r.offset is not None
                 highest[r.partition] = max(highest.get(r.partition, -1), r.offset)
             await asyncio.gather(*(self.flusher.wait_committed((topic_id, p), o) for p, o in highest.items()))
-        self.metrics.produce_latency.labels(ack.value).observe(time.perf_counter() - started)
+        self.metrics.produce_latency_of(ack.value).observe(time.perf_counter() - started)
         return [r for r in results if r is not None]
 
     def _validate(self, topic: TopicConfig, messages: list[NewMessage]) -> None:

@@ -2,9 +2,29 @@
 
 from __future__ import annotations
 
+from typing import Generic, TypeVar
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.metrics import MetricWrapperBase
+
+M = TypeVar("M", bound=MetricWrapperBase)
 
 _LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+
+
+class Children(Generic[M]):
+    """A labelled metric's children, bound once: `labels()` takes a lock and builds a tuple per call,
+    a cost the produce hot path pays on every request otherwise."""
+
+    def __init__(self, metric: M) -> None:
+        self._metric = metric
+        self._bound: dict[tuple[str, ...], M] = {}
+
+    def __call__(self, *labels: str) -> M:
+        child = self._bound.get(labels)
+        if child is None:
+            child = self._bound[labels] = self._metric.labels(*labels)
+        return child
 
 
 class IngestMetrics:
@@ -56,3 +76,7 @@ class IngestMetrics:
             "lakebroker_partition_committed_offset", "Offsets below this are committed to Delta.",
             ["topic", "partition"], registry=registry,
         )
+        self.produced_to = Children(self.produced)
+        self.duplicates_to = Children(self.duplicates)
+        self.produce_latency_of = Children(self.produce_latency)
+        self.rejected_for = Children(self.rejected)
