@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from delivery_worker.commit_watch import CommitWatch, Following
 from delivery_worker.flow import AdaptiveWindow, TokenBucket
 from delivery_worker.metrics import DeliveryMetrics
 from delivery_worker.ordering import DispatchQueue, Unit
@@ -86,6 +87,7 @@ class PartitionPipeline:
         lease_valid: Callable[[], bool],
         fence: Fence,
         on_gone: Callable[[str], None],
+        commits: CommitWatch | None = None,
     ) -> None:
         self.sub = sub
         self.partition = partition
@@ -111,6 +113,9 @@ class PartitionPipeline:
         self._dead: list[DeadLetter] = []
         self._wake = asyncio.Event()
         self._last_poll = 0.0
+        self._commits = commits  # tells of a new commit at once (commit_watch.py); polling stays as the fallback
+        self._following: Following | None = None
+        self._commit_seen = False
         self._gap = False  # the last read met an OffsetGap: read again only once per poll interval
         self._gone: Gone | None = None
         self._crashed: BaseException | None = None
@@ -155,6 +160,8 @@ class PartitionPipeline:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        if self._following is not None:
+            self._following.close()
         if commit:
             await self.commit()
 
@@ -198,20 +205,22 @@ class PartitionPipeline:
             self._reader = None
             reader.result()  # a failed read stops the pipeline; the worker restarts it
         waiting = self._read_pos >= self.status.log_end or self._gap
-        if waiting and time.monotonic() - self._last_poll < self.poll_s:
-            return  # looking for new commits reads the Delta log: at most once per poll interval
+        if waiting and not self._commit_seen and time.monotonic() - self._last_poll < self.poll_s:
+            return  # looking for new commits reads the Delta log: on a commit, else once per poll interval
         if len(self._queue) < READ_AHEAD // 2:
             self._reader = asyncio.create_task(self._fill())
             self._reader.add_done_callback(self._read_done)
 
     def _read_done(self, reader: asyncio.Task[bool]) -> None:
-        if reader.cancelled() or reader.exception() is not None or reader.result():
-            self._wake.set()  # new rows to send, or an error for run() to raise
+        if reader.cancelled() or reader.exception() is not None or reader.result() or self._commit_seen:
+            self._wake.set()  # new rows to send, an error for run() to raise, or a commit that landed meanwhile
 
     async def _fill(self) -> bool:
         """Read the next messages into the buffer; False if there was nothing new."""
         if self._read_pos >= self.status.log_end:
             self._last_poll = time.monotonic()
+            self._follow()
+            self._commit_seen = False  # set again by any commit that lands from here on
             self.status.log_end = await asyncio.to_thread(self.source.log_end)
             if self._read_pos > self.status.log_end and self._read_pos == self.status.position:
                 await self._reset_to_log_end(self.status.log_end)
@@ -237,6 +246,14 @@ class PartitionPipeline:
         self._read_pos = end
         self._advance()
         return True
+
+    def _follow(self) -> None:
+        if self._commits is not None and (self._following is None or not self._following.active):
+            self._following = self._commits.follow(self.source.uri, self._on_commit)
+
+    def _on_commit(self) -> None:
+        self._commit_seen = True
+        self._wake.set()
 
     async def _reset_to_log_end(self, log_end: int) -> None:
         """The group is past the table's log end: the data dir was restored from a backup or failed

@@ -17,6 +17,7 @@ from typing import Any
 
 import orjson
 
+from delivery_worker.commit_watch import CommitWatch
 from delivery_worker.http1 import LeanTransport
 from delivery_worker.leases import Lease, LeaseTable, Pair
 from delivery_worker.metrics import DeliveryMetrics
@@ -62,6 +63,7 @@ class DeliveryWorker:
         self._held: dict[Pair, Lease] = {}
         self._transport: LeanTransport | None = None
         self._sender: Sender | None = None
+        self._commits = CommitWatch()
         self._gone: dict[str, str] = {}
         self._commit_lock = asyncio.Lock()  # a pipeline's final commit and the batch commit never interleave
         self._replays: dict[Pair, asyncio.Task[None]] = {}
@@ -94,6 +96,7 @@ class DeliveryWorker:
         if pairs:
             with contextlib.suppress(Exception):
                 await asyncio.to_thread(self.leases.heartbeat, [], pairs, {}, {})
+        await self._commits.aclose()
         if self._transport is not None:
             await self._transport.aclose()
             self._transport = None
@@ -164,7 +167,7 @@ class DeliveryWorker:
             offsets=self.offsets, dead_letters=self.dead_letters, metrics=self.metrics,
             poll_s=self.settings.delivery_poll_ms / 1000,
             lease_valid=lambda: self._lease_valid(pair), fence=fence,
-            on_gone=lambda reason: self._on_gone(sub.name, reason),
+            on_gone=lambda reason: self._on_gone(sub.name, reason), commits=self._commits,
         )
         task = asyncio.create_task(pipeline.run(), name=f"deliver-{sub.name}-{partition}")
         self._running[pair] = _Running(pipeline, task, _config(sub), sub.seek_epoch)
