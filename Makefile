@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test setup lint bench bench-quick fault soak clean
+.PHONY: run test setup lint bench bench-quick fault soak s3-server clean
 
 run: setup
 	$(VENV)/bin/lakebroker serve
@@ -14,7 +14,7 @@ run: setup
 test: setup
 	bash scripts/test.sh
 
-setup: $(STAMP) .cache/jars/.stamp .cache/spark-cds.jsa
+setup: $(STAMP) .cache/jars/.stamp .cache/spark-cds.jsa .cache/bin/minio.version
 
 # Every version, transitive ones too, is pinned in requirements.lock. The Python client is its own
 # distribution (clients/python), installed beside the broker for the tests.
@@ -24,13 +24,21 @@ $(STAMP): pyproject.toml requirements.lock clients/python/pyproject.toml
 	$(PY) -m pip install --quiet -c requirements.lock -e ".[dev]" -e ./clients/python
 	touch $(STAMP)
 
-# Delta jars from Maven Central (transitively), plus the atomic LogStore, into .cache/jars.
-.cache/jars/.stamp: build/jars/pom.xml scripts/fetch_jars.sh $(STAMP) $(wildcard spark_pipeline/java/io/lakebroker/delta/*.java)
+# Delta jars and Hadoop's S3A from Maven Central (transitively), plus the put-if-absent LogStores, into .cache/jars.
+.cache/jars/.stamp: build/jars/pom.xml build/jars/s3a/pom.xml scripts/fetch_jars.sh $(STAMP) $(wildcard spark_pipeline/java/io/lakebroker/delta/*.java)
 	PYTHON=$(PY) bash scripts/fetch_jars.sh
 
 # The JVM class archive that shortens every Spark session's start (spark_pipeline/class_archive.py).
 .cache/spark-cds.jsa: .cache/jars/.stamp
 	$(PY) -m spark_pipeline.class_archive
+
+# The local S3-compatible server (MinIO, built once from its Go module) the tests and `make s3-server` run.
+.cache/bin/minio.version: scripts/s3_server.sh
+	bash scripts/s3_server.sh build
+
+# MinIO on 127.0.0.1:$${S3_PORT:-9000}, in the foreground; creates the bucket `lakebroker`, prints the endpoint.
+s3-server:
+	bash scripts/s3_server.sh serve
 
 lint: setup
 	$(VENV)/bin/ruff check .

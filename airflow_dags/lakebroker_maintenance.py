@@ -45,7 +45,7 @@ def _targets(job: str, params: dict[str, Any]) -> list[str]:
 
     if job in ("offsets-compaction", "replication"):
         return [""]  # whole-table jobs: their entry points take no --topic, so the param does not apply
-    topics = select_topics(Layout(_settings(params).data_dir), params.get("topic"))
+    topics = select_topics(Layout.of(_settings(params)), params.get("topic"))
     if job == "key-compaction":
         topics = [t for t in topics if t.cleanup_policy is CleanupPolicy.COMPACT]
     return [t.name for t in topics]

@@ -50,7 +50,7 @@ class _Running:
 class DeliveryWorker:
     def __init__(self, settings: Settings, metrics: DeliveryMetrics, worker_id: str | None = None) -> None:
         self.settings = settings
-        self.layout = Layout(settings.data_dir)
+        self.layout = Layout.of(settings)
         self.metrics = metrics
         self.worker_id = worker_id or f"worker-{uuid.uuid4().hex[:12]}"
         self.subscriptions = SubscriptionStore(self.layout)

@@ -61,7 +61,7 @@ class ProduceResult:
 class Broker:
     def __init__(self, settings: Settings, metrics: IngestMetrics) -> None:
         self.settings = settings
-        self.layout = Layout(settings.data_dir)
+        self.layout = Layout.of(settings)
         self.metrics = metrics
         self.store = TopicStore(self.layout)
         self.topics: dict[str, TopicConfig] = {}

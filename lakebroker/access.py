@@ -130,7 +130,7 @@ class RemoteAccess:
 
 @contextlib.contextmanager
 def broker_access(settings: Settings) -> Iterator[BrokerAccess]:
-    layout = Layout(settings.data_dir)
+    layout = Layout.of(settings)
     lock = DataDirLock(layout.lock_file)
     if lock.try_acquire():
         try:

@@ -95,7 +95,7 @@ def topics_create(
 @topics_app.command("list")
 def topics_list() -> None:
     """List topics and their configuration."""
-    topics = TopicStore(Layout(settings().data_dir)).load()
+    topics = TopicStore(Layout.of(settings())).load()
     print_rows(
         ["name", "partitions", "cleanup_policy", "retention_ms", "retention_bytes", "max_message_bytes"],
         [[t.name, t.partitions, t.cleanup_policy.value, t.retention_ms, t.retention_bytes, t.max_message_bytes]
@@ -109,7 +109,7 @@ def topics_describe(name: str) -> None:
     from tables import delta
     from tables.log_start import partition_logs
 
-    layout = Layout(settings().data_dir)
+    layout = Layout.of(settings())
     topic = TopicStore(layout).get(name)
     out.print(", ".join(f"{k}={v}" for k, v in topic.public().items()), highlight=False, soft_wrap=True)
     table = delta.open_table(layout.topic_table(name))

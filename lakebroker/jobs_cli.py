@@ -50,7 +50,7 @@ def _run_job(settings: Settings, job: str, fail: Callable[[str, int], typer.Exit
         result = modules[job].run(spark, settings, trigger="cli", **kwargs)
     finally:
         spark.stop()
-    job_runs.record(Layout(settings.data_dir), result)
+    job_runs.record(Layout.of(settings), result)
     _print_result(result)
     if result.outcome is Outcome.FAILED:
         raise fail(result.error or "the run failed on " + ", ".join(
@@ -63,7 +63,7 @@ def register(app: typer.Typer, settings: Callable[[], Settings], fail: Callable[
     def topics(topic: str | None) -> None:
         from spark_pipeline.jobs.common import select_topics
 
-        select_topics(Layout(settings().data_dir), topic)  # NotFound / InvalidName before Spark starts
+        select_topics(Layout.of(settings()), topic)  # NotFound / InvalidName before Spark starts
 
     @app.command()
     def compact(topic: TopicArg = None) -> None:
@@ -82,7 +82,7 @@ def register(app: typer.Typer, settings: Callable[[], Settings], fail: Callable[
         """Keep the latest value per key of cleanup_policy=compact topics."""
         from spark_pipeline.jobs.key_compaction import compact_topics
 
-        compact_topics(Layout(settings().data_dir), topic)
+        compact_topics(Layout.of(settings()), topic)
         _run_job(settings(), "key-compaction", fail, topic=topic)
 
     @app.command("compact-offsets")
@@ -96,7 +96,7 @@ def register(app: typer.Typer, settings: Callable[[], Settings], fail: Callable[
         """Copy every table incrementally to a second location (resumable, idempotent)."""
         from spark_pipeline.jobs.replication import resolve_replica
 
-        resolve_replica(to or settings().replication_uri, settings().data_dir)
+        resolve_replica(to or settings().replication_uri, settings().data_dir, settings().tables_uri)
         topics(topic)
         _run_job(settings(), "replication", fail, topic=topic, to=to)
 
@@ -111,7 +111,7 @@ def register(app: typer.Typer, settings: Callable[[], Settings], fail: Callable[
         from spark_pipeline.jobs.verify_replica import verify
         from spark_pipeline.sql import spark_for
 
-        resolve_replica(to or settings().replication_uri, settings().data_dir)
+        resolve_replica(to or settings().replication_uri, settings().data_dir, settings().tables_uri)
         topics(topic)
         spark = spark_for(settings(), "lakebroker-verify-replica")
         try:
@@ -141,7 +141,7 @@ def register(app: typer.Typer, settings: Callable[[], Settings], fail: Callable[
         """The last maintenance-job runs (from _system/job_runs), newest first."""
         from spark_pipeline import job_runs
 
-        rows = job_runs.last_runs(Layout(settings().data_dir), job=job, topic=topic, limit=limit)
+        rows = job_runs.last_runs(Layout.of(settings()), job=job, topic=topic, limit=limit)
         table = Table("started", "job", "table", "trigger", "outcome", "files", "rows removed", "seconds", "error")
         for r in rows:
             files = "" if r["files_before"] is None else f"{r['files_before']} → {r['files_after']}"

@@ -45,7 +45,7 @@ def run_server(settings: Settings) -> None:
     sock.bind((settings.host, settings.port))
     port = sock.getsockname()[1]
     settings = settings.model_copy(update={"port": port})
-    layout = Layout(settings.data_dir)
+    layout = Layout.of(settings)
     host = f"[{settings.host}]" if ":" in settings.host else settings.host
 
     # Spark maintenance jobs (spark_pipeline/scheduler.py): child processes on the configured

@@ -22,7 +22,7 @@ def register(app: typer.Typer, settings: Callable[[], Settings], fail: Callable[
     app.add_typer(tokens_app, name="tokens")
 
     def store() -> TokenStore:
-        return TokenStore(Layout(settings().data_dir))
+        return TokenStore(Layout.of(settings()))
 
     @tokens_app.command("create")
     def create(

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Fetch the Delta jars (build/jars/pom.xml) and build the atomic LogStore jar into
-# .cache/jars/, so a Spark session starts with local jars only (no Ivy, no network).
+# Fetch the Delta jars (build/jars/pom.xml) and build the put-if-absent LogStores' jar into
+# .cache/jars/, and Hadoop's S3A filesystem (build/jars/s3a/pom.xml) into .cache/jars/s3a/,
+# so a Spark session starts with local jars only (no Ivy, no network).
 # Idempotent: a no-op while the stamp matches the inputs. Works from any cwd.
 # Env: PYTHON (default .venv/bin/python) is the interpreter whose pyspark is used.
 set -euo pipefail
@@ -12,6 +13,7 @@ case "$PYTHON" in
 esac
 
 POM="$ROOT/build/jars/pom.xml"
+S3A_POM="$ROOT/build/jars/s3a/pom.xml"
 SRC_DIR="$ROOT/spark_pipeline/java"
 OUT="$ROOT/.cache/jars"
 M2="$ROOT/.cache/m2"
@@ -27,7 +29,7 @@ print(os.path.join(list(s.submodule_search_locations)[0], "jars"))')"
 mapfile -t SOURCES < <(cd "$SRC_DIR" && find . -name '*.java' | LC_ALL=C sort)
 HASH="$(
   {
-    cat "$POM" "${BASH_SOURCE[0]}"
+    cat "$POM" "$S3A_POM" "${BASH_SOURCE[0]}"
     for s in "${SOURCES[@]}"; do echo "$s"; cat "$SRC_DIR/$s"; done
     ls "$SPARK_JARS"  # a pyspark upgrade must re-check overlaps and recompile
   } | sha256sum | cut -d' ' -f1
@@ -52,9 +54,20 @@ if ! mvn -q -B -f "$POM" -Dmaven.repo.local="$M2" \
 fi
 rm "$NEW/mvn.log"
 
+# hadoop-aws must be the Hadoop version pyspark ships (hadoop-client-api-X.jar).
+HADOOP_VERSION="$(basename "$(compgen -G "$SPARK_JARS/hadoop-client-api-[0-9]*.jar" | head -1)" .jar)"
+HADOOP_VERSION="${HADOOP_VERSION#hadoop-client-api-}"
+echo "fetch_jars: resolving hadoop-aws $HADOOP_VERSION (S3A) with Maven"
+if ! mvn -q -B -f "$S3A_POM" -Dmaven.repo.local="$M2" -Dhadoop.version="$HADOOP_VERSION" \
+  dependency:copy-dependencies -DoutputDirectory="$NEW/s3a" >"$NEW/mvn.log" 2>&1; then
+  cat "$NEW/mvn.log" >&2
+  exit 1
+fi
+rm "$NEW/mvn.log"
+
 # The pom excludes what pyspark ships; fail loudly if a version bump brought a new overlap.
 clash=0
-for jar in "$NEW"/*.jar; do
+for jar in "$NEW"/*.jar "$NEW"/s3a/*.jar; do
   name="$(basename "$jar")"
   artifact="$(sed -E 's/-[0-9].*$//' <<<"$name")"
   if compgen -G "$SPARK_JARS/$artifact-[0-9]*.jar" >/dev/null; then
@@ -64,8 +77,8 @@ for jar in "$NEW"/*.jar; do
 done
 (( clash == 0 )) || exit 1
 
-echo "fetch_jars: compiling AtomicLocalLogStore"
-CP="$(ls "$NEW"/delta-storage-*.jar):$(ls "$SPARK_JARS"/hadoop-client-api-*.jar | head -1)"
+echo "fetch_jars: compiling the LogStores"
+CP="$(ls "$NEW"/delta-storage-*.jar):$(ls "$SPARK_JARS"/hadoop-client-api-*.jar | head -1):$(ls "$NEW"/s3a/hadoop-aws-*.jar)"
 javac --release 17 -nowarn -cp "$CP" -d "$NEW/classes" "${SOURCES[@]/#/$SRC_DIR/}"
 jar --create --file "$NEW/lakebroker-logstore.jar" -C "$NEW/classes" .
 rm -rf "$NEW/classes"
@@ -74,4 +87,4 @@ echo "$HASH" >"$NEW/.stamp"
 rm -rf "$OUT"
 mv "$NEW" "$OUT"
 trap - EXIT
-echo "fetch_jars: $(ls "$OUT"/*.jar | wc -l) jars in $OUT"
+echo "fetch_jars: $(ls "$OUT"/*.jar | wc -l) jars in $OUT, $(ls "$OUT"/s3a/*.jar | wc -l) in $OUT/s3a"

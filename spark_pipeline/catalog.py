@@ -10,8 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from deltalake import DeltaTable
-
+from tables import delta
 from tables.layout import Layout
 from tables.topics import TopicStore
 
@@ -24,7 +23,7 @@ def _quote(identifier: str) -> str:
 
 
 def _register(spark: SparkSession, name: str, location: str) -> None:
-    if DeltaTable.is_deltatable(location):
+    if delta.exists(location):
         spark.sql(f"CREATE TABLE IF NOT EXISTS {name} USING delta LOCATION '{location}'")
 
 

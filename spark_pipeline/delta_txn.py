@@ -233,9 +233,9 @@ def maintain_log(uri: str) -> int:
     run checkpoints). txn actions are part of the checkpoint, so cleanup never loses one; time
     travel to a cleaned-up version is gone, as with any Delta log cleanup.
     """
-    from deltalake import DeltaTable
+    from tables import delta
 
-    table = DeltaTable(uri)
+    table = delta.load(uri)
     table.create_checkpoint()
     table.cleanup_metadata()
     return int(table.version())

@@ -150,7 +150,7 @@ class JobRunner:
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
-        self.layout = Layout(settings.data_dir)
+        self.layout = Layout.of(settings)
         self._child: subprocess.Popen[bytes] | None = None
         self._lock = threading.Lock()
         self._stopping = False

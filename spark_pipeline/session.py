@@ -4,7 +4,8 @@ Delta Lake comes from jars that ``make setup`` (scripts/fetch_jars.sh) put in
 ``.cache/jars``; nothing is resolved over the network when a session starts (no
 ``spark.jars.packages``/Ivy). Commits to ``file:`` tables go through
 ``AtomicLocalLogStore``, a put-if-absent LogStore, so Spark and delta-rs (which
-commits with an atomic rename-no-replace) can both write the same table.
+commits with an atomic rename-no-replace) can both write the same table; commits to
+``s3a://`` tables go through ``S3ConditionalLogStore`` (spark_pipeline/s3a.py).
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from spark_pipeline import s3a
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -72,6 +75,7 @@ def session_conf(jars_dir: Path) -> dict[str, str]:
     given as `--jars` / `--conf`, since its driver JVM is started before Python runs."""
     conf = dict(_BASE_CONF)
     conf["spark.jars"] = ",".join(str(p.resolve()) for p in jar_paths(jars_dir))
+    conf.update(s3a.static_conf(jars_dir))
     return conf
 
 
@@ -118,3 +122,4 @@ def build_spark_session(
             f"({LOGSTORE_CONF_KEY}={actual!r}); stop it first"
         )
     return spark
+    s3a.configure(spark)

@@ -32,7 +32,7 @@ def run_query(settings: Settings, query: str, limit: int) -> tuple[list[str], li
         raise InvalidRequest("the query is empty")
     spark = spark_for(settings, "lakebroker-sql")
     try:
-        register_tables(spark, Layout(settings.data_dir))
+        register_tables(spark, Layout.of(settings, for_spark=True))
         try:
             frame = spark.sql(query)
             rows = frame.limit(limit).collect()

@@ -1,8 +1,11 @@
 """The one place that reads and writes Delta tables from Python (delta-rs).
 
-Spark jobs commit to the same tables through spark_pipeline/session.py, whose LogStore makes
-its local commits put-if-absent, like delta-rs's; both sides then resolve conflicts the way
-Delta defines, and neither can overwrite the other's commit.
+Spark jobs commit to the same tables through spark_pipeline/session.py, whose LogStores make
+its commits put-if-absent, like delta-rs's (locally and on S3, tables/storage.py); both sides then
+resolve conflicts the way Delta defines, and neither can overwrite the other's commit.
+
+A table URI is a local path or an s3:// (s3a://) URI: `load` and `exists` are how the rest of the
+code opens one, so every open gets the storage options of its URI.
 """
 
 from __future__ import annotations
@@ -20,7 +23,17 @@ from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from deltalake.exceptions import CommitFailedError, DeltaError
 from deltalake.schema import Schema
 
+from tables import storage
 from tables.schemas import HOT_PATH_TABLE_PROPERTIES, SCHEMA_VERSION_PROPERTY
+
+
+def load(uri: str, version: int | None = None) -> DeltaTable:
+    """Open a table (at a version, or the latest) with its URI's storage options."""
+    return DeltaTable(uri, version=version, storage_options=storage.delta_options(uri))
+
+
+def exists(uri: str) -> bool:
+    return bool(DeltaTable.is_deltatable(uri, storage_options=storage.delta_options(uri)))
 
 
 def partition_app_id(partition: int) -> str:
@@ -35,21 +48,23 @@ def partition_app_id(partition: int) -> str:
 
 def ensure_table(uri: str, schema: pa.Schema, *, partition_by: list[str] | None, version: int) -> DeltaTable:
     """Create the table if it is missing; idempotent, and safe if another process races us."""
-    if DeltaTable.is_deltatable(uri):
-        table = DeltaTable(uri)
+    if exists(uri):
+        table = load(uri)
     else:
-        Path(uri).mkdir(parents=True, exist_ok=True)
+        if not storage.is_s3(uri):
+            Path(uri).mkdir(parents=True, exist_ok=True)
         config: dict[str, str | None] = dict(HOT_PATH_TABLE_PROPERTIES)
         try:
-            table = DeltaTable.create(uri, schema, mode="ignore", partition_by=partition_by, configuration=config)
+            table = DeltaTable.create(uri, schema, mode="ignore", partition_by=partition_by, configuration=config,
+                                      storage_options=storage.delta_options(uri))
         except CommitFailedError:  # mode="ignore" still loses the race for version 0 with a concurrent create
-            table = DeltaTable(uri)
+            table = load(uri)
     # delta-rs refuses custom properties at create time, so the version is a second commit.
     if table.metadata().configuration.get(SCHEMA_VERSION_PROPERTY) is None:
         try:
             table.alter.set_table_properties({SCHEMA_VERSION_PROPERTY: str(version)}, raise_if_not_exists=False)
         except CommitFailedError:
-            table = DeltaTable(uri)  # another process created the table and set it first
+            table = load(uri)  # another process created the table and set it first
     if int(table.metadata().configuration.get(SCHEMA_VERSION_PROPERTY) or version) < version:
         table = _migrate(uri, table, schema, version)
     return table
@@ -69,11 +84,11 @@ def _migrate(uri: str, table: DeltaTable, schema: pa.Schema, version: int) -> De
         table.alter.set_table_properties({SCHEMA_VERSION_PROPERTY: str(version)}, raise_if_not_exists=False)
     except (CommitFailedError, DeltaError):
         pass  # a concurrent migration (or commit) won; the re-read below shows its result
-    return DeltaTable(uri)
+    return load(uri)
 
 
 def open_table(uri: str) -> DeltaTable | None:
-    return DeltaTable(uri) if DeltaTable.is_deltatable(uri) else None
+    return load(uri) if exists(uri) else None
 
 
 def append(

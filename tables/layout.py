@@ -1,12 +1,18 @@
-"""Where everything lives under the data dir, and which names are allowed."""
+"""Where everything lives (local state under the data dir, tables under the table root), and which names
+are allowed."""
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+from tables import storage
 from tables.errors import InvalidName
+
+if TYPE_CHECKING:
+    from tables.settings import Settings
 
 # Kafka's legal characters. A leading underscore is reserved for system tables, and the
 # length keeps a table path well under any filesystem's name limit.
@@ -25,7 +31,17 @@ def validate_name(name: str, what: str = "topic") -> str:
 
 @dataclass(frozen=True)
 class Layout:
+    """Local state lives under `data_dir`; the Delta tables under `tables_uri` (a local path or
+    s3://bucket/prefix, tables/storage.py), which defaults to the data dir."""
+
     data_dir: Path
+    tables_uri: str | None = None
+
+    @classmethod
+    def of(cls, settings: Settings, *, for_spark: bool = False) -> Layout:
+        """The layout of a settings object; `for_spark` spells S3 locations as Hadoop's S3A wants them."""
+        root = settings.tables_uri
+        return cls(settings.data_dir, storage.spark_uri(root) if for_spark and root else root)
 
     @property
     def wal_dir(self) -> Path:
@@ -41,46 +57,58 @@ class Layout:
         return self.data_dir / "server.json"
 
     @property
-    def topics_root(self) -> Path:
-        return self.data_dir / "topics"
-
-    def topic_table(self, topic: str) -> str:
-        return str((self.topics_root / validate_name(topic)).resolve())
+    def tables_root(self) -> str:
+        """Absolute path or URI under which `topics/` and `_system/` live."""
+        return self.tables_uri or str(self.data_dir.resolve())
 
     @property
-    def system_root(self) -> Path:
-        return self.data_dir / "_system"
+    def on_object_store(self) -> bool:
+        return storage.is_s3(self.tables_root)
+
+    @property
+    def topics_root(self) -> str:
+        return storage.join(self.tables_root, "topics")
+
+    def topic_table(self, topic: str) -> str:
+        return storage.join(self.topics_root, validate_name(topic))
+
+    @property
+    def system_root(self) -> str:
+        return storage.join(self.tables_root, "_system")
+
+    def system_table(self, name: str) -> str:
+        return storage.join(self.system_root, name)
 
     @property
     def topics_table(self) -> str:
-        return str((self.system_root / "topics").resolve())
+        return self.system_table("topics")
 
     @property
     def tokens_table(self) -> str:
-        return str((self.system_root / "tokens").resolve())
+        return self.system_table("tokens")
 
     @property
     def offsets_table(self) -> str:
-        return str((self.system_root / "consumer_offsets").resolve())
+        return self.system_table("consumer_offsets")
 
     @property
     def dead_letters_table(self) -> str:
-        return str((self.system_root / "dead_letters").resolve())
+        return self.system_table("dead_letters")
 
     @property
     def job_runs_table(self) -> str:
         """One row per maintenance-job run and table (spark_pipeline/job_runs.py)."""
-        return str((self.system_root / "job_runs").resolve())
+        return self.system_table("job_runs")
 
     @property
     def retention_skips_table(self) -> str:
         """Every time retention moved a consumer group past messages it had not delivered."""
-        return str((self.system_root / "retention_skips").resolve())
+        return self.system_table("retention_skips")
 
     @property
     def subscriptions_table(self) -> str:
-        return str((self.system_root / "subscriptions").resolve())
+        return self.system_table("subscriptions")
 
     @property
     def leases_table(self) -> str:
-        return str((self.system_root / "delivery_leases").resolve())
+        return self.system_table("delivery_leases")

@@ -12,16 +12,16 @@ newer checkpoint.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
 import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as pads
+import pyarrow.fs as pafs
 from deltalake import DeltaTable
 
-from tables import delta
+from tables import delta, storage
 from tables.schemas import TOPIC_SCHEMA
 
 FILE_SCHEMA = pa.schema([f for f in TOPIC_SCHEMA if f.name != "partition"])  # Hive-style: not in the files
@@ -39,8 +39,11 @@ class TopicLogTail:
     """The live data files and txn versions of one topic table, at `version`. Blocking I/O."""
 
     def __init__(self, uri: str) -> None:
-        # Topic tables live under the local data dir; delta-rs spells that as a path or file: URI.
-        self.root = Path(unquote(urlsplit(uri).path) if uri.startswith("file:") else uri)
+        # A local path (delta-rs may spell it as a file: URI) or an s3:// table, read through pyarrow.
+        self.uri = unquote(urlsplit(uri).path) if uri.startswith("file:") else uri
+        fs, self.root = storage.filesystem(self.uri)
+        assert isinstance(fs, pafs.FileSystem)
+        self.fs: pafs.FileSystem = fs
         self.version = -1
         self._files: dict[str, DataFile] = {}
         self._txns: dict[str, int] = {}
@@ -51,10 +54,9 @@ class TopicLogTail:
         """Catch up with the newest commit; returns the version (-1: there is no table yet)."""
         if self.version < 0 or not self._exact or self._fell_behind_a_checkpoint():
             return self._rebuild()
-        log = self.root / "_delta_log"
         while True:
             try:
-                commit = (log / f"{self.version + 1:020d}.json").read_bytes()
+                commit = self._read(f"_delta_log/{self.version + 1:020d}.json")
             except FileNotFoundError:
                 return self.version
             if not self._apply(commit):
@@ -86,7 +88,7 @@ class TopicLogTail:
         paths = [f.path for f in self.files(partition, start, end)]
         if not paths:
             return TOPIC_SCHEMA.empty_table()
-        rows = pads.dataset(paths, schema=FILE_SCHEMA, format="parquet").to_table(
+        rows = pads.dataset(paths, schema=FILE_SCHEMA, format="parquet", filesystem=self.fs).to_table(
             filter=(pc.field("offset") >= start) & (pc.field("offset") < end))
         column = pa.array([partition] * rows.num_rows, pa.int32())
         return rows.add_column(0, TOPIC_SCHEMA.field("partition"), column).select(TOPIC_SCHEMA.names)
@@ -96,7 +98,7 @@ class TopicLogTail:
         """Log cleanup removes only commits older than a checkpoint: if the newest checkpoint is
         past us, the next commit file may be gone for good and the log can't be followed."""
         try:
-            last = orjson.loads((self.root / "_delta_log" / "_last_checkpoint").read_bytes())
+            last = orjson.loads(self._read("_delta_log/_last_checkpoint"))
         except (FileNotFoundError, orjson.JSONDecodeError):
             return False
         return bool(last.get("version", -1) > self.version)
@@ -120,9 +122,9 @@ class TopicLogTail:
         return True
 
     def _rebuild(self) -> int:
-        if not DeltaTable.is_deltatable(str(self.root)):
+        if not delta.exists(self.uri):
             return -1
-        table = DeltaTable(str(self.root))
+        table = delta.load(self.uri)
         actions = pa.table(table.get_add_actions(flatten=True))
         columns = set(actions.column_names)
         vectors = [c for c in columns if c.startswith("deletionVector")]
@@ -140,10 +142,15 @@ class TopicLogTail:
         self.version = table.version()
         return self.version
 
+    def _read(self, relative: str) -> bytes:
+        with self.fs.open_input_stream(f"{self.root}/{relative}") as stream:
+            return bytes(stream.read())
+
     def _path(self, relative: str) -> str:
+        """A data file's path inside self.fs (the log holds paths relative to the table, or URIs)."""
         if "://" in relative:
-            return unquote(relative.split("://", 1)[1]) if relative.startswith("file://") else relative
-        return str(self.root / unquote(relative))
+            return unquote(relative.split("://", 1)[1])  # file:///a/b -> /a/b; s3://bucket/key -> bucket/key
+        return f"{self.root}/{unquote(relative)}"
 
     @staticmethod
     def _data_file(path: str, add: dict[str, object]) -> DataFile:

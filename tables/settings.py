@@ -6,8 +6,11 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from tables.errors import InvalidRequest
+from tables.storage import parse_root
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
@@ -27,7 +30,13 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="LAKEBROKER_", extra="forbid")
 
     # storage
-    data_dir: Path = Field(Path("data"), description="Root of the WAL, the Delta tables and the lock file.")
+    data_dir: Path = Field(Path("data"), description="Root of the WAL, the dedup state, the lock file and (unless "
+                           "tables_uri says otherwise) the Delta tables.")
+    tables_uri: str | None = Field(
+        None, description="Where every topic and `_system` table lives: a local path or s3://bucket/prefix "
+        "(endpoint and credentials from AWS_ENDPOINT_URL, AWS_REGION, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY). "
+        "None: the data dir. The WAL, dedup state and lock always stay local, under the data dir."
+    )
     jars_dir: Path = Field(
         PROJECT_ROOT / ".cache" / "jars", description="Delta jars fetched at setup by scripts/fetch_jars.sh."
     )
@@ -148,6 +157,16 @@ class Settings(BaseSettings):
         False, description="Log every HTTP request `serve` answers (uvicorn's access log: client, method, path, "
         "status); off by default, since it costs the hot path a log record per request."
     )
+
+    @field_validator("tables_uri")
+    @classmethod
+    def _valid_tables_uri(cls, value: str | None) -> str | None:
+        if value is None or not value.strip():
+            return None
+        try:
+            return parse_root(value)
+        except InvalidRequest as exc:
+            raise ValueError(str(exc)) from None
 
     def ensure_dirs(self) -> None:
         self.data_dir.mkdir(parents=True, exist_ok=True)

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 import pyarrow as pa
-from deltalake import CommitProperties, DeltaTable, write_deltalake
+from deltalake import CommitProperties, write_deltalake
 from deltalake.exceptions import CommitFailedError
 
 from tables import delta
@@ -53,6 +53,6 @@ class StateTable:
 
     def compact_log(self) -> None:
         """Checkpoint and drop old log files: these tables take many tiny commits."""
-        table = DeltaTable(self.uri)
+        table = delta.load(self.uri)
         table.create_checkpoint()
         table.cleanup_metadata()

@@ -7,14 +7,13 @@ topic configuration.
 
 from __future__ import annotations
 
-import shutil
 import uuid
 from dataclasses import asdict, dataclass, replace
 from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
 
-from tables import delta
+from tables import delta, storage
 from tables.errors import AlreadyExists, InvalidRequest, NotFound
 from tables.layout import Layout, validate_name
 from tables.schemas import (
@@ -146,7 +145,7 @@ class TopicStore:
             return [r for r in rows if r["name"] != name], None
 
         self._table.mutate(change)
-        shutil.rmtree(self.layout.topic_table(name), ignore_errors=True)
+        storage.remove_tree(self.layout.topic_table(name))
 
 
 def _find(rows: Rows, name: str) -> TopicConfig:

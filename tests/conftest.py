@@ -8,6 +8,7 @@ from fastapi.testclient import TestClient
 
 from ingest_api import create_app
 from tables.settings import Settings
+from tests.s3 import s3_root, s3_server, s3_spark  # noqa: F401 - fixtures: one MinIO per test process
 
 
 @pytest.fixture

@@ -164,9 +164,10 @@ def files_and_bytes(files: Sequence[FileEntry]) -> tuple[int, int]:
 def table_stats(uri: str) -> tuple[int, int]:
     """(data files, bytes) of a table's latest version, from its log (delta-rs: no Spark job)."""
     import pyarrow as pa
-    from deltalake import DeltaTable
 
-    actions = pa.table(DeltaTable(uri).get_add_actions(flatten=True))
+    from tables import delta
+
+    actions = pa.table(delta.load(uri).get_add_actions(flatten=True))
     if actions.num_rows == 0:
         return 0, 0
     return actions.num_rows, int(pa.compute.sum(actions.column("size_bytes")).as_py() or 0)
@@ -215,7 +216,7 @@ def entry_main(job: JobName, run: RunFn, args: argparse.Namespace, settings: Set
         result = run(spark, settings, trigger=args.trigger or default_trigger(), **kwargs)
     finally:
         spark.stop()
-    job_runs.record(Layout(settings.data_dir), result)
+    job_runs.record(Layout.of(settings), result)
     print(json.dumps(result.public(), default=str), flush=True)
     return 1 if result.outcome is Outcome.FAILED else 0
 
@@ -230,6 +231,6 @@ def topic_job_main(job: JobName, description: str, run: RunFn, argv: list[str] |
     settings = settings_from(args)
 
     def validate() -> None:
-        select(Layout(settings.data_dir), args.topic)
+        select(Layout.of(settings), args.topic)
 
     return entry_main(job, run, args, settings, validate, topic=args.topic)

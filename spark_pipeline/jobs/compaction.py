@@ -50,7 +50,7 @@ MAX_BINS_PER_COMMIT = 32  # a first run over a large backlog commits progress as
 def run(spark: SparkSession, settings: Settings, topic: str | None = None, *, trigger: str = "library",
         system_tables: bool = True) -> JobResult:
     """Compact one topic, or every topic (and the append-only system tables)."""
-    layout = Layout(settings.data_dir)
+    layout = Layout.of(settings, for_spark=True)
     topics = select_topics(layout, topic)
     job = Run(JobName.COMPACTION, trigger)
 

@@ -55,7 +55,7 @@ def compact_topics(layout: Layout, topic: str | None) -> list[TopicConfig]:
 
 def run(spark: SparkSession, settings: Settings, topic: str | None = None, *, trigger: str = "library",
         now: datetime | None = None) -> JobResult:
-    layout = Layout(settings.data_dir)
+    layout = Layout.of(settings, for_spark=True)
     topics = compact_topics(layout, topic)
     job = Run(JobName.KEY_COMPACTION, trigger)
     now_us = int((now or datetime.now(UTC)).timestamp() * 1_000_000)

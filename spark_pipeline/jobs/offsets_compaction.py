@@ -39,7 +39,7 @@ INCARNATION = "topic_id"  # a re-created topic's rows and its deleted namesake's
 def run(spark: SparkSession, settings: Settings, topic: str | None = None, *,
         trigger: str = "library") -> JobResult:
     """`topic` is accepted for a uniform signature; the offsets table is compacted as a whole."""
-    layout = Layout(settings.data_dir)
+    layout = Layout.of(settings, for_spark=True)
     job = Run(JobName.OFFSETS_COMPACTION, trigger)
     job.table(TARGET, None, lambda r: compact_offsets(spark, layout.offsets_table, r, run_id=job.result.run_id,
                                                       vacuum_hours=settings.vacuum_retention_hours))

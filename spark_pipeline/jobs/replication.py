@@ -35,7 +35,7 @@ A schema change on the primary stops the stream until the replica's table is re-
 
 from __future__ import annotations
 
-import shutil
+import fnmatch
 import sys
 import threading
 from dataclasses import dataclass
@@ -43,8 +43,6 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
-
-from deltalake import DeltaTable
 
 from spark_pipeline.delta_txn import DeltaTxn, jvm_of, maintain_log, table_exists, with_retries
 from spark_pipeline.jobs.common import (
@@ -60,7 +58,7 @@ from spark_pipeline.jobs.common import (
 from spark_pipeline.jobs.offsets_compaction import compact_offsets
 from spark_pipeline.jobs.retention import follow_log_starts
 from spark_pipeline.results import JobName, JobResult, Outcome, Run, TableResult
-from tables import delta
+from tables import delta, storage
 from tables.errors import InvalidRequest
 from tables.layout import Layout
 from tables.log_start import log_starts
@@ -97,12 +95,15 @@ class Replica:
     def is_local(self) -> bool:
         return "://" not in self.root or self.root.startswith("file:")
 
-    def local_path(self, uri: str) -> Path:
-        return Path(uri.removeprefix("file://").removeprefix("file:"))
+    @property
+    def listable(self) -> bool:
+        """A local path or S3: this process can list and delete in it (tables/storage.py)."""
+        return self.is_local or storage.is_s3(self.root)
 
 
-def resolve_replica(uri: str | None, data_dir: Path) -> Replica:
-    """Validate `--to`: a local path or file: URI outside the data dir, or an object-store URI."""
+def resolve_replica(uri: str | None, data_dir: Path, tables_uri: str | None = None) -> Replica:
+    """Validate `--to`: a local path or file: URI outside the data dir, or an object-store URI
+    (s3:// becomes s3a://, as Spark reaches it) outside the table root `tables_uri`."""
     if not uri or not uri.strip():
         raise InvalidRequest("replication needs a target: --to URI (or the replication_uri setting)")
     parsed = urlparse(uri)
@@ -118,7 +119,14 @@ def resolve_replica(uri: str | None, data_dir: Path) -> Replica:
         raise InvalidRequest(f"bad replica URI {uri!r}")
     if not parsed.netloc:
         raise InvalidRequest(f"bad replica URI {uri!r}: expected scheme://bucket/path")
-    return Replica(uri.rstrip("/"))
+    if not storage.is_s3(uri):
+        return Replica(uri.rstrip("/"))
+    root = storage.spark_uri(storage.parse_root(uri))
+    if tables_uri and storage.is_s3(tables_uri):
+        primary = storage.spark_uri(tables_uri)
+        if root == primary or root.startswith(primary + "/") or primary.startswith(root + "/"):
+            raise InvalidRequest(f"bad replica URI {uri!r}: the replica must be outside the table root {tables_uri}")
+    return Replica(root)
 
 
 def check_filesystem(spark: SparkSession, replica: Replica) -> None:
@@ -136,8 +144,8 @@ def check_filesystem(spark: SparkSession, replica: Replica) -> None:
 def run(spark: SparkSession, settings: Settings, topic: str | None = None, *, to: str | None = None,
         trigger: str = "library") -> JobResult:
     """Replicate one topic, or every topic and the system tables, to `to` (default: replication_uri)."""
-    layout = Layout(settings.data_dir)
-    replica = resolve_replica(to or settings.replication_uri, settings.data_dir)
+    layout = Layout.of(settings, for_spark=True)
+    replica = resolve_replica(to or settings.replication_uri, settings.data_dir, settings.tables_uri)
     topics = select_topics(layout, topic)
     check_filesystem(spark, replica)
     job = Run(JobName.REPLICATION, trigger)
@@ -148,9 +156,9 @@ def run(spark: SparkSession, settings: Settings, topic: str | None = None, *, to
         job.table("_system/consumer_offsets", None, partial(replicate_offsets, spark, layout, replica, settings,
                                                             run_id=run_id))
         for name in SNAPSHOT_TABLES:
-            source = str(layout.system_root.resolve() / name)
+            source = layout.system_table(name)
             job.table(f"_system/{name}", None, partial(copy_snapshot, spark, source, replica.system_table(name)))
-        if replica.is_local and topics:  # never mirror "no topics" (an unreadable topic list) as a wipe
+        if replica.listable and topics:  # never mirror "no topics" (an unreadable topic list) as a wipe
             _drop_deleted_topics(replica, {t.name for t in topics})
     return job.finish()
 
@@ -179,7 +187,7 @@ def replicate_topic(spark: SparkSession, layout: Layout, replica: Replica, topic
                                        target_bytes=settings.compaction_target_file_bytes)
     result.rows_removed = removed
     vacuum(spark, target, settings.vacuum_retention_hours)
-    if replica.is_local:
+    if replica.listable:
         maintain_log(target)
     files = DeltaTxn(spark, target).files()
     result.files_after, result.bytes_after = len(files), sum(f.size for f in files)
@@ -188,7 +196,7 @@ def replicate_topic(spark: SparkSession, layout: Layout, replica: Replica, topic
 
 def primary_log_starts(source: str, partitions: int) -> dict[int, int]:
     """Each primary partition's lowest offset still present (its log end if retention emptied it)."""
-    return log_starts(DeltaTable(source), partitions)
+    return log_starts(delta.load(source), partitions)
 
 
 def stream_copy(spark: SparkSession, source: str, target: str, checkpoint: str, *, topic: TopicConfig | None,
@@ -287,7 +295,7 @@ def replicate_offsets(spark: SparkSession, layout: Layout, replica: Replica, set
         result.outcome = Outcome.SKIPPED
         result.details["reason"] = "no offsets committed yet"
         return
-    table_id = str(DeltaTable(source).metadata().id)
+    table_id = str(delta.load(source).metadata().id)
     _ensure_replica_table(spark, source, target, replica, identity={"lakebroker.sourceTableId": table_id},
                           checkpoints=replica.checkpoint("system", "consumer_offsets", "*"))
     result.details.update(stream_copy(spark, source, target, replica.checkpoint("system", "consumer_offsets",
@@ -306,7 +314,7 @@ def copy_snapshot(spark: SparkSession, source: str, target: str, result: TableRe
         result.outcome = Outcome.SKIPPED
         result.details["reason"] = "no table yet"
         return
-    version = int(DeltaTable(source).version())
+    version = int(delta.load(source).version())
     if table_exists(spark, target) and DeltaTxn(spark, target).app_version(SNAPSHOT_APP_ID) == version:
         result.details.update({"source_version": version, "copied": False})
         return
@@ -327,12 +335,11 @@ def _ensure_replica_table(spark: SparkSession, source: str, target: str, replica
         current = DeltaTxn(spark, target).configuration
         if all(current.get(k) == v for k, v in identity.items()):
             return
-        if not replica.is_local:
+        if not replica.listable:
             raise InvalidRequest(f"replica table {target} belongs to another incarnation of {source}; remove it")
-        shutil.rmtree(replica.local_path(target), ignore_errors=True)
-        parent = replica.local_path(checkpoints).parent
-        for stale in parent.glob(Path(checkpoints).name):
-            shutil.rmtree(stale, ignore_errors=True)
+        storage.remove_tree(target)
+        parent, pattern = checkpoints.rsplit("/", 1)
+        _remove_children(parent, pattern)
     txn = DeltaTxn(spark, source)
     schema = spark.read.format("delta").load(source).schema
     builder = SparkDeltaTable.createIfNotExists(spark).location(target).addColumns(schema)
@@ -345,12 +352,16 @@ def _ensure_replica_table(spark: SparkSession, source: str, target: str, replica
 
 def _drop_deleted_topics(replica: Replica, live: set[str]) -> None:
     """A topic deleted on the primary is deleted on the replica too (with its checkpoints)."""
-    root = replica.local_path(replica.root)
-    for table in sorted((root / "topics").glob("*")) if (root / "topics").is_dir() else []:
-        if table.name not in live:
-            shutil.rmtree(table, ignore_errors=True)
-            for stale in (root / "_replication" / "checkpoints" / "topics").glob(f"{table.name}-*"):
-                shutil.rmtree(stale, ignore_errors=True)
+    for name in storage.child_names(replica.topic_table("")):
+        if name not in live:
+            storage.remove_tree(replica.topic_table(name))
+            _remove_children(f"{replica.root}/_replication/checkpoints/topics", f"{name}-*")
+
+
+def _remove_children(parent: str, pattern: str) -> None:
+    for name in storage.child_names(parent):
+        if fnmatch.fnmatchcase(name, pattern):
+            storage.remove_tree(f"{parent}/{name}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -361,8 +372,8 @@ def main(argv: list[str] | None = None) -> int:
     settings = settings_from(args)
 
     def validate() -> None:
-        resolve_replica(args.to or settings.replication_uri, settings.data_dir)
-        select_topics(Layout(settings.data_dir), args.topic)
+        resolve_replica(args.to or settings.replication_uri, settings.data_dir, settings.tables_uri)
+        select_topics(Layout.of(settings, for_spark=True), args.topic)
 
     return entry_main(JobName.REPLICATION, run, args, settings, validate, topic=args.topic, to=args.to)
 

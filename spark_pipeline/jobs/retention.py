@@ -35,8 +35,6 @@ from datetime import UTC, datetime
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from deltalake import DeltaTable
-
 from spark_pipeline.delta_txn import DeltaTxn, table_exists, with_retries
 from spark_pipeline.jobs.common import (
     CONFLICT_ATTEMPTS,
@@ -64,7 +62,7 @@ if TYPE_CHECKING:
 def run(spark: SparkSession, settings: Settings, topic: str | None = None, *, trigger: str = "library",
         now: datetime | None = None) -> JobResult:
     """Apply retention to one topic or every topic; `now` is for tests and replays."""
-    layout = Layout(settings.data_dir)
+    layout = Layout.of(settings, for_spark=True)
     topics = select_topics(layout, topic)
     job = Run(JobName.RETENTION, trigger)
     now_us = int((now or datetime.now(UTC)).timestamp() * 1_000_000)
@@ -201,7 +199,7 @@ def _log_starts_after(uri: str, applied: Applied, partitions: int) -> dict[int, 
     it removed nothing), files and log end together: groups move only past what was removed.
     (A log end read later would count rows the flusher committed meanwhile as removed.) Read with
     delta-rs, outside any Spark transaction, so it cannot make a job conflict with the flusher."""
-    table = DeltaTable(uri) if applied.version is None else DeltaTable(uri, version=applied.version)
+    table = delta.load(uri, applied.version)
     return log_starts(table, partitions)
 
 

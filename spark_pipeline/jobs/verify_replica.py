@@ -21,11 +21,10 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from deltalake import DeltaTable
-
 from spark_pipeline.delta_txn import DeltaTxn, table_exists
 from spark_pipeline.jobs.common import parser, select_topics, settings_from
 from spark_pipeline.jobs.replication import SNAPSHOT_APP_ID, SNAPSHOT_TABLES, check_filesystem, resolve_replica
+from tables import delta
 from tables.errors import LakebrokerError
 from tables.layout import Layout
 from tables.log_start import log_starts
@@ -69,8 +68,8 @@ class Verification:
 
 def verify(spark: SparkSession, settings: Settings, to: str | None = None, *, topic: str | None = None,
            max_lag_messages: int | None = None) -> Verification:
-    layout = Layout(settings.data_dir)
-    replica = resolve_replica(to or settings.replication_uri, settings.data_dir)
+    layout = Layout.of(settings, for_spark=True)
+    replica = resolve_replica(to or settings.replication_uri, settings.data_dir, settings.tables_uri)
     topics = select_topics(layout, topic)
     check_filesystem(spark, replica)
     out = Verification()
@@ -93,7 +92,7 @@ def verify(spark: SparkSession, settings: Settings, to: str | None = None, *, to
     if topic is None:
         _check_offsets(spark, layout.offsets_table, replica.system_table("consumer_offsets"), out)
         for name in SNAPSHOT_TABLES:
-            _check_snapshot(spark, str(layout.system_root.resolve() / name), replica.system_table(name), name, out)
+            _check_snapshot(spark, layout.system_table(name), replica.system_table(name), name, out)
     return out
 
 
@@ -108,7 +107,7 @@ def _stats(frame: DataFrame) -> dict[int, tuple[int, int, int, datetime | None]]
 def _check_topic(spark: SparkSession, topic: TopicConfig, source: str, target: str) -> list[PartitionCheck]:
     from pyspark.sql import functions as F
 
-    snapshot = DeltaTable(source)  # the primary's rows and log starts from this one version
+    snapshot = delta.load(source)  # the primary's rows and log starts from this one version
     primary = (spark.read.format("delta").option("versionAsOf", snapshot.version()).load(source)
                .select("partition", "offset", "timestamp").cache())
     replica = spark.read.format("delta").load(target).select("partition", "offset", "timestamp").cache()
@@ -186,7 +185,7 @@ def _check_snapshot(spark: SparkSession, source: str, target: str, name: str, ou
     if not table_exists(spark, target):
         out.problems.append(f"system table {name} has no replica")
         return
-    version = int(DeltaTable(source).version())
+    version = int(delta.load(source).version())
     copied = DeltaTxn(spark, target).app_version(SNAPSHOT_APP_ID)
     entry: dict[str, Any] = {"table": f"_system/{name}", "version": version, "replicated_version": copied}
     if copied == version:
@@ -205,8 +204,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser_for().parse_args(argv)
     settings = settings_from(args)
     try:
-        resolve_replica(args.to or settings.replication_uri, settings.data_dir)
-        select_topics(Layout(settings.data_dir), args.topic)
+        resolve_replica(args.to or settings.replication_uri, settings.data_dir, settings.tables_uri)
+        select_topics(Layout.of(settings, for_spark=True), args.topic)
     except LakebrokerError as exc:
         print(f"error: {exc.message}", file=sys.stderr)
         return 2

@@ -181,7 +181,7 @@ def _assert_exact_replica(layout: Layout, replica: Path) -> None:
                 for t in (source, target)]
         assert ends[1] == ends[0] == [primary[p][1] + 1 for p in range(PARTITIONS)]
     letters = [_arrow(t, ["group", "topic", "partition", "offset"]).to_pylist()
-               for t in (str(layout.system_root / "dead_letters"), replica / "_system" / "dead_letters")]
+               for t in (layout.dead_letters_table, replica / "_system" / "dead_letters")]
     assert sorted(letters[1], key=str) == sorted(letters[0], key=str)
     assert _latest_positions(replica / "_system" / "consumer_offsets") == _latest_positions(layout.offsets_table)
 

@@ -12,10 +12,11 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.fs as pafs
 from deltalake import DeltaTable
 from deltalake.exceptions import CommitFailedError
 
-from tables import delta
+from tables import delta, storage
 from tables.layout import Layout
 from tables.schemas import TOPIC_SCHEMA
 from tables.settings import Settings
@@ -29,11 +30,11 @@ def settings_for(data: Path, **overrides: Any) -> Settings:
 
 
 def create_topic(settings: Settings, name: str, partitions: int = 2, **config: Any) -> TopicConfig:
-    return TopicStore(Layout(settings.data_dir)).create(new_topic(name, partitions, **config))
+    return TopicStore(Layout.of(settings)).create(new_topic(name, partitions, **config))
 
 
 def table(settings: Settings, topic: str) -> DeltaTable:
-    return DeltaTable(Layout(settings.data_dir).topic_table(topic))
+    return delta.load(Layout.of(settings).topic_table(topic))
 
 
 def log_ends(settings: Settings, topic: str, partitions: int) -> dict[int, int | None]:
@@ -80,15 +81,18 @@ def offsets_by_partition(settings: Settings, topic: str) -> dict[int, list[int]]
 
 
 def commit_infos(uri: str) -> list[tuple[int, dict[str, Any]]]:
-    """(version, commitInfo) of every JSON commit still in the log."""
-    log = Path(uri) / "_delta_log"
+    """(version, commitInfo) of every JSON commit still in the log (a local path or s3://)."""
+    fs, root = storage.filesystem(uri)
+    assert isinstance(fs, pafs.FileSystem)
     out = []
-    for f in sorted(log.iterdir()):
-        if re.fullmatch(r"\d{20}\.json", f.name):
-            for line in f.read_text().splitlines():
+    for f in sorted(fs.get_file_info(pafs.FileSelector(f"{root}/_delta_log")), key=lambda i: i.base_name):
+        if re.fullmatch(r"\d{20}\.json", f.base_name):
+            with fs.open_input_stream(f.path) as stream:
+                text = stream.read().decode()
+            for line in text.splitlines():
                 action = json.loads(line)
                 if "commitInfo" in action:
-                    out.append((int(f.name[:20]), action["commitInfo"]))
+                    out.append((int(f.base_name[:20]), action["commitInfo"]))
     return out
 
 
