@@ -22,7 +22,7 @@ from ingest_api.auth import (
 )
 from ingest_api.broker import Broker
 from ingest_api.dashboard import Dashboard
-from ingest_api.errors import install_error_handlers
+from ingest_api.errors import V2ErrorShape, install_error_handlers
 from ingest_api.limits import BodyLimit, HeaderLimit
 from ingest_api.metrics import IngestMetrics
 from ingest_api.routes import (
@@ -101,7 +101,10 @@ def create_app(
     app.include_router(topics.router, responses=AUTH_ERRORS, dependencies=[
         require(Scope.ADMIN, read=AUTHENTICATED, topic_checked_by_route=True)])
     app.include_router(produce.router, responses=AUTH_ERRORS, dependencies=[require(Scope.PRODUCE)])
-    app.include_router(rest_proxy.router, responses=AUTH_ERRORS, dependencies=[require(Scope.PRODUCE)])
+    app.include_router(rest_proxy.produce_router, responses=rest_proxy.AUTH_ERRORS,
+                       dependencies=[require(Scope.PRODUCE)])
+    app.include_router(rest_proxy.metadata_router, responses=rest_proxy.AUTH_ERRORS,
+                       dependencies=[require(AUTHENTICATED, topic_checked_by_route=True)])
     app.include_router(consume.router, responses=AUTH_ERRORS, dependencies=[require(Scope.CONSUME)])
     app.include_router(consumer_groups.router, responses=AUTH_ERRORS, dependencies=[require(Scope.CONSUME)])
     app.include_router(subscriptions.router, responses=AUTH_ERRORS, dependencies=[require(
@@ -114,4 +117,5 @@ def create_app(
     app.add_middleware(BodyLimit, max_bytes=settings.max_request_bytes, read_timeout_s=settings.body_read_timeout_s)
     app.add_middleware(AuthGate, authenticator=auth, public_routes=public_routes(app))  # before any body is read
     app.add_middleware(HeaderLimit)
+    app.add_middleware(V2ErrorShape)  # every error under /topics in the REST Proxy's shape
     return app

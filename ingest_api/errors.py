@@ -1,13 +1,16 @@
-"""Maps every error to its HTTP answer, in one place: `{"error": {"code", "message"}}`."""
+"""Maps every error to its HTTP answer, in one place: `{"error": {"code", "message"}}`, or under
+/topics (the Kafka REST Proxy v2) that API's `{"error_code", "message"}`."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 
+import orjson
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match, Route
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ingest_api.responses import JSONBytes
 from tables.errors import Backpressure, Forbidden, LakebrokerError, RequestTimeout, Unauthenticated
@@ -59,3 +62,73 @@ def _allowed_methods(request: Request) -> set[str]:
         if isinstance(route, Route) and route.methods and route.matches(request.scope)[0] is not Match.NONE:
             methods |= route.methods
     return methods
+
+
+# -- Kafka REST Proxy v2 ------------------------------------------------------------------------
+# Routes under /topics speak Confluent's REST Proxy v2: every error there, whoever raised it (the
+# auth gate, the body limit, a route, FastAPI), answers `{"error_code", "message"}` with that API's
+# media type. The codes are Confluent's (kafka-rest Errors, rest-utils KafkaExceptionMapper) where
+# one exists; otherwise the HTTP status * 100 + 1.
+V2_MEDIA = "application/vnd.kafka.v2+json"
+V2_CODES = {"unauthenticated": 40101, "forbidden": 40301, "not_found": 40401, "backpressure": 42901}
+V2_PARTITION_NOT_FOUND = 40402
+
+
+def is_v2_path(path: str) -> bool:
+    return path == "/topics" or path.startswith("/topics/")
+
+
+def v2_error(status: int, message: str, error_code: int | None = None) -> JSONBytes:
+    return JSONBytes({"error_code": error_code or status * 100 + 1, "message": message}, status_code=status,
+                     media_type=V2_MEDIA)
+
+
+class V2ErrorShape:
+    """ASGI middleware: rewrites `{"error": {"code", "message"}}` answers on v2 paths into v2's shape.
+
+    It sits outermost, so it sees the auth gate's 401s and the limits' 413/431 as well as the
+    routes' errors. Only an error answer in our shape is buffered and rewritten; the rest streams."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or not is_v2_path(scope["path"]):
+            await self.app(scope, receive, send)
+            return
+        held: Message | None = None
+        chunks: list[bytes] = []
+
+        async def reshape(message: Message) -> None:
+            nonlocal held
+            if message["type"] == "http.response.start":
+                ours = message["status"] >= 400 and dict(message.get("headers", ())).get(
+                    b"content-type", b"").startswith(b"application/json")
+                if ours:
+                    held = message
+                    return
+            elif held is not None and message["type"] == "http.response.body":
+                chunks.append(message.get("body", b""))
+                if message.get("more_body"):
+                    return
+                await _send_v2(send, held, b"".join(chunks))
+                return
+            await send(message)
+
+        await self.app(scope, receive, reshape)
+
+
+async def _send_v2(send: Send, start: Message, body: bytes) -> None:
+    try:
+        error = orjson.loads(body)["error"]
+        status = int(start["status"])
+        body = orjson.dumps({"error_code": V2_CODES.get(error["code"], status * 100 + 1),
+                             "message": error["message"]})
+    except (orjson.JSONDecodeError, KeyError, TypeError):
+        pass  # not one of ours: pass it on as it is
+    else:
+        headers = [(k, v) for k, v in start.get("headers", ()) if k not in (b"content-type", b"content-length")]
+        start = {**start, "headers": [*headers, (b"content-type", V2_MEDIA.encode()),
+                                      (b"content-length", str(len(body)).encode())]}
+    await send(start)
+    await send({"type": "http.response.body", "body": body})
