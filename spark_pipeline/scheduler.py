@@ -107,21 +107,52 @@ def spark_home() -> Path:
     return Path(next(iter(spec.submodule_search_locations)))
 
 
-def spark_submit_command(job: JobName, settings: Settings, *, topic: str | None = None,
-                         trigger: str = "spark-submit", extra_conf: dict[str, str] | None = None) -> list[str]:
-    """The same run through `spark-submit` (a cluster's driver, or Airflow's SparkSubmitOperator):
-    the Delta jars go as --jars, since the driver JVM starts before the job's Python does."""
+@dataclass(frozen=True)
+class SparkSubmitRun:
+    """One run in spark-submit's terms, as Airflow's SparkSubmitOperator takes them (`operator_kwargs`).
+
+    No master: spark-submit's `--master` (the operator's: its connection's) decides, and the job
+    keeps it (`build_spark_session`). The Delta jars go as `jars`, since the driver JVM starts
+    before the job's Python does and cannot add them later."""
+
+    application: str
+    application_args: list[str]
+    jars: str
+    conf: dict[str, str]
+    driver_memory: str
+    name: str
+
+    def operator_kwargs(self) -> dict[str, Any]:
+        return {"application": self.application, "application_args": list(self.application_args),
+                "jars": self.jars, "conf": dict(self.conf), "driver_memory": self.driver_memory, "name": self.name}
+
+
+def spark_submit_run(job: JobName, settings: Settings, *, topic: str | None = None, trigger: str = "spark-submit",
+                     extra_conf: dict[str, str] | None = None) -> SparkSubmitRun:
+    """The run `job_command` describes, as a spark-submit of the job's script."""
     from spark_pipeline.session import session_conf
 
     spec = next(s for s in JOBS if s.job is job)
-    conf = {**session_conf(settings.jars_dir), "spark.driver.memory": settings.spark_driver_memory,
-            **(extra_conf or {})}
+    conf = {**session_conf(settings.jars_dir), **(extra_conf or {})}
+    jars = conf.pop("spark.jars")
+    driver_memory = conf.pop("spark.driver.memory", settings.spark_driver_memory)
+    args = job_command(job, settings, topic=topic, trigger=trigger)[3:]
+    at = args.index("--master")
+    del args[at : at + 2]
     script = Path(__file__).resolve().parent / "jobs" / f"{spec.module.rsplit('.', 1)[-1]}.py"
-    argv = [str(spark_home() / "bin" / "spark-submit"), "--master", settings.spark_master,
-            "--jars", conf.pop("spark.jars")]
-    for key, value in conf.items():
+    return SparkSubmitRun(application=str(script), application_args=args, jars=jars, conf=conf,
+                          driver_memory=driver_memory, name=f"lakebroker-{job.value}")
+
+
+def spark_submit_command(job: JobName, settings: Settings, *, topic: str | None = None,
+                         trigger: str = "spark-submit", extra_conf: dict[str, str] | None = None) -> list[str]:
+    """The same run as a `spark-submit` command line on the `spark_master` setting."""
+    run = spark_submit_run(job, settings, topic=topic, trigger=trigger, extra_conf=extra_conf)
+    argv = [str(spark_home() / "bin" / "spark-submit"), "--master", settings.spark_master, "--name", run.name,
+            "--jars", run.jars, "--driver-memory", run.driver_memory]
+    for key, value in run.conf.items():
         argv += ["--conf", f"{key}={value}"]
-    return [*argv, str(script), *job_command(job, settings, topic=topic, trigger=trigger)[3:]]
+    return [*argv, run.application, *run.application_args]
 
 
 def _parent_death_signal() -> Any:

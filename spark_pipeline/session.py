@@ -79,6 +79,11 @@ def session_conf(jars_dir: Path) -> dict[str, str]:
     return conf
 
 
+def launched_by_spark_submit() -> bool:
+    """True in the driver Python that spark-submit started: its JVM (and master) came first."""
+    return "PYSPARK_GATEWAY_PORT" in os.environ
+
+
 def use_class_archive() -> None:
     """Have the next driver JVM this process starts map the class archive, if there is one.
 
@@ -110,7 +115,9 @@ def build_spark_session(
     conf.update(extra_conf or {})
     use_class_archive()
 
-    builder = SparkSession.builder.master(master).appName(app_name)
+    builder = SparkSession.builder.appName(app_name)
+    if not launched_by_spark_submit():  # else spark-submit's --master decides; a builder master would override it
+        builder = builder.master(master)
     for key, value in conf.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()

@@ -225,3 +225,17 @@ def test_airflow_services_run_real_airflow_commands(tmp_path: Path) -> None:
     result = subprocess.run([sys.executable, "-c", check, json.dumps(argvs)], capture_output=True, text=True,
                             env={**os.environ, "AIRFLOW_HOME": str(tmp_path)}, cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-2000:]
+
+
+def test_airflow_submits_to_the_compose_spark_master(tmp_path: Path) -> None:
+    """The DAGs' spark-submit runner is on, and the provider's own hook reads the spark_default
+    connection of the compose file as the cluster's master."""
+    env = services()["airflow-scheduler"]["environment"]
+    assert env["AIRFLOW_VAR_LAKEBROKER_RUNNER"] == "spark-submit"
+    check = ("from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook\n"
+             "print(SparkSubmitHook(conn_id='spark_default')._connection['master'])\n")
+    result = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, cwd=tmp_path,
+                            env={**os.environ, "AIRFLOW_HOME": str(tmp_path),
+                                 "AIRFLOW_CONN_SPARK_DEFAULT": env["AIRFLOW_CONN_SPARK_DEFAULT"]})
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip().splitlines()[-1] == env["LAKEBROKER_SPARK_MASTER"] == "spark://spark-master:7077"

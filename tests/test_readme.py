@@ -155,3 +155,47 @@ def test_readme_curl_examples_answer_what_the_readme_states(http_quickstart: tup
     envelopes = [verifier.verify(r.body, r.headers) for r in receiver.received]
     assert [(e["partition"], e["offset"], e["key"], e["value"]) for e in envelopes] == [
         (2, 0, "user-7", {"amount": 42}), (2, 1, "user-7", {"amount": 7})]
+
+
+# -- the Spark jobs table ------------------------------------------------------------------------
+def spark_jobs_table() -> list[dict[str, str]]:
+    """The README's Spark-jobs table, one dict per row, keyed by the header's columns."""
+    lines = between("spark-jobs").strip().splitlines()
+    split = lambda line: [cell.strip() for cell in line.strip().strip("|").split("|")]  # noqa: E731
+    header = split(lines[0])
+    return [dict(zip(header, split(line), strict=True)) for line in lines[2:]]
+
+
+def test_the_spark_jobs_table_matches_the_jobs_the_cli_and_the_scheduler() -> None:
+    import typer
+    import typer.main
+
+    from lakebroker import jobs_cli
+    from spark_pipeline.scheduler import JOBS
+    from tables.settings import Settings
+
+    table = spark_jobs_table()
+    modules = {row["module"].strip("`"): row for row in table}
+    job_files = {p.stem for p in (Path(__file__).resolve().parent.parent / "spark_pipeline" / "jobs").glob("*.py")}
+    assert set(modules) == job_files - {"__init__", "common"}, "every job module has a row, and only they"
+
+    scheduled = {spec.module.rsplit(".", 1)[1]: spec for spec in JOBS}
+    for module, row in modules.items():
+        spec = scheduled.get(module)
+        if spec is None:  # not a scheduled job (verify_replica): no DAG, no interval
+            assert row["Airflow DAG (schedule)"] == row["in `serve`: setting (default)"] == "none", module
+            continue
+        default = Settings.model_fields[spec.interval_setting].default
+        assert row["in `serve`: setting (default)"].startswith(f"`{spec.interval_setting}` ({default})"), module
+        assert row["Airflow DAG (schedule)"].startswith(f"`lakebroker_{module}` ("), module  # run in tests/airflow_dags
+        assert row["job"].replace(" ", "-") == spec.job.value, module
+
+    app = typer.Typer()
+    jobs_cli.register(app, Settings, lambda message, code: typer.Exit(code))  # as `lakebroker` registers them
+    commands = typer.main.get_command(app).commands  # type: ignore[attr-defined]
+    for row in table:
+        words = row["CLI"].strip("`").split()
+        assert words[0] == "lakebroker" and words[1] in commands, row["CLI"]
+        options = {opt for param in commands[words[1]].params for opt in param.opts}
+        named = set(re.findall(r"--[a-z-]+", row["CLI"]))
+        assert named <= options, (row["CLI"], named - options)

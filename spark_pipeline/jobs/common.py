@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -181,7 +180,8 @@ def parser(job: JobName, description: str) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=f"python -m spark_pipeline.jobs.{job.value.replace('-', '_')}",
                                 description=description)
     p.add_argument("--data-dir", help="Data directory (default: LAKEBROKER_DATA_DIR or ./data).")
-    p.add_argument("--master", help="Spark master URL (default: the spark_master setting).")
+    p.add_argument("--master", help="Spark master URL (default: the spark_master setting; under spark-submit, "
+                                    "spark-submit's --master).")
     p.add_argument("--trigger", default=None, help="Who started the run, as job_runs records it.")
     return p
 
@@ -196,7 +196,9 @@ def settings_from(args: argparse.Namespace) -> Settings:
 
 
 def default_trigger() -> str:
-    return "spark-submit" if os.environ.get("PYSPARK_GATEWAY_PORT") else "cli"
+    from spark_pipeline.session import launched_by_spark_submit
+
+    return "spark-submit" if launched_by_spark_submit() else "cli"
 
 
 def entry_main(job: JobName, run: RunFn, args: argparse.Namespace, settings: Settings,

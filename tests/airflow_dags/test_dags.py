@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import os
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -10,9 +13,11 @@ import pytest
 from deltalake import DeltaTable
 
 from spark_pipeline import job_runs
+from spark_pipeline.session import use_class_archive
 from tables.layout import Layout
 from tables.offsets import OffsetReason, OffsetsTable
 from tables.settings import Settings
+from tests.servers import free_port
 from tests.spark_pipeline.topics import (
     NOW_US,
     create_topic,
@@ -23,6 +28,7 @@ from tests.spark_pipeline.topics import (
     rows,
     settings_for,
 )
+from tests.test_readme import spark_jobs_table
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
@@ -46,13 +52,32 @@ def test_dags_import_without_errors_or_heavy_imports(airflow_db: Path) -> None:
         assert "pyspark" not in sys.modules  # nothing heavy at import time
     for dag_id in DAG_IDS:
         dag = bag.get_dag(dag_id)
-        assert [t.task_id for t in dag.tasks] == ["targets", "run_job", "summarize"]
+        assert {t.task_id for t in dag.tasks} == {"targets", "choose_runner", "run_job", "submissions",
+                                                  "spark_submit", "summarize"}
         assert dag.max_active_runs == 1 and not dag.catchup
+        assert dag.get_task("choose_runner").downstream_task_ids == {"run_job", "submissions"}
+        submit = dag.get_task("spark_submit")  # the provider's operator, on the spark_default connection
+        assert submit.operator_name == "SparkSubmitOperator" and submit.partial_kwargs["conn_id"] == "spark_default"
+        assert dag.get_task("summarize").upstream_task_ids == {"targets", "run_job", "spark_submit"}
+    # The README's Spark-jobs table names each DAG and its schedule.
+    named = {}
+    for row in spark_jobs_table():
+        if row["Airflow DAG (schedule)"] != "none":
+            dag_id, schedule = re.fullmatch(r"`(\w+)` \(`([^`]+)`\)", row["Airflow DAG (schedule)"]).groups()  # type: ignore[union-attr]
+            named[dag_id] = schedule
+    assert set(named) == DAG_IDS
+    for dag_id, schedule in named.items():
+        assert bag.get_dag(dag_id).timetable.expression == schedule, dag_id
 
 
-def _run(bag: Any, dag_id: str, **conf: str) -> None:
+def _run(bag: Any, dag_id: str, **conf: str) -> dict[str, str]:
+    """Run the DAG with dag.test(); the state of each task (a mapped task: of its instances, if all agree)."""
     run = bag.get_dag(dag_id).test(run_conf=conf)
     assert str(run.state) in ("success", "DagRunState.SUCCESS"), (dag_id, run.state)
+    states: dict[str, set[str]] = {}
+    for ti in run.get_task_instances():
+        states.setdefault(ti.task_id, set()).add(str(ti.state).removeprefix("TaskInstanceState."))
+    return {task: "/".join(sorted(s)) for task, s in states.items()}
 
 
 def _replica_rows(replica: Path, topic: str) -> dict[int, int]:
@@ -95,7 +120,8 @@ def test_every_dag_runs_for_real_and_does_its_job(airflow_db: Path, tmp_path: Pa
     bag = _dagbag()
     conf = {"data_dir": str(settings.data_dir), "spark_master": "local[1]"}
 
-    _run(bag, "lakebroker_retention", **conf, topic="events")
+    states = _run(bag, "lakebroker_retention", **conf, topic="events")
+    assert states["run_job"] == "success" and states["spark_submit"] == "skipped"  # python: the default runner
     kept = {0: list(range(30, 50)), 1: list(range(10, 40))}
     assert offsets_by_partition(settings, "events") == kept  # the expired files went, the log starts moved
     assert log_ends(settings, "events", 2) == ends
@@ -143,3 +169,33 @@ def test_a_topic_param_reaches_only_the_jobs_that_take_one(airflow_db: Path, tmp
         assert "--topic" not in dags._command(job, "", {**params, "replication_uri": str(tmp_path / "r")})
     assert dags._targets("compaction", params) == ["events"]
     assert "--topic events" in dags._command("compaction", "events", params)
+
+
+@pytest.mark.timeout(900)
+def test_the_spark_submit_runner_submits_through_the_spark_default_connection(
+        airflow_db: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The cluster path: the Variable picks the spark-submit runner, and the provider's SparkSubmitOperator
+    submits the job to the master the spark_default connection names (here local[2], with real
+    spark-submit). The setting LAKEBROKER_SPARK_MASTER points at nothing: had the job used it rather
+    than the connection's master, it could not have run. One DAG (one JVM): the runner is the same for all."""
+    monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", json.dumps({"conn_type": "spark", "host": "local[2]"}))
+    monkeypatch.setenv("AIRFLOW_VAR_LAKEBROKER_RUNNER", "spark-submit")
+    monkeypatch.setenv("LAKEBROKER_SPARK_MASTER", f"spark://127.0.0.1:{free_port()}")
+    monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")  # spark-submit
+    # The driver JVM maps the class archive, as the python runner's does (build_spark_session): a faster start.
+    monkeypatch.setenv("SPARK_SUBMIT_OPTS", os.environ.get("SPARK_SUBMIT_OPTS", ""))
+    use_class_archive()
+    settings = settings_for(tmp_path / "data")
+    create_topic(settings, "events", partitions=2)
+    for i in range(6):
+        produce(settings, "events", i % 2, 10)
+    before, ends = offsets_by_partition(settings, "events"), log_ends(settings, "events", 2)
+    assert file_count(settings, "events") == 6
+
+    states = _run(_dagbag(), "lakebroker_compaction", data_dir=str(settings.data_dir), topic="events")
+    assert states["spark_submit"] == "success" and states["run_job"] == "skipped"
+    assert states["summarize"] == "success"
+    assert file_count(settings, "events") == 2
+    assert offsets_by_partition(settings, "events") == before and log_ends(settings, "events", 2) == ends
+    (run,) = job_runs.last_runs(Layout(settings.data_dir), job="compaction")
+    assert (run["target"], run["trigger"], run["outcome"]) == ("events", "airflow", "ok")
