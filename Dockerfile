@@ -3,12 +3,15 @@
 # worker (spark-class from pyspark), the demo receiver and the set-up jobs of docker-compose.yml.
 # Target `airflow`: the official Airflow image plus this project, for the scheduler, DAG processor
 # and API server (the DAGs call into spark_pipeline, so Airflow's interpreter must import it).
+# Target `s3`: the S3-compatible server the tables live on (MinIO, built by scripts/s3_server.sh
+# from its Go module at the version the tests use).
 #
 # Set-up mirrors `make setup`: dependencies pinned by requirements.lock, then scripts/fetch_jars.sh
 # resolves the Delta jars with Maven and compiles the atomic LogStore into /app/.cache/jars.
 
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 ARG AIRFLOW_IMAGE=apache/airflow:3.3.2-python3.11
+ARG GO_IMAGE=golang:1.26-bookworm
 
 # -- build: JDK and Maven only here -------------------------------------------------------------
 FROM ${PYTHON_IMAGE} AS build
@@ -58,3 +61,22 @@ USER airflow
 RUN pip install --no-cache-dir -c /app/requirements.lock "apache-airflow==${AIRFLOW_VERSION}" \
         apache-airflow-providers-apache-spark pyspark-client -e /app
 ENV LAKEBROKER_DATA_DIR=/data LAKEBROKER_JARS_DIR=/app/.cache/jars
+
+# -- s3: MinIO, the same build and script as `make s3-server` and the tests -------------------------
+FROM ${GO_IMAGE} AS s3-build
+WORKDIR /app
+COPY scripts/s3_server.sh scripts/s3_server.sh
+RUN bash scripts/s3_server.sh build
+
+FROM ${PYTHON_IMAGE} AS s3
+RUN apt-get update \
+ && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends curl \
+ && rm -rf /var/lib/apt/lists/* \
+ && mkdir -p /s3-data && chown 1000:0 /s3-data
+COPY --from=s3-build /app/.cache/bin /app/.cache/bin
+COPY scripts/s3_server.sh /app/scripts/s3_server.sh
+WORKDIR /app
+ENV S3_HOST=0.0.0.0 S3_PORT=9000 S3_DATA_DIR=/s3-data
+USER 1000:0
+EXPOSE 9000
+CMD ["bash", "/app/scripts/s3_server.sh", "serve"]

@@ -4,7 +4,7 @@
 #   scripts/s3_server.sh build     # build .cache/bin/minio from its Go module, once (skipped when built)
 #   scripts/s3_server.sh           # build if needed, then serve in the foreground (make s3-server)
 #
-# Serves on 127.0.0.1:${S3_PORT:-9000}, data under ${S3_DATA_DIR:-.cache/s3-data}, with the
+# Serves on ${S3_HOST:-127.0.0.1}:${S3_PORT:-9000} (S3_HOST=0.0.0.0 in a container), data under ${S3_DATA_DIR:-.cache/s3-data}, with the
 # credentials in AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY when set, else the local defaults
 # lakebroker / lakebroker-secret. Creates the bucket ${S3_BUCKET:-lakebroker} if it is missing,
 # then prints the endpoint. MinIO enforces If-None-Match on PUT, which the Delta commits rely on.
@@ -35,13 +35,13 @@ build() {
 
 serve() {
   build
-  local port="${S3_PORT:-9000}" bucket="${S3_BUCKET:-lakebroker}"
+  local host="${S3_HOST:-127.0.0.1}" port="${S3_PORT:-9000}" bucket="${S3_BUCKET:-lakebroker}"
   local data="${S3_DATA_DIR:-$ROOT/.cache/s3-data}"
   local user="${AWS_ACCESS_KEY_ID:-lakebroker}" secret="${AWS_SECRET_ACCESS_KEY:-lakebroker-secret}"
   local endpoint="http://127.0.0.1:$port"
   mkdir -p "$data"
   MINIO_ROOT_USER="$user" MINIO_ROOT_PASSWORD="$secret" MINIO_BROWSER=off MINIO_UPDATE=off \
-    "$MINIO" server --quiet --address "127.0.0.1:$port" "$data" &
+    "$MINIO" server --quiet --address "$host:$port" "$data" &
   local pid=$!
   trap 'kill "$pid" 2>/dev/null; wait "$pid" 2>/dev/null' EXIT INT TERM
   for _ in $(seq 1 300); do

@@ -239,3 +239,17 @@ def test_airflow_submits_to_the_compose_spark_master(tmp_path: Path) -> None:
                                  "AIRFLOW_CONN_SPARK_DEFAULT": env["AIRFLOW_CONN_SPARK_DEFAULT"]})
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.strip().splitlines()[-1] == env["LAKEBROKER_SPARK_MASTER"] == "spark://spark-master:7077"
+
+
+def test_the_tables_live_on_the_compose_s3_server() -> None:
+    svcs = services()
+    s3 = svcs["s3"]
+    assert s3["build"]["target"] == "s3" and "s3_server.sh" in DOCKERFILE.read_text()
+    port = next(p.rsplit(":", 1)[-1] for p in s3["ports"])
+    for name in ("lakebroker-init", "broker", "deliver", "spark-worker", "airflow-scheduler"):
+        env = svcs[name]["environment"]
+        uri = Settings(tables_uri=env["LAKEBROKER_TABLES_URI"]).tables_uri
+        assert uri is not None and uri.startswith("s3://"), name
+        assert env["AWS_ENDPOINT_URL"] == f"http://s3:{port}", name
+        assert env["AWS_SECRET_ACCESS_KEY"].startswith("${"), f"{name}: the secret comes from the environment"
+    assert svcs["lakebroker-init"]["depends_on"]["s3"]["condition"] == "service_healthy"
