@@ -4,8 +4,9 @@
 once that unit is done (acknowledged or dead-lettered). The rule, per subscription ordering:
 
 - `partition`: one unit in flight per partition; everything waits behind it.
-- `key`: one unit in flight per key (keyless messages are unordered, as in Pub/Sub); a message
-  whose key is busy waits in that key's queue without holding up other keys.
+- `key` (the default): one unit in flight per key; a message whose key is busy waits in that
+  key's queue without holding up other keys. Keyless messages share one queue: among themselves
+  they keep partition order.
 - `none`: no rule; only the in-flight window limits.
 
 Each row is looked at once when it arrives at the head of the buffer and moved at most once (to
@@ -48,8 +49,8 @@ class DispatchQueue:
     def key(self, row: Row) -> Any:
         if self.ordering is Ordering.PARTITION:
             return None
-        if self.ordering is Ordering.KEY and row["key"] is not None:
-            return ("k", row["key"])
+        if self.ordering is Ordering.KEY:
+            return ("k", row["key"])  # None: the keyless messages' shared key
         return ("o", row["offset"])  # unordered: its own key
 
     def take(self) -> Unit | None:

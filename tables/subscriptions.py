@@ -24,8 +24,8 @@ DEFAULT_RETRY_SCHEDULE_MS = (5_000, 300_000, 1_800_000, 7_200_000, 18_000_000, 3
 
 
 class Ordering(StrEnum):
-    PARTITION = "partition"  # one message in flight per partition
-    KEY = "key"  # one message in flight per key
+    PARTITION = "partition"  # one message in flight per partition (Kafka's order)
+    KEY = "key"  # one message in flight per key; keyless messages keep partition order among themselves
     NONE = "none"  # as many as the window allows
 
 
@@ -54,7 +54,7 @@ class Subscription:
     name: str
     topic: str
     url: str
-    ordering: Ordering = Ordering.PARTITION
+    ordering: Ordering = Ordering.KEY  # why: README, "Delivery semantics"
     max_in_flight: int = 16
     rate_limit_per_s: float | None = None
     max_attempts: int = 8

@@ -43,7 +43,9 @@ class SubscriptionCreate(BaseModel):
     url: str = Field(min_length=1, max_length=2048)
     start: str = Field("latest", description="earliest, latest, or a timestamp (epoch ms or ISO 8601).")
     # Enums arrive as JSON strings; strict mode alone would refuse "partition".
-    ordering: Ordering = Field(Ordering.PARTITION, strict=False)
+    ordering: Ordering = Field(Ordering.KEY, strict=False, description=(
+        "key (default): one message in flight per key, keyless messages in partition order; partition: one "
+        "message in flight per partition; none: no order, only the in-flight window."))
     max_in_flight: int = Field(16, ge=1, le=1000)
     rate_limit_per_s: float | None = Field(None, gt=0, le=100_000)
     max_attempts: int = Field(8, ge=1, le=100)

@@ -15,7 +15,7 @@ from delivery_worker.metrics import DeliveryMetrics
 from delivery_worker.worker import DeliveryWorker
 from tables.layout import Layout
 from tables.settings import Settings
-from tables.subscriptions import Subscription, SubscriptionStore, new_secret
+from tables.subscriptions import Ordering, Subscription, SubscriptionStore, new_secret
 
 
 async def until(predicate: Callable[[], bool], what: str, timeout: float = 60) -> None:
@@ -35,6 +35,7 @@ def worker(settings: Settings, worker_id: str) -> DeliveryWorker:
 
 
 def subscribe(data: Path, topic: str, url: str, **config: Any) -> Subscription:
+    config.setdefault("ordering", Ordering.PARTITION)  # these tests read the receiver's arrival order
     sub = Subscription(name="hooks", topic=topic, url=url, retry_schedule_ms=(50,), timeout_ms=2000,
                        secrets=(new_secret(),), **config)
     return SubscriptionStore(Layout(data)).create(sub)

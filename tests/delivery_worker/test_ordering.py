@@ -22,8 +22,11 @@ def test_key_ordering_holds_back_only_the_busy_key() -> None:
     queue.extend(rows(["a", "b", "a", "c", "a", None, None]))
     a0, b1, c3 = queue.take(), queue.take(), queue.take()
     assert [offsets(a0), offsets(b1), offsets(c3)] == [[0], [1], [3]]  # a's 2 and 4 wait behind 0
-    assert offsets(queue.take()) == [5] and offsets(queue.take()) == [6]  # keyless: unordered
-    assert queue.take() is None and len(queue) == 2
+    keyless = queue.take()
+    assert offsets(keyless) == [5] and queue.take() is None  # keyless: in order among themselves
+    assert keyless is not None and len(queue) == 3
+    queue.release(keyless)
+    assert offsets(queue.take()) == [6] and queue.take() is None
     assert a0 is not None
     queue.release(a0)
     a2 = queue.take()
@@ -74,7 +77,15 @@ def test_random_schedules_keep_each_key_in_order_with_one_unit_in_flight() -> No
         assert sorted(r["offset"] for r in sent) == list(range(len(keys)))  # each exactly once
         by_key: dict[Any, list[int]] = {}
         for r in sent:
-            if r["key"] is not None or ordering is Ordering.PARTITION:
-                by_key.setdefault(r["key"], []).append(r["offset"])
+            by_key.setdefault(r["key"], []).append(r["offset"])  # keyless messages: one key
         if ordering is not Ordering.NONE:
             assert all(o == sorted(o) for o in by_key.values()), f"seed {seed}: a key out of order"
+
+
+def test_key_is_the_default_ordering_in_the_api_and_the_table() -> None:
+    from ingest_api.routes.subscriptions import SubscriptionCreate
+    from tables.subscriptions import Subscription, new_secret
+
+    assert SubscriptionCreate(name="s", topic="t", url="https://example.com/").ordering is Ordering.KEY
+    assert Subscription(name="s", topic="t", url="https://example.com/", secrets=(new_secret(),)).ordering \
+        is Ordering.KEY
