@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from typing import Any
 
 from fastapi import FastAPI
 from prometheus_client import CollectorRegistry
 
 from delivery_worker.embedded import embedded_delivery
+from ingest_api.asgi_route import FrontDoor
 from ingest_api.auth import (
     AUTH_ERRORS,
     AUTHENTICATED,
@@ -114,8 +116,13 @@ def create_app(
     app.include_router(dashboard.router, responses=AUTH_ERRORS, dependencies=[
         require(Scope.ADMIN, topic_checked_by_route=True)])
     check_every_route_decided(app)
-    app.add_middleware(BodyLimit, max_bytes=settings.max_request_bytes, read_timeout_s=settings.body_read_timeout_s)
-    app.add_middleware(AuthGate, authenticator=auth, public_routes=public_routes(app))  # before any body is read
-    app.add_middleware(HeaderLimit)
+    guards: list[tuple[Any, dict[str, Any]]] = [  # innermost first
+        (BodyLimit, {"max_bytes": settings.max_request_bytes, "read_timeout_s": settings.body_read_timeout_s}),
+        (AuthGate, {"authenticator": auth, "public_routes": public_routes(app)}),  # before any body is read
+        (HeaderLimit, {}),
+    ]
+    for guard, kwargs in guards:
+        app.add_middleware(guard, **kwargs)
     app.add_middleware(V2ErrorShape)  # every error under /topics in the REST Proxy's shape
+    app.add_middleware(FrontDoor, api=app, guards=guards)  # outermost: produce skips the router
     return app

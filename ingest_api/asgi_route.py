@@ -17,13 +17,14 @@ other route. The middleware (header and body limits, authentication) is unchange
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 from urllib.parse import parse_qsl
 
+from fastapi import FastAPI
 from fastapi.routing import APIRoute
 from starlette.requests import ClientDisconnect
-from starlette.types import Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ingest_api.auth import access_rule, bearer_token, principal_of
 from ingest_api.errors import error_response
@@ -98,3 +99,36 @@ async def send_json(send: Send, status: int, body: bytes) -> None:
     await send({"type": "http.response.start", "status": status,
                 "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
     await send({"type": "http.response.body", "body": body})
+
+
+class FrontDoor:
+    """The outermost app middleware: a produce request (POST /v1/topics/{topic}/<name>) goes down a
+    short chain, the request guards then its `AsgiRoute` handler, skipping FastAPI's exception
+    layers and the router's walk over every route; any other request goes to the full app.
+
+    `guards` are the same middleware classes and arguments the full app runs, innermost first."""
+
+    def __init__(self, app: ASGIApp, api: FastAPI, guards: Sequence[tuple[Any, dict[str, Any]]]) -> None:
+        self.app = app
+        self.api = api
+        self.handlers: dict[str, ASGIApp] = {}
+        for route in api.routes:
+            parts = getattr(route, "path", "").split("/")
+            if isinstance(route, AsgiRoute) and route.methods == {"POST"} and parts[:3] == ["", "v1", "topics"] \
+                    and len(parts) == 5 and parts[3] == "{topic}":
+                chain: ASGIApp = route.app
+                for guard, kwargs in guards:
+                    chain = guard(chain, **kwargs)
+                self.handlers[parts[4]] = chain
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST":
+            parts = scope["path"].split("/")
+            if len(parts) == 5 and parts[1] == "v1" and parts[2] == "topics" and parts[3]:
+                handler = self.handlers.get(parts[4])
+                if handler is not None:
+                    scope["app"] = self.api  # what Starlette sets for every request: handlers read its state
+                    scope["path_params"] = {"topic": parts[3]}
+                    await handler(scope, receive, send)
+                    return
+        await self.app(scope, receive, send)

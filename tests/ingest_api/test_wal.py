@@ -52,13 +52,51 @@ def test_torn_tail_is_truncated_and_not_replayed(tmp_path: Path) -> None:
     wal.close()
     segment = sorted(tmp_path.glob("*.wal"))[-1]
     whole = segment.read_bytes()
-    torn = encode(rec(3))[:-5]  # a crash in the middle of writing record 3
-    segment.write_bytes(whole + torn)
+    end = sum(len(encode(r)) for r in records)
+    assert len(whole) > end and whole.count(0, end) == len(whole) - end  # room zeroed ahead of the groups
+    torn = encode(rec(3))[:-5]  # a crash in the middle of writing record 3, into that room
+    with segment.open("r+b") as f:
+        f.seek(end)
+        f.write(torn)
     report = open_wal(tmp_path).recover()
     assert report.records == records
     assert report.torn_bytes == len(torn)
     assert report.corrupt == []
-    assert segment.read_bytes() == whole
+    assert segment.read_bytes() == whole[:end]
+
+
+def test_zeroed_room_after_the_last_group_is_neither_torn_nor_corrupt(tmp_path: Path) -> None:
+    wal = open_wal(tmp_path)
+    wal.recover()
+    records = [rec(i) for i in range(3)]
+    wal.append([encode(r) for r in records], records)
+    wal.close()
+    again = open_wal(tmp_path)
+    report = again.recover()  # the old segment, zeros and all, is now sealed behind a new one
+    assert report.records == records and report.torn_bytes == 0 and report.corrupt == []
+    more = [rec(3)]
+    again.append([encode(r) for r in more], more)
+    again.close()
+    report = open_wal(tmp_path).recover()
+    assert report.records == records + more and report.torn_bytes == 0 and report.corrupt == []
+
+
+def test_frames_after_a_zeroed_gap_are_corruption_not_an_end(tmp_path: Path) -> None:
+    """Zeros end a segment only when nothing follows them: a lost write inside it is reported."""
+    wal = open_wal(tmp_path)
+    wal.recover()
+    records = [rec(i) for i in range(3)]
+    wal.append([encode(r) for r in records], records)
+    wal.close()
+    segment = sorted(tmp_path.glob("*.wal"))[-1]
+    data = bytearray(segment.read_bytes())
+    start1 = len(encode(records[0]))
+    start2 = start1 + len(encode(records[1]))
+    data[start1:start2] = bytes(start2 - start1)
+    segment.write_bytes(bytes(data))
+    report = open_wal(tmp_path).recover()
+    assert report.records == [records[0], records[2]]
+    assert [(c.start, c.end) for c in report.corrupt] == [(start1, start2)]
 
 
 def test_corrupt_record_is_reported_skipped_and_quarantined(tmp_path: Path) -> None:
@@ -158,7 +196,8 @@ def test_resync_over_binary_payloads_checksums_only_frame_starts(
     start2 = start1 + len(encode(records[1]))
     data[start1 + (1 << 20)] ^= 0xFF  # damage record 1's payload
     torn = encode(rec(3, value=rng.randbytes(3 << 20)))[:-100]  # a crash while writing record 3
-    segment.write_bytes(bytes(data) + torn)
+    end = start2 + len(encode(records[2]))
+    segment.write_bytes(bytes(data[:end]) + torn + bytes(4096))
 
     checksums = 0
     real_crc_ok = wal_module.frame_crc_ok
