@@ -97,7 +97,7 @@ class _Connection(asyncio.Protocol):
         self.transport.write(payload)
         # call_later, not asyncio.timeout: a plain timer is a third of the cost on this path.
         timer = None if read_timeout is None else asyncio.get_running_loop().call_later(
-            read_timeout, self._fail, httpx.ReadTimeout(f"no response within {read_timeout:g} s"))
+            read_timeout, self._timed_out, read_timeout)
         try:
             return await self._waiter
         finally:
@@ -109,6 +109,9 @@ class _Connection(asyncio.Protocol):
         if self._waiter is not None and not self._waiter.done():
             status = self.parser.get_status_code()
             self._waiter.set_result((status, self._headers, b"".join(self._body), keep_alive))
+
+    def _timed_out(self, read_timeout: float) -> None:
+        self._fail(httpx.ReadTimeout(f"no response within {read_timeout:g} s"))
 
     def _fail(self, exc: Exception) -> None:
         if self._waiter is not None and not self._waiter.done():
@@ -138,8 +141,15 @@ class LeanTransport(httpx.AsyncBaseTransport):
         url = request.url
         if url.scheme not in ("http", "https"):
             raise httpx.UnsupportedProtocol(f"unsupported URL scheme {url.scheme!r}")
-        origin: Origin = (url.scheme, url.host, url.port or (443 if url.scheme == "https" else 80))
         timeouts: dict[str, float | None] = request.extensions.get("timeout", {})
+        payload = _head(request) + await request.aread()
+        status, headers, body = await self.exchange(origin_of(url), payload, timeouts)
+        return httpx.Response(status, headers=headers, stream=httpx.ByteStream(body), request=request)
+
+    async def exchange(self, origin: Origin, payload: bytes, timeouts: dict[str, float | None]
+                       ) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
+        """Send one whole request (head and body, as bytes) and read the answer: the delivery hot
+        path (sender.py) calls this directly, without building httpx objects."""
         slots = self._slots.get(origin)
         if slots is None:
             slots = self._slots[origin] = asyncio.Semaphore(self.max_per_origin)
@@ -152,7 +162,6 @@ class LeanTransport(httpx.AsyncBaseTransport):
         else:
             await slots.acquire()  # a free slot: no timer needed
         try:
-            payload = _head(request) + await request.aread()
             for _ in range(2):
                 conn, reused = await self._checkout(origin, timeouts.get("connect"))
                 try:
@@ -170,7 +179,7 @@ class LeanTransport(httpx.AsyncBaseTransport):
                     self._idle.setdefault(origin, deque()).append(conn)
                 else:
                     self._discard(conn)
-                return httpx.Response(status, headers=headers, stream=httpx.ByteStream(body), request=request)
+                return status, headers, body
             raise httpx.RemoteProtocolError("server closed the connection without answering")
         finally:
             slots.release()
@@ -224,6 +233,10 @@ class LeanTransport(httpx.AsyncBaseTransport):
             conn.close()
         self._all.clear()
         self._idle.clear()
+
+
+def origin_of(url: httpx.URL) -> Origin:
+    return (url.scheme, url.host, url.port or (443 if url.scheme == "https" else 80))
 
 
 def _head(request: httpx.Request) -> bytes:

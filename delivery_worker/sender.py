@@ -9,6 +9,7 @@ from typing import Any
 import httpx
 import orjson
 
+from delivery_worker.http1 import LeanTransport, origin_of
 from delivery_worker.retry import parse_retry_after
 from delivery_worker.signer import Signer
 from tables.message_format import message_json
@@ -41,51 +42,55 @@ def envelope(topic: str, row: dict[str, Any]) -> dict[str, Any]:
     return {"topic": topic, **message_json(row)}
 
 
-class Sender:
-    """Builds httpx requests and hands them straight to the transport: httpx's client layer
-    (auth, cookies, redirects, hooks) costs ~170 us a request and a webhook needs none of it."""
+class _Target:
+    """What every request to one URL for one topic shares: where it goes and the fixed head lines."""
 
-    def __init__(self, transport: httpx.AsyncBaseTransport, worker_id: str) -> None:
+    def __init__(self, url: str, topic: str, worker_id: str) -> None:
+        parsed = httpx.URL(url)
+        if parsed.scheme not in ("http", "https"):
+            raise httpx.UnsupportedProtocol(f"unsupported URL scheme {parsed.scheme!r}")
+        self.origin = origin_of(parsed)
+        self.head = (b"POST " + parsed.raw_path + b" HTTP/1.1\r\nhost: " + parsed.netloc
+                     + b"\r\ncontent-type: application/json\r\nlakebroker-topic: " + topic.encode()
+                     + b"\r\nlakebroker-worker: " + worker_id.encode() + b"\r\n")
+
+
+class Sender:
+    """Writes each request's bytes straight to the lean transport (http1.py): httpx's client layer
+    costs ~170 us a request, and even its Request and Response objects (header normalisation) a
+    few tens more, which a webhook POST needs none of. Every header value is a validated name, a
+    number, a signature or a key checked to be printable ASCII, so none can break a line."""
+
+    def __init__(self, transport: LeanTransport, worker_id: str) -> None:
         self.transport = transport
         self.worker_id = worker_id
-        self._urls: dict[str, tuple[httpx.URL, str]] = {}  # url -> (parsed, Host header)
+        self._targets: dict[tuple[str, str], _Target] = {}
 
     async def send(self, url: str, topic: str, rows: list[dict[str, Any]], signer: Signer, timeout_s: float,
                    batch: bool) -> Outcome:
         first = rows[0]
         if batch:
-            body = orjson.dumps([envelope(topic, r) for r in rows]).decode()
+            body = orjson.dumps([envelope(topic, r) for r in rows])
             msg_id = message_id(topic, first["partition"], first["offset"]) + f"-{rows[-1]['offset']}"
         else:
-            body = orjson.dumps(envelope(topic, first)).decode()
+            body = orjson.dumps(envelope(topic, first))
             msg_id = message_id(topic, first["partition"], first["offset"])
-        target = self._urls.get(url)
-        if target is None:
-            parsed = httpx.URL(url)
-            target = self._urls[url] = (parsed, parsed.netloc.decode("ascii"))
-        data = body.encode()
-        headers = {
-            "host": target[1],
-            "content-type": "application/json",
-            "content-length": str(len(data)),
-            "lakebroker-topic": topic,
-            "lakebroker-partition": str(first["partition"]),
-            "lakebroker-offset": str(first["offset"]),
-            "lakebroker-worker": self.worker_id,
-            **signer.headers(msg_id, body),
-        }
-        key = first["key"]
-        if not batch and key is not None and key.isascii() and key.isprintable() and len(key) < 1024:
-            headers["lakebroker-key"] = key
-        timeouts = {"connect": timeout_s, "read": timeout_s, "write": timeout_s, "pool": timeout_s}
-        # stream=, with Host and Content-Length set here: httpx then skips re-deriving them.
-        request = httpx.Request("POST", target[0], headers=headers, stream=httpx.ByteStream(data),
-                                extensions={"timeout": timeouts})
         try:
-            response = await self.transport.handle_async_request(request)
-            if 200 <= response.status_code < 300:
-                return Outcome(response.status_code)
-            text = (await response.aread())[:300].decode(errors="replace")
+            target = self._targets.get((url, topic))
+            if target is None:
+                target = self._targets[(url, topic)] = _Target(url, topic, self.worker_id)
+            lines = [f"content-length: {len(body)}", f"lakebroker-partition: {first['partition']}",
+                     f"lakebroker-offset: {first['offset']}",
+                     *(f"{name}: {value}" for name, value in signer.headers(msg_id, body.decode()).items())]
+            key = first["key"]
+            if not batch and key is not None and key.isascii() and key.isprintable() and len(key) < 1024:
+                lines.append(f"lakebroker-key: {key}")
+            payload = target.head + "\r\n".join(lines).encode() + b"\r\n\r\n" + body
+            timeouts: dict[str, float | None] = {"connect": timeout_s, "read": timeout_s, "pool": timeout_s}
+            status, headers, answer = await self.transport.exchange(target.origin, payload, timeouts)
+            if 200 <= status < 300:
+                return Outcome(status)
+            text = answer[:300].decode(errors="replace")
         except httpx.TimeoutException:
             return Outcome(None, f"timed out after {timeout_s:g} s")
         except httpx.HTTPError as exc:
@@ -94,6 +99,7 @@ class Sender:
             log.exception("sending to %s failed unexpectedly", url)
             return Outcome(None, f"internal error: {type(exc).__name__}: {exc}"[:500])
         retry_after = None
-        if response.status_code in (429, 503):
-            retry_after = parse_retry_after(response.headers.get("retry-after"))
-        return Outcome(response.status_code, f"HTTP {response.status_code}: {text}", retry_after)
+        if status in (429, 503):
+            value = next((v for k, v in headers if k.lower() == b"retry-after"), None)
+            retry_after = parse_retry_after(None if value is None else value.decode("latin-1"))
+        return Outcome(status, f"HTTP {status}: {text}", retry_after)
