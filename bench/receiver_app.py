@@ -1,7 +1,8 @@
 """A webhook receiver for the delivery benchmarks, run as its own process.
 
 It records every delivery it acknowledges (partition, offset, the message's log-append time,
-and when it arrived) and can misbehave on purpose: fail a share of requests with 500, answer
+when it arrived, and the producer's send time when the value carries one as `{"sent": ...}`)
+and can misbehave on purpose: fail a share of requests with 500, answer
 some with 429 + Retry-After, and let some time out. `GET /stats` returns what it recorded.
 
 `python -m bench.receiver_app --ready-file PATH [--fail 0.3 --throttle 0.05 --hang 0.05 --hang-s 3]`
@@ -26,7 +27,7 @@ from bench.baseline_app import UVICORN_SETTINGS
 
 def build(fail: float, throttle: float, hang: float, hang_s: float, seed: int) -> Any:
     rng = random.Random(seed)
-    got: list[tuple[int, int, str, float]] = []
+    got: list[tuple[int, int, str, float, float | None]] = []
     answers: dict[int, int] = {}
 
     async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
@@ -61,7 +62,9 @@ def build(fail: float, throttle: float, hang: float, hang_s: float, seed: int) -
             now = time.time()
             envelopes = orjson.loads(body)
             for e in envelopes if isinstance(envelopes, list) else [envelopes]:
-                got.append((e["partition"], e["offset"], e["timestamp"], now))
+                value = e.get("value")
+                sent = value.get("sent") if isinstance(value, dict) else None
+                got.append((e["partition"], e["offset"], e["timestamp"], now, sent))
         answers[status] = answers.get(status, 0) + 1
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": b""})

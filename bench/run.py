@@ -18,6 +18,7 @@ import contextlib
 import importlib
 import importlib.util
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -116,6 +117,11 @@ def external_fragment(ext: External, docs_dir: Path, quick: bool, timeout: float
     return None
 
 
+def headlines(markdown: str) -> list[str]:
+    """A fragment's headline figures, marked `<!-- headline: ... -->`, for the run's summary on stdout."""
+    return re.findall(r"<!-- headline: (.*?) -->", markdown)
+
+
 def run_fragment_module(module: str, out: Path, quick: bool) -> None:
     mod = importlib.import_module(module)
     fn: Callable[[bool], str] | None = getattr(mod, "run", None)
@@ -202,6 +208,10 @@ def run(mode: str, out: Path, img_dir: Path, docs_dir: Path, *, external: bool =
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(render(results))
     print(f"[bench] wrote {out} in {results.elapsed_s:.0f} s", file=sys.stderr, flush=True)
+    for title, fragment in results.fragments:
+        stale = " (from its fragment file, not measured in this run)" if fragment.startswith("_") else ""
+        for line in headlines(fragment):
+            print(f"{title}: {line}{stale}", flush=True)
     return results
 
 
