@@ -6,8 +6,10 @@ Every command answers bad input with a one-line reason on stderr and a non-zero 
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -18,11 +20,12 @@ from rich.table import Table
 
 from ingest_api.broker import AckMode, NewMessage
 from lakebroker.access import broker_access
+from lakebroker.output import OutputFormat
 from tables.errors import LakebrokerError
 from tables.layout import Layout, validate_name
 from tables.message_format import from_json_value
-from tables.settings import Settings
-from tables.topics import TopicStore
+from tables.settings import AuthMode, Settings
+from tables.topics import CleanupPolicy, TopicStore
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
                   help="lakebroker: a message broker whose log is a Delta Lake table.")
@@ -46,10 +49,22 @@ def fail(message: str, code: int = 1) -> typer.Exit:
     return typer.Exit(code)
 
 
+def print_version(wanted: bool) -> None:
+    if wanted:
+        try:
+            number = version("lakebroker")
+        except PackageNotFoundError:  # run from a source tree that was never installed
+            number = "unknown (not installed)"
+        print(f"lakebroker {number}")
+        raise typer.Exit()
+
+
 @app.callback()
 def main_options(
     data_dir: Annotated[Path | None, typer.Option("--data-dir", envvar="LAKEBROKER_DATA_DIR",
                                                   help="Data directory (default ./data).")] = None,
+    _version: Annotated[bool, typer.Option("--version", callback=print_version, is_eager=True,
+                                           help="Print the version and exit.")] = False,
 ) -> None:
     overrides: dict[str, Any] = {} if data_dir is None else {"data_dir": data_dir}
     try:
@@ -77,11 +92,12 @@ def topics_create(
     partitions: Annotated[int, typer.Option("--partitions", "-p", min=1, max=1024)] = 3,
     retention_ms: Annotated[int | None, typer.Option(help="Delete messages older than this.")] = None,
     retention_bytes: Annotated[int | None, typer.Option(help="Keep at most this many bytes per partition.")] = None,
-    cleanup_policy: Annotated[str, typer.Option(help="delete or compact")] = "delete",
+    cleanup_policy: Annotated[CleanupPolicy, typer.Option(
+        help="delete: retention by time and size; compact: keep the latest value per key.")] = CleanupPolicy.DELETE,
     max_message_bytes: Annotated[int | None, typer.Option()] = None,
 ) -> None:
     """Create a topic (and its Delta table)."""
-    config: dict[str, Any] = {"cleanup_policy": cleanup_policy,
+    config: dict[str, Any] = {"cleanup_policy": cleanup_policy.value,
                               "max_message_bytes": max_message_bytes or settings().default_max_message_bytes}
     if retention_ms is not None:
         config["retention_ms"] = retention_ms
@@ -144,7 +160,8 @@ def produce(
     partition: Annotated[int | None, typer.Option(min=0)] = None,
     message_id: Annotated[str | None, typer.Option("--id", help="Message id, for deduplication.")] = None,
     json_value: Annotated[bool, typer.Option("--json", help="Parse VALUE as JSON.")] = False,
-    ack: Annotated[AckMode, typer.Option(help="none, wal or table.")] = AckMode.WAL,
+    ack: Annotated[AckMode, typer.Option(
+        help="Answer when queued (none), after the WAL fsync (wal) or after the Delta commit (table).")] = AckMode.WAL,
 ) -> None:
     """Produce one message; prints its partition and offset."""
     validate_name(topic)
@@ -168,14 +185,12 @@ def produce(
 def serve(
     host: Annotated[str | None, typer.Option(help="Bind address (default setting host).")] = None,
     port: Annotated[int | None, typer.Option(help="Port (default setting port).")] = None,
-    auth: Annotated[str | None, typer.Option(
-        help="API tokens: required, off, or auto (required unless HOST is loopback; default setting auth).")] = None,
+    auth: Annotated[AuthMode | None, typer.Option(
+        help="API tokens: auto is required unless HOST is loopback (default: the auth setting).")] = None,
 ) -> None:
     """Run the ingest API and the background workers on this data dir."""
     from lakebroker.server import run_server
 
-    if auth is not None and auth not in ("auto", "required", "off"):
-        raise fail(f"--auth must be auto, required or off, not {auth!r}", 2)
     overrides = {"host": host, "port": port, "auth": auth}
     run_server(settings().model_copy(update={k: v for k, v in overrides.items() if v is not None}))
 
@@ -224,14 +239,27 @@ def deliver(
 def sql(
     query: str,
     limit: Annotated[int, typer.Option(min=1, help="Most rows printed.")] = 1000,
+    output: Annotated[OutputFormat, typer.Option(
+        "--format", "-f", help="table for people; csv or json (an array of objects) for scripts.")
+    ] = OutputFormat.TABLE,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="On failure, the whole error and the Java stack.")
+                       ] = False,
 ) -> None:
-    """Run Spark SQL; every topic is a table under its own name."""
-    from spark_pipeline.sql import run_query
+    """Run Spark SQL; every topic is a table under its own name. The JVM's own output goes to
+    DATA_DIR/_jobs/cli-sql.log, not the terminal."""
+    from lakebroker.output import write_csv, write_json
+    from spark_pipeline.sql import cli_jvm_log, run_query
 
-    columns, rows = run_query(settings(), query, limit)
-    print_rows(columns, rows)
+    columns, rows = run_query(settings(), query, limit, verbose=verbose, jvm_log=cli_jvm_log(settings(), "sql"))
+    if output is OutputFormat.CSV:
+        write_csv(columns, rows, sys.stdout)
+    elif output is OutputFormat.JSON:
+        write_json(columns, rows, sys.stdout)
+    else:
+        print_rows(columns, rows)
 
 
+@functools.cache  # once per process, however often main() (or a test) asks
 def _register_plugins() -> None:
     """Command groups owned by other modules add themselves here."""
     from lakebroker import jobs_cli, tokens_cli

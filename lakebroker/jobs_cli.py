@@ -16,10 +16,13 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from spark_pipeline.results import JobName
 from tables.layout import Layout
 from tables.settings import Settings
 
 out = Console()
+# What each job's progress display counts as rows (compaction removes none: its display shows files).
+ROWS_LABEL = {"retention": "rows removed", "replication": "rows copied"}
 
 TopicArg = Annotated[str | None, typer.Argument(help="Only this topic (default: every topic).")]
 ToOption = Annotated[str | None, typer.Option("--to", help="Replica location: a path, file:// or s3a:// URI "
@@ -38,16 +41,20 @@ def _print_result(result: Any) -> None:
 
 
 def _run_job(settings: Settings, job: str, fail: Callable[[str, int], typer.Exit], **kwargs: Any) -> None:
+    from lakebroker.job_progress import job_progress
     from spark_pipeline import job_runs
     from spark_pipeline.jobs import compaction, key_compaction, offsets_compaction, replication, retention
     from spark_pipeline.results import Outcome
-    from spark_pipeline.sql import spark_for
+    from spark_pipeline.sql import cli_jvm_log, spark_for
 
     modules = {"compaction": compaction, "retention": retention, "key-compaction": key_compaction,
                "offsets-compaction": offsets_compaction, "replication": replication}
-    spark = spark_for(settings, f"lakebroker-{job}")
+    spark = spark_for(settings, f"lakebroker-{job}", jvm_log=cli_jvm_log(settings, job))
     try:
-        result = modules[job].run(spark, settings, trigger="cli", **kwargs)
+        with job_progress(out, job, ROWS_LABEL.get(job)) as progress:
+            if progress is not None and job in ("compaction", "retention", "replication"):
+                kwargs["progress"] = progress
+            result = modules[job].run(spark, settings, trigger="cli", **kwargs)
     finally:
         spark.stop()
     job_runs.record(Layout.of(settings), result)
@@ -107,15 +114,18 @@ def register(app: typer.Typer, settings: Callable[[], Settings], fail: Callable[
         max_lag_messages: Annotated[int | None, typer.Option(min=0, help="Fail on more lag than this.")] = None,
     ) -> None:
         """Compare primary and replica (rows and offsets per partition); exit 1 on unexplained differences."""
+        from lakebroker.job_progress import job_progress
         from spark_pipeline.jobs.replication import resolve_replica
         from spark_pipeline.jobs.verify_replica import verify
-        from spark_pipeline.sql import spark_for
+        from spark_pipeline.sql import cli_jvm_log, spark_for
 
         resolve_replica(to or settings().replication_uri, settings().data_dir, settings().tables_uri)
         topics(topic)
-        spark = spark_for(settings(), "lakebroker-verify-replica")
+        spark = spark_for(settings(), "lakebroker-verify-replica", jvm_log=cli_jvm_log(settings(), "verify-replica"))
         try:
-            result = verify(spark, settings(), to, topic=topic, max_lag_messages=max_lag_messages)
+            with job_progress(out, "verify-replica", "rows compared") as progress:
+                result = verify(spark, settings(), to, topic=topic, max_lag_messages=max_lag_messages,
+                                progress=progress)
         finally:
             spark.stop()
         table = Table("topic", "partition", "primary offsets", "replica offsets", "lag (msgs)", "lag (s)",
@@ -134,7 +144,7 @@ def register(app: typer.Typer, settings: Callable[[], Settings], fail: Callable[
 
     @app.command("job-runs")
     def job_runs_cmd(
-        job: Annotated[str | None, typer.Option(help="Only this job.")] = None,
+        job: Annotated[JobName | None, typer.Option(help="Only this job.")] = None,
         topic: Annotated[str | None, typer.Option(help="Only this topic.")] = None,
         limit: Annotated[int, typer.Option(min=1, max=10_000)] = 20,
     ) -> None:

@@ -26,9 +26,8 @@ def register(app: typer.Typer, settings: Callable[[], Settings], fail: Callable[
 
     @tokens_app.command("create")
     def create(
-        scope: Annotated[list[str] | None, typer.Option(
-            "--scope", "-s", help=f"Repeatable: {', '.join(s.value for s in Scope)} (admin implies the others).")
-        ] = None,
+        scope: Annotated[list[Scope] | None, typer.Option(
+            "--scope", "-s", help="Repeatable (admin implies the others).")] = None,
         topic: Annotated[list[str] | None, typer.Option(
             "--topic", "-t", help="Repeatable: limit the token to these topics; 'name*' is a prefix. "
             "Default: every topic.")] = None,

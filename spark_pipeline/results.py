@@ -84,16 +84,45 @@ class JobResult:
                 "outcome": self.outcome.value, "error": self.error, "tables": [t.public() for t in self.tables]}
 
 
+@dataclass(frozen=True)
+class TableEvent:
+    """A run's progress, reported as it goes: a table started (`done` False) or finished."""
+
+    target: str
+    number: int  # 1-based position of this table in the run
+    total: int  # tables the run visits
+    done: bool = False
+    outcome: Outcome | None = None
+    files: tuple[int | None, int | None] | None = None  # data files before and after
+    rows: int | None = None  # the job's own count: removed, copied or compared
+
+
+Progress = Callable[[TableEvent], None]
+
+
 class Run:
     """Times a job run and each table it touches; a table's failure is recorded, not raised,
-    so one bad topic does not stop the others."""
+    so one bad topic does not stop the others. `progress` hears of each table as it starts and
+    ends; `rows` picks the row count it is told (default: rows removed)."""
 
-    def __init__(self, job: JobName, trigger: str = "library") -> None:
+    def __init__(self, job: JobName, trigger: str = "library", *, progress: Progress | None = None,
+                 rows: Callable[[TableResult], int | None] = lambda t: t.rows_removed) -> None:
         self.result = JobResult(job=job, run_id=uuid.uuid4().hex, trigger=trigger, started_at=datetime.now(UTC))
         self._t0 = time.perf_counter()
+        self._progress = progress
+        self._rows = rows
+        self.total = 0
+
+    def expect(self, tables: int) -> None:
+        """How many tables this run will visit, for its progress reports."""
+        self.total = tables
 
     def table(self, target: str, topic: str | None, work: Callable[[TableResult], None]) -> TableResult:
         entry = TableResult(target=target, topic=topic)
+        number = len(self.result.tables) + 1
+        total = max(self.total, number)
+        if self._progress is not None:
+            self._progress(TableEvent(target, number, total))
         t0 = time.perf_counter()
         try:
             work(entry)
@@ -103,6 +132,9 @@ class Run:
             entry.error = one_line(exc)
         entry.duration_ms = int((time.perf_counter() - t0) * 1000)
         self.result.tables.append(entry)
+        if self._progress is not None:
+            self._progress(TableEvent(target, number, total, done=True, outcome=entry.outcome,
+                                      files=(entry.files_before, entry.files_after), rows=self._rows(entry)))
         return entry
 
     def finish(self) -> JobResult:

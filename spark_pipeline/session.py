@@ -102,18 +102,23 @@ def build_spark_session(
     jars_dir: Path,
     app_name: str = "lakebroker",
     extra_conf: Mapping[str, str] | None = None,
+    jvm_log: Path | None = None,
 ) -> SparkSession:
     """Start (or return the running) Delta-enabled SparkSession.
 
-    ``extra_conf`` is applied last, so it may override the defaults above.
+    ``extra_conf`` is applied last, so it may override the defaults above. With ``jvm_log``, a
+    driver JVM started here writes its stdout and stderr to that file instead of this process's.
     Raises RuntimeError if a session not built here is already running, since its
     static conf (jars, LogStore) can no longer be changed.
     """
+    from pyspark import SparkContext
     from pyspark.sql import SparkSession  # lazy: importing pyspark is slow and optional
 
     conf = session_conf(jars_dir)
     conf.update(extra_conf or {})
     use_class_archive()
+    if jvm_log is not None and SparkContext._gateway is None and not launched_by_spark_submit():
+        _start_driver_jvm(master, app_name, conf, jvm_log)
 
     builder = SparkSession.builder.appName(app_name)
     if not launched_by_spark_submit():  # else spark-submit's --master decides; a builder master would override it
@@ -130,3 +135,23 @@ def build_spark_session(
         )
     return spark
     s3a.configure(spark)
+
+def _start_driver_jvm(master: str, app_name: str, conf: Mapping[str, str], log: Path) -> None:
+    """Start the driver JVM and its SparkContext with the JVM's stdout and stderr in `log`.
+
+    A terminal would otherwise get the JVM's start-up chatter (module warnings, log4j's profile,
+    "Setting default log level", the hostname warning), printed before any log level applies,
+    and every Spark log line after it. pyspark's `launch_gateway` takes the Popen arguments."""
+    from pyspark import SparkConf, SparkContext
+    from pyspark.java_gateway import launch_gateway
+
+    spark_conf = SparkConf().setMaster(master).setAppName(app_name).setAll(list(conf.items()))
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("wb") as sink:
+        try:
+            gateway = launch_gateway(spark_conf, popen_kwargs={"stdout": sink, "stderr": sink})  # type: ignore[no-untyped-call]
+        except Exception as exc:  # noqa: BLE001 - the JVM's own words are in the log, not in exc
+            lines = log.read_text(errors="replace").strip().splitlines()
+            raise RuntimeError(f"the Spark driver JVM did not start ({lines[-1] if lines else exc}); "
+                               f"its output is in {log}") from None
+    SparkContext(conf=spark_conf, gateway=gateway)

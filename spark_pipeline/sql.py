@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from spark_pipeline.catalog import register_tables
@@ -11,11 +12,17 @@ from tables.layout import Layout
 from tables.settings import Settings
 
 
-def spark_for(settings: Settings, app_name: str) -> Any:
+def cli_jvm_log(settings: Settings, command: str) -> Path:
+    """Where the driver JVM of a `lakebroker <command>` run writes its output (the last run's)."""
+    return settings.data_dir / "_jobs" / f"cli-{command}.log"
+
+
+def spark_for(settings: Settings, app_name: str, *, jvm_log: Path | None = None) -> Any:
     spark = build_spark_session(master=settings.spark_master, jars_dir=settings.jars_dir, app_name=app_name,
                                 extra_conf={"spark.driver.memory": settings.spark_driver_memory,
                                             # CREATE DATABASE writes here: keep it in the data dir, not the cwd.
-                                            "spark.sql.warehouse.dir": str((settings.data_dir / "_spark").resolve())})
+                                            "spark.sql.warehouse.dir": str((settings.data_dir / "_spark").resolve())},
+                                jvm_log=jvm_log)
     spark.sparkContext.setLogLevel("ERROR")
     return spark
 
@@ -25,19 +32,29 @@ def one_line(exc: Exception) -> str:
     return text[0] if text else type(exc).__name__
 
 
-def run_query(settings: Settings, query: str, limit: int) -> tuple[list[str], list[list[Any]]]:
+def run_query(settings: Settings, query: str, limit: int, *, verbose: bool = False,
+              jvm_log: Path | None = None) -> tuple[list[str], list[list[Any]]]:
+    """Columns and at most `limit` rows; a failing query is one InvalidRequest line (`verbose`: the
+    whole message, with the query context and the JVM stack)."""
     from pyspark.errors import PySparkException
+    from pyspark.logger import PySparkLogger
 
     if not query.strip():
         raise InvalidRequest("the query is empty")
-    spark = spark_for(settings, "lakebroker-sql")
+    # pyspark logs each failed query's error and stack to stderr itself, as JSON; it is reported once, below.
+    for name in ("SQLQueryContextLogger", "DataFrameQueryContextLogger"):
+        PySparkLogger.getLogger(name).disabled = True
+    spark = spark_for(settings, "lakebroker-sql", jvm_log=jvm_log)
+    # str() of a captured JVM error appends the JVM stack when this is on.
+    spark.conf.set("spark.sql.pyspark.jvmStacktrace.enabled", str(verbose).lower())
     try:
         register_tables(spark, Layout.of(settings, for_spark=True))
         try:
             frame = spark.sql(query)
             rows = frame.limit(limit).collect()
         except PySparkException as exc:
-            raise InvalidRequest(f"query failed: {one_line(exc)}") from None
+            detail = str(exc).strip() if verbose else f"{one_line(exc)} (--verbose for the Java stack)"
+            raise InvalidRequest(f"query failed: {detail}") from None
         return list(frame.columns), [list(row) for row in rows]
     finally:
         spark.stop()

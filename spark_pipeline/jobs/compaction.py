@@ -37,7 +37,7 @@ from spark_pipeline.jobs.common import (
     topic_job_main,
 )
 from spark_pipeline.plans import by_partition, plan_bins
-from spark_pipeline.results import JobName, JobResult, Outcome, Run, TableResult
+from spark_pipeline.results import JobName, JobResult, Outcome, Progress, Run, TableResult
 from tables.layout import Layout
 from tables.settings import Settings
 
@@ -48,11 +48,12 @@ MAX_BINS_PER_COMMIT = 32  # a first run over a large backlog commits progress as
 
 
 def run(spark: SparkSession, settings: Settings, topic: str | None = None, *, trigger: str = "library",
-        system_tables: bool = True) -> JobResult:
+        system_tables: bool = True, progress: Progress | None = None) -> JobResult:
     """Compact one topic, or every topic (and the append-only system tables)."""
     layout = Layout.of(settings, for_spark=True)
     topics = select_topics(layout, topic)
-    job = Run(JobName.COMPACTION, trigger)
+    job = Run(JobName.COMPACTION, trigger, progress=progress)
+    job.expect(len(topics) + (2 if topic is None and system_tables else 0))
 
     def work(uri: str, column: str) -> Callable[[TableResult], None]:
         return partial(compact_table, spark, uri, order_column=column, run_id=job.result.run_id,

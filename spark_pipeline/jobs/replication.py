@@ -57,7 +57,7 @@ from spark_pipeline.jobs.common import (
 )
 from spark_pipeline.jobs.offsets_compaction import compact_offsets
 from spark_pipeline.jobs.retention import follow_log_starts
-from spark_pipeline.results import JobName, JobResult, Outcome, Run, TableResult
+from spark_pipeline.results import JobName, JobResult, Outcome, Progress, Run, TableResult
 from tables import delta, storage
 from tables.errors import InvalidRequest
 from tables.layout import Layout
@@ -142,13 +142,14 @@ def check_filesystem(spark: SparkSession, replica: Replica) -> None:
 
 
 def run(spark: SparkSession, settings: Settings, topic: str | None = None, *, to: str | None = None,
-        trigger: str = "library") -> JobResult:
+        trigger: str = "library", progress: Progress | None = None) -> JobResult:
     """Replicate one topic, or every topic and the system tables, to `to` (default: replication_uri)."""
     layout = Layout.of(settings, for_spark=True)
     replica = resolve_replica(to or settings.replication_uri, settings.data_dir, settings.tables_uri)
     topics = select_topics(layout, topic)
     check_filesystem(spark, replica)
-    job = Run(JobName.REPLICATION, trigger)
+    job = Run(JobName.REPLICATION, trigger, progress=progress, rows=lambda t: t.details.get("rows_copied"))
+    job.expect(len(topics) + (1 + len(SNAPSHOT_TABLES) if topic is None else 0))
     run_id = job.result.run_id
     for t in topics:
         job.table(t.name, t.name, partial(replicate_topic, spark, layout, replica, t, settings, run_id=run_id))

@@ -46,7 +46,7 @@ from spark_pipeline.jobs.common import (
     vacuum,
 )
 from spark_pipeline.plans import FileEntry, PartitionRetention, by_partition, plan_log_start, plan_retention
-from spark_pipeline.results import JobName, JobResult, Outcome, Run, TableResult
+from spark_pipeline.results import JobName, JobResult, Outcome, Progress, Run, TableResult
 from tables import delta
 from tables.layout import Layout
 from tables.log_start import log_starts
@@ -60,11 +60,12 @@ if TYPE_CHECKING:
 
 
 def run(spark: SparkSession, settings: Settings, topic: str | None = None, *, trigger: str = "library",
-        now: datetime | None = None) -> JobResult:
+        now: datetime | None = None, progress: Progress | None = None) -> JobResult:
     """Apply retention to one topic or every topic; `now` is for tests and replays."""
     layout = Layout.of(settings, for_spark=True)
     topics = select_topics(layout, topic)
-    job = Run(JobName.RETENTION, trigger)
+    job = Run(JobName.RETENTION, trigger, progress=progress)
+    job.expect(len(topics) + (2 if topic is None else 0))
     now_us = int((now or datetime.now(UTC)).timestamp() * 1_000_000)
     for t in topics:
         job.table(t.name, t.name, partial(apply_topic_retention, spark, layout, t, settings,

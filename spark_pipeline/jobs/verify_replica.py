@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 from spark_pipeline.delta_txn import DeltaTxn, table_exists
 from spark_pipeline.jobs.common import parser, select_topics, settings_from
 from spark_pipeline.jobs.replication import SNAPSHOT_APP_ID, SNAPSHOT_TABLES, check_filesystem, resolve_replica
+from spark_pipeline.results import Progress, TableEvent
 from tables import delta
 from tables.errors import LakebrokerError
 from tables.layout import Layout
@@ -67,20 +68,26 @@ class Verification:
 
 
 def verify(spark: SparkSession, settings: Settings, to: str | None = None, *, topic: str | None = None,
-           max_lag_messages: int | None = None) -> Verification:
+           max_lag_messages: int | None = None, progress: Progress | None = None) -> Verification:
+    """`progress` hears of each topic (rows: the primary's rows compared) and of the system tables."""
     layout = Layout.of(settings, for_spark=True)
     replica = resolve_replica(to or settings.replication_uri, settings.data_dir, settings.tables_uri)
     topics = select_topics(layout, topic)
     check_filesystem(spark, replica)
     out = Verification()
-    for t in topics:
+    total = len(topics) + (1 if topic is None else 0)  # the system tables are one step
+    report = progress or (lambda event: None)
+    for number, t in enumerate(topics, 1):
+        report(TableEvent(t.name, number, total))
         source, target = layout.topic_table(t.name), replica.topic_table(t.name)
-        if not table_exists(spark, source):
-            continue
-        if not table_exists(spark, target):
-            out.problems.append(f"topic {t.name!r} has no replica table at {target}")
-            continue
-        out.partitions += _check_topic(spark, t, source, target)
+        checks: list[PartitionCheck] = []
+        if table_exists(spark, source):
+            if table_exists(spark, target):
+                checks = _check_topic(spark, t, source, target)
+            else:
+                out.problems.append(f"topic {t.name!r} has no replica table at {target}")
+        out.partitions += checks
+        report(TableEvent(t.name, number, total, done=True, rows=sum(c.primary_rows for c in checks)))
     for check in out.partitions:
         where = f"{check.topic}[{check.partition}]"
         if check.missing:
@@ -90,9 +97,11 @@ def verify(spark: SparkSession, settings: Settings, to: str | None = None, *, to
         if max_lag_messages is not None and check.lag_messages > max_lag_messages:
             out.problems.append(f"{where}: lag of {check.lag_messages} messages is over {max_lag_messages}")
     if topic is None:
+        report(TableEvent("_system", total, total))
         _check_offsets(spark, layout.offsets_table, replica.system_table("consumer_offsets"), out)
         for name in SNAPSHOT_TABLES:
             _check_snapshot(spark, layout.system_table(name), replica.system_table(name), name, out)
+        report(TableEvent("_system", total, total, done=True))
     return out
 
 
