@@ -20,10 +20,11 @@ RUN apt-get update \
  && rm -rf /var/lib/apt/lists/*
 ENV VIRTUAL_ENV=/opt/venv PATH=/opt/venv/bin:$PATH PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /app
-# Runtime dependencies first, so this layer is cached while pyproject.toml and the lock are unchanged.
+# Runtime dependencies and the spark extra first, so this layer is cached while pyproject.toml and the
+# lock are unchanged.
 COPY pyproject.toml requirements.lock ./
 RUN python -m venv /opt/venv \
- && python -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']))" > /tmp/deps.txt \
+ && python -c "import tomllib; p = tomllib.load(open('pyproject.toml', 'rb'))['project']; print('\n'.join(p['dependencies'] + p['optional-dependencies']['spark']))" > /tmp/deps.txt \
  && pip install --no-cache-dir -c requirements.lock -r /tmp/deps.txt
 COPY . .
 RUN pip install --no-cache-dir --no-deps -e . \
@@ -59,7 +60,7 @@ COPY --from=build --chown=airflow:0 /app /app
 USER airflow
 # Airflow stays at the image's version; everything else is pinned by the project's lock.
 RUN pip install --no-cache-dir -c /app/requirements.lock "apache-airflow==${AIRFLOW_VERSION}" \
-        apache-airflow-providers-apache-spark pyspark-client -e /app
+        apache-airflow-providers-apache-spark pyspark-client -e "/app[spark]"
 ENV LAKEBROKER_DATA_DIR=/data LAKEBROKER_JARS_DIR=/app/.cache/jars
 
 # -- s3: MinIO, the same build and script as `make s3-server` and the tests -------------------------

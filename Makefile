@@ -1,31 +1,44 @@
 # The two commands a person needs: `make run` and `make test`. Both set everything up first.
-# Setup is idempotent: each step is skipped while its inputs are unchanged.
+# Setup is idempotent: each step is skipped while its inputs are unchanged. `make run` installs
+# what the broker needs (the runtime dependencies and the spark extra, for the scheduled jobs);
+# `make test` (and lint, bench, fault, soak) installs the dev extra: that, plus Airflow and the test tools.
 
 PYTHON_BIN ?= python3.11
 VENV := .venv
 PY := $(VENV)/bin/python
-STAMP := $(VENV)/.installed
+RUN_STAMP := $(VENV)/.installed-run
+DEV_STAMP := $(VENV)/.installed-dev
 
-.PHONY: run test setup lint bench bench-quick fault soak s3-server clean
+.PHONY: run test setup setup-run lint bench bench-quick fault soak s3-server clean
 
-run: setup
+run: setup-run
 	$(VENV)/bin/lakebroker serve
 
 test: setup
 	bash scripts/test.sh
 
-setup: $(STAMP) .cache/jars/.stamp .cache/spark-cds.jsa .cache/bin/minio.version
+setup-run: $(RUN_STAMP) .cache/jars/.stamp .cache/spark-cds.jsa
 
-# Every version, transitive ones too, is pinned in requirements.lock. The Python client is its own
-# distribution (clients/python), installed beside the broker for the tests.
-$(STAMP): pyproject.toml requirements.lock clients/python/pyproject.toml
+# The dev install first: it holds the spark extra, so the run stamp then needs no install of its own.
+setup: $(DEV_STAMP) setup-run .cache/bin/minio.version
+
+# Every version, transitive ones too, is pinned in requirements.lock.
+$(RUN_STAMP): pyproject.toml requirements.lock
+	test -x $(PY) || $(PYTHON_BIN) -m venv $(VENV)
+	if [ $(DEV_STAMP) -nt pyproject.toml ] && [ $(DEV_STAMP) -nt requirements.lock ]; then :; else \
+	  $(PY) -m pip install --quiet --upgrade pip && \
+	  $(PY) -m pip install --quiet -c requirements.lock -e ".[spark]"; fi
+	touch $(RUN_STAMP)
+
+# The Python client is its own distribution (clients/python), installed beside the broker for the tests.
+$(DEV_STAMP): pyproject.toml requirements.lock clients/python/pyproject.toml
 	test -x $(PY) || $(PYTHON_BIN) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -c requirements.lock -e ".[dev]" -e ./clients/python
-	touch $(STAMP)
+	touch $(DEV_STAMP)
 
 # Delta jars and Hadoop's S3A from Maven Central (transitively), plus the put-if-absent LogStores, into .cache/jars.
-.cache/jars/.stamp: build/jars/pom.xml build/jars/s3a/pom.xml scripts/fetch_jars.sh $(STAMP) $(wildcard spark_pipeline/java/io/lakebroker/delta/*.java)
+.cache/jars/.stamp: build/jars/pom.xml build/jars/s3a/pom.xml scripts/fetch_jars.sh $(RUN_STAMP) $(wildcard spark_pipeline/java/io/lakebroker/delta/*.java)
 	PYTHON=$(PY) bash scripts/fetch_jars.sh
 
 # The JVM class archive that shortens every Spark session's start (spark_pipeline/class_archive.py).

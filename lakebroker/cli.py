@@ -21,6 +21,7 @@ from rich.table import Table
 from ingest_api.broker import AckMode, NewMessage
 from lakebroker.access import broker_access
 from lakebroker.output import OutputFormat
+from spark_pipeline.extra import SPARK_MODULES, missing_spark_message
 from tables.errors import LakebrokerError
 from tables.layout import Layout, validate_name
 from tables.message_format import from_json_value
@@ -275,6 +276,11 @@ def main() -> None:
         app()
     except LakebrokerError as exc:
         err.print(f"error: {exc.message}", markup=False, highlight=False, soft_wrap=True)
+        sys.exit(1)
+    except ModuleNotFoundError as exc:
+        if exc.name not in SPARK_MODULES:
+            raise
+        err.print(f"error: {missing_spark_message('this command')}", markup=False, highlight=False, soft_wrap=True)
         sys.exit(1)
     except Exception as exc:
         if os.environ.get("LAKEBROKER_DEBUG"):

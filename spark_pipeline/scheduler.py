@@ -37,6 +37,7 @@ from apscheduler.schedulers.background import BackgroundScheduler
 from apscheduler.triggers.interval import IntervalTrigger
 
 from spark_pipeline import job_runs
+from spark_pipeline.extra import missing_spark_message, spark_installed
 from spark_pipeline.results import JobName, JobResult
 from tables.layout import Layout
 from tables.settings import Settings
@@ -256,10 +257,13 @@ def start_scheduler(settings: Settings, *, first_run_after_s: float | None = Non
     )
     scheduler.runner = runner
     now = datetime.now(UTC)
-    for spec in JOBS:
+    due = [spec for spec in JOBS if spec.interval_s(settings) > 0]
+    if due and not spark_installed():
+        log.warning("maintenance jobs are off: %s", missing_spark_message(
+            "scheduling " + ", ".join(spec.job.value for spec in due)))
+        due = []
+    for spec in due:
         interval = spec.interval_s(settings)
-        if interval <= 0:
-            continue
         first = now + timedelta(seconds=interval if first_run_after_s is None else first_run_after_s)
         scheduler.add_job(runner.run, IntervalTrigger(seconds=interval, timezone=UTC), args=[spec.job],
                           id=spec.job.value, name=f"lakebroker {spec.job.value}", next_run_time=first)
