@@ -42,18 +42,18 @@ serve() {
   mkdir -p "$data"
   MINIO_ROOT_USER="$user" MINIO_ROOT_PASSWORD="$secret" MINIO_BROWSER=off MINIO_UPDATE=off \
     "$MINIO" server --quiet --address "$host:$port" "$data" &
-  local pid=$!
-  trap 'kill "$pid" 2>/dev/null; wait "$pid" 2>/dev/null' EXIT INT TERM
+  MINIO_PID=$!
+  trap 'kill "$MINIO_PID" 2>/dev/null; wait "$MINIO_PID" 2>/dev/null' EXIT INT TERM
   for _ in $(seq 1 300); do
     if curl -fsS "$endpoint/minio/health/ready" >/dev/null 2>&1; then
       # The bucket, created over the S3 API if the data dir predates it (409: it exists).
       curl -sS -o /dev/null --aws-sigv4 "aws:amz:${AWS_REGION:-us-east-1}:s3" --user "$user:$secret" \
         -X PUT "$endpoint/$bucket" || true
       echo "S3 endpoint: $endpoint (bucket $bucket, AWS_ENDPOINT_URL=$endpoint)"
-      wait "$pid"
+      wait "$MINIO_PID"
       return
     fi
-    kill -0 "$pid" 2>/dev/null || { echo "s3_server: MinIO exited" >&2; wait "$pid"; exit 1; }
+    kill -0 "$MINIO_PID" 2>/dev/null || { echo "s3_server: MinIO exited" >&2; exit 1; }
     sleep 0.1
   done
   echo "s3_server: MinIO did not become ready on $endpoint" >&2

@@ -17,6 +17,7 @@ is needed, and no writer can overwrite another's commit.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import shutil
 from collections.abc import Mapping
@@ -123,15 +124,23 @@ def filesystem(uri: str) -> tuple[object, str]:
 
     if not is_s3(uri):
         return pafs.LocalFileSystem(), str(Path(uri))
-    s3 = S3Endpoint.from_env()
+    bucket, key = bucket_and_key(uri)
+    return _s3_filesystem(S3Endpoint.from_env()), f"{bucket}/{key}".rstrip("/")
+
+
+@functools.lru_cache(maxsize=8)
+def _s3_filesystem(s3: S3Endpoint) -> object:
+    """One client per endpoint and credentials: building one costs milliseconds, and log tails
+    open a table per partition."""
+    import pyarrow.fs as pafs
+
     kwargs: dict[str, object] = {"region": s3.region}
     if s3.endpoint:
         parts = urlsplit(s3.endpoint)
         kwargs.update(endpoint_override=parts.netloc + parts.path, scheme=parts.scheme or "https")
     if s3.access_key and s3.secret_key:
         kwargs.update(access_key=s3.access_key, secret_key=s3.secret_key, session_token=s3.session_token)
-    bucket, key = bucket_and_key(uri)
-    return pafs.S3FileSystem(**kwargs), f"{bucket}/{key}".rstrip("/")
+    return pafs.S3FileSystem(**kwargs)
 
 
 def remove_tree(uri: str) -> None:
