@@ -15,6 +15,7 @@ from ingest_api import create_app
 from spark_pipeline.jobs import compaction, key_compaction, replication, retention, verify_replica
 from spark_pipeline.results import Outcome
 from tables import delta
+from tables.errors import InvalidRequest
 from tables.layout import Layout
 from tests.s3 import S3Server
 from tests.spark_pipeline.topics import (
@@ -136,3 +137,14 @@ def test_replicate_local_to_a_bucket_then_fail_over_onto_it(s3_spark: Any, s3_se
         assert [m["offset"] for m in body["messages"]] == list(range(28))
     for a, b in itertools.pairwise(sorted(copied[0])):
         assert b == a + 1
+
+
+def test_bucket_replica_uris_are_s3a_and_outside_the_table_root(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    assert replication.resolve_replica("s3://bucket/replica/", data).root == "s3a://bucket/replica"
+    assert replication.resolve_replica("s3://bucket/mainx", data, "s3://bucket/main").root == "s3a://bucket/mainx"
+    for inside in ("s3://bucket/main", "s3a://bucket/main/replica", "s3://bucket"):
+        with pytest.raises(InvalidRequest, match="outside the table root"):
+            replication.resolve_replica(inside, data, "s3://bucket/main")
+    with pytest.raises(InvalidRequest):
+        replication.resolve_replica("s3://key:secret@bucket/replica", data)
