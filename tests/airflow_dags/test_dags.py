@@ -158,6 +158,24 @@ def test_every_dag_runs_for_real_and_does_its_job(airflow_db: Path, tmp_path: Pa
         ("replication", "events", "airflow", "ok"), ("replication", "users", "airflow", "ok")}
 
 
+@pytest.mark.timeout(900)
+def test_a_dag_runs_against_tables_on_s3(airflow_db: Path, tmp_path: Path, s3_root: str,
+                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """The table root in a bucket (MinIO), as the Airflow worker's environment gives it: the job
+    finds the topic there, removes the expired rows there, and records its run there."""
+    monkeypatch.setenv("LAKEBROKER_TABLES_URI", s3_root)
+    settings = settings_for(tmp_path / "data", tables_uri=s3_root)
+    create_topic(settings, "events", partitions=1, retention_ms=3_600_000)
+    produce(settings, "events", 0, 10, ts_us=NOW_US() - 2 * 3_600_000_000)  # 0-9 expired
+    produce(settings, "events", 0, 5)
+    states = _run(_dagbag(), "lakebroker_retention", data_dir=str(settings.data_dir), spark_master="local[1]")
+    assert states["run_job"] == "success" and states["summarize"] == "success"
+    assert offsets_by_partition(settings, "events") == {0: list(range(10, 15))}
+    runs = job_runs.last_runs(Layout.of(settings), job="retention", limit=10)
+    assert [(r["target"], r["trigger"], r["outcome"]) for r in runs] == [("events", "airflow", "ok")]
+    assert not (settings.data_dir / "topics").exists()
+
+
 def test_a_topic_param_reaches_only_the_jobs_that_take_one(airflow_db: Path, tmp_path: Path) -> None:
     import airflow_dags.lakebroker_maintenance as dags
 
