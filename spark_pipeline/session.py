@@ -133,8 +133,9 @@ def build_spark_session(
             f"a SparkSession not built by build_spark_session is already running "
             f"({LOGSTORE_CONF_KEY}={actual!r}); stop it first"
         )
-    return spark
     s3a.configure(spark)
+    return spark
+
 
 def _start_driver_jvm(master: str, app_name: str, conf: Mapping[str, str], log: Path) -> None:
     """Start the driver JVM and its SparkContext with the JVM's stdout and stderr in `log`.
