@@ -7,4 +7,7 @@ cd "$(dirname "$0")/.."
 mkdir -p test-artifacts
 # Parallel processes (pytest-xdist), one module per process at a time: module-scoped servers
 # start once. Most tests wait on servers, JVMs and disks, so more processes than cores pays.
-.venv/bin/python -m pytest -p no:cacheprovider -q -n "${LAKEBROKER_TEST_PROCESSES:-4}" --dist loadfile "$@"
+# --no-loadscope-reorder: keep the collection order (longest modules first, tests/conftest.py);
+# xdist would otherwise sort modules by their number of tests, and start a one-test Spark chain last.
+.venv/bin/python -m pytest -p no:cacheprovider -q -n "${LAKEBROKER_TEST_PROCESSES:-4}" --dist loadfile \
+  --no-loadscope-reorder "$@"

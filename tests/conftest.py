@@ -31,8 +31,29 @@ def orders(client: TestClient) -> str:
     return "orders"
 
 
+# The longest modules, longest first, from a full run's --durations (scripts/test.sh, 4 processes).
+LONGEST_FIRST = (
+    "tests/spark_pipeline/test_replication.py",
+    "tests/bench/test_soak.py",
+    "tests/airflow_dags/test_dags.py",
+    "tests/spark_pipeline/test_jobs_cli.py",
+    "tests/spark_pipeline/test_replication_fault.py",
+    "tests/cli/test_sql_cli.py",
+    "tests/cli/test_quickstart.py",
+    "tests/tables/test_table_features.py",
+    "tests/spark_pipeline/test_s3.py",
+    "tests/spark_pipeline/test_compaction.py",
+    "tests/spark_pipeline/test_retention.py",
+    "tests/test_install.py",
+)
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Modules with a test marked `slow` run first: in parallel processes (scripts/test.sh) the
-    suite then ends with short modules filling in, not with one long Spark chain started last."""
+    """The longest modules run first, then the rest of those with a test marked `slow`: in parallel
+    processes (scripts/test.sh) the suite then ends with short modules filling in, not with one
+    long Spark chain started last."""
+    root = Path(__file__).resolve().parent.parent
+    rank = {root / path: i for i, path in enumerate(LONGEST_FIRST)}
     slow = {item.path for item in items if item.get_closest_marker("slow")}
-    items.sort(key=lambda item: item.path not in slow)  # stable: the order within each group stays
+    # stable: the order within each group stays
+    items.sort(key=lambda item: (rank.get(item.path, len(rank)), item.path not in slow))

@@ -29,7 +29,7 @@ def _replica_offsets(replica: Path, topic: str) -> dict[int, list[int]]:
     return {p: sorted(v) for p, v in out.items()}
 
 
-@pytest.mark.timeout(1200)  # a long chain of Spark jobs: minutes when the suite runs in parallel
+@pytest.mark.timeout(2400)  # a long chain of Spark jobs: 20 minutes when the suite runs in parallel
 def test_replicate_then_verify_after_more_produce(spark: Any, tmp_path: Path) -> None:
     settings = settings_for(tmp_path / "data", key_compaction_min_lag_ms=0)
     layout = Layout(settings.data_dir)

@@ -44,7 +44,7 @@ TOPICS = ("alpha", "bravo", "charlie")  # copied one after another: kills land i
 PARTITIONS = 3
 BATCHES = 6  # flusher commits per partition
 ROWS = 250  # rows per commit
-RUN_TIMEOUT_S = 300.0  # one replicate or verify-replica process
+RUN_TIMEOUT_S = 900.0  # one replicate or verify-replica process (minutes beside the whole suite)
 KILL_WINDOW_S = 240.0  # how long to wait for the kill moment (JVM start included)
 
 
