@@ -7,6 +7,7 @@ Every command answers bad input with a one-line reason on stderr and a non-zero 
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import sys
 from importlib.metadata import PackageNotFoundError, version
@@ -40,6 +41,7 @@ err = Console(stderr=True)
 
 class _State:
     settings: Settings
+    server = False  # serve and deliver: processes whose shutdown runs its whole course
 
 
 state = _State()
@@ -190,6 +192,7 @@ def serve(
         help="API tokens: auto is required unless HOST is loopback (default: the auth setting).")] = None,
 ) -> None:
     """Run the ingest API and the background workers on this data dir."""
+    state.server = True
     from lakebroker.server import run_server
 
     overrides = {"host": host, "port": port, "auth": auth}
@@ -202,6 +205,7 @@ def deliver(
     metrics_port: Annotated[int | None, typer.Option(help="Serve Prometheus /metrics on this port.")] = None,
 ) -> None:
     """Run a delivery worker alone; several share a subscription's partitions through leases."""
+    state.server = True
     import asyncio
     import contextlib
 
@@ -270,6 +274,24 @@ def _register_plugins() -> None:
 
 
 def main() -> None:
+    try:
+        _run()
+    except SystemExit as done:
+        code = done.code
+    else:
+        code = 0
+    if state.server:
+        sys.exit(code)
+    # A command's work is done and printed. Arrow's C++ thread pools can still abort the process in
+    # the interpreter's teardown ("terminate called without an active exception", apache/arrow#34314;
+    # seen once in `lakebroker compact`): flush what it wrote, and exit without that teardown.
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code if isinstance(code, int) else 1 if code else 0)
+
+
+def _run() -> None:
     _register_plugins()
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     try:
