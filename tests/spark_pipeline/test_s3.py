@@ -12,11 +12,19 @@ import pytest
 from fastapi.testclient import TestClient
 
 from ingest_api import create_app
-from spark_pipeline.jobs import compaction, key_compaction, replication, retention, verify_replica
+from spark_pipeline.jobs import (
+    compaction,
+    key_compaction,
+    offsets_compaction,
+    replication,
+    retention,
+    verify_replica,
+)
 from spark_pipeline.results import Outcome
 from tables import delta
 from tables.errors import InvalidRequest
 from tables.layout import Layout
+from tables.offsets import OffsetReason, OffsetsTable
 from tests.s3 import S3Server
 from tests.spark_pipeline.topics import (
     NOW_US,
@@ -85,7 +93,7 @@ def test_compaction_on_s3_racing_the_flusher_loses_no_row_or_commit(s3_spark: An
     assert check.ok and check.lag_messages == 0, check.problems
 
 
-def test_retention_and_key_compaction_on_s3(s3_spark: Any, s3_root: str, tmp_path: Path) -> None:
+def test_retention_key_compaction_and_offsets_compaction_on_s3(s3_spark: Any, s3_root: str, tmp_path: Path) -> None:
     settings = settings_for(tmp_path / "data", tables_uri=s3_root, key_compaction_min_lag_ms=0)
     create_topic(settings, "events", partitions=1, retention_ms=3_600_000)
     old = NOW_US() - 2 * HOUR_US
@@ -102,6 +110,15 @@ def test_retention_and_key_compaction_on_s3(s3_spark: Any, s3_root: str, tmp_pat
     compacted = key_compaction.run(s3_spark, settings, "users")
     assert compacted.outcome is Outcome.OK, compacted.public()
     assert {(r["offset"], r["value"]) for r in rows(settings, "users", ["offset", "value"])} == {(2, b"a2"), (3, b"b3")}
+
+    offsets = OffsetsTable(Layout.of(settings))  # _system/consumer_offsets, in the bucket too
+    for n in range(1, 4):
+        offsets.commit("g1", "events", {0: 10 + n}, OffsetReason.ACK)
+    before = offsets.latest()
+    squeezed = offsets_compaction.run(s3_spark, settings)
+    assert squeezed.outcome is Outcome.OK, squeezed.public()
+    assert squeezed.table("_system/consumer_offsets").rows_removed == 2
+    assert OffsetsTable(Layout.of(settings)).latest() == before
 
 
 def test_replicate_local_to_a_bucket_then_fail_over_onto_it(s3_spark: Any, s3_server: S3Server,
