@@ -95,12 +95,6 @@ async def read_body(receive: Receive) -> bytes:
             return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
-async def send_json(send: Send, status: int, body: bytes) -> None:
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
-    await send({"type": "http.response.body", "body": body})
-
-
 class FrontDoor:
     """The outermost app middleware: a produce request (POST /v1/topics/{topic}/<name>) goes down a
     short chain, the request guards then its `AsgiRoute` handler, skipping FastAPI's exception

@@ -13,6 +13,7 @@ import asyncio
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ingest_api.errors import error_response
+from ingest_api.responses import send_json
 from tables.errors import LakebrokerError, RequestTimeout, TooLarge
 
 
@@ -126,6 +127,4 @@ async def _too_large(send: Send, declared: int, limit: int) -> None:
         {"error": {"code": "too_large", "message": f"request body of {declared} bytes is over the server limit "
                    f"of {limit} bytes (setting max_request_bytes)"}}
     )
-    await send({"type": "http.response.start", "status": 413,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
-    await send({"type": "http.response.body", "body": body})
+    await send_json(send, 413, body)

@@ -282,6 +282,8 @@ def main() -> None:
         code = 0
     if state.server:
         sys.exit(code)
+    if isinstance(code, str):  # what sys.exit("...") prints before exiting 1
+        print(code, file=sys.stderr)
     # A command's work is done and printed. Arrow's C++ thread pools can still abort the process in
     # the interpreter's teardown ("terminate called without an active exception", apache/arrow#34314;
     # seen once in `lakebroker compact`): flush what it wrote, and exit without that teardown.

@@ -13,11 +13,12 @@ import orjson
 from fastapi import APIRouter, Query
 from starlette.types import Receive, Scope, Send
 
-from ingest_api.asgi_route import AsgiRoute, header, query_of, read_body, send_json, served_by
-from ingest_api.body import parse_batch, parse_message
+from ingest_api.asgi_route import AsgiRoute, header, query_of, read_body, served_by
+from ingest_api.body import InvalidShape, media_type, parse_batch, parse_message
 from ingest_api.broker import AckMode, Broker, ProduceResult
 from ingest_api.deps import TopicPath
 from ingest_api.errors import error_response
+from ingest_api.responses import send_json
 from ingest_api.schemas import (
     MAX_INT,
     BatchIn,
@@ -64,13 +65,8 @@ def ack_of(query: dict[str, str]) -> AckMode:
         return AckMode.WAL
     mode = _ACKS.get(text)
     if mode is None:
-        raise InvalidAck(f"query parameter ack must be one of {', '.join(_ACKS)}, not {text!r}")
+        raise InvalidShape(f"query parameter ack must be one of {', '.join(_ACKS)}, not {text!r}")
     return mode
-
-
-class InvalidAck(LakebrokerError):
-    status = 422
-    code = "invalid_request"
 
 
 async def produce_one(scope: Scope, receive: Receive, send: Send) -> None:
@@ -79,7 +75,7 @@ async def produce_one(scope: Scope, receive: Receive, send: Send) -> None:
         broker.topic(scope["path_params"]["topic"])
         query = query_of(scope)
         ack = ack_of(query)
-        message = parse_message(_media_type(scope), query, await read_body(receive))
+        message = parse_message(media_type(header(scope, b"content-type")), query, await read_body(receive))
         (r,) = await broker.produce(scope["path_params"]["topic"], [message], ack)
     except LakebrokerError as exc:
         await error_response(exc)(scope, receive, send)
@@ -93,7 +89,7 @@ async def produce_batch(scope: Scope, receive: Receive, send: Send) -> None:
     try:
         broker.topic(scope["path_params"]["topic"])
         ack = ack_of(query_of(scope))
-        messages = parse_batch(_media_type(scope), await read_body(receive))
+        messages = parse_batch(media_type(header(scope, b"content-type")), await read_body(receive))
         results = await broker.produce(scope["path_params"]["topic"], messages, ack)
     except LakebrokerError as exc:
         await error_response(exc)(scope, receive, send)
@@ -112,10 +108,6 @@ def _batch_results(results: list[ProduceResult]) -> list[dict[str, Any]]:
             when = times[r.timestamp_us] = _EPOCH + timedelta(microseconds=r.timestamp_us)
         out.append({"partition": r.partition, "offset": r.offset, "duplicate": r.duplicate, "timestamp": when})
     return out
-
-
-def _media_type(scope: Scope) -> str:
-    return header(scope, b"content-type").split(";")[0].strip().lower()
 
 
 @router.post(

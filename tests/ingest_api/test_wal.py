@@ -27,6 +27,16 @@ def open_wal(path: Path, segment_bytes: int = 1 << 20) -> Wal:
     return Wal(path, segment_bytes=segment_bytes, fsync=True)
 
 
+def three_in_a_segment(path: Path) -> tuple[list[Record], Path]:
+    """Records 0-2 appended as one group and the WAL closed: the records and their segment."""
+    wal = open_wal(path)
+    wal.recover()
+    records = [rec(i) for i in range(3)]
+    wal.append([encode(r) for r in records], records)
+    wal.close()
+    return records, sorted(path.glob("*.wal"))[-1]
+
+
 def test_record_round_trip_keeps_every_field() -> None:
     r = Record("orders", b"x" * 16, 7, 123, 456, None, None, "json", None, None, "prod", 9)
     assert decode(encode(r)[FRAME_HEADER.size :]) == r
@@ -45,12 +55,7 @@ def test_recover_replays_appended_records(tmp_path: Path) -> None:
 
 
 def test_torn_tail_is_truncated_and_not_replayed(tmp_path: Path) -> None:
-    wal = open_wal(tmp_path)
-    wal.recover()
-    records = [rec(i) for i in range(3)]
-    wal.append([encode(r) for r in records], records)
-    wal.close()
-    segment = sorted(tmp_path.glob("*.wal"))[-1]
+    records, segment = three_in_a_segment(tmp_path)
     whole = segment.read_bytes()
     end = sum(len(encode(r)) for r in records)
     assert len(whole) > end and whole.count(0, end) == len(whole) - end  # room zeroed ahead of the groups
@@ -66,11 +71,7 @@ def test_torn_tail_is_truncated_and_not_replayed(tmp_path: Path) -> None:
 
 
 def test_zeroed_room_after_the_last_group_is_neither_torn_nor_corrupt(tmp_path: Path) -> None:
-    wal = open_wal(tmp_path)
-    wal.recover()
-    records = [rec(i) for i in range(3)]
-    wal.append([encode(r) for r in records], records)
-    wal.close()
+    records, _ = three_in_a_segment(tmp_path)
     again = open_wal(tmp_path)
     report = again.recover()  # the old segment, zeros and all, is now sealed behind a new one
     assert report.records == records and report.torn_bytes == 0 and report.corrupt == []
@@ -83,12 +84,7 @@ def test_zeroed_room_after_the_last_group_is_neither_torn_nor_corrupt(tmp_path: 
 
 def test_frames_after_a_zeroed_gap_are_corruption_not_an_end(tmp_path: Path) -> None:
     """Zeros end a segment only when nothing follows them: a lost write inside it is reported."""
-    wal = open_wal(tmp_path)
-    wal.recover()
-    records = [rec(i) for i in range(3)]
-    wal.append([encode(r) for r in records], records)
-    wal.close()
-    segment = sorted(tmp_path.glob("*.wal"))[-1]
+    records, segment = three_in_a_segment(tmp_path)
     data = bytearray(segment.read_bytes())
     start1 = len(encode(records[0]))
     start2 = start1 + len(encode(records[1]))
@@ -100,12 +96,7 @@ def test_frames_after_a_zeroed_gap_are_corruption_not_an_end(tmp_path: Path) -> 
 
 
 def test_corrupt_record_is_reported_skipped_and_quarantined(tmp_path: Path) -> None:
-    wal = open_wal(tmp_path)
-    wal.recover()
-    records = [rec(i) for i in range(3)]
-    wal.append([encode(r) for r in records], records)
-    wal.close()
-    segment = sorted(tmp_path.glob("*.wal"))[-1]
+    records, segment = three_in_a_segment(tmp_path)
     data = bytearray(segment.read_bytes())
     first = len(encode(records[0]))
     data[first + 20] ^= 0xFF  # flip a bit inside record 1's body
