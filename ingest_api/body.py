@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import binascii
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from pydantic_core import from_json
@@ -70,6 +71,24 @@ def parse_message(kind: str, query: Mapping[str, str], body: bytes) -> NewMessag
 
 
 def parse_batch(kind: str, body: bytes) -> list[NewMessage]:
+    return batch_items(kind, body).messages()
+
+
+@dataclass(slots=True)
+class BatchItems:
+    """A batch body parsed as JSON, each message not yet checked: for the per-message path
+    (`messages`), or for the columnar one (ingest_api/columnar.py)."""
+
+    items: list[Any]
+    ndjson: bool
+
+    def messages(self) -> list[NewMessage]:
+        if self.ndjson:
+            return [message_from_json(m, f" on line {i + 1}") for i, m in enumerate(self.items)]
+        return [message_from_json(m, f" {i}") for i, m in enumerate(self.items)]
+
+
+def batch_items(kind: str, body: bytes) -> BatchItems:
     if kind == "application/json":
         batch = parse_json(body)
         if type(batch) is not dict or batch.keys() != {"messages"}:
@@ -77,15 +96,19 @@ def parse_batch(kind: str, body: bytes) -> list[NewMessage]:
         items = batch["messages"]
         if type(items) is not list or not 1 <= len(items) <= MAX_BATCH:
             raise InvalidShape(f"invalid batch: messages must be a list of 1 to {MAX_BATCH} messages")
-        return [message_from_json(m, f" {i}") for i, m in enumerate(items)]
+        return BatchItems(items, ndjson=False)
     if kind in NDJSON_TYPES:
         lines = [line for line in body.split(b"\n") if line.strip()]
         if not lines:
             raise InvalidRequest("the NDJSON body holds no messages")
         if len(lines) > MAX_BATCH:
             raise InvalidShape(f"a batch holds at most {MAX_BATCH} messages")
-        return [message_from_json(parse_json(line, f" on line {i + 1}"), f" on line {i + 1}")
-                for i, line in enumerate(lines)]
+        try:
+            return BatchItems([from_json(line, allow_inf_nan=False) for line in lines], ndjson=True)
+        except ValueError:  # the first error in line order, as a bad shape on line 1 comes before bad JSON on line 2
+            for i, line in enumerate(lines):
+                message_from_json(parse_json(line, f" on line {i + 1}"), f" on line {i + 1}")
+            raise
     raise UnsupportedMediaType(
         f"content type {kind or '(none)'!r} is not accepted here: send application/json "
         '({"messages": [...]}) or application/x-ndjson (one message per line)'

@@ -10,16 +10,20 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 
+import numpy as np
+import pyarrow as pa
 import pyarrow.compute as pc
 
+from ingest_api.chunks import BatchResults, Chunk, ColumnarBatch, chunk_bytes, message_sizes
 from ingest_api.dedup import DedupIndex, DedupKey, Placed, dedup_id
 from ingest_api.flusher import Flusher
-from ingest_api.group_commit import GroupCommitter, Pending
+from ingest_api.group_commit import GroupCommitter, Pending, PendingChunk
 from ingest_api.metrics import IngestMetrics
-from ingest_api.partitioner import RoundRobin, partition_for_key
+from ingest_api.partitioner import RoundRobin, partition_for_key, partitions_for
 from ingest_api.records import Record, message_bytes
 from ingest_api.wal import PartitionKey, Wal
 from tables import delta
@@ -84,19 +88,21 @@ class Broker:
             log.error("WAL corruption in %s bytes %d-%d was skipped", span.segment, span.start, span.end)
         live = {bytes.fromhex(t.topic_id): t for t in self.topics.values()}
         next_offsets = dict(committed)
-        unflushed: list[Record] = []
-        for r in report.records:
+        unflushed: list[Record | Chunk] = []
+        written: list[Record | Chunk] = [*report.records, *report.chunks]
+        for r in written:
             key = (r.topic_id, r.partition)
             if r.topic_id not in live:
                 continue
-            next_offsets[key] = max(next_offsets.get(key, 0), r.offset + 1)
-            if r.offset >= committed.get(key, 0):
-                unflushed.append(r)
+            end = r.end if isinstance(r, Chunk) else r.offset + 1
+            next_offsets[key] = max(next_offsets.get(key, 0), end)
+            if end > committed.get(key, 0):
+                unflushed.append(r)  # the flusher drops a chunk's rows that are already in Delta
         self.committer.next_offsets = next_offsets
         self.flusher.committed = dict(committed)
-        await asyncio.to_thread(self._rebuild_dedup, report.records)
-        log.info("recovered: %d WAL records, %d not yet in Delta, %d torn bytes", len(report.records),
-                 len(unflushed), report.torn_bytes)
+        await asyncio.to_thread(self._rebuild_dedup, report.records, report.chunks)
+        log.info("recovered: %d WAL records and %d batch chunks, %d of them not yet in Delta, %d torn bytes",
+                 len(report.records), len(report.chunks), len(unflushed), report.torn_bytes)
         self.flusher.add(unflushed)
         if unflushed:
             await self.flusher.flush_once()
@@ -126,7 +132,7 @@ class Broker:
                 ends[(bytes.fromhex(topic.topic_id), p)] = end
         return ends
 
-    def _rebuild_dedup(self, wal_records: list[Record]) -> None:
+    def _rebuild_dedup(self, wal_records: list[Record], wal_chunks: list[Chunk]) -> None:
         horizon_us = int((time.time() - self.settings.dedup_window_s) * 1_000_000)
         seen: list[tuple[int, DedupKey, int, int]] = []
         for topic in self.topics.values():
@@ -149,6 +155,13 @@ class Broker:
             did = dedup_id(r.message_id, r.producer_id, r.sequence)
             if did is not None and r.timestamp_us >= horizon_us and r.topic_id in live:
                 seen.append((r.timestamp_us, (r.topic_id.hex(), did), r.partition, r.offset))
+        for c in wal_chunks:
+            ids = c.columns.column("message_id")
+            if c.timestamp_us < horizon_us or c.topic_id not in live or ids.null_count == len(ids):
+                continue
+            for rank, mid in enumerate(ids.to_pylist()):  # the columnar path carries message ids only
+                if mid is not None:
+                    seen.append((c.timestamp_us, (c.topic_id.hex(), "m:" + mid), c.partition, c.offset + rank))
         for ts, key, partition, offset in sorted(seen):
             self.dedup.remember(key, (partition, offset, ts))
 
@@ -192,18 +205,7 @@ class Broker:
 
     async def produce(self, topic_name: str, messages: list[NewMessage], ack: AckMode) -> list[ProduceResult]:
         topic = self.topic(topic_name)
-        try:
-            self._validate(topic, messages)
-        except LakebrokerError as exc:
-            self.metrics.rejected_for(exc.code).inc()
-            raise
-        if self.backlog_bytes > self.settings.max_backlog_bytes:
-            self.metrics.rejected_for("backpressure").inc()
-            raise Backpressure(
-                f"{self.backlog_bytes} bytes wait to be committed to Delta (limit "
-                f"{self.settings.max_backlog_bytes}); retry after the indicated delay",
-                retry_after_s=1.0,
-            )
+        self._admit(topic, messages)
         started = time.perf_counter()
         loop = asyncio.get_running_loop()
         topic_id = bytes.fromhex(topic.topic_id)
@@ -259,6 +261,114 @@ class Broker:
         self.metrics.produce_latency_of(ack.value).observe(time.perf_counter() - started)
         return [r for r in results if r is not None]
 
+    async def produce_columns(self, topic_name: str, batch: ColumnarBatch, ack: AckMode) -> BatchResults:
+        """`produce` for a batch held as columns: the same answers, partitions, offsets and rows,
+        with per-message Python only for messages that carry an id (the dedup index is per id)."""
+        topic = self.topic(topic_name)
+        explicit = batch.partitions
+        if (message_sizes(batch.columns) > topic.max_message_bytes).any() or (
+                explicit.null_count < len(explicit) and pc.max(explicit).as_py() >= topic.partitions):
+            self._admit(topic, batch.messages())  # raises the per-message path's precise error
+        self._check_backlog()
+        started = time.perf_counter()
+        n = batch.rows
+        results = BatchResults(np.full(n, -1, np.int32), np.full(n, -1, np.int64), np.zeros(n, np.bool_),
+                               np.full(n, -1, np.int64))
+        keep = np.ones(n, np.bool_)
+        waits: list[tuple[int, asyncio.Future[Placed]]] = []  # duplicates of messages in flight
+        placing: dict[int, asyncio.Future[Placed]] = {}  # row → its id's future, for new messages with an id
+        ids = batch.columns.column("message_id")
+        if ids.null_count < n:
+            self._dedup_columns(topic, ids.to_pylist(), results, keep, waits, placing)
+        kept = np.flatnonzero(keep)
+        columns = batch.columns if len(kept) == n else batch.columns.take(pa.array(kept))
+        rr = self._round_robin.get(topic.name)
+        if rr is None:
+            rr = self._round_robin[topic.name] = RoundRobin()
+        parts = partitions_for(explicit.take(pa.array(kept)) if len(kept) < n else explicit,
+                               columns.column("key").combine_chunks(), topic.partitions, rr)
+        results.partition[kept] = parts
+        loop = asyncio.get_running_loop()
+        topic_id = bytes.fromhex(topic.topic_id)
+        order = np.argsort(parts, kind="stable")
+        bounds = np.flatnonzero(np.diff(parts[order])) + 1
+        placed: list[tuple[np.ndarray, asyncio.Future[Chunk]]] = []
+        for rows in np.split(order, bounds) if len(order) else []:
+            part = columns.take(pa.array(rows))
+            chunk = Chunk(topic.name, topic_id, int(parts[rows[0]]), -1, 0, part, chunk_bytes(part))
+            where = kept[rows]  # request positions, in offset order
+            mine = [(i, placing[r]) for i, r in enumerate(where.tolist()) if r in placing] if placing else []
+            future: asyncio.Future[Chunk] | None = None
+            if ack is not AckMode.NONE or mine:
+                future = loop.create_future()
+                placed.append((where, future))
+            if mine:
+                assert future is not None
+                future.add_done_callback(_settle_ids(mine))
+            self.committer.submit([PendingChunk(chunk, future)])
+        self.metrics.produced_to(topic.name, ack.value).inc(len(kept))
+        if ack is AckMode.NONE:
+            for i, hit in waits:
+                if hit.done() and not hit.exception():
+                    results.partition[i], results.offset[i], results.timestamp_us[i] = hit.result()
+            return results
+        await asyncio.gather(*(f for _, f in placed), *(f for _, f in waits), return_exceptions=True)
+        for where, done in placed:
+            chunk = done.result()  # re-raises StorageUnavailable for a group that failed
+            results.offset[where] = np.arange(chunk.offset, chunk.end, dtype=np.int64)
+            results.timestamp_us[where] = chunk.timestamp_us
+        for i, hit in waits:
+            results.partition[i], results.offset[i], results.timestamp_us[i] = hit.result()
+        if duplicates := int(results.duplicate.sum()):
+            self.metrics.duplicates_to(topic.name).inc(duplicates)
+        if ack is AckMode.TABLE:
+            highest = {int(p): int(results.offset[results.partition == p].max()) for p in np.unique(results.partition)}
+            await asyncio.gather(*(self.flusher.wait_committed((topic_id, p), o) for p, o in highest.items()))
+        self.metrics.produce_latency_of(ack.value).observe(time.perf_counter() - started)
+        return results
+
+    def _dedup_columns(self, topic: TopicConfig, ids: list[str | None], results: BatchResults, keep: np.ndarray,
+                       waits: list[tuple[int, asyncio.Future[Placed]]],
+                       placing: dict[int, asyncio.Future[Placed]]) -> None:
+        """As `produce` does per message: a known id answers with its original placement, an id
+        in flight waits for it, a new id is registered before any later message can look it up."""
+        loop = asyncio.get_running_loop()
+        for i, mid in enumerate(ids):
+            if mid is None:
+                continue
+            key: DedupKey = (topic.topic_id, "m:" + mid)
+            hit = self.dedup.lookup(key)
+            if hit is None:
+                future: asyncio.Future[Placed] = loop.create_future()
+                self.dedup.begin(key, future)
+                future.add_done_callback(self._dedup_callback(key))
+                placing[i] = future
+                continue
+            keep[i] = False
+            results.duplicate[i] = True
+            if isinstance(hit, tuple):
+                results.partition[i], results.offset[i], results.timestamp_us[i] = hit
+            else:
+                waits.append((i, hit))
+
+    def _admit(self, topic: TopicConfig, messages: list[NewMessage]) -> None:
+        """Refuse messages that break a rule, or any message while the backlog is over its limit."""
+        try:
+            self._validate(topic, messages)
+        except LakebrokerError as exc:
+            self.metrics.rejected_for(exc.code).inc()
+            raise
+        self._check_backlog()
+
+    def _check_backlog(self) -> None:
+        if self.backlog_bytes > self.settings.max_backlog_bytes:
+            self.metrics.rejected_for("backpressure").inc()
+            raise Backpressure(
+                f"{self.backlog_bytes} bytes wait to be committed to Delta (limit "
+                f"{self.settings.max_backlog_bytes}); retry after the indicated delay",
+                retry_after_s=1.0,
+            )
+
     def _validate(self, topic: TopicConfig, messages: list[NewMessage]) -> None:
         if not messages:
             raise InvalidRequest("no messages to produce")
@@ -294,7 +404,7 @@ class Broker:
         return done
 
     # -- pipeline callbacks -------------------------------------------------------------
-    def _durable(self, records: list[Record]) -> None:
+    def _durable(self, records: list[Record | Chunk]) -> None:
         self.flusher.add(records)
 
     def _release_wal(self) -> None:
@@ -307,3 +417,21 @@ class Broker:
         self.wal.release(committed_below)
         self.metrics.wal_segments.set(self.wal.segment_count())
         self.metrics.wal_backlog_bytes.set(self.backlog_bytes)
+
+
+def _settle_ids(ids: list[tuple[int, asyncio.Future[Placed]]]) -> Callable[[asyncio.Future[Chunk]], None]:
+    """Once a chunk is durable (or failed), answer the dedup futures of its messages that carry an id."""
+
+    def done(chunk_future: asyncio.Future[Chunk]) -> None:
+        failure = chunk_future.exception() if not chunk_future.cancelled() else asyncio.CancelledError()
+        if failure is not None:
+            for _, future in ids:
+                if not future.done():
+                    future.set_exception(failure)
+            return
+        chunk = chunk_future.result()
+        for rank, future in ids:
+            if not future.done():
+                future.set_result((chunk.partition, chunk.offset + rank, chunk.timestamp_us))
+
+    return done

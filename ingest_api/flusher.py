@@ -9,6 +9,10 @@ neither loses nor duplicates a row. The rest must start exactly at that log-end 
 dense: a commit that would leave a gap is refused (OffsetGap) and retried, so no interleaving
 of flushes can make a later commit's txn version cover records that never arrived.
 
+Rows are handled in runs, never one by one: a columnar batch's chunk (chunks.py) is already a
+dense run of one partition, and single records are gathered into runs first. Runs are
+trimmed to the log-end by slicing and concatenated as Arrow tables.
+
 One flush runs at a time (`commit_lock`); deleting a topic takes the same lock, so no commit
 lands in a table after it is deleted. Tables are cached by topic id, not name: a re-created
 topic is a new table.
@@ -21,11 +25,13 @@ import contextlib
 import logging
 import time
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import Protocol
 
 import pyarrow as pa
 from deltalake import DeltaTable
 
+from ingest_api.chunks import Chunk
 from ingest_api.metrics import IngestMetrics
 from ingest_api.records import Record
 from ingest_api.wal import PartitionKey
@@ -75,7 +81,7 @@ class Flusher:
         self._topics = topics
         self._metrics = metrics
         self._on_committed = on_committed
-        self._pending: list[Record] = []
+        self._pending: list[Record | Chunk] = []
         self._pending_bytes = 0
         self._oldest: float | None = None
         self._wake = asyncio.Event()
@@ -90,7 +96,7 @@ class Flusher:
     def pending_bytes(self) -> int:
         return self._pending_bytes
 
-    def add(self, records: list[Record]) -> None:
+    def add(self, records: Sequence[Record | Chunk]) -> None:
         if not records:
             return
         self._pending.extend(records)
@@ -155,10 +161,10 @@ class Flusher:
         batch, self._pending = self._pending, []
         self._pending_bytes = 0
         self._oldest = None
-        by_topic: dict[str, list[Record]] = defaultdict(list)
+        by_topic: dict[str, list[Record | Chunk]] = defaultdict(list)
         for r in batch:
             by_topic[r.topic].append(r)
-        failed: list[Record] = []
+        failed: list[Record | Chunk] = []
         committed_any = False
         topics = self._topics()
         for name, records in by_topic.items():
@@ -176,7 +182,7 @@ class Flusher:
                 failed.extend(live)
                 continue
             self._metrics.flush_latency.observe(time.perf_counter() - started)
-            self._metrics.flush_batch.observe(len(live))
+            self._metrics.flush_batch.observe(sum(1 if isinstance(r, Record) else r.rows for r in live))
             self._mark_committed(topic, ends)
             committed_any = True
         if committed_any:  # one failing topic must not hold every other topic's WAL
@@ -201,17 +207,15 @@ class Flusher:
             table.update_incremental()
         return table
 
-    def _commit(self, topic: TopicConfig, records: list[Record]) -> dict[int, int]:
+    def _commit(self, topic: TopicConfig, records: list[Record | Chunk]) -> dict[int, int]:
         table = self._table(topic)
         ends = {p: delta.txn_version(table, delta.partition_app_id(p)) or 0 for p in {r.partition for r in records}}
-        fresh = _contiguous_from(ends, records)
+        fresh = _contiguous_from(ends, _runs(records))
         if not fresh:
             return ends
-        for r in fresh:
-            ends[r.partition] = r.offset + 1
         delta.append(
             table,
-            records_to_arrow(fresh),
+            pa.concat_tables(fresh),
             txns={delta.partition_app_id(p): end for p, end in ends.items()},
             metadata={"lakebroker.operation": "flush"},
         )
@@ -233,19 +237,61 @@ class Flusher:
                 self._waiters[key] = still
 
 
-def _contiguous_from(ends: dict[int, int], records: list[Record]) -> list[Record]:
-    """The records at or past each partition's committed end, which must continue it densely."""
-    fresh: dict[tuple[int, int], Record] = {}
-    for r in records:
-        if r.offset >= ends[r.partition]:
-            fresh.setdefault((r.partition, r.offset), r)  # a record queued twice is committed once
-    order = sorted(fresh)
-    expected = dict(ends)
-    for partition, offset in order:
-        if offset != expected[partition]:
+class _Run(Protocol):
+    """A dense run of one partition's rows: a Chunk, or a _RecordRun."""
+
+    partition: int
+    offset: int
+
+    @property
+    def end(self) -> int: ...
+
+    def to_arrow(self, skip: int = 0) -> pa.Table: ...
+
+
+def _runs(items: list[Record | Chunk]) -> list[_Run]:
+    """Every item as a dense run of one partition: chunks as they are, records gathered into
+    runs of consecutive offsets (the single-message path's per-row work, kept off batches)."""
+    runs: list[_Run] = [c for c in items if isinstance(c, Chunk)]
+    records = sorted((r for r in items if isinstance(r, Record)), key=lambda r: (r.partition, r.offset))
+    start = 0
+    for i in range(1, len(records) + 1):
+        if i == len(records) or records[i].partition != records[i - 1].partition \
+                or records[i].offset != records[i - 1].offset + 1:
+            if records:
+                runs.append(_RecordRun(records[start:i]))
+            start = i
+    return runs
+
+
+class _RecordRun:
+    """Single records of consecutive offsets, converted to Arrow once, when flushed."""
+
+    def __init__(self, records: list[Record]) -> None:
+        self.partition, self.offset = records[0].partition, records[0].offset
+        self._records = records
+
+    @property
+    def end(self) -> int:
+        return self.offset + len(self._records)
+
+    def to_arrow(self, skip: int = 0) -> pa.Table:
+        return records_to_arrow(self._records[skip:])
+
+
+def _contiguous_from(ends: dict[int, int], runs: list[_Run]) -> list[pa.Table]:
+    """The rows at or past each partition's committed end, which must continue it densely, as
+    Arrow tables in (partition, offset) order; `ends` moves to the new log-ends."""
+    out: list[pa.Table] = []
+    for run in sorted(runs, key=lambda c: (c.partition, c.offset)):
+        expected = ends[run.partition]
+        if run.end <= expected:
+            continue  # already in the table, or queued twice: committed once
+        if run.offset > expected:
             raise OffsetGap(
-                f"partition {partition}: a commit would start at offset {offset}, but the table ends at "
-                f"{expected[partition]}; refused so no gap is committed"
+                f"partition {run.partition}: a commit would start at offset {run.offset}, but the table ends at "
+                f"{expected}; refused so no gap is committed"
             )
-        expected[partition] = offset + 1
-    return [fresh[k] for k in order]
+        out.append(run.to_arrow(skip=expected - run.offset))
+        ends[run.partition] = run.end
+    return out

@@ -1,7 +1,8 @@
 """Group commit: many produce requests share one WAL write and one fsync.
 
-Requests queue `Pending` messages. One writer task takes everything queued, assigns each
-message its offset and timestamp, writes the group and fsyncs it in a thread, then answers
+Requests queue `Pending` messages, or a columnar batch's `PendingChunk`s (one per partition).
+One writer task takes everything queued, assigns each message its offset and timestamp (a
+chunk a dense run of offsets from its first), writes the group and fsyncs it in a thread, then answers
 every request in the group. Offsets are assigned here, by the only task that assigns them,
 so a group that fails to become durable (disk full) is rolled back without leaving a gap.
 """
@@ -15,6 +16,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from ingest_api.chunks import Chunk, encode_chunk
 from ingest_api.dedup import Placed
 from ingest_api.metrics import IngestMetrics
 from ingest_api.records import Record, encode
@@ -30,12 +32,21 @@ class Pending:
     future: asyncio.Future[Placed] | None = field(default=None)
 
 
+@dataclass(slots=True)
+class PendingChunk:
+    chunk: Chunk  # offset and timestamp are filled in by the writer
+    future: asyncio.Future[Chunk] | None = field(default=None)
+
+
+Queued = Pending | PendingChunk
+
+
 class GroupCommitter:
     def __init__(
         self,
         wal: Wal,
         next_offsets: dict[PartitionKey, int],
-        on_durable: Callable[[list[Record]], None],
+        on_durable: Callable[[list[Record | Chunk]], None],
         metrics: IngestMetrics,
         max_group: int = 65536,
     ) -> None:
@@ -44,16 +55,27 @@ class GroupCommitter:
         self._on_durable = on_durable
         self._metrics = metrics
         self._max_group = max_group
-        self._queue: list[Pending] = []
+        self._queue: list[Queued] = []
         self._wake = asyncio.Event()
         self._closing = False
         self._last_ts = 0
         self.queued_bytes = 0
 
-    def submit(self, items: list[Pending]) -> None:
+    def submit(self, items: list[Pending] | list[PendingChunk]) -> None:
         self._queue.extend(items)
-        self.queued_bytes += sum(p.record.size for p in items)
+        self.queued_bytes += sum(p.record.size if isinstance(p, Pending) else p.chunk.size for p in items)
         self._wake.set()
+
+    def _take(self) -> list[Queued]:
+        """The next group: up to max_group messages, and at least one queued item."""
+        rows, n = 0, 0
+        for p in self._queue:
+            rows += 1 if isinstance(p, Pending) else p.chunk.rows
+            n += 1
+            if rows >= self._max_group:
+                break
+        group, self._queue = self._queue[:n], self._queue[n:]
+        return group
 
     async def run(self) -> None:
         """Commit groups until close(); returns between groups, never in the middle of one."""
@@ -61,8 +83,7 @@ class GroupCommitter:
             await self._wake.wait()
             self._wake.clear()
             while self._queue and not self._closing:
-                group, self._queue = self._queue[: self._max_group], self._queue[self._max_group :]
-                await self._commit(group)
+                await self._commit(self._take())
 
     def close(self) -> None:
         self._closing = True
@@ -71,11 +92,10 @@ class GroupCommitter:
     async def drain(self) -> None:
         """Commit whatever is queued now: at shutdown once run() has returned, or with no run() (the CLI)."""
         while self._queue:
-            group, self._queue = self._queue[: self._max_group], self._queue[self._max_group :]
-            await self._commit(group)
+            await self._commit(self._take())
 
-    async def _commit(self, group: list[Pending]) -> None:
-        records = [p.record for p in group]
+    async def _commit(self, group: list[Queued]) -> None:
+        records = [p.record if isinstance(p, Pending) else p.chunk for p in group]
         saved = self._assign(records)
         try:
             await asyncio.to_thread(self._write, records)
@@ -90,13 +110,16 @@ class GroupCommitter:
             self.queued_bytes -= sum(r.size for r in records)
             return
         self.queued_bytes -= sum(r.size for r in records)
-        self._metrics.wal_group_size.observe(len(group))
+        self._metrics.wal_group_size.observe(sum(1 if isinstance(r, Record) else r.rows for r in records))
         for p in group:
-            if p.future is not None and not p.future.done():
-                p.future.set_result((p.record.partition, p.record.offset, p.record.timestamp_us))
+            if isinstance(p, Pending):
+                if p.future is not None and not p.future.done():
+                    p.future.set_result((p.record.partition, p.record.offset, p.record.timestamp_us))
+            elif p.future is not None and not p.future.done():
+                p.future.set_result(p.chunk)
         self._on_durable(records)
 
-    def _assign(self, records: list[Record]) -> dict[PartitionKey, int]:
+    def _assign(self, records: list[Record | Chunk]) -> dict[PartitionKey, int]:
         # Log-append time, never going backwards, so seeking by time is monotonic per partition.
         now = max(time.time_ns() // 1000, self._last_ts)
         self._last_ts = now
@@ -109,8 +132,8 @@ class GroupCommitter:
                 saved[key] = nxt
             r.offset = nxt
             r.timestamp_us = now
-            offsets[key] = nxt + 1
+            offsets[key] = nxt + (1 if isinstance(r, Record) else r.rows)
         return saved
 
-    def _write(self, records: list[Record]) -> None:
-        self._wal.append([encode(r) for r in records], records)
+    def _write(self, records: list[Record | Chunk]) -> None:
+        self._wal.append([encode(r) if isinstance(r, Record) else encode_chunk(r) for r in records], records)

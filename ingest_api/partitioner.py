@@ -2,12 +2,18 @@
 
 `toPositive(murmur2(utf8(key))) % partitions`, so a keyed message lands where a Kafka client
 with a StringSerializer would put it. Keyless messages go round-robin per topic.
+
+`partitions_for` does the same for a whole columnar batch: the hash runs once per distinct
+key (keys repeat), and the round-robin takes a block of the counter.
 """
 
 from __future__ import annotations
 
-import itertools
 from functools import lru_cache
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 
 _M = 0x5BD1E995
 _MASK = 0xFFFFFFFF
@@ -51,7 +57,33 @@ class RoundRobin:
     """Spreads keyless messages evenly over a topic's partitions."""
 
     def __init__(self) -> None:
-        self._counter = itertools.count()
+        self._counter = 0
 
     def next(self, partitions: int) -> int:
-        return next(self._counter) % partitions
+        n = self._counter
+        self._counter = n + 1
+        return n % partitions
+
+    def take(self, count: int, partitions: int) -> np.ndarray:
+        """What `count` calls of next() would answer, in order."""
+        first = self._counter
+        self._counter = first + count
+        return np.arange(first, first + count, dtype=np.int64) % partitions
+
+
+def partitions_for(explicit: pa.Array, keys: pa.Array, partitions: int, round_robin: RoundRobin) -> np.ndarray:
+    """Each message's partition, as `_partition` in broker.py picks it one at a time: the
+    explicit partition, else the key's, else the next round-robin one."""
+    out: np.ndarray = pc.fill_null(explicit, -1).to_numpy(zero_copy_only=False).astype(np.int32)
+    free = out < 0
+    if not free.any():
+        return out
+    keyed = free & pc.is_valid(keys).to_numpy(zero_copy_only=False)
+    if keyed.any():
+        encoded = pc.dictionary_encode(keys.filter(pa.array(keyed)))
+        by_key = np.array([partition_for_key(k, partitions) for k in encoded.dictionary.to_pylist()], np.int32)
+        out[keyed] = by_key[encoded.indices.to_numpy(zero_copy_only=False)]
+    keyless = free & ~keyed
+    if keyless.any():
+        out[keyless] = round_robin.take(int(keyless.sum()), partitions)
+    return out

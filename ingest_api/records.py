@@ -8,6 +8,8 @@ Frame layout (little-endian):
            then topic, key, value, headers(JSON), message_id, producer_id,
            each as i32 length (-1 for null) followed by the bytes.
 
+A batch's columnar chunks use the same header with their own magic (chunks.py).
+
 The CRC covers the length too, so a damaged length is caught before it is trusted. The magic
 lets recovery resynchronise after damage by searching for it, instead of checksumming from
 every byte position; a body is never longer than MAX_FRAME_BYTES, which bounds each try.
@@ -25,6 +27,8 @@ FORMATS = ("json", "text", "binary")
 _FORMAT_CODE = {name: i for i, name in enumerate(FORMATS)}
 
 FRAME_MAGIC = b"\xd3LBf"  # non-ASCII first byte: rare in text and JSON payloads
+CHUNK_MAGIC = b"\xd3LBc"  # a columnar chunk of many messages (chunks.py); same header and checksum
+MAGICS = (FRAME_MAGIC, CHUNK_MAGIC)
 FRAME_HEADER = struct.Struct("<4sII")
 MAX_FRAME_BYTES = 128 * 1024 * 1024  # twice the largest max_message_bytes
 _FIXED = struct.Struct("<16sIQqBq")
@@ -82,12 +86,16 @@ def encode(record: Record) -> bytes:
     _put(parts, None if record.headers is None else orjson.dumps(record.headers))
     _put(parts, None if record.message_id is None else record.message_id.encode())
     _put(parts, None if record.producer_id is None else record.producer_id.encode())
-    body = b"".join(parts)
+    return seal(FRAME_MAGIC, b"".join(parts))
+
+
+def seal(magic: bytes, body: bytes) -> bytes:
+    """A frame: header (magic, length, checksum) then the body."""
     length = len(body)
     if length > MAX_FRAME_BYTES:  # recovery would read it as corruption, so never write it
         raise ValueError(f"a WAL frame of {length} bytes is over the {MAX_FRAME_BYTES}-byte frame limit")
     crc = zlib.crc32(body, zlib.crc32(_LEN.pack(length)))
-    return FRAME_HEADER.pack(FRAME_MAGIC, length, crc) + body
+    return FRAME_HEADER.pack(magic, length, crc) + body
 
 
 def frame_crc_ok(length: int, crc: int, body: bytes) -> bool:

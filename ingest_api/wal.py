@@ -10,6 +10,9 @@ one is sealed, so a roll that fails (EMFILE, ENOSPC) leaves the group that was j
 durable and the current segment active. A segment is deleted only once every
 record in it is committed to Delta.
 
+A frame holds one record (records.py) or one columnar chunk of a batch (chunks.py); recovery
+reads both, so a WAL written before chunks existed stays readable.
+
 Recovery reads every segment in order, to its last frame (zeros after it are unused room):
 - a bad frame with no valid frame after it, in the newest segment, is a torn tail from a
   crash mid-write (never acknowledged): it is truncated;
@@ -28,7 +31,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ingest_api.records import FRAME_HEADER, FRAME_MAGIC, MAX_FRAME_BYTES, Record, decode, frame_crc_ok
+from ingest_api.chunks import Chunk, ChunkFrameError, decode_chunk
+from ingest_api.records import CHUNK_MAGIC, FRAME_HEADER, MAGICS, MAX_FRAME_BYTES, Record, decode, frame_crc_ok
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +53,7 @@ class CorruptSpan:
 @dataclass
 class RecoveryReport:
     records: list[Record] = field(default_factory=list)
+    chunks: list[Chunk] = field(default_factory=list)  # a columnar batch's frames (chunks.py)
     torn_bytes: int = 0
     corrupt: list[CorruptSpan] = field(default_factory=list)
 
@@ -58,11 +63,12 @@ class _Segment:
     path: Path
     max_offsets: dict[PartitionKey, int] = field(default_factory=dict)
 
-    def note(self, records: Iterable[Record]) -> None:
-        for r in records:
+    def note(self, written: Iterable[Record | Chunk]) -> None:
+        for r in written:
             key = (r.topic_id, r.partition)
-            if r.offset > self.max_offsets.get(key, -1):
-                self.max_offsets[key] = r.offset
+            last = r.end - 1 if isinstance(r, Chunk) else r.offset
+            if last > self.max_offsets.get(key, -1):
+                self.max_offsets[key] = last
 
 
 def _frame_at(data: bytes, pos: int) -> int | None:
@@ -71,7 +77,7 @@ def _frame_at(data: bytes, pos: int) -> int | None:
         return None
     magic, length, crc = FRAME_HEADER.unpack_from(data, pos)
     end: int = pos + FRAME_HEADER.size + length
-    if magic != FRAME_MAGIC or length > MAX_FRAME_BYTES or end > len(data):
+    if magic not in MAGICS or length > MAX_FRAME_BYTES or end > len(data):
         return None
     if not frame_crc_ok(length, crc, data[pos + FRAME_HEADER.size : end]):
         return None
@@ -81,12 +87,17 @@ def _frame_at(data: bytes, pos: int) -> int | None:
 def _next_valid_frame(data: bytes, pos: int) -> int | None:
     # Only positions holding the magic are checksummed: a payload of random bytes holds it
     # about once per 4 GiB, so a resync costs a search, not a checksum per byte.
-    candidate = data.find(FRAME_MAGIC, pos)
+    candidate = _find_magic(data, pos)
     while candidate >= 0:
         if _frame_at(data, candidate) is not None:
             return candidate
-        candidate = data.find(FRAME_MAGIC, candidate + 1)
+        candidate = _find_magic(data, candidate + 1)
     return None
+
+
+def _find_magic(data: bytes, pos: int) -> int:
+    found = [at for at in (data.find(magic, pos) for magic in MAGICS) if at >= 0]
+    return min(found) if found else -1
 
 
 class Wal:
@@ -109,21 +120,34 @@ class Wal:
         paths = sorted(self.directory.glob(f"*{_SUFFIX}"))
         for i, path in enumerate(paths):
             segment = _Segment(path)
-            records = self._read_segment(path, newest=i == len(paths) - 1, report=report)
+            records, chunks = self._read_segment(path, newest=i == len(paths) - 1, report=report)
             segment.note(records)
+            segment.note(chunks)
             report.records.extend(records)
+            report.chunks.extend(chunks)
             self._sealed.append(segment)
         self._roll(int(paths[-1].stem) + 1 if paths else 1)
         return report
 
-    def _read_segment(self, path: Path, *, newest: bool, report: RecoveryReport) -> list[Record]:
+    def _read_segment(self, path: Path, *, newest: bool,
+                      report: RecoveryReport) -> tuple[list[Record], list[Chunk]]:
         data = path.read_bytes()
         records: list[Record] = []
+        chunks: list[Chunk] = []
         pos = 0
         while pos < len(data):
             end = _frame_at(data, pos)
             if end is not None:
-                records.append(decode(data[pos + FRAME_HEADER.size : end]))
+                body = data[pos + FRAME_HEADER.size : end]
+                if data[pos : pos + len(CHUNK_MAGIC)] != CHUNK_MAGIC:
+                    records.append(decode(body))
+                else:
+                    try:
+                        chunks.append(decode_chunk(body))
+                    except ChunkFrameError as exc:  # its checksum holds, its contents do not: never replay it
+                        self._quarantine(path)
+                        log.error("WAL %s: bytes %d-%d: %s; not replayed", path.name, pos, end, exc)
+                        report.corrupt.append(CorruptSpan(path.name, pos, end))
                 pos = end
                 continue
             if data.count(0, pos) == len(data) - pos:
@@ -142,7 +166,7 @@ class Wal:
             log.error("WAL %s: corrupt bytes %d-%d fail their checksum; not replayed", path.name, pos, stop)
             report.corrupt.append(CorruptSpan(path.name, pos, stop))
             pos = stop
-        return records
+        return records, chunks
 
     def _quarantine(self, path: Path) -> None:
         target = self.directory / "quarantine" / path.name
@@ -151,7 +175,7 @@ class Wal:
             shutil.copy2(path, target)
 
     # -- appending ----------------------------------------------------------------------
-    def append(self, frames: list[bytes], records: list[Record]) -> None:
+    def append(self, frames: list[bytes], records: Iterable[Record | Chunk]) -> None:
         """Write one group and make it durable; on failure the segment is cut back to before it."""
         data = b"".join(frames)
         with self._lock:

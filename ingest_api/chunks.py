@@ -1,0 +1,153 @@
+"""A columnar run of messages for one partition, and its checksummed WAL frame.
+
+A batch produced through the columnar path becomes one `Chunk` per partition it touches: its
+messages' columns as an Arrow table, in request order, and the first offset of a dense run
+that the group committer assigns. The WAL stores the chunk as one frame; the flusher appends
+its columns with partition, offset and timestamp added as whole arrays. No step takes a
+Python object per message.
+
+Frame layout (little-endian), beside the per-record frame of records.py:
+
+    magic "\\xd3LBc" | u32 body_length | u32 crc32(body_length || body) | body
+
+    body = topic_id[16] partition:u32 offset:u64 timestamp_us:i64 rows:u32
+           topic as i32 length + bytes, then one Arrow IPC stream of CHUNK_SCHEMA
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from ingest_api.records import CHUNK_MAGIC, seal
+from tables.schemas import TOPIC_SCHEMA
+
+if TYPE_CHECKING:
+    from ingest_api.broker import NewMessage
+
+# Every topic column but the three the WAL frame and the committer own.
+CHUNK_SCHEMA = pa.schema([f for f in TOPIC_SCHEMA if f.name not in ("partition", "offset", "timestamp")])
+_FIXED = struct.Struct("<16sIQqI")
+_LEN = struct.Struct("<i")
+_TIMESTAMP = TOPIC_SCHEMA.field("timestamp").type
+
+
+class ChunkFrameError(ValueError):
+    """A frame whose checksum holds but whose contents do not add up: never replayed."""
+
+
+@dataclass(slots=True)
+class ColumnarBatch:
+    """A batch body as columns, before partitioning (ingest_api/columnar.py builds it)."""
+
+    columns: pa.Table  # CHUNK_SCHEMA, one row per message in request order
+    partitions: pa.Array  # int64: each message's explicit partition, or null
+    messages: Callable[[], list[NewMessage]]  # the same batch for the per-message path
+
+    @property
+    def rows(self) -> int:
+        return int(self.columns.num_rows)
+
+
+@dataclass(slots=True)
+class BatchResults:
+    """Per-message results of a columnar batch, in request order, as arrays."""
+
+    partition: np.ndarray  # -1: a duplicate whose original is not yet placed (ack=none)
+    offset: np.ndarray  # -1: not yet known (ack=none)
+    duplicate: np.ndarray
+    timestamp_us: np.ndarray  # -1 where the offset is not known
+
+
+@dataclass(slots=True)
+class Chunk:
+    topic: str
+    topic_id: bytes
+    partition: int
+    offset: int  # the first offset; assigned by the group committer, -1 before
+    timestamp_us: int
+    columns: pa.Table  # CHUNK_SCHEMA, one row per message in request order
+    size: int  # bytes for backlog and batch-size accounting, as Record.size counts them
+
+    @property
+    def rows(self) -> int:
+        return int(self.columns.num_rows)
+
+    @property
+    def end(self) -> int:
+        """The offset after the last message."""
+        return self.offset + self.rows
+
+    def to_arrow(self, skip: int = 0) -> pa.Table:
+        """The topic-table rows from the `skip`-th message on: TOPIC_SCHEMA, in offset order."""
+        columns = self.columns.slice(skip)
+        n = columns.num_rows
+        first = self.offset + skip
+        fixed = [
+            pa.array(np.full(n, self.partition, np.int32)),
+            pa.array(np.arange(first, first + n, dtype=np.int64)),
+            pa.array(np.full(n, self.timestamp_us, np.int64)).view(_TIMESTAMP),
+        ]
+        return pa.Table.from_arrays(fixed + list(columns.columns), schema=TOPIC_SCHEMA)
+
+
+def encode_chunk(chunk: Chunk) -> bytes:
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, CHUNK_SCHEMA) as writer:
+        writer.write_table(chunk.columns)
+    topic = chunk.topic.encode()
+    head = _FIXED.pack(chunk.topic_id, chunk.partition, chunk.offset, chunk.timestamp_us, chunk.rows)
+    return seal(CHUNK_MAGIC, b"".join((head, _LEN.pack(len(topic)), topic, sink.getvalue().to_pybytes())))
+
+
+def decode_chunk(body: bytes) -> Chunk:
+    topic_id, partition, offset, ts, rows = _FIXED.unpack_from(body, 0)
+    pos = _FIXED.size
+    (n,) = _LEN.unpack_from(body, pos)
+    pos += _LEN.size
+    topic = body[pos : pos + n].decode()
+    try:
+        columns = pa.ipc.open_stream(pa.py_buffer(body[pos + n :])).read_all()
+    except pa.ArrowInvalid as exc:
+        raise ChunkFrameError(f"chunk frame of topic {topic!r}: unreadable Arrow stream ({exc})") from None
+    if columns.schema != CHUNK_SCHEMA or columns.num_rows != rows:
+        raise ChunkFrameError(f"chunk frame of topic {topic!r}: {columns.num_rows} rows of an unexpected shape")
+    return Chunk(topic, topic_id, partition, offset, ts, columns, chunk_bytes(columns))
+
+
+def chunk_bytes(columns: pa.Table) -> int:
+    """What Record.size would count over these messages: 64 per message plus key, value and headers."""
+    size = 64 * int(columns.num_rows)
+    for name in ("key", "value", "headers"):
+        column = columns.column(name)
+        if column.null_count < len(column):
+            size += _data_bytes(column)
+    return size
+
+
+def _data_bytes(column: pa.ChunkedArray) -> int:
+    total = 0
+    for array in column.chunks:
+        if pa.types.is_map(array.type):
+            total += _data_bytes(pa.chunked_array([array.keys])) + _data_bytes(pa.chunked_array([array.items]))
+        else:
+            offsets = np.frombuffer(array.buffers()[1], np.int32, len(array) + 1, array.offset * 4)
+            total += int(offsets[-1] - offsets[0])
+    return total
+
+
+def message_sizes(columns: pa.Table) -> np.ndarray:
+    """Each message's size as records.message_bytes measures it (key and value bytes; the
+    columnar path takes no headers)."""
+    size = np.zeros(columns.num_rows, np.int64)
+    for name in ("key", "value"):
+        column = columns.column(name)
+        if column.null_count < len(column):
+            size += pc.fill_null(pc.binary_length(column), 0).to_numpy()
+    return size
