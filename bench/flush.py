@@ -1,13 +1,14 @@
 """WAL→Delta flush rate, measured in this process on the flusher's own commit path.
 
-Records are built as the group committer leaves them (offsets dense per partition, keyless,
-100-byte text values, three partitions), handed to `Flusher.add`, and committed with
-`Flusher.flush_once` (to_thread, txn check, Arrow conversion, delta-rs append with the txn
-actions). Beside it, in the same run:
+Batches are built as the columnar produce path leaves them: 1,000-message keyless batches of
+100-byte text values spread round-robin over three partitions, so one chunk of ~333 messages
+per partition and batch, offsets dense per partition. They are handed to `Flusher.add` and
+committed with `Flusher.flush_once` (to_thread, txn check, Arrow assembly, delta-rs append
+with the txn actions). Beside it, in the same run:
 - the floor: a bare delta-rs append of the same rows already in Arrow form (the flush path's
   "bare ASGI"), and
-- the flusher's own Arrow conversion alone (`records_to_arrow`),
-so the gap between the flusher and what delta-rs can do is split into its Python parts.
+- the flusher's own Arrow assembly alone (`chunks_to_arrow`),
+so the gap between the flusher and what delta-rs can do is split into its parts.
 """
 
 from __future__ import annotations
@@ -18,12 +19,13 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import pyarrow as pa
 from prometheus_client import CollectorRegistry
 
 from bench.plan import Plan
-from ingest_api.flusher import Flusher, records_to_arrow
+from ingest_api.chunks import CHUNK_SCHEMA, Chunk, chunk_bytes, chunks_to_arrow
+from ingest_api.flusher import Flusher
 from ingest_api.metrics import IngestMetrics
-from ingest_api.records import Record
 from tables import delta
 from tables.layout import Layout
 from tables.schemas import TOPIC_PARTITION_COLUMNS, TOPIC_SCHEMA, TOPIC_SCHEMA_VERSION
@@ -32,6 +34,7 @@ from tables.topics import new_topic
 
 PARTITIONS = 3
 VALUE = b"v" * 100
+BATCH = 1000  # messages per produced batch
 
 
 @dataclass
@@ -39,7 +42,7 @@ class FlushRow:
     records: int
     flush_rows_s: float  # Flusher.flush_once, median of repeats
     flush_ms: float
-    to_arrow_rows_s: float  # records_to_arrow alone
+    to_arrow_rows_s: float  # Arrow assembly alone (chunks_to_arrow)
     floor_rows_s: float  # bare delta-rs append of the prepared Arrow table
 
     @property
@@ -48,22 +51,36 @@ class FlushRow:
 
 
 class _Source:
-    """Records as the group committer hands them over: dense offsets per partition."""
+    """Chunks as the group committer hands them over: dense offsets per partition."""
 
     def __init__(self, topic: str, topic_id: bytes) -> None:
         self.topic, self.topic_id = topic, topic_id
         self.next = [0] * PARTITIONS
         self.ts = 1_700_000_000_000_000
+        self._columns: dict[int, pa.Table] = {}
 
-    def take(self, n: int) -> list[Record]:
+    def _of(self, rows: int) -> pa.Table:
+        columns = self._columns.get(rows)
+        if columns is None:
+            columns = self._columns[rows] = pa.Table.from_pylist(
+                [{"value": VALUE, "format": "text"}] * rows, schema=CHUNK_SCHEMA)
+        return columns
+
+    def take(self, n: int) -> list[Chunk]:
         out = []
-        for i in range(n):
-            p = i % PARTITIONS
-            out.append(Record(self.topic, self.topic_id, p, self.next[p], self.ts, None, VALUE, "text", None,
-                              None, None, None))
-            self.next[p] += 1
-        self.ts += 1000
+        for start in range(0, n, BATCH):
+            size = min(BATCH, n - start)
+            for p in range(PARTITIONS):
+                rows = size // PARTITIONS + (1 if p < size % PARTITIONS else 0)
+                columns = self._of(rows)
+                out.append(Chunk(self.topic, self.topic_id, p, self.next[p], self.ts, columns, chunk_bytes(columns)))
+                self.next[p] += rows
+            self.ts += 1000
         return out
+
+
+def _to_arrow(chunks: list[Chunk]) -> pa.Table:
+    return chunks_to_arrow([(c, 0) for c in sorted(chunks, key=lambda c: (c.partition, c.offset))])
 
 
 def _rate(n: int, seconds: float) -> float:
@@ -88,7 +105,7 @@ async def _measure(plan: Plan, work: Path) -> list[FlushRow]:
         for _ in range(plan.flush_repeats):
             records = source.take(n)
             started = time.perf_counter()
-            arrow = records_to_arrow(records)
+            arrow = _to_arrow(records)
             arrow_s.append(time.perf_counter() - started)
             started = time.perf_counter()
             floor_table.update_incremental()

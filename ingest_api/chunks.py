@@ -97,6 +97,22 @@ class Chunk:
         return pa.Table.from_arrays(fixed + list(columns.columns), schema=TOPIC_SCHEMA)
 
 
+def chunks_to_arrow(pieces: list[tuple[Chunk, int]]) -> pa.Table:
+    """Many chunks' topic-table rows at once, each from its `skip`-th message on: the columns
+    concatenated without copying, partition, offset and timestamp built as three arrays."""
+    counts = np.array([c.rows - skip for c, skip in pieces], np.int64)
+    starts = np.concatenate(([0], np.cumsum(counts)[:-1]))
+    firsts = np.array([c.offset + skip for c, skip in pieces], np.int64)
+    total = int(counts.sum())
+    fixed = [
+        pa.array(np.repeat(np.array([c.partition for c, _ in pieces], np.int32), counts)),
+        pa.array(np.arange(total, dtype=np.int64) + np.repeat(firsts - starts, counts)),
+        pa.array(np.repeat(np.array([c.timestamp_us for c, _ in pieces], np.int64), counts)).view(_TIMESTAMP),
+    ]
+    columns = pa.concat_tables([c.columns.slice(skip) for c, skip in pieces])
+    return pa.Table.from_arrays(fixed + list(columns.columns), schema=TOPIC_SCHEMA)
+
+
 def encode_chunk(chunk: Chunk) -> bytes:
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, CHUNK_SCHEMA) as writer:

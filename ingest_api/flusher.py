@@ -31,7 +31,7 @@ from typing import Protocol
 import pyarrow as pa
 from deltalake import DeltaTable
 
-from ingest_api.chunks import Chunk
+from ingest_api.chunks import Chunk, chunks_to_arrow
 from ingest_api.metrics import IngestMetrics
 from ingest_api.records import Record
 from ingest_api.wal import PartitionKey
@@ -215,7 +215,7 @@ class Flusher:
             return ends
         delta.append(
             table,
-            pa.concat_tables(fresh),
+            _assemble(fresh),
             txns={delta.partition_app_id(p): end for p, end in ends.items()},
             metadata={"lakebroker.operation": "flush"},
         )
@@ -279,10 +279,11 @@ class _RecordRun:
         return records_to_arrow(self._records[skip:])
 
 
-def _contiguous_from(ends: dict[int, int], runs: list[_Run]) -> list[pa.Table]:
-    """The rows at or past each partition's committed end, which must continue it densely, as
-    Arrow tables in (partition, offset) order; `ends` moves to the new log-ends."""
-    out: list[pa.Table] = []
+def _contiguous_from(ends: dict[int, int], runs: list[_Run]) -> list[tuple[_Run, int]]:
+    """The runs at or past each partition's committed end, which must continue it densely, in
+    (partition, offset) order, each with how many of its first rows are already in the table;
+    `ends` moves to the new log-ends."""
+    out: list[tuple[_Run, int]] = []
     for run in sorted(runs, key=lambda c: (c.partition, c.offset)):
         expected = ends[run.partition]
         if run.end <= expected:
@@ -292,6 +293,23 @@ def _contiguous_from(ends: dict[int, int], runs: list[_Run]) -> list[pa.Table]:
                 f"partition {run.partition}: a commit would start at offset {run.offset}, but the table ends at "
                 f"{expected}; refused so no gap is committed"
             )
-        out.append(run.to_arrow(skip=expected - run.offset))
+        out.append((run, expected - run.offset))
         ends[run.partition] = run.end
     return out
+
+
+def _assemble(pieces: list[tuple[_Run, int]]) -> pa.Table:
+    """One Arrow table of the pieces' rows, in order: neighbouring chunks built together."""
+    tables: list[pa.Table] = []
+    chunks: list[tuple[Chunk, int]] = []
+    for run, skip in pieces:
+        if isinstance(run, Chunk):
+            chunks.append((run, skip))
+            continue
+        if chunks:
+            tables.append(chunks_to_arrow(chunks))
+            chunks = []
+        tables.append(run.to_arrow(skip))
+    if chunks:
+        tables.append(chunks_to_arrow(chunks))
+    return tables[0] if len(tables) == 1 else pa.concat_tables(tables)
