@@ -36,10 +36,13 @@ VALUE_100 = "v" * 100
 
 
 def batch_body(fmt: str, size: int) -> tuple[bytes, str]:
-    if fmt == "json":
-        return orjson.dumps({"messages": [{"value": VALUE_100}] * size}), "application/json"
-    line = orjson.dumps({"value": VALUE_100})
-    return b"\n".join([line] * size) + b"\n", "application/x-ndjson"
+    """`json` or `ndjson`, keyless; with `-keyed`, each message keyed by one of 1,000 user ids."""
+    kind, _, keyed = fmt.partition("-")
+    messages = [{"key": f"user-{i % 1000}", "value": VALUE_100} if keyed else {"value": VALUE_100}
+                for i in range(size)]
+    if kind == "json":
+        return orjson.dumps({"messages": messages}), "application/json"
+    return b"\n".join(orjson.dumps(m) for m in messages) + b"\n", "application/x-ndjson"
 
 
 def percentile(values: list[float], q: float) -> float:

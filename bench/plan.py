@@ -22,7 +22,7 @@ class Plan:
     rounds: int  # baseline and broker alternate, in A-B then B-A order
     connections: tuple[int, ...]  # the throughput-vs-concurrency sweep
     decomposition_connections: int
-    batch_bodies: tuple[tuple[str, int], ...]  # (json | ndjson, messages per request)
+    batch_bodies: tuple[tuple[str, int], ...]  # (json | ndjson [-keyed], messages per request)
     batch_connections: int
     flush_sizes: tuple[int, ...]
     flush_repeats: int
@@ -36,13 +36,14 @@ PLANS = {
     "full": Plan(
         name="full", duration_s=10, warmup_s=3, rounds=2, connections=(1, 4, 16, 64, 128, 256),
         decomposition_connections=64, batch_bodies=(("json", 1000), ("ndjson", 1000), ("json", 5000),
-                                                    ("ndjson", 5000)),
+                                                    ("ndjson", 5000), ("json-keyed", 1000),
+                                                    ("ndjson-keyed", 5000)),
         batch_connections=4, flush_sizes=(1_000, 10_000, 100_000, 200_000), flush_repeats=3,
         visibility_rate=200, visibility_s=30, visibility_under_load=True, profile_s=10,
     ),
     "quick": Plan(
         name="quick", duration_s=2, warmup_s=1, rounds=1, connections=(1, 16, 64, 256),
-        decomposition_connections=64, batch_bodies=(("json", 1000), ("ndjson", 5000)),
+        decomposition_connections=64, batch_bodies=(("json", 1000), ("ndjson", 5000), ("ndjson-keyed", 5000)),
         batch_connections=4, flush_sizes=(10_000, 100_000), flush_repeats=3,
         visibility_rate=200, visibility_s=5, visibility_under_load=False, profile_s=2,
     ),

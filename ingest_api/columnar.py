@@ -16,6 +16,7 @@ the same NDJSON (which also cannot read the JSON-array body or keep big integers
 
 from __future__ import annotations
 
+from itertools import repeat
 from typing import Any
 
 import pyarrow as pa
@@ -25,28 +26,29 @@ from ingest_api.body import MAX_KEY_CHARS, BatchItems
 from ingest_api.chunks import CHUNK_SCHEMA, ColumnarBatch
 from tables.topics import MAX_PARTITIONS
 
-_FIELDS = frozenset({"key", "value", "partition", "id"})
-_REFUSED = (pa.ArrowException, TypeError, ValueError, OverflowError)  # UnicodeError is a ValueError
+_OPTIONAL = ("key", "partition", "id")
+_REFUSED = (pa.ArrowException, TypeError, ValueError, OverflowError, AttributeError)  # UnicodeError is a ValueError
+_ABSENT = object()  # no JSON value: a message without "value" refuses the string column
 
 
 def columns_of(batch: BatchItems) -> ColumnarBatch | None:
     items = batch.items
-    if not all(type(m) is dict for m in items):
-        return None
-    shapes = set(map(tuple, items))
-    present = set().union(*shapes)
-    if not present <= _FIELDS or not all("value" in shape for shape in shapes):
-        return None
+    n = len(items)
     try:
-        value = pa.array([m["value"] for m in items], pa.string())
-        key = _text(items, "key", 0, MAX_KEY_CHARS) if "key" in present else pa.nulls(len(items), pa.string())
-        message_id = _text(items, "id", 1, 256) if "id" in present else pa.nulls(len(items), pa.string())
-        partition = _partition(items) if "partition" in present else pa.nulls(len(items), pa.int64())
+        # Every message is an object with a value (a non-object has no .get, an absent value is
+        # not a string) and no field but these four: each field counted, the counts add up.
+        value = pa.array([m.get("value", _ABSENT) for m in items], pa.string())
+        fields = sum(map(len, items))
+        present = {name: sum(map(dict.__contains__, items, repeat(name))) if fields > n else 0 for name in _OPTIONAL}
+        if fields != n + sum(present.values()):
+            return None
+        key = _text(items, "key", 0, MAX_KEY_CHARS) if present["key"] else pa.nulls(n, pa.string())
+        message_id = _text(items, "id", 1, 256) if present["id"] else pa.nulls(n, pa.string())
+        partition = _partition(items) if present["partition"] else pa.nulls(n, pa.int64())
     except _REFUSED:
         return None
     if key is None or message_id is None or partition is None:
         return None
-    n = len(items)
     fmt = pc.if_else(pc.is_valid(value), "text", "json") if value.null_count else pa.repeat("text", n)
     columns = pa.Table.from_arrays(
         [key, value.view(pa.binary()), fmt, pa.nulls(n, CHUNK_SCHEMA.field("headers").type), message_id,
