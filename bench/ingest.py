@@ -204,8 +204,10 @@ class BatchResult:
     server_metrics: dict[str, float]
     load_wall_s: float
 
-    def best(self) -> BatchRow:
-        return max(self.rows, key=lambda r: r.msg_s)
+    def best(self, keyed: bool = False) -> BatchRow | None:
+        """The fastest keyless (or keyed) body, if the plan measured one."""
+        rows = [r for r in self.rows if r.fmt.endswith("-keyed") == keyed]
+        return max(rows, key=lambda r: r.msg_s) if rows else None
 
 
 def batch_produce(plan: Plan, baseline: Server, work: Path) -> BatchResult:

@@ -11,6 +11,7 @@ from bench.machine import Machine
 from bench.plan import (
     TARGET_BATCH_MSG_S,
     TARGET_FLUSH_ROWS_S,
+    TARGET_KEYED_BATCH_MSG_S,
     TARGET_SINGLE_MSG_S,
     TARGET_VISIBLE_P99_S,
     Plan,
@@ -110,9 +111,8 @@ def _batch_limit(results: Results) -> str:
 def _flush_limit(rows: list[FlushRow]) -> str:
     big = max(rows, key=lambda r: r.records)
     return (f"at {n(big.records)} rows per commit the flusher reaches {r2(big.ratio)}x a bare delta-rs append of "
-            f"the same rows ({n(big.floor_rows_s)} rows/s); its records_to_arrow alone runs at "
-            f"{n(big.to_arrow_rows_s)} rows/s: the per-row Python (sort, Arrow conversion, txn bookkeeping) "
-            f"is the limit, not delta-rs")
+            f"the same rows ({n(big.floor_rows_s)} rows/s); its Arrow assembly alone runs at "
+            f"{n(big.to_arrow_rows_s)} rows/s, so the rest is delta-rs's write on this machine")
 
 
 def _visibility_limit(run: VisibilityRun) -> str:
@@ -146,14 +146,17 @@ def summary(results: Results) -> str:
             _status(best.broker.ok_rps >= TARGET_SINGLE_MSG_S),
             "" if best.broker.ok_rps >= TARGET_SINGLE_MSG_S else _single_limit(results),
         ])
-    if results.batch is not None and results.batch.rows:
-        best_b = results.batch.best()
+    for keyed, label, target in ((False, "2. batch produce, 100-byte values", TARGET_BATCH_MSG_S),
+                                 (True, "2. batch produce, keyed (murmur2)", TARGET_KEYED_BATCH_MSG_S)):
+        best_b = results.batch.best(keyed) if results.batch is not None else None
+        if best_b is None:
+            continue
         rows.append([
-            "2. batch produce, 100-byte values", f"{n(best_b.msg_s)} msg/s ({best_b.size}-message "
+            label, f"{n(best_b.msg_s)} msg/s ({best_b.size}-message "
             f"{best_b.fmt.upper()} bodies; {best_b.broker.cpu_us_per_request / best_b.size:,.1f} µs of server CPU "
             "per message)", f"{r2(best_b.ratio)}x bare ASGI req/s with the same body",
-            f"≥ {n(TARGET_BATCH_MSG_S)} msg/s", _status(best_b.msg_s >= TARGET_BATCH_MSG_S),
-            "" if best_b.msg_s >= TARGET_BATCH_MSG_S else _batch_limit(results),
+            f"≥ {n(target)} msg/s", _status(best_b.msg_s >= target),
+            "" if best_b.msg_s >= target else _batch_limit(results),
         ])
     if results.flush:
         best_f = max(results.flush, key=lambda r: r.flush_rows_s)
@@ -319,8 +322,9 @@ def batch_section(results: Results) -> str:
     return f"""## 2. Batch produce (100-byte values)
 
 `POST /v1/topics/bench/batch` (ack=wal) with {results.plan.batch_connections} connections; each message is
-`{{"value": "<100 characters>"}}`, keyless. The baseline receives the same bodies. Target: ≥ {n(TARGET_BATCH_MSG_S)}
-msg/s.
+`{{"value": "<100 characters>"}}`, keyless, or with `-KEYED` `{{"key": "user-<i mod 1000>", "value": ...}}`
+(Kafka murmur2 partitions). Both take the columnar path (`ingest_api/columnar.py`). The baseline receives the
+same bodies. Targets: ≥ {n(TARGET_BATCH_MSG_S)} msg/s keyless, ≥ {n(TARGET_KEYED_BATCH_MSG_S)} msg/s keyed.
 
 {table}
 
@@ -334,13 +338,15 @@ average taking {f['mean_commit_ms']:,.0f} ms each (`lakebroker_flush_latency_sec
 def flush_section(results: Results) -> str:
     rows = [[n(r.records), n(r.flush_rows_s), f"{r.flush_ms:,.1f}", n(r.to_arrow_rows_s), n(r.floor_rows_s),
              r2(r.ratio)] for r in results.flush or []]
-    table = _table(["rows per commit", "flusher rows/s", "ms per commit", "records_to_arrow alone rows/s",
+    table = _table(["rows per commit", "flusher rows/s", "ms per commit", "Arrow assembly alone rows/s",
                     "bare delta-rs append rows/s (floor)", "ratio to floor"], rows)
     return f"""## 3. WAL→Delta flush
 
-In-process (bench/flush.py): records as the group committer leaves them (3 partitions, dense offsets,
-100-byte values) go through `Flusher.add` and `Flusher.flush_once`, the server's own commit path (txn check,
-`records_to_arrow`, delta-rs append with per-partition txn actions, in `asyncio.to_thread`). The floor is a
+In-process (bench/flush.py): batches as the columnar produce path leaves them (1,000-message keyless batches
+of 100-byte values over 3 partitions: a chunk of ~333 messages per partition and batch, offsets dense) go
+through `Flusher.add` and `Flusher.flush_once`, the server's own commit path (txn check, chunks sliced and
+concatenated into one Arrow table by `chunks_to_arrow`, delta-rs append with per-partition txn actions, in
+`asyncio.to_thread`). The floor is a
 bare `write_deltalake` append of the same rows already in Arrow form, timed in the same run. Median of
 {results.plan.flush_repeats} repeat(s). Target: ≥ {n(TARGET_FLUSH_ROWS_S)} rows/s.
 
