@@ -18,7 +18,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ingest_api.chunks import BatchResults, Chunk, ColumnarBatch, chunk_bytes, message_sizes
+from ingest_api.chunks import BatchResults, Chunk, ColumnarBatch, chunk_bytes, message_sizes, split_by_bytes
 from ingest_api.dedup import DedupIndex, DedupKey, Placed, dedup_id
 from ingest_api.flusher import Flusher
 from ingest_api.group_commit import GroupCommitter, Pending, PendingChunk
@@ -266,7 +266,8 @@ class Broker:
         with per-message Python only for messages that carry an id (the dedup index is per id)."""
         topic = self.topic(topic_name)
         explicit = batch.partitions
-        if (message_sizes(batch.columns) > topic.max_message_bytes).any() or (
+        sizes = message_sizes(batch.columns)
+        if (sizes > topic.max_message_bytes).any() or (
                 explicit.null_count < len(explicit) and pc.max(explicit).as_py() >= topic.partitions):
             self._admit(topic, batch.messages())  # raises the per-message path's precise error
         self._check_backlog()
@@ -293,7 +294,9 @@ class Broker:
         order = np.argsort(parts, kind="stable")
         bounds = np.flatnonzero(np.diff(parts[order])) + 1
         placed: list[tuple[np.ndarray, asyncio.Future[Chunk]]] = []
-        for rows in np.split(order, bounds) if len(order) else []:
+        by_partition = np.split(order, bounds) if len(order) else []
+        kept_sizes = sizes[kept]
+        for rows in (piece for p_rows in by_partition for piece in split_by_bytes(p_rows, kept_sizes[p_rows])):
             part = columns.take(pa.array(rows))
             chunk = Chunk(topic.name, topic_id, int(parts[rows[0]]), -1, 0, part, chunk_bytes(part))
             where = kept[rows]  # request positions, in offset order

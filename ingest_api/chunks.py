@@ -25,7 +25,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ingest_api.records import CHUNK_MAGIC, seal
+from ingest_api.records import CHUNK_MAGIC, MAX_FRAME_BYTES, seal
 from tables.schemas import TOPIC_SCHEMA
 
 if TYPE_CHECKING:
@@ -33,6 +33,7 @@ if TYPE_CHECKING:
 
 # Every topic column but the three the WAL frame and the committer own.
 CHUNK_SCHEMA = pa.schema([f for f in TOPIC_SCHEMA if f.name not in ("partition", "offset", "timestamp")])
+CHUNK_BYTES = MAX_FRAME_BYTES // 4  # a chunk's messages add up to about this at most, so its frame fits
 _FIXED = struct.Struct("<16sIQqI")
 _LEN = struct.Struct("<i")
 _TIMESTAMP = TOPIC_SCHEMA.field("timestamp").type
@@ -167,3 +168,13 @@ def message_sizes(columns: pa.Table) -> np.ndarray:
         if column.null_count < len(column):
             size += pc.fill_null(pc.binary_length(column), 0).to_numpy()
     return size
+
+
+def split_by_bytes(rows: np.ndarray, sizes: np.ndarray, limit: int = CHUNK_BYTES) -> list[np.ndarray]:
+    """`rows` (one partition's messages, with their sizes) cut into runs of about `limit` bytes
+    at most, each one WAL frame; a run holds at least one message."""
+    weights = sizes + 64
+    if int(weights.sum()) <= limit:
+        return [rows]
+    cuts = np.flatnonzero(np.diff(np.cumsum(weights) // limit)) + 1
+    return [piece for piece in np.split(rows, cuts) if len(piece)]

@@ -1,16 +1,33 @@
-"""The WAL's columnar chunk frames beside per-record frames: round trip, mixed recovery, a torn
-chunk at the tail, and a corrupt chunk skipped without losing the frames after it."""
+"""Columnar chunks: their WAL frames beside per-record frames (round trip, mixed recovery, a torn
+chunk at the tail, a corrupt chunk skipped without losing the frames after it), their rows as the
+flusher assembles them, and a chunk that straddles the table's log-end committed from there on."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pytest
+from prometheus_client import CollectorRegistry
 
-from ingest_api.chunks import CHUNK_SCHEMA, Chunk, chunk_bytes, decode_chunk, encode_chunk
+from ingest_api.chunks import (
+    CHUNK_SCHEMA,
+    Chunk,
+    chunk_bytes,
+    chunks_to_arrow,
+    decode_chunk,
+    encode_chunk,
+    split_by_bytes,
+)
+from ingest_api.flusher import Flusher
+from ingest_api.metrics import IngestMetrics
 from ingest_api.records import FRAME_HEADER, Record, encode
 from ingest_api.wal import Wal
+from tables import delta
+from tables.layout import Layout
+from tables.settings import Settings
+from tables.topics import new_topic
 
 pytestmark = pytest.mark.fault
 
@@ -85,3 +102,47 @@ def test_a_corrupt_chunk_is_skipped_and_the_frames_after_it_kept(tmp_path: Path)
     assert report.records == [rec(0)]
     assert [(s.start, s.end) for s in report.corrupt] == [(first, first + len(encode_chunk(chunk(4, 6))))]
     assert (tmp_path / "quarantine" / segment.name).exists()
+
+
+def test_chunks_to_arrow_numbers_each_run_from_its_first_kept_message() -> None:
+    a, b = chunk(10, 5, partition=0), chunk(3, 4, partition=2)
+    table = chunks_to_arrow([(a, 2), (b, 0)])
+    assert table.column("offset").to_pylist() == [12, 13, 14, 3, 4, 5, 6]
+    assert table.column("partition").to_pylist() == [0, 0, 0, 2, 2, 2, 2]
+    assert table.column("timestamp").cast(pa.int64()).to_pylist() == [a.timestamp_us] * 3 + [b.timestamp_us] * 4
+    assert table.select(CHUNK_SCHEMA.names).equals(pa.concat_tables([a.columns.slice(2), b.columns]))
+    assert table.equals(pa.concat_tables([a.to_arrow(skip=2), b.to_arrow()]))
+
+
+def test_a_large_partition_run_is_cut_into_frames_of_bounded_size() -> None:
+    rows = np.arange(100, 200)
+    sizes = np.full(100, 1000, np.int64)
+    pieces = split_by_bytes(rows, sizes, limit=10_640)  # ten messages of 1,064 accounted bytes each
+    assert np.concatenate(pieces).tolist() == rows.tolist()
+    assert all(len(p) <= 11 for p in pieces) and len(pieces) >= 9
+    assert [p.tolist() for p in split_by_bytes(rows, sizes, limit=1 << 30)] == [rows.tolist()]
+
+
+async def test_a_chunk_straddling_the_log_end_is_committed_from_the_log_end(tmp_path: Path) -> None:
+    """A crash after a Delta commit of offsets 0-4 but before the WAL released them: the replayed
+    chunk 0-9 adds only 5-9, and a later chunk continues densely."""
+    topic = new_topic("t", 3)
+    flusher = Flusher(Settings(data_dir=tmp_path), Layout(tmp_path), lambda: {"t": topic},
+                      IngestMetrics(CollectorRegistry()), lambda: None)
+    topic_id = bytes.fromhex(topic.topic_id)
+
+    def mine(c: Chunk) -> Chunk:
+        c.topic_id = topic_id
+        return c
+
+    first = mine(chunk(0, 10))
+    flusher.add([mine(Chunk("t", topic_id, 1, 0, first.timestamp_us, first.columns.slice(0, 5), 0))])
+    assert await flusher.flush_once()
+    flusher.add([first, mine(chunk(10, 3))])
+    assert await flusher.flush_once()
+    table = delta.open_table(Layout(tmp_path).topic_table("t"))
+    assert table is not None
+    rows = table.to_pyarrow_table().sort_by("offset")
+    assert rows.column("offset").to_pylist() == list(range(13))
+    assert rows.select(CHUNK_SCHEMA.names).equals(pa.concat_tables([first.columns, chunk(10, 3).columns]))
+    assert delta.txn_version(table, delta.partition_app_id(1)) == 13
