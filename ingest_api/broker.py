@@ -292,12 +292,15 @@ class Broker:
         loop = asyncio.get_running_loop()
         topic_id = bytes.fromhex(topic.topic_id)
         order = np.argsort(parts, kind="stable")
+        by_partition = columns.take(pa.array(order))  # one gather; each partition's run is then a slice
         bounds = np.flatnonzero(np.diff(parts[order])) + 1
         placed: list[tuple[np.ndarray, asyncio.Future[Chunk]]] = []
-        by_partition = np.split(order, bounds) if len(order) else []
         kept_sizes = sizes[kept]
-        for rows in (piece for p_rows in by_partition for piece in split_by_bytes(p_rows, kept_sizes[p_rows])):
-            part = columns.take(pa.array(rows))
+        pieces = (piece for run in (np.split(np.arange(len(order)), bounds) if len(order) else [])
+                  for piece in split_by_bytes(run, kept_sizes[order[run]]))
+        for span in pieces:  # positions in `order`, consecutive
+            rows = order[span]
+            part = by_partition.slice(int(span[0]), len(span))
             chunk = Chunk(topic.name, topic_id, int(parts[rows[0]]), -1, 0, part, chunk_bytes(part))
             where = kept[rows]  # request positions, in offset order
             mine = [(i, placing[r]) for i, r in enumerate(where.tolist()) if r in placing] if placing else []

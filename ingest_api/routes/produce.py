@@ -9,21 +9,18 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-import numpy as np
 import orjson
-import pyarrow as pa
-import pyarrow.compute as pc
 from fastapi import APIRouter, Query
 from starlette.types import Receive, Scope, Send
 
 from ingest_api.asgi_route import AsgiRoute, header, query_of, read_body, served_by
 from ingest_api.body import InvalidShape, batch_items, media_type, parse_message
 from ingest_api.broker import AckMode, Broker, ProduceResult
-from ingest_api.chunks import BatchResults
 from ingest_api.columnar import columns_of
 from ingest_api.deps import TopicPath
 from ingest_api.errors import error_response
 from ingest_api.responses import send_json
+from ingest_api.results_json import batch_results_json
 from ingest_api.schemas import (
     MAX_INT,
     BatchIn,
@@ -105,24 +102,6 @@ async def produce_batch(scope: Scope, receive: Receive, send: Send) -> None:
         await error_response(exc)(scope, receive, send)
         return
     await send_json(send, 202 if ack is AckMode.NONE else 200, body)
-
-
-def batch_results_json(results: BatchResults) -> bytes:
-    """The body `_batch_results` renders, built over whole arrays: one text per distinct
-    timestamp (a group commit gives its messages one), the rest joined by Arrow."""
-    stamps, where = np.unique(results.timestamp_us, return_inverse=True)
-    texts = [b"null" if t < 0 else orjson.dumps(_EPOCH + timedelta(microseconds=t)) for t in stamps.tolist()]
-    unknown = pa.array(results.offset < 0)
-    each = pc.binary_join_element_wise(
-        '{"partition":', pc.cast(pa.array(results.partition), pa.string()),
-        ',"offset":', pc.if_else(unknown, "null", pc.cast(pa.array(results.offset), pa.string())),
-        ',"duplicate":', pc.if_else(pa.array(results.duplicate), "true", "false"),
-        ',"timestamp":', pa.array(texts, pa.binary()).cast(pa.string()).take(pa.array(where.ravel())),
-        "}", "",
-    )
-    joined = pc.binary_join(pa.ListArray.from_arrays(pa.array([0, len(each)], pa.int32()), each), ",")
-    text: bytes = joined[0].as_buffer().to_pybytes()
-    return b'{"results":[' + text + b"]}"
 
 
 def _batch_results(results: list[ProduceResult]) -> list[dict[str, Any]]:

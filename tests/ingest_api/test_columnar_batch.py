@@ -3,9 +3,11 @@ per-message path does, and its WAL chunks survive a crash (replayed once, ids st
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import orjson
 import pyarrow as pa
 import pytest
@@ -18,7 +20,8 @@ from ingest_api.chunks import BatchResults
 from ingest_api.columnar import columns_of
 from ingest_api.metrics import IngestMetrics
 from ingest_api.records import CHUNK_MAGIC
-from ingest_api.routes.produce import _batch_results, batch_results_json
+from ingest_api.results_json import batch_results_json
+from ingest_api.routes.produce import _batch_results
 from tables import delta
 from tables.settings import Settings
 from tables.topics import new_topic
@@ -57,6 +60,13 @@ def _as_list(r: BatchResults) -> list[ProduceResult]:
                                   r.timestamp_us.tolist(), strict=True)]
 
 
+async def _settled(broker: Broker) -> None:
+    """Everything queued is in the WAL (ack=none answers first) and then in Delta."""
+    while broker.committer.queued_bytes:  # the committer task's groups, never a second writer beside it
+        await asyncio.sleep(0.005)
+    assert await broker.flusher.flush_once()
+
+
 def _rows(broker: Broker, topic: str) -> list[dict[str, Any]]:
     table = delta.open_table(broker.layout.topic_table(topic))
     assert table is not None
@@ -93,14 +103,24 @@ async def test_columnar_batch_equals_the_per_message_path(tmp_path: Path, ack: A
                 assert got == orjson.dumps({"results": _batch_results(_as_list(results))})
                 assert _shown(got) == _shown(expected), f"{name}, attempt {attempt}"
         for broker in (per_message, columnar):
-            await broker.committer.drain()
-            assert await broker.flusher.flush_once()
+            await _settled(broker)
         stored = _rows(columnar, "t")
         assert stored == _rows(per_message, "t")
         assert len(stored) == 2 * (23 + 40 + 10 + 5) + 6 + 1  # the ids body: its 5 ids once, its id-less message twice
     finally:
         for broker in (per_message, columnar):
             await broker.stop()
+
+
+def test_results_render_byte_for_byte_as_the_per_message_path() -> None:
+    rng = np.random.default_rng(11)
+    edges = [0, 9, 10, 99, 100, 999_999_999_999_999_999, 10**18, 2**62, 2**63 - 1]
+    for n in (1, 2, 7, 300):
+        offsets = rng.choice(np.array(edges + [-1] * 3 + list(range(20)), np.int64), n)
+        stamps = rng.choice(np.array([-1, 0, 1_700_000_000_000_000, 1_700_000_000_123_456], np.int64), n)
+        results = BatchResults(rng.choice(np.array([-1, 0, 3, 10, 4095], np.int32), n), offsets,
+                               rng.random(n) < 0.3, np.where(offsets < 0, -1, stamps))
+        assert batch_results_json(results) == orjson.dumps({"results": _batch_results(_as_list(results))})
 
 
 def test_shapes_outside_the_columnar_path_go_per_message() -> None:
@@ -160,8 +180,7 @@ async def test_chunks_are_replayed_once_after_a_crash_and_ids_stay_deduplicated(
         retried = _as_list(await again.produce_columns("t", batch, AckMode.WAL))
         assert [(r.partition, r.offset) for r in retried[:50]] == [(r.partition, r.offset) for r in first[:50]]
         assert all(r.duplicate for r in retried[:50]) and not any(r.duplicate for r in retried[50:])
-        await again.committer.drain()
-        assert await again.flusher.flush_once()
+        await _settled(again)
         assert len(_rows(again, "t")) == 70
     finally:
         await again.stop()
