@@ -5,6 +5,12 @@ cd "$(dirname "$0")/.."
 .venv/bin/ruff check .
 .venv/bin/mypy tables ingest_api delivery_worker spark_pipeline lakebroker clients/python/lakebroker_client
 mkdir -p test-artifacts
+# The suite starts ~40 short-lived Spark JVMs (CLI jobs, Airflow tasks, serve's scheduler). For a
+# JVM that lives a minute, C2 compilation and G1's threads cost more than they return: C1 only and
+# the serial collector halve their CPU (measured: `lakebroker compact` 35 -> 17 CPU-s). The shared
+# in-process session JVM, which lives the whole run, keeps the defaults (tests/spark_fixtures.py).
+export SPARK_SUBMIT_OPTS="${SPARK_SUBMIT_OPTS:-} ${LAKEBROKER_TEST_JOB_JVM_OPTS:=-XX:TieredStopAtLevel=1 -XX:+UseSerialGC}"
+export LAKEBROKER_TEST_JOB_JVM_OPTS
 # Parallel processes (pytest-xdist), one module per process at a time: module-scoped servers
 # start once. Most tests wait on servers, JVMs and disks, so more processes than cores pays.
 # --no-loadscope-reorder: keep the collection order (longest modules first, tests/conftest.py);

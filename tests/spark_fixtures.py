@@ -6,6 +6,7 @@ JVM however many conftests expose it (getOrCreate returns the running session).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -16,8 +17,18 @@ from spark_pipeline.session import DEFAULT_JARS_DIR, build_spark_session
 
 @pytest.fixture(scope="session")
 def spark() -> Iterator[Any]:
-    session = build_spark_session(master="local[2]", jars_dir=DEFAULT_JARS_DIR, app_name="lakebroker-tests",
-                                  extra_conf={"spark.ui.showConsoleProgress": "false"})
+    # scripts/test.sh gives short-lived job JVMs C1-only flags; this one lives the whole run and
+    # does most of the Spark work, where C2 pays (a C1-only session made test_replication 5 min vs 3).
+    submit_opts = os.environ.get("SPARK_SUBMIT_OPTS")
+    job_flags = os.environ.get("LAKEBROKER_TEST_JOB_JVM_OPTS", "")
+    if submit_opts is not None and job_flags:
+        os.environ["SPARK_SUBMIT_OPTS"] = submit_opts.replace(job_flags, "").strip()
+    try:
+        session = build_spark_session(master="local[2]", jars_dir=DEFAULT_JARS_DIR, app_name="lakebroker-tests",
+                                      extra_conf={"spark.ui.showConsoleProgress": "false"})
+    finally:
+        if submit_opts is not None:
+            os.environ["SPARK_SUBMIT_OPTS"] = submit_opts
     session.sparkContext.setLogLevel("ERROR")
     yield session
     session.stop()
