@@ -36,6 +36,17 @@ def exists(uri: str) -> bool:
     return bool(DeltaTable.is_deltatable(uri, storage_options=storage.delta_options(uri)))
 
 
+def vacuum_candidates(uri: str, hours: float) -> list[str] | None:
+    """The files a VACUUM retaining `hours` could delete (tombstoned and orphaned alike), from a
+    listing only; None if delta-rs cannot tell (an unsupported store or table feature).
+
+    The hours are rounded down, so the answer never misses a file that VACUUM would delete."""
+    try:
+        return load(uri).vacuum(retention_hours=int(hours), dry_run=True, enforce_retention_duration=False, full=True)
+    except (DeltaError, OSError, ValueError):
+        return None
+
+
 def partition_app_id(partition: int) -> str:
     """The txn appId whose version is a partition's log-end offset (the next offset to assign).
 

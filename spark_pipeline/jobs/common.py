@@ -136,8 +136,15 @@ def plan_row_removal(files: Sequence[FileEntry], doomed: dict[str, int],
     return drop, bins
 
 
-def vacuum(spark: SparkSession, uri: str, hours: float) -> None:
-    """VACUUM unreferenced files older than `hours` (Delta refuses < 168 h unless told this is intended)."""
+def vacuum(spark: SparkSession, uri: str, hours: float) -> bool:
+    """VACUUM unreferenced files older than `hours` (Delta refuses < 168 h unless told this is
+    intended). Returns whether it ran: a table where a listing (delta-rs's dry run) finds nothing
+    to delete is left alone, since Spark's VACUUM costs seconds of Spark jobs even then, and most
+    scheduled runs of most tables have nothing to delete."""
+    from tables import delta
+
+    if delta.vacuum_candidates(uri, hours) == []:
+        return False
     check = "spark.databricks.delta.retentionDurationCheck.enabled"
     # VACUUM lists the table with this many tasks (Spark's default is 10000: minutes of
     # scheduling overhead for a small table on a small machine).
@@ -154,6 +161,7 @@ def vacuum(spark: SparkSession, uri: str, hours: float) -> None:
                 spark.conf.unset(key)
             else:
                 spark.conf.set(key, value)
+    return True
 
 
 def files_and_bytes(files: Sequence[FileEntry]) -> tuple[int, int]:

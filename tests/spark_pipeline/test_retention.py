@@ -176,6 +176,32 @@ def test_vacuum_keeps_removed_files_inside_the_safe_window(spark: Any, tmp_path:
     assert len(list(Path(uri).glob("partition=0/*.parquet"))) == 1
 
 
+def test_vacuum_runs_only_when_a_listing_finds_something_to_delete(spark: Any, tmp_path: Path) -> None:
+    """A table with nothing to delete costs no Spark VACUUM (no VACUUM commit in its history); an
+    orphan (a file no version refers to: a crashed writer's) outside the window still gets one.
+    (Spark keeps an orphan while every commit of the table is younger than the window, so the
+    second call uses a 0 h window.)"""
+    from spark_pipeline.jobs.common import vacuum
+
+    settings = settings_for(tmp_path / "data")
+    create_topic(settings, "clean", partitions=1)
+    produce(settings, "clean", 0, 10)
+    uri = Layout(settings.data_dir).topic_table("clean")
+
+    def versions() -> int:
+        return int(spark.sql(f"DESCRIBE HISTORY delta.`{uri}`").count())
+
+    before = versions()
+    assert vacuum(spark, uri, 1.0) is False
+    assert versions() == before
+    orphan = Path(uri) / "partition=0" / "part-00000-orphan.c000.snappy.parquet"
+    orphan.write_bytes(next(Path(uri).glob("partition=0/*.parquet")).read_bytes())
+    assert vacuum(spark, uri, 0.0) is True
+    assert not orphan.exists()
+    assert versions() == before + 2  # VACUUM START and END: what the first call did not write
+    assert offsets_by_partition(settings, "clean") == {0: list(range(10))}
+
+
 @pytest.mark.fault
 def test_retention_racing_ingest_loses_and_duplicates_nothing(spark: Any, tmp_path: Path) -> None:
     """Retention commits its removes while the flusher keeps appending: every fresh row and every
