@@ -23,7 +23,13 @@ def serve_and_log(data: Path, access_log: bool) -> list[dict[str, Any]]:
         server.stop()
     lines = server.log.read_text().splitlines()
     assert lines, "serve logged nothing"
-    return [orjson.loads(line) for line in lines]  # raises on any line that is not one JSON object
+    records = []
+    for line in lines:
+        try:
+            records.append(orjson.loads(line))
+        except orjson.JSONDecodeError:
+            raise AssertionError(f"serve wrote a line that is not one JSON object: {line!r}") from None
+    return records
 
 
 def test_json_logs_with_the_access_log_on_and_off(tmp_path: Path) -> None:
