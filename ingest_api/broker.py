@@ -23,7 +23,7 @@ from ingest_api.dedup import DedupIndex, DedupKey, Placed, dedup_id
 from ingest_api.flusher import Flusher
 from ingest_api.group_commit import GroupCommitter, Pending, PendingChunk
 from ingest_api.metrics import IngestMetrics
-from ingest_api.partitioner import RoundRobin, partition_for_key, partitions_for
+from ingest_api.partitioner import KeyCache, RoundRobin, partition_for_key, partitions_for
 from ingest_api.records import Record, message_bytes
 from ingest_api.wal import PartitionKey, Wal
 from tables import delta
@@ -71,6 +71,7 @@ class Broker:
         self.topics: dict[str, TopicConfig] = {}
         self.dedup = DedupIndex(window_s=settings.dedup_window_s, max_entries=settings.dedup_max_entries)
         self._round_robin: dict[str, RoundRobin] = {}
+        self._key_caches: dict[str, KeyCache] = {}  # by topic id: the columnar path's key → partition
         self.wal = Wal(self.layout.wal_dir, segment_bytes=settings.wal_segment_bytes, fsync=settings.wal_fsync)
         self.flusher = Flusher(settings, self.layout, lambda: self.topics, metrics, self._release_wal)
         self.committer = GroupCommitter(self.wal, {}, self._durable, metrics)
@@ -190,6 +191,7 @@ class Broker:
             await asyncio.to_thread(self.store.delete, name)
             self.topics = {k: v for k, v in self.topics.items() if k != name}
         self._round_robin.pop(name, None)
+        self._key_caches.pop(topic.topic_id, None)
         await self.flusher.forget(topic.topic_id)
 
     def log_end(self, topic: TopicConfig, partition: int) -> int:
@@ -286,8 +288,11 @@ class Broker:
         rr = self._round_robin.get(topic.name)
         if rr is None:
             rr = self._round_robin[topic.name] = RoundRobin()
+        cache = self._key_caches.get(topic.topic_id)
+        if cache is None or cache.partitions != topic.partitions:
+            cache = self._key_caches[topic.topic_id] = KeyCache(topic.partitions)
         parts = partitions_for(explicit.take(pa.array(kept)) if len(kept) < n else explicit,
-                               columns.column("key").combine_chunks(), topic.partitions, rr)
+                               columns.column("key").combine_chunks(), rr, cache)
         results.partition[kept] = parts
         loop = asyncio.get_running_loop()
         topic_id = bytes.fromhex(topic.topic_id)

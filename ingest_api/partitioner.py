@@ -3,8 +3,9 @@
 `toPositive(murmur2(utf8(key))) % partitions`, so a keyed message lands where a Kafka client
 with a StringSerializer would put it. Keyless messages go round-robin per topic.
 
-`partitions_for` does the same for a whole columnar batch: the hash runs once per distinct
-key (keys repeat), and the round-robin takes a block of the counter.
+`partitions_for` does the same for a whole columnar batch: keys seen before are looked up in
+a per-topic cache by Arrow (a hash lookup in C), the hash runs once per new key, and the
+round-robin takes a block of the counter.
 """
 
 from __future__ import annotations
@@ -71,18 +72,42 @@ class RoundRobin:
         return np.arange(first, first + count, dtype=np.int64) % partitions
 
 
-def partitions_for(explicit: pa.Array, keys: pa.Array, partitions: int, round_robin: RoundRobin) -> np.ndarray:
+class KeyCache:
+    """Key → partition for one topic at one partition count, over whole arrays of keys."""
+
+    def __init__(self, partitions: int, max_keys: int = 1 << 16) -> None:
+        self.partitions = partitions
+        self.max_keys = max_keys
+        self._keys = pa.array([], pa.string())
+        self._partitions = np.empty(0, np.int32)
+
+    def lookup(self, keys: pa.Array) -> np.ndarray:
+        """The partition of each (non-null) key."""
+        at = pc.index_in(keys, value_set=self._keys)
+        if at.null_count:
+            new = pc.unique(keys.filter(pc.is_null(at)))
+            if len(self._keys) + len(new) > self.max_keys:  # keys that stop repeating: keep this batch's only
+                self._keys, self._partitions = pa.array([], pa.string()), np.empty(0, np.int32)
+                new = pc.unique(keys)
+            hashed = np.array([partition_for_key(k, self.partitions) for k in new.to_pylist()], np.int32)
+            self._keys = pa.concat_arrays([self._keys, new])
+            self._partitions = np.concatenate([self._partitions, hashed])
+            at = pc.index_in(keys, value_set=self._keys)
+        found: np.ndarray = self._partitions[at.to_numpy(zero_copy_only=False)]
+        return found
+
+
+def partitions_for(explicit: pa.Array, keys: pa.Array, round_robin: RoundRobin, cache: KeyCache) -> np.ndarray:
     """Each message's partition, as `_partition` in broker.py picks it one at a time: the
     explicit partition, else the key's, else the next round-robin one."""
+    partitions = cache.partitions
     out: np.ndarray = pc.fill_null(explicit, -1).to_numpy(zero_copy_only=False).astype(np.int32)
     free = out < 0
     if not free.any():
         return out
     keyed = free & pc.is_valid(keys).to_numpy(zero_copy_only=False)
     if keyed.any():
-        encoded = pc.dictionary_encode(keys.filter(pa.array(keyed)))
-        by_key = np.array([partition_for_key(k, partitions) for k in encoded.dictionary.to_pylist()], np.int32)
-        out[keyed] = by_key[encoded.indices.to_numpy(zero_copy_only=False)]
+        out[keyed] = cache.lookup(keys.filter(pa.array(keyed)))
     keyless = free & ~keyed
     if keyless.any():
         out[keyless] = round_robin.take(int(keyless.sum()), partitions)

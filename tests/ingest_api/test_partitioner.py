@@ -1,8 +1,9 @@
 from collections import Counter
 
+import pyarrow as pa
 import pytest
 
-from ingest_api.partitioner import RoundRobin, murmur2, partition_for_key
+from ingest_api.partitioner import KeyCache, RoundRobin, murmur2, partition_for_key
 
 # The vectors of Kafka's own UtilsTest.testMurmur2.
 KAFKA_VECTORS = [
@@ -30,3 +31,11 @@ def test_round_robin_spreads_evenly() -> None:
     rr = RoundRobin()
     counts = Counter(rr.next(4) for _ in range(400))
     assert counts == {0: 100, 1: 100, 2: 100, 3: 100}
+
+
+def test_key_cache_answers_as_the_per_key_function_across_batches_and_resets() -> None:
+    cache = KeyCache(7, max_keys=50)
+    for batch in (["a", "b", "a"], [f"user-{i}" for i in range(40)], ["b", "ü", "", "c"] * 3,
+                  [f"k{i}" for i in range(120)], ["a", "k3"]):
+        keys = pa.array(batch, pa.string())
+        assert cache.lookup(keys).tolist() == [partition_for_key(k, 7) for k in batch]
