@@ -90,6 +90,7 @@ class Broker:
         live = {bytes.fromhex(t.topic_id): t for t in self.topics.values()}
         next_offsets = dict(committed)
         unflushed: list[Record | Chunk] = []
+        pending = 0  # messages not yet in Delta
         written: list[Record | Chunk] = [*report.records, *report.chunks]
         for r in written:
             key = (r.topic_id, r.partition)
@@ -99,11 +100,13 @@ class Broker:
             next_offsets[key] = max(next_offsets.get(key, 0), end)
             if end > committed.get(key, 0):
                 unflushed.append(r)  # the flusher drops a chunk's rows that are already in Delta
+                pending += end - max(r.offset, committed.get(key, 0))
         self.committer.next_offsets = next_offsets
         self.flusher.committed = dict(committed)
         await asyncio.to_thread(self._rebuild_dedup, report.records, report.chunks)
-        log.info("recovered: %d WAL records and %d batch chunks, %d of them not yet in Delta, %d torn bytes",
-                 len(report.records), len(report.chunks), len(unflushed), report.torn_bytes)
+        log.info("recovered: %d WAL records, %d not yet in Delta, %d torn bytes (%d of the records in %d batch "
+                 "chunks)", len(report.records) + sum(c.rows for c in report.chunks), pending, report.torn_bytes,
+                 sum(c.rows for c in report.chunks), len(report.chunks))
         self.flusher.add(unflushed)
         if unflushed:
             await self.flusher.flush_once()
