@@ -13,6 +13,12 @@ Rows are handled in runs, never one by one: a columnar batch's chunk (chunks.py)
 dense run of one partition, and single records are gathered into runs first. Runs are
 trimmed to the log-end by slicing and concatenated as Arrow tables.
 
+Fairness: a flush commits each topic at most `flush_max_records` rows / `flush_max_bytes` bytes
+(whole items, at least one, in arrival order so every partition's prefix is taken), leaving the
+rest pending for the next flush, which starts at once; and it commits the topics with the fewest
+rows first. So a topic with a few records waits behind at most one bounded commit of a flooded
+topic, never behind its whole backlog.
+
 One flush runs at a time (`commit_lock`); deleting a topic takes the same lock, so no commit
 lands in a table after it is deleted. Tables are cached by topic id, not name: a re-created
 topic is a new table.
@@ -127,7 +133,7 @@ class Flusher:
                 return
             if not self._pending:
                 continue
-            backoff = 0.0 if await self.flush_once() else min(max(backoff * 2, interval), 5.0)
+            backoff = 0.0 if await self.flush_round() else min(max(backoff * 2, interval), 5.0)
 
     async def _sleep(self, seconds: float) -> None:
         with contextlib.suppress(TimeoutError):  # (not wait_for: it can swallow a cancel in 3.11)
@@ -153,21 +159,46 @@ class Flusher:
                 del self.committed[key]
 
     async def flush_once(self) -> bool:
-        """Commit everything pending; on failure keep it pending and report False."""
+        """Commit everything pending, in bounded rounds; on failure keep it pending and report False.
+        For when nothing else adds (start-up, shutdown, benchmarks); run() flushes round by round."""
+        while self._pending:
+            if not await self.flush_round():
+                return False
+        return True
+
+    async def flush_round(self) -> bool:
+        """One flush: each topic's bounded share of what is pending; False if a commit failed."""
         async with self.commit_lock:
             return await self._flush_locked()
 
-    async def _flush_locked(self) -> bool:
-        batch, self._pending = self._pending, []
-        self._pending_bytes = 0
-        self._oldest = None
+    def _take(self) -> list[tuple[str, list[Record | Chunk]]]:
+        """This flush's share of the pending items: per topic a bounded prefix, smallest topic first."""
         by_topic: dict[str, list[Record | Chunk]] = defaultdict(list)
-        for r in batch:
+        taken: dict[str, list[int]] = defaultdict(lambda: [0, 0])  # topic -> [rows, bytes]
+        full: set[str] = set()
+        rest: list[Record | Chunk] = []
+        max_rows, max_bytes = self._settings.flush_max_records, self._settings.flush_max_bytes
+        for r in self._pending:
+            if r.topic in full:
+                rest.append(r)
+                continue
             by_topic[r.topic].append(r)
+            counts = taken[r.topic]
+            counts[0] += 1 if isinstance(r, Record) else r.rows
+            counts[1] += r.size
+            if counts[0] >= max_rows or counts[1] >= max_bytes:
+                full.add(r.topic)  # the topic's later items wait for the next flush, in order
+        self._pending = rest
+        self._pending_bytes = sum(r.size for r in rest)
+        if not rest:
+            self._oldest = None  # else the rest is as old as it was: run() flushes again at once
+        return sorted(by_topic.items(), key=lambda item: taken[item[0]][0])
+
+    async def _flush_locked(self) -> bool:
         failed: list[Record | Chunk] = []
         committed_any = False
         topics = self._topics()
-        for name, records in by_topic.items():
+        for name, records in self._take():
             topic = topics.get(name)
             live = [r for r in records if topic is not None and r.topic_id == bytes.fromhex(topic.topic_id)]
             if not live:

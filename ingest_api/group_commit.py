@@ -67,14 +67,28 @@ class GroupCommitter:
         self._wake.set()
 
     def _take(self) -> list[Queued]:
-        """The next group: up to max_group messages, and at least one queued item."""
+        """The next group: queued items in order up to max_group messages (at least one item).
+        Single messages queued behind that bound join it, up to max_group of them, so a one-message
+        request waits for one group, not for every batch queued before it. They only move ahead of
+        other requests' chunks: each request's messages keep their order, so offsets stay in it."""
         rows, n = 0, 0
         for p in self._queue:
-            rows += 1 if isinstance(p, Pending) else p.chunk.rows
-            n += 1
             if rows >= self._max_group:
                 break
-        group, self._queue = self._queue[:n], self._queue[n:]
+            rows += 1 if isinstance(p, Pending) else p.chunk.rows
+            n += 1
+        group, rest = self._queue[:n], self._queue[n:]
+        if rest:
+            later: list[Queued] = []
+            singles = 0
+            for p in rest:
+                if isinstance(p, Pending) and singles < self._max_group:
+                    group.append(p)
+                    singles += 1
+                else:
+                    later.append(p)
+            rest = later
+        self._queue = rest
         return group
 
     async def run(self) -> None:

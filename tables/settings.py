@@ -83,8 +83,14 @@ class Settings(BaseSettings):
 
     # flusher
     flush_interval_ms: int = Field(100, gt=0, description="Longest a WAL record waits before its Delta commit.")
-    flush_max_records: int = Field(200_000, gt=0, description="Records that trigger a Delta commit early.")
-    flush_max_bytes: int = Field(64 * 1024 * 1024, gt=0, description="Bytes that trigger a Delta commit early.")
+    flush_max_records: int = Field(
+        200_000, gt=0,
+        description="Records that trigger a Delta commit early; also the most one commit takes from a topic.",
+    )
+    flush_max_bytes: int = Field(
+        64 * 1024 * 1024, gt=0,
+        description="Bytes that trigger a Delta commit early; also the most one commit takes from a topic.",
+    )
 
     # idempotent produce
     dedup_window_s: int = Field(3600, ge=0, description="How long a message id or producer sequence is remembered.")
