@@ -67,6 +67,7 @@ class DeliveryWorker:
         self._gone: dict[str, str] = {}
         self._commit_lock = asyncio.Lock()  # a pipeline's final commit and the batch commit never interleave
         self._replays: dict[Pair, asyncio.Task[None]] = {}
+        self.ticks = 0  # completed ticks: a change to subscriptions is applied once a tick begun after it ends
 
     # -- lifecycle ----------------------------------------------------------------------
     async def run(self) -> None:
@@ -79,6 +80,7 @@ class DeliveryWorker:
                     await self.tick()
                 except Exception:
                     log.exception("delivery worker %s: tick failed; retrying", self.worker_id)
+                self.ticks += 1
                 await asyncio.sleep(self.settings.heartbeat_s)
         finally:
             committer.cancel()

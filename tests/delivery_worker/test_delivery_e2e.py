@@ -22,6 +22,18 @@ def subscribe(client: TestClient, receiver: Receiver, **extra: Any) -> dict[str,
     return r.json()
 
 
+def pause(client: TestClient, name: str = "hooks") -> None:
+    """Pause, and wait until the worker has applied it: a tick begun after the pause has ended
+    (the worker reads subscriptions once per tick) and none of the subscription's pipelines runs."""
+    worker = client.app.state.delivery.worker  # type: ignore[attr-defined]  # conftest: delivery in process
+    seen = worker.ticks
+    assert client.post(f"/v1/subscriptions/{name}/pause").status_code == 200
+    deadline = time.monotonic() + 60
+    while worker.ticks < seen + 2 or worker.status(name):
+        assert time.monotonic() < deadline, "the worker did not apply the pause"
+        time.sleep(0.02)
+
+
 def produce(client: TestClient, n: int, **fields: Any) -> list[dict[str, Any]]:
     r = client.post("/v1/topics/orders/batch?ack=table",
                     json={"messages": [{"value": {"n": i}, **fields} for i in range(n)]})
@@ -189,8 +201,7 @@ def test_a_group_past_the_log_end_is_reset_to_it_not_left_to_skip(client: TestCl
     produce(client, 5, partition=1)
     subscribe(client, receiver)
     receiver.wait_for(lambda: len(receiver.messages()) == 5)
-    assert client.post("/v1/subscriptions/hooks/pause").status_code == 200
-    time.sleep(1.5)  # the worker stops the paused pipelines
+    pause(client)
     offsets = OffsetsTable(Layout(settings.data_dir))
     offsets.commit("hooks", "orders", {1: 50}, OffsetReason.SEEK)  # as the replica's offsets table might say
     assert client.post("/v1/subscriptions/hooks/resume").status_code == 200
@@ -215,7 +226,7 @@ def test_messages_removed_before_delivery_are_skipped_visibly(client: TestClient
     from tables.offsets import OffsetsTable
 
     subscribe(client, receiver)
-    assert client.post("/v1/subscriptions/hooks/pause").status_code == 200
+    pause(client)
     produce(client, 5, partition=1)
     DeltaTable(Layout(settings.data_dir).topic_table("orders")).delete('partition = 1 AND "offset" < 3')
     assert client.post("/v1/subscriptions/hooks/resume").status_code == 200
