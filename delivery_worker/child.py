@@ -9,6 +9,7 @@ PROMETHEUS_MULTIPROC_DIR, which the parent serves on its own /metrics.
 from __future__ import annotations
 
 import logging
+import os
 import sys
 
 import orjson
@@ -25,14 +26,14 @@ def main() -> None:
     from delivery_worker.metrics import DeliveryMetrics
     from delivery_worker.runner import run_until_stopped
     from delivery_worker.worker import DeliveryWorker
+    from tables.logs import configure_logging
     from tables.settings import Settings
 
     settings = Settings.model_validate(order["settings"])
-    logging.basicConfig(level=settings.log_level.upper(),
-                        format="%(asctime)s %(levelname)s delivery[%(process)d] %(name)s: %(message)s")
+    configure_logging(settings)  # serve's format (text or JSON) and level: both write to the same stderr
     worker = DeliveryWorker(settings, DeliveryMetrics(CollectorRegistry()), order["worker_id"])
-    logging.getLogger(__name__).info("delivery worker %s started for serve %d", worker.worker_id,
-                                     order["parent_pid"])
+    logging.getLogger("delivery_worker.child").info("delivery worker %s (pid %d) started for serve %d",
+                                                    worker.worker_id, os.getpid(), order["parent_pid"])
     uvloop.run(run_until_stopped(worker, parent_pid=order["parent_pid"]))
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,10 @@ def serve_and_log(data: Path, access_log: bool) -> list[dict[str, Any]]:
     try:
         assert httpx.post(url + "/v1/topics", json={"name": "logged", "partitions": 1}).status_code == 201
         assert httpx.get(url + "/v1/topics/nope").status_code == 404
+        deadline = time.monotonic() + 60  # serve's delivery process writes to the same log, in the same format
+        while "delivery_worker.child" not in server.log.read_text():
+            assert time.monotonic() < deadline, "the delivery process logged nothing"
+            time.sleep(0.05)
     finally:
         server.stop()
     lines = server.log.read_text().splitlines()
@@ -37,7 +42,7 @@ def test_json_logs_with_the_access_log_on_and_off(tmp_path: Path) -> None:
     for r in records:
         assert {"timestamp", "level", "logger", "message"} <= r.keys(), r
     loggers = {r["logger"] for r in records}
-    assert "lakebroker.server" in loggers and "uvicorn.error" in loggers, loggers  # ours and uvicorn's
+    assert {"lakebroker.server", "uvicorn.error", "delivery_worker.child"} <= loggers, loggers  # ours and uvicorn's
     assert any("Application startup complete" in r["message"] for r in records)
     access = [r for r in records if r["logger"] == "uvicorn.access"]
     assert {(r["method"], r["path"], r["status"]) for r in access} >= {
