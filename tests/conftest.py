@@ -34,17 +34,17 @@ def orders(client: TestClient) -> str:
 # The longest modules, longest first, from a full run's --durations (scripts/test.sh, 4 processes).
 LONGEST_FIRST = (
     "tests/spark_pipeline/test_replication.py",
+    "tests/spark_pipeline/test_replication_fault.py",
     "tests/bench/test_soak.py",
+    "tests/tables/test_table_features.py",
     "tests/airflow_dags/test_dags.py",
     "tests/spark_pipeline/test_jobs_cli.py",
-    "tests/spark_pipeline/test_replication_fault.py",
     "tests/cli/test_sql_cli.py",
-    "tests/cli/test_quickstart.py",
-    "tests/tables/test_table_features.py",
-    "tests/spark_pipeline/test_s3.py",
     "tests/spark_pipeline/test_compaction.py",
+    "tests/cli/test_quickstart.py",
+    "tests/spark_pipeline/test_s3.py",
     "tests/spark_pipeline/test_retention.py",
-    "tests/test_install.py",
+    "tests/spark_pipeline/test_cluster.py",
 )
 
 
