@@ -25,6 +25,7 @@ from ingest_api.group_commit import GroupCommitter, Pending, PendingChunk
 from ingest_api.metrics import IngestMetrics
 from ingest_api.partitioner import KeyCache, RoundRobin, partition_for_key, partitions_for
 from ingest_api.records import Record, message_bytes
+from ingest_api.turns import Turns
 from ingest_api.wal import PartitionKey, Wal
 from tables import delta
 from tables.errors import Backpressure, InvalidRequest, LakebrokerError, NotFound, TooLarge
@@ -75,6 +76,7 @@ class Broker:
         self.wal = Wal(self.layout.wal_dir, segment_bytes=settings.wal_segment_bytes, fsync=settings.wal_fsync)
         self.flusher = Flusher(settings, self.layout, lambda: self.topics, metrics, self._release_wal)
         self.committer = GroupCommitter(self.wal, {}, self._durable, metrics)
+        self.batch_turns = Turns()  # batch requests' CPU, one per loop pass (fairness to single messages)
         self._tasks: list[asyncio.Task[None]] = []
         self.started = False
 

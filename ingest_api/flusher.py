@@ -160,11 +160,12 @@ class Flusher:
 
     async def flush_once(self) -> bool:
         """Commit everything pending, in bounded rounds; on failure keep it pending and report False.
-        For when nothing else adds (start-up, shutdown, benchmarks); run() flushes round by round."""
-        while self._pending:
-            if not await self.flush_round():
-                return False
-        return True
+        For when nothing else adds (start-up, shutdown, benchmarks); run() flushes round by round.
+        At least one round, so a flush that run() has in progress is waited for."""
+        while await self.flush_round():
+            if not self._pending:
+                return True
+        return False
 
     async def flush_round(self) -> bool:
         """One flush: each topic's bounded share of what is pending; False if a commit failed."""
