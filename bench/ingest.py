@@ -6,7 +6,8 @@
 3. (bench.flush holds the in-process flusher benchmark; the in-server flush figures are read
    here from /metrics after the batch load);
 4. produce → visible in Delta: a steady open-loop probe (bench.loadgen) and a table watcher
-   (bench.poller), both out of process, joined on (partition, offset).
+   (bench.poller), both out of process, joined on (partition, offset); on an idle server, then
+   (fairness) beside a flood of batches from wrk on the same server (bench.fairness runs only this).
 
 Load comes from wrk or bench.loadgen in their own processes; servers are on 127.0.0.1.
 """
@@ -33,6 +34,7 @@ BATCH_PATH = "/v1/topics/bench/batch"
 SINGLE_BODY = orjson.dumps({"value": {"id": 1234567, "event": "order_created", "amount": 42.5,
                                       "currency": "EUR", "note": "x" * 24}})
 VALUE_100 = "v" * 100
+FLOOD_BATCH = 1000  # messages per request of the saturating batch producer beside the probe
 
 
 def batch_body(fmt: str, size: int) -> tuple[bytes, str]:
@@ -246,7 +248,20 @@ class VisibilityRun:
     polls: int
     commits: int
     background: LoadResult | None = None
+    sent_to_ack_s: list[float] = field(default_factory=list)  # from the send, so without the client's queue
     commands: list[str] = field(default_factory=list)
+    server_cpu_s: float = 0.0  # the server process over the probe (and flood), user + system
+
+    @property
+    def flood_msg_s(self) -> float:
+        return self.background.ok_rps * FLOOD_BATCH if self.background is not None else 0.0
+
+    @property
+    def cpu_us_per_message(self) -> float:
+        """Server CPU per message accepted: the probe's and the flood's together."""
+        messages = self.acked + (self.background.requests - self.background.errors) * FLOOD_BATCH \
+            if self.background is not None else self.acked
+        return self.server_cpu_s / messages * 1e6 if messages else 0.0
 
     def trend(self) -> tuple[float, float]:
         """Median latency of the first and of the last fifth of the run: growth means a backlog."""
@@ -283,11 +298,13 @@ def visibility_run(plan: Plan, broker: Server, topic: str, work: Path, label: st
     bg_result: LoadResult | None = None
     try:
         _wait_file(ready, 30)
+        cpu_before = broker.cpu()
         if background:
-            bg_proc = start_background(broker, work, plan.visibility_s + 1)
+            bg_proc = start_background(broker, work, plan.visibility_s + 1, plan.flood_connections)
         subprocess.run(loadgen_argv, cwd=REPO, check=True, timeout=plan.visibility_s + 60, capture_output=True)
         if bg_proc is not None:
-            bg_result = finish_background(bg_proc, plan.visibility_s + 1)
+            bg_result = finish_background(bg_proc, plan.visibility_s + 1, plan.flood_connections)
+        cpu_s = broker.cpu() - cpu_before
         # The probe is done; stop watching once every acked offset is visible or the grace ends.
         sent = orjson.loads(sent_file.read_bytes())["samples"]
         need = {}
@@ -314,6 +331,7 @@ def visibility_run(plan: Plan, broker: Server, topic: str, work: Path, label: st
     seen = orjson.loads(seen_file.read_bytes())
     run = join_visibility(label, plan.visibility_rate, sent, seen, partitions)
     run.background = bg_result
+    run.server_cpu_s = cpu_s
     run.commands = [" ".join(a[1:]).replace(str(REPO) + "/", "").replace(str(work), "$WORK")
                     for a in (loadgen_argv, poller_argv)]
     return run
@@ -334,11 +352,13 @@ def join_visibility(label: str, rate: float, sent: list[list[Any]], seen: dict[s
         ends[p].append(end)
     visible: list[tuple[float, float]] = []
     acks, after_ack, missing, acked = [], [], 0, 0
-    for due, _sent, done, status, p, offset in sent:
+    served = []
+    for due, sent_at, done, status, p, offset in sent:
         if status != 200 or p is None or offset is None:
             continue
         acked += 1
         acks.append(done - due)
+        served.append(done - sent_at)
         i = bisect.bisect_right(ends[p], offset)  # the first snapshot whose log-end is past the offset
         if i < len(ends[p]):
             visible.append((due, times[p][i] - due))
@@ -349,31 +369,32 @@ def join_visibility(label: str, rate: float, sent: list[list[Any]], seen: dict[s
                 if n and n != hi - lo + 1]
     rows_check = "rows present and dense in every partition" if not problems else "; ".join(problems)
     return VisibilityRun(label, rate, len(sent), acked, [v for _, v in sorted(visible)], acks, after_ack, missing,
-                         rows_check, seen["polls"], len(seen["changes"]))
+                         rows_check, seen["polls"], len(seen["changes"]), sent_to_ack_s=served)
 
 
-def start_background(broker: Server, work: Path, duration_s: float) -> subprocess.Popen[str]:
-    """A saturating batch producer beside the probe: 1 connection, 1,000-message JSON batches."""
-    body, ctype = batch_body("json", 1000)
+def start_background(broker: Server, work: Path, duration_s: float, connections: int) -> subprocess.Popen[str]:
+    """A saturating batch producer beside the probe: wrk's closed loop of 1,000-message JSON batches."""
+    body, ctype = batch_body("json", FLOOD_BATCH)
     script = write_script(work, "background", body, ctype)
     url = broker.url + "/v1/topics/background/batch"
     create_topic(broker.url, "background")
     if have_wrk():
-        argv = ["wrk", "-t1", "-c1", f"-d{max(1, round(duration_s))}s", "--timeout", "10s", "-s", str(script), url]
+        argv = ["wrk", "-t1", f"-c{connections}", f"-d{max(1, round(duration_s))}s", "--timeout", "10s",
+                "-s", str(script), url]
     else:
         argv = [sys.executable, "-m", "bench.loadgen", "--url", url, "--body-file", str(work / "background.body"),
-                "--content-type", ctype, "--connections", "1", "--duration", str(duration_s),
+                "--content-type", ctype, "--connections", str(connections), "--duration", str(duration_s),
                 "--max-requests", "1000000", "--summary-only", "--out", str(work / "background.json")]
     return subprocess.Popen(argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-def finish_background(proc: subprocess.Popen[str], duration_s: float) -> LoadResult | None:
+def finish_background(proc: subprocess.Popen[str], duration_s: float, connections: int) -> LoadResult | None:
     out, _ = proc.communicate(timeout=duration_s + 60)
     line = next((ln for ln in out.splitlines() if ln.startswith("WRKJSON ")), None)
     if line is None:
         return None
     r = orjson.loads(line[len("WRKJSON "):])
-    return LoadResult("wrk", " ".join(str(a) for a in proc.args), 1, r["requests"], r["duration_us"] / 1e6,
+    return LoadResult("wrk", " ".join(str(a) for a in proc.args), connections, r["requests"], r["duration_us"] / 1e6,
                       r["connect"] + r["read"] + r["write"] + r["status"] + r["timeout"],
                       r["p50_us"] / 1e3, r["p90_us"] / 1e3, r["p99_us"] / 1e3)
 

@@ -38,7 +38,7 @@ from bench.machine import describe
 from bench.plan import PLANS
 from bench.procs import REPO, baseline_server
 from bench.profile import profile_server
-from bench.report import Results, relative, render
+from bench.report import Results, relative, render, visibility_headlines
 
 QUICK_BUDGET_S = 135  # run() ends by then; + imports (~7 s on a loaded box) stays under 3 minutes
 FULL_EXTERNAL_S = 1800.0
@@ -210,6 +210,8 @@ def run(mode: str, out: Path, img_dir: Path, docs_dir: Path, *, external: bool =
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(render(results))
     print(f"[bench] wrote {out} in {results.elapsed_s:.0f} s", file=sys.stderr, flush=True)
+    for line in visibility_headlines(results):
+        print(line, flush=True)
     for title, fragment in results.fragments:
         stale = " (from its fragment file, not measured in this run)" if fragment.startswith("_") else ""
         for line in headlines(fragment):
