@@ -44,19 +44,24 @@ serve() {
     "$MINIO" server --quiet --address "$host:$port" "$data" &
   MINIO_PID=$!
   trap 'kill "$MINIO_PID" 2>/dev/null; wait "$MINIO_PID" 2>/dev/null' EXIT INT TERM
+  local status=""
   for _ in $(seq 1 300); do
     if curl -fsS "$endpoint/minio/health/ready" >/dev/null 2>&1; then
-      # The bucket, created over the S3 API if the data dir predates it (409: it exists).
-      curl -sS -o /dev/null --aws-sigv4 "aws:amz:${AWS_REGION:-us-east-1}:s3" --user "$user:$secret" \
-        -X PUT "$endpoint/$bucket" || true
-      echo "S3 endpoint: $endpoint (bucket $bucket, AWS_ENDPOINT_URL=$endpoint)"
-      wait "$MINIO_PID"
-      return
+      # Create the bucket over the S3 API: 200 made it, 409 it exists (a data dir that predates
+      # it). MinIO can report ready and still refuse a write for a moment (seen beside a busy
+      # test suite), so anything else is retried, and the endpoint is announced only with the bucket.
+      status=$(curl -sS -o /dev/null -w '%{http_code}' --aws-sigv4 "aws:amz:${AWS_REGION:-us-east-1}:s3" \
+        --user "$user:$secret" -X PUT "$endpoint/$bucket" 2>/dev/null || true)
+      if [ "$status" = 200 ] || [ "$status" = 409 ]; then
+        echo "S3 endpoint: $endpoint (bucket $bucket, AWS_ENDPOINT_URL=$endpoint)"
+        wait "$MINIO_PID"
+        return
+      fi
     fi
     kill -0 "$MINIO_PID" 2>/dev/null || { echo "s3_server: MinIO exited" >&2; exit 1; }
     sleep 0.1
   done
-  echo "s3_server: MinIO did not become ready on $endpoint" >&2
+  echo "s3_server: MinIO on $endpoint did not become ready with bucket $bucket (last answer to creating it: ${status:-none})" >&2
   exit 1
 }
 
