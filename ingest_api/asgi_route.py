@@ -71,14 +71,22 @@ class AsgiRoute(APIRoute):
 
 # -- what a handler needs of the raw request -------------------------------------------------
 def header(scope: Scope, name: bytes) -> str:
-    for key, value in scope["headers"]:
+    return header_in(scope["headers"], name)
+
+
+def header_in(headers: list[tuple[bytes, bytes]], name: bytes) -> str:
+    """The first `name` header's value ("" without one)."""
+    for key, value in headers:
         if key == name:
             return str(value.decode("latin-1"))
     return ""
 
 
 def query_of(scope: Scope) -> dict[str, str]:
-    raw: bytes = scope["query_string"]
+    return parse_query(scope["query_string"])
+
+
+def parse_query(raw: bytes) -> dict[str, str]:
     if not raw:
         return {}
     return dict(parse_qsl(raw.decode("latin-1"), keep_blank_values=True))  # the last of a repeated name wins

@@ -104,12 +104,20 @@ class Authenticator:
             log.info("auth is required: %d active API tokens", active)
 
     async def authenticate(self, token: str | None) -> ApiToken:
+        principal = self.authenticate_now(token)
+        if principal is None:
+            await self._refresh()
+            principal = self._tokens.authenticate(token or "")
+        return principal
+
+    def authenticate_now(self, token: str | None) -> ApiToken | None:
+        """`authenticate` without waiting: None when the answer needs a fresh read of the token table."""
         if not self.enforced:
             return OPEN_ACCESS
         if not token:
             raise Unauthenticated("this route needs an API token: send `Authorization: Bearer lbk_...`")
         if time.monotonic() - self._loaded_at > self.max_age_s:
-            await self._refresh()
+            return None
         return self._tokens.authenticate(token)
 
     async def _refresh(self) -> None:
@@ -150,7 +158,12 @@ class AuthGate:
 
 
 def bearer_token(scope: Scope) -> str | None:
-    for name, value in scope["headers"]:
+    return bearer_of(scope["headers"])
+
+
+def bearer_of(headers: list[tuple[bytes, bytes]]) -> str | None:
+    """The token of the first Authorization header, if it is a bearer one."""
+    for name, value in headers:
         if name == b"authorization":
             scheme, _, token = value.decode("latin-1").partition(" ")
             return token.strip() if scheme.lower() == "bearer" else None

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -214,34 +214,17 @@ class Broker:
         topic = self.topic(topic_name)
         self._admit(topic, messages)
         started = time.perf_counter()
-        loop = asyncio.get_running_loop()
         topic_id = bytes.fromhex(topic.topic_id)
-        results: list[ProduceResult | None] = [None] * len(messages)
+        results: list[ProduceResult] = []
         waits: list[tuple[int, asyncio.Future[Placed], bool]] = []
         pending: list[Pending] = []
         for i, m in enumerate(messages):
-            did = dedup_id(m.message_id, m.producer_id, m.sequence)
-            key: DedupKey | None = None if did is None else (topic.topic_id, did)
-            if key is not None:
-                hit = self.dedup.lookup(key)
-                if isinstance(hit, tuple):
-                    results[i] = ProduceResult(hit[0], hit[1], True, hit[2])
-                    continue
-                if hit is not None:
-                    waits.append((i, hit, True))
-                    continue
-            partition = self._partition(topic, m)
-            record = Record(topic.name, topic_id, partition, -1, 0, m.key, m.value, m.format, m.headers,
-                            m.message_id, m.producer_id, m.sequence)
-            future: asyncio.Future[Placed] | None = None
-            if ack is not AckMode.NONE or key is not None:
-                future = loop.create_future()
-                waits.append((i, future, False))
-            if key is not None and future is not None:
-                self.dedup.begin(key, future)
-                future.add_done_callback(self._dedup_callback(key))
-            pending.append(Pending(record, future))
-            results[i] = ProduceResult(partition, None)
+            result, future, queued = self._place(topic, topic_id, m, ack)
+            results.append(result)
+            if future is not None:
+                waits.append((i, future, result.duplicate))
+            if queued is not None:
+                pending.append(queued)
         if pending:
             self.committer.submit(pending)
         self.metrics.produced_to(topic.name, ack.value).inc(len(pending))
@@ -250,23 +233,70 @@ class Broker:
                 if dup and future.done() and not future.exception():
                     p, o, ts = future.result()
                     results[i] = ProduceResult(p, o, True, ts)
-                elif dup:
-                    results[i] = ProduceResult(-1, None, duplicate=True)
-            return [r for r in results if r is not None]
+            return results
         await asyncio.gather(*(f for _, f, _ in waits), return_exceptions=True)
         for i, future, dup in waits:
             p, o, ts = future.result()  # re-raises StorageUnavailable for a group that failed
             results[i] = ProduceResult(p, o, dup, ts)
-        if duplicates := sum(1 for r in results if r is not None and r.duplicate):
+        if duplicates := sum(1 for r in results if r.duplicate):
             self.metrics.duplicates_to(topic.name).inc(duplicates)
         if ack is AckMode.TABLE:
             highest: dict[int, int] = {}
             for r in results:
-                assert r is not None and r.offset is not None
+                assert r.offset is not None
                 highest[r.partition] = max(highest.get(r.partition, -1), r.offset)
             await asyncio.gather(*(self.flusher.wait_committed((topic_id, p), o) for p, o in highest.items()))
         self.metrics.produce_latency_of(ack.value).observe(time.perf_counter() - started)
-        return [r for r in results if r is not None]
+        return results
+
+    async def produce_one(self, topic_name: str, message: NewMessage, ack: AckMode) -> ProduceResult:
+        """`produce` of one message: the same answer, metrics and WAL record, with one future and no lists."""
+        topic = self.topic(topic_name)
+        self._admit(topic, (message,))
+        started = time.perf_counter()
+        topic_id = bytes.fromhex(topic.topic_id)
+        result, future, queued = self._place(topic, topic_id, message, ack)
+        if queued is not None:
+            self.committer.submit_one(queued)
+        self.metrics.produced_to(topic.name, ack.value).inc(0 if queued is None else 1)
+        if ack is AckMode.NONE:
+            if result.duplicate and future is not None and future.done() and not future.exception():
+                p, o, ts = future.result()
+                return ProduceResult(p, o, True, ts)
+            return result
+        if future is not None:
+            p, o, ts = await future  # raises StorageUnavailable for a group that failed
+            result = ProduceResult(p, o, result.duplicate, ts)
+        if result.duplicate:
+            self.metrics.duplicates_to(topic.name).inc()
+        if ack is AckMode.TABLE:
+            assert result.offset is not None
+            await self.flusher.wait_committed((topic_id, result.partition), result.offset)
+        self.metrics.produce_latency_of(ack.value).observe(time.perf_counter() - started)
+        return result
+
+    def _place(self, topic: TopicConfig, topic_id: bytes, m: NewMessage, ack: AckMode
+               ) -> tuple[ProduceResult, asyncio.Future[Placed] | None, Pending | None]:
+        """One message's result so far, the future it waits for (None: answered now), and what it
+        queues for the WAL (None: a duplicate). A duplicate of a message still in flight waits for it."""
+        did = dedup_id(m.message_id, m.producer_id, m.sequence)
+        key: DedupKey | None = None if did is None else (topic.topic_id, did)
+        if key is not None:
+            hit = self.dedup.lookup(key)
+            if isinstance(hit, tuple):
+                return ProduceResult(hit[0], hit[1], True, hit[2]), None, None
+            if hit is not None:
+                return ProduceResult(-1, None, duplicate=True), hit, None
+        partition = self._partition(topic, m)
+        record = Record(topic.name, topic_id, partition, -1, 0, m.key, m.value, m.format, m.headers,
+                        m.message_id, m.producer_id, m.sequence)
+        future: asyncio.Future[Placed] | None = None
+        if ack is not AckMode.NONE or key is not None:
+            future = asyncio.get_running_loop().create_future()
+            if key is not None:
+                self.dedup.begin(key, future)
+                future.add_done_callback(self._dedup_callback(key))
+        return ProduceResult(partition, None), future, Pending(record, future)
 
     async def produce_columns(self, topic_name: str, batch: ColumnarBatch, ack: AckMode) -> BatchResults:
         """`produce` for a batch held as columns: the same answers, partitions, offsets and rows,
@@ -367,7 +397,7 @@ class Broker:
             else:
                 waits.append((i, hit))
 
-    def _admit(self, topic: TopicConfig, messages: list[NewMessage]) -> None:
+    def _admit(self, topic: TopicConfig, messages: Sequence[NewMessage]) -> None:
         """Refuse messages that break a rule, or any message while the backlog is over its limit."""
         try:
             self._validate(topic, messages)
@@ -385,7 +415,7 @@ class Broker:
                 retry_after_s=1.0,
             )
 
-    def _validate(self, topic: TopicConfig, messages: list[NewMessage]) -> None:
+    def _validate(self, topic: TopicConfig, messages: Sequence[NewMessage]) -> None:
         if not messages:
             raise InvalidRequest("no messages to produce")
         for i, m in enumerate(messages):

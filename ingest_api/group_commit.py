@@ -66,6 +66,11 @@ class GroupCommitter:
         self.queued_bytes += sum(p.record.size if isinstance(p, Pending) else p.chunk.size for p in items)
         self._wake.set()
 
+    def submit_one(self, item: Pending) -> None:
+        self._queue.append(item)
+        self.queued_bytes += item.record.size
+        self._wake.set()
+
     def _take(self) -> list[Queued]:
         """The next group: queued items in order up to max_group messages (at least one item).
         Single messages queued behind that bound join it, up to max_group of them, so a one-message

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import asyncio
 
+import orjson
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ingest_api.errors import error_response
-from ingest_api.responses import send_json
+from ingest_api.responses import Answer, json_answer, send_answer
 from tables.errors import LakebrokerError, RequestTimeout, TooLarge
 
 
@@ -34,15 +35,10 @@ class BodyLimit:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        for name, value in scope["headers"]:
-            if name == b"content-length":
-                try:
-                    declared = int(value)
-                except ValueError:
-                    declared = 0
-                if declared > self.max_bytes:
-                    await _too_large(send, declared, self.max_bytes)
-                    return
+        refused = declared_too_large(scope["headers"], self.max_bytes)
+        if refused is not None:
+            await send_answer(send, refused)
+            return
         seen = 0
         deadline: float | None = None
         body_done = False
@@ -59,8 +55,7 @@ class BodyLimit:
                 async with asyncio.timeout_at(deadline):
                     message = await receive()
             except TimeoutError:
-                refusal = RequestTimeout(f"the request body did not arrive within {self.read_timeout_s:g} s "
-                                         "(setting body_read_timeout_s)")
+                refusal = body_timeout(self.read_timeout_s)
                 raise refusal from None
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
@@ -85,6 +80,10 @@ class BodyLimit:
             await error_response(refusal)(scope, receive, send)
 
 
+def body_timeout(read_timeout_s: float) -> RequestTimeout:
+    return RequestTimeout(f"the request body did not arrive within {read_timeout_s:g} s (setting body_read_timeout_s)")
+
+
 MAX_HEADERS = 100  # Apache's LimitRequestFields; a produce request needs a handful
 MAX_HEADER_BYTES = 16 * 1024  # Node's default; a bearer token and the usual headers are well under 1 KiB
 
@@ -97,34 +96,42 @@ class HeaderLimit:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
-            headers = scope["headers"]
-            if len(headers) > self.max_headers:
-                await _header_error(send, "too_many_headers", f"the request has {len(headers)} headers; "
-                                    f"the server accepts at most {self.max_headers}")
-                return
-            size = sum(len(name) + len(value) + 4 for name, value in headers)  # "name: value\r\n"
-            if size > self.max_bytes:
-                await _header_error(send, "headers_too_large", f"the request headers take {size} bytes; "
-                                    f"the server accepts at most {self.max_bytes}")
+            refused = header_refusal(scope["headers"], self.max_headers, self.max_bytes)
+            if refused is not None:
+                await send_answer(send, refused)
                 return
         await self.app(scope, receive, send)
 
 
-async def _header_error(send: Send, code: str, message: str) -> None:
-    import orjson
+def header_refusal(headers: list[tuple[bytes, bytes]], max_headers: int = MAX_HEADERS,
+                   max_bytes: int = MAX_HEADER_BYTES) -> Answer | None:
+    """The 431 for too many or too large headers (HeaderLimit's, and the fast produce path's)."""
+    if len(headers) > max_headers:
+        return _header_error("too_many_headers", f"the request has {len(headers)} headers; "
+                             f"the server accepts at most {max_headers}")
+    size = sum(len(name) + len(value) + 4 for name, value in headers)  # "name: value\r\n"
+    if size > max_bytes:
+        return _header_error("headers_too_large", f"the request headers take {size} bytes; "
+                             f"the server accepts at most {max_bytes}")
+    return None
 
+
+def _header_error(code: str, message: str) -> Answer:
     body = orjson.dumps({"error": {"code": code, "message": message}})
-    await send({"type": "http.response.start", "status": 431, "headers": [
-        (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-        (b"connection", b"close")]})
-    await send({"type": "http.response.body", "body": body})
+    return Answer(431, [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body)),
+                        (b"connection", b"close")], body)
 
 
-async def _too_large(send: Send, declared: int, limit: int) -> None:
-    import orjson
-
-    body = orjson.dumps(
-        {"error": {"code": "too_large", "message": f"request body of {declared} bytes is over the server limit "
-                   f"of {limit} bytes (setting max_request_bytes)"}}
-    )
-    await send_json(send, 413, body)
+def declared_too_large(headers: list[tuple[bytes, bytes]], limit: int) -> Answer | None:
+    """The 413 for a declared content-length over `limit`, answered before any body is read."""
+    for name, value in headers:
+        if name == b"content-length":
+            try:
+                declared = int(value)
+            except ValueError:
+                declared = 0
+            if declared > limit:
+                return json_answer(413, orjson.dumps({"error": {
+                    "code": "too_large", "message": f"request body of {declared} bytes is over the server limit "
+                    f"of {limit} bytes (setting max_request_bytes)"}}))
+    return None

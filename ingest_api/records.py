@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import struct
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import orjson
 
@@ -50,11 +50,14 @@ class Record:
     message_id: str | None
     producer_id: str | None
     sequence: int | None
+    _size: int = field(default=-1, compare=False, repr=False)  # `size`, computed once: several stages count it
 
     @property
     def size(self) -> int:
         """Approximate bytes held, for backlog and batch-size accounting."""
-        return 64 + message_bytes(self.key, self.value, self.headers)
+        if self._size < 0:
+            self._size = 64 + message_bytes(self.key, self.value, self.headers)
+        return self._size
 
 
 def message_bytes(key: str | None, value: bytes | None, headers: dict[str, str] | None) -> int:

@@ -1,12 +1,19 @@
-"""JSON responses rendered by orjson: hand-built bodies on the hot path skip pydantic."""
+"""HTTP answers rendered by orjson: hand-built bodies on the hot path skip pydantic.
+
+An `Answer` is a whole answer (status, headers, body) built once and sent either through ASGI
+(`send_answer`) or written by the HTTP protocol itself (lakebroker/http_protocol.py's fast
+produce path), so both paths answer the same bytes."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, Response
 from starlette.types import Send
+
+_JSON = b"application/json"
 
 
 class JSONBytes(JSONResponse):
@@ -14,8 +21,27 @@ class JSONBytes(JSONResponse):
         return orjson.dumps(content)
 
 
+@dataclass(frozen=True, slots=True)
+class Answer:
+    status: int
+    headers: list[tuple[bytes, bytes]]  # lower-case names, as Starlette sends them
+    body: bytes
+
+    @classmethod
+    def of(cls, response: Response) -> Answer:
+        """The answer a Starlette response sends: its status, raw headers and body."""
+        return cls(response.status_code, response.raw_headers, bytes(response.body))
+
+
+def json_answer(status: int, body: bytes) -> Answer:
+    return Answer(status, [(b"content-type", _JSON), (b"content-length", b"%d" % len(body))], body)
+
+
+async def send_answer(send: Send, answer: Answer) -> None:
+    await send({"type": "http.response.start", "status": answer.status, "headers": answer.headers})
+    await send({"type": "http.response.body", "body": answer.body})
+
+
 async def send_json(send: Send, status: int, body: bytes) -> None:
     """A JSON body straight to an ASGI `send`, for handlers below the framework."""
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
-    await send({"type": "http.response.body", "body": body})
+    await send_answer(send, json_answer(status, body))

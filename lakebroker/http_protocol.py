@@ -13,23 +13,63 @@
 
 On the hot path a request that arrives in one read costs a few attribute writes: no timer is
 armed for it (one per connection, cancelled when the first head completes).
+
+**Fast produce.** With a `FastProduce` (ingest_api/fast_produce.py), a plain single-message
+produce (`POST /v1/topics/{topic}/messages` with a content-length body, nothing else in progress
+on the connection, and uvicorn's access log off) is answered here rather than through ASGI. While it is in
+progress a `FastCycle` stands in `self.cycle`, with the attributes uvicorn's own code reads there
+(pipelining, disconnects, graceful shutdown), and its answer ends with uvicorn's
+`on_response_complete`, which starts any request queued behind it. A body that does not arrive
+with its head gets the body_read_timeout_s deadline (408); one that does pays for no timer.
+Anything else takes uvicorn's ASGI path unchanged. tests/cli/test_uvicorn_internals.py pins the
+uvicorn code this relies on.
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
+import logging
 
 import orjson
-from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
+from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol, RequestResponseCycle
 
+from ingest_api.fast_produce import FastProduce, FastRequest
 from ingest_api.limits import MAX_HEADER_BYTES
+from ingest_api.responses import Answer
 from tables.errors import HeadersTooLarge, LakebrokerError, RequestTimeout
 from tables.settings import Settings
 
 MAX_REQUEST_LINE_BYTES = 8 * 1024  # nginx's large_client_header_buffers
 MAX_HEAD_BYTES = MAX_HEADER_BYTES + MAX_REQUEST_LINE_BYTES
 HEADER_TIMEOUT_S: float = Settings.model_fields["header_read_timeout_s"].default
+_FAST_PREFIX = b"/v1/topics/"
+# Starlette's answer to an exception in the app, after which uvicorn closes the connection
+_SERVER_ERROR = Answer(500, [(b"content-length", b"21"), (b"content-type", b"text/plain; charset=utf-8"),
+                             (b"connection", b"close")], b"Internal Server Error")
+
+
+class _NoEvent:
+    """uvicorn sets a cycle's message_event on a disconnect; a fast request waits on no event."""
+
+    def set(self) -> None:
+        pass
+
+
+class FastCycle:
+    """`self.cycle` while the fast path answers a request: what uvicorn reads and writes of a
+    RequestResponseCycle outside the cycle's own code."""
+
+    __slots__ = ("chunks", "disconnected", "keep_alive", "request", "response_complete", "started", "timer")
+    message_event = _NoEvent()
+
+    def __init__(self, keep_alive: bool) -> None:
+        self.request: FastRequest | None = None
+        self.keep_alive = keep_alive
+        self.response_complete = False
+        self.disconnected = False
+        self.chunks: list[bytes] = []
+        self.started = False  # the whole body is in and the produce runs
+        self.timer: asyncio.TimerHandle | None = None  # the body deadline, once a read ended without the body
 
 
 class BoundedHttpToolsProtocol(HttpToolsProtocol):
@@ -41,19 +81,31 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
     _in_head = False  # part of a head has arrived, not its end
     _head_bytes = 0  # of the head in progress, counted from reads that held nothing else
     _heads = 0  # request heads completed on this connection
+    fast: FastProduce | None = None  # serves single-message produce below ASGI
+    _fast: FastProduce | None = None  # on this connection
+    cycle: RequestResponseCycle | FastCycle  # type: ignore[assignment]
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
+        # the fast path writes no access log: it serves only where uvicorn's would write nothing
+        self._fast = None if self.access_log and self.access_logger.isEnabledFor(logging.INFO) else self.fast
         self._deadline = self.loop.call_later(self.header_timeout_s, self._head_timed_out)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
+        cycle = self.cycle
+        if type(cycle) is FastCycle and cycle.timer is not None:
+            cycle.timer.cancel()
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
         whole = self._idle or self._in_head  # this read starts at or inside a head
         heads = self._heads
         super().data_received(data)
+        cycle = self.cycle
+        if type(cycle) is FastCycle and cycle.request is not None and not cycle.started and cycle.timer is None \
+                and not cycle.response_complete and self.fast is not None:
+            cycle.timer = self.loop.call_later(self.fast.body_timeout_s, self._body_timed_out, cycle)
         if not self._in_head or self.transport.is_closing():
             return
         if whole and heads == self._heads:
@@ -76,11 +128,113 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         self._heads += 1
         if self._deadline is not None:
             self._disarm()
-        super().on_headers_complete()
+        if self._fast is None or not self._fast_head(self._fast):
+            super().on_headers_complete()
+
+    def on_body(self, body: bytes) -> None:
+        cycle = self.cycle
+        if type(cycle) is FastCycle:
+            if not cycle.response_complete:
+                cycle.chunks.append(body)
+            return
+        super().on_body(body)
 
     def on_message_complete(self) -> None:
-        super().on_message_complete()
+        cycle = self.cycle
+        if type(cycle) is FastCycle:
+            if cycle.request is not None and not cycle.response_complete and not cycle.started:
+                self._fast_body(cycle)
+        else:
+            super().on_message_complete()
         self._idle = True
+
+    # -- fast produce ---------------------------------------------------------------------
+    def _fast_head(self, fast: FastProduce) -> bool:
+        """Takes a request on the fast path if it is a plain single-message produce (True)."""
+        url: bytes = self.url
+        if not url.startswith(_FAST_PREFIX) or self.parser.get_method() != b"POST" or self.expect_100_continue \
+                or self.pipeline or self.root_path \
+                or (self.cycle is not None and not self.cycle.response_complete):
+            return False
+        version = self.parser.get_http_version()
+        if version not in ("1.1", "1.0") or self.parser.should_upgrade():
+            return False
+        limit = self.limit_concurrency  # over it, uvicorn answers 503
+        if limit is not None and (len(self.connections) >= limit or len(self.tasks) >= limit):
+            return False
+        path, _, query = url.partition(b"?")
+        parts = path.split(b"/")  # b"", b"v1", b"topics", topic, b"messages"
+        if len(parts) != 5 or parts[4] != b"messages" or not parts[3] or b"%" in path or b"#" in url \
+                or not parts[3].isascii():
+            return False
+        has_length = False
+        for name, _value in self.headers:
+            if name == b"content-length":
+                has_length = True
+            elif name == b"transfer-encoding":
+                return False
+        if not has_length:
+            return False
+        outcome = fast.begin(parts[3].decode("ascii"), query, self.headers)
+        if outcome is None:
+            return False
+        cycle = FastCycle(keep_alive=version != "1.0" and self.parser.should_keep_alive())
+        self.cycle = cycle  # uvicorn reads only what FastCycle holds
+        if isinstance(outcome, Answer):
+            self._fast_answer(cycle, outcome)  # the body, if any, is dropped as uvicorn drops it
+        else:
+            cycle.request = outcome
+        return True
+
+    def _fast_body(self, cycle: FastCycle) -> None:
+        assert cycle.request is not None and self.fast is not None
+        cycle.started = True
+        if cycle.timer is not None:
+            cycle.timer.cancel()
+            cycle.timer = None
+        chunks = cycle.chunks
+        body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        cycle.chunks = []
+        task = self.loop.create_task(self._fast_produce(cycle, cycle.request, body))
+        task.add_done_callback(self.tasks.discard)
+        self.tasks.add(task)  # uvicorn's graceful shutdown and concurrency limit count it
+
+    async def _fast_produce(self, cycle: FastCycle, request: FastRequest, body: bytes) -> None:
+        assert self.fast is not None
+        try:
+            answer = await self.fast.finish(request, body)
+        except BaseException as exc:  # as uvicorn's RequestResponseCycle.run_asgi, cancellation included
+            self.logger.error("Exception in fast produce\n", exc_info=exc)
+            answer = _SERVER_ERROR
+        self._fast_answer(cycle, answer)
+
+    def _body_timed_out(self, cycle: FastCycle) -> None:
+        cycle.timer = None
+        if not cycle.started and not cycle.response_complete and self.fast is not None:
+            self._fast_answer(cycle, self.fast.timed_out())
+
+    def _fast_answer(self, cycle: FastCycle, answer: Answer) -> None:
+        """Writes `answer` as uvicorn's RequestResponseCycle.send writes a response, then lets uvicorn
+        start what waits behind it."""
+        cycle.response_complete = True
+        if self.transport.is_closing():  # the client left (or the connection was refused): nothing to write
+            return
+        head = [STATUS_LINE[answer.status]]
+        for name, value in self.server_state.default_headers:
+            head += [name, b": ", value, b"\r\n"]
+        closing = False
+        for name, value in answer.headers:
+            if name == b"connection" and b"close" in [token.strip() for token in value.lower().split(b",")]:
+                closing = True
+                cycle.keep_alive = False
+            head += [name, b": ", value, b"\r\n"]
+        if not cycle.keep_alive and not closing:
+            head.append(b"connection: close\r\n")
+        head += [b"\r\n", answer.body]
+        self.transport.write(b"".join(head))
+        if not cycle.keep_alive:
+            self.transport.close()
+        self.on_response_complete()
 
     def _disarm(self) -> None:
         if self._deadline is not None:
@@ -115,9 +269,9 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         self.transport.close()
 
 
-@functools.cache
-def bounded_protocol(header_timeout_s: float) -> type[BoundedHttpToolsProtocol]:
-    """The protocol class with this head deadline (the same class for the default)."""
-    if header_timeout_s == BoundedHttpToolsProtocol.header_timeout_s:
+def bounded_protocol(header_timeout_s: float, fast: FastProduce | None = None) -> type[BoundedHttpToolsProtocol]:
+    """The protocol class with this head deadline and fast produce path (the base class for neither)."""
+    if header_timeout_s == BoundedHttpToolsProtocol.header_timeout_s and fast is None:
         return BoundedHttpToolsProtocol
-    return type(BoundedHttpToolsProtocol.__name__, (BoundedHttpToolsProtocol,), {"header_timeout_s": header_timeout_s})
+    return type(BoundedHttpToolsProtocol.__name__, (BoundedHttpToolsProtocol,),
+                {"header_timeout_s": header_timeout_s, "fast": fast})

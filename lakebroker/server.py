@@ -14,6 +14,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from ingest_api import create_app
 from ingest_api.auth import is_loopback
+from ingest_api.fast_produce import FastProduce
 from lakebroker.http_protocol import BoundedHttpToolsProtocol, bounded_protocol
 from tables.layout import Layout
 from tables.logs import configure_logging
@@ -60,7 +61,6 @@ def run_server(settings: Settings) -> None:
     registry.register(JobMetricsCollector(layout))
     jobs: list[Any] = []
 
-    limits = {**UVICORN_LIMITS, "http": bounded_protocol(settings.header_read_timeout_s)}
     config: uvicorn.Config
 
     def announce() -> None:  # only once this process holds the data-dir lock
@@ -72,6 +72,8 @@ def run_server(settings: Settings) -> None:
         jobs.append(start_scheduler(settings))
 
     app = create_app(settings, registry=registry, on_started=announce)
+    # single-message produce is answered by the HTTP protocol itself (ingest_api/fast_produce.py)
+    limits = {**UVICORN_LIMITS, "http": bounded_protocol(settings.header_read_timeout_s, FastProduce(app))}
 
     # log_config=None: uvicorn adds no handlers of its own; its records go through configure_logging's.
     config = uvicorn.Config(app, log_level=settings.log_level, log_config=None, access_log=settings.access_log,

@@ -80,10 +80,10 @@ def free_port() -> int:
 class AppThread:
     """An ASGI app (e.g. a webhook receiver) under uvicorn in a thread of the test process, on loopback."""
 
-    def __init__(self, app: Any) -> None:
+    def __init__(self, app: Any, **config: Any) -> None:
         self.sock = socket.socket()
         self.sock.bind(("127.0.0.1", 0))
-        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False))
+        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, **config))
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
 
     @property

@@ -13,13 +13,13 @@ import orjson
 from fastapi import APIRouter, Query
 from starlette.types import Receive, Scope, Send
 
-from ingest_api.asgi_route import AsgiRoute, header, query_of, read_body, served_by
+from ingest_api.asgi_route import AsgiRoute, header, parse_query, query_of, read_body, served_by
 from ingest_api.body import InvalidShape, batch_items, media_type, parse_message
 from ingest_api.broker import AckMode, Broker, ProduceResult
 from ingest_api.columnar import columns_of
 from ingest_api.deps import TopicPath
 from ingest_api.errors import error_response
-from ingest_api.responses import send_json
+from ingest_api.responses import Answer, json_answer, send_answer, send_json
 from ingest_api.results_json import batch_results_json
 from ingest_api.schemas import (
     MAX_INT,
@@ -71,19 +71,30 @@ def ack_of(query: dict[str, str]) -> AckMode:
     return mode
 
 
+def produce_target(broker: Broker, topic: str, raw_query: bytes) -> tuple[dict[str, str], AckMode]:
+    """What a single-message produce checks before reading the body: the topic (404), the query and
+    its ack mode (422). The fast path (ingest_api/fast_produce.py) checks the same, in the same order."""
+    broker.topic(topic)
+    query = parse_query(raw_query)
+    return query, ack_of(query)
+
+
+def produced(result: ProduceResult, ack: AckMode) -> Answer:
+    body = orjson.dumps({"partition": result.partition, "offset": result.offset, "duplicate": result.duplicate})
+    return json_answer(202 if ack is AckMode.NONE else 200, body)
+
+
 async def produce_one(scope: Scope, receive: Receive, send: Send) -> None:
     broker: Broker = scope["app"].state.broker
+    topic = scope["path_params"]["topic"]
     try:
-        broker.topic(scope["path_params"]["topic"])
-        query = query_of(scope)
-        ack = ack_of(query)
+        query, ack = produce_target(broker, topic, scope["query_string"])
         message = parse_message(media_type(header(scope, b"content-type")), query, await read_body(receive))
-        (r,) = await broker.produce(scope["path_params"]["topic"], [message], ack)
+        result = await broker.produce_one(topic, message, ack)
     except LakebrokerError as exc:
         await error_response(exc)(scope, receive, send)
         return
-    body = orjson.dumps({"partition": r.partition, "offset": r.offset, "duplicate": r.duplicate})
-    await send_json(send, 202 if ack is AckMode.NONE else 200, body)
+    await send_answer(send, produced(result, ack))
 
 
 async def produce_batch(scope: Scope, receive: Receive, send: Send) -> None:

@@ -1,0 +1,101 @@
+"""Single-message produce answered by the HTTP protocol itself, below ASGI.
+
+`POST /v1/topics/{topic}/messages` is the request a producer sends most. Through ASGI it pays for
+a task, a scope, receive/send messages and every middleware layer; the HTTP protocol
+(lakebroker/http_protocol.py) can instead hand such a request here, as its head and then its body
+arrive, and write the `Answer` itself. The answers are the ASGI path's, from the same functions
+in the same order:
+
+    header limits (431) -> token (401) -> declared body size (413) -> scope and topic (403)
+    -> topic (404) -> ack (422) -> [body] -> parse (400/415/422) -> Broker.produce_one
+
+`begin` returns None when it cannot decide without waiting (the token table needs a fresh
+read): the protocol then serves the request through ASGI, which awaits that read.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fastapi import FastAPI
+
+from ingest_api.asgi_route import AsgiRoute, header_in
+from ingest_api.auth import Access, Authenticator, access_rule, bearer_of
+from ingest_api.body import media_type, parse_message
+from ingest_api.broker import AckMode, Broker
+from ingest_api.errors import error_response
+from ingest_api.limits import body_timeout, declared_too_large, header_refusal
+from ingest_api.responses import Answer
+from ingest_api.routes.produce import produce_target, produced
+from tables.errors import LakebrokerError
+from tables.tokens import ApiToken
+
+PATH = "/v1/topics/{topic}/messages"
+Headers = list[tuple[bytes, bytes]]
+
+
+@dataclass(slots=True)
+class FastRequest:
+    """A request whose head passed every check: what producing it needs once its body is in."""
+
+    topic: str
+    query: dict[str, str]
+    ack: AckMode
+    kind: str  # media type of the body
+
+
+class FastProduce:
+    def __init__(self, app: FastAPI) -> None:
+        route = next((r for r in app.routes if isinstance(r, AsgiRoute) and r.path == PATH and r.methods == {"POST"}),
+                     None)
+        if route is None:
+            raise RuntimeError(f"the app has no POST {PATH} route to serve fast")
+        self.broker: Broker = app.state.broker
+        self.auth: Authenticator = app.state.auth
+        self.access: Access | None = access_rule(route)
+        self.max_request_bytes: int = app.state.settings.max_request_bytes
+        self.body_timeout_s: float = app.state.settings.body_read_timeout_s
+        self.taken = 0  # requests this path answered (the rest went through ASGI)
+
+    def begin(self, topic: str, raw_query: bytes, headers: Headers) -> FastRequest | Answer | None:
+        """The checks on a request head: a refusal, the request to finish with its body, or None
+        (take the ASGI path)."""
+        outcome = self._check(topic, raw_query, headers)
+        if outcome is not None:
+            self.taken += 1
+        return outcome
+
+    def _check(self, topic: str, raw_query: bytes, headers: Headers) -> FastRequest | Answer | None:
+        refused = header_refusal(headers)
+        if refused is not None:
+            return refused
+        principal: ApiToken | None = None
+        if self.access is not None:
+            try:
+                principal = self.auth.authenticate_now(bearer_of(headers))
+            except LakebrokerError as exc:
+                return Answer.of(error_response(exc))
+            if principal is None:
+                return None  # the token table needs a read: ASGI awaits it
+        refused = declared_too_large(headers, self.max_request_bytes)
+        if refused is not None:
+            return refused
+        try:
+            if self.access is not None and principal is not None:
+                self.access.authorize(principal, "POST", PATH, topic)
+            query, ack = produce_target(self.broker, topic, raw_query)
+        except LakebrokerError as exc:
+            return Answer.of(error_response(exc))
+        return FastRequest(topic, query, ack, media_type(header_in(headers, b"content-type")))
+
+    async def finish(self, request: FastRequest, body: bytes) -> Answer:
+        try:
+            message = parse_message(request.kind, request.query, body)
+            result = await self.broker.produce_one(request.topic, message, request.ack)
+        except LakebrokerError as exc:
+            return Answer.of(error_response(exc))
+        return produced(result, request.ack)
+
+    def timed_out(self) -> Answer:
+        """The body did not arrive within body_read_timeout_s: BodyLimit's 408."""
+        return Answer.of(error_response(body_timeout(self.body_timeout_s)))
