@@ -11,6 +11,12 @@ mkdir -p test-artifacts
 # in-process session JVM, which lives the whole run, keeps the defaults (tests/spark_fixtures.py).
 export SPARK_SUBMIT_OPTS="${SPARK_SUBMIT_OPTS:-} ${LAKEBROKER_TEST_JOB_JVM_OPTS:=-XX:TieredStopAtLevel=1 -XX:+UseSerialGC}"
 export LAKEBROKER_TEST_JOB_JVM_OPTS
+# The shared in-process session lives the whole run (tests/spark_fixtures.py): C2 pays there, but
+# on every warm method it would compile; a higher threshold compiles only the hot ones.
+export LAKEBROKER_TEST_SESSION_JVM_OPTS="${LAKEBROKER_TEST_SESSION_JVM_OPTS:--XX:CompileThresholdScaling=4 -XX:+UseSerialGC}"
+# Spark's test settings for tables of a few files: one task per stage, not one per core.
+one_task='{"spark.sql.shuffle.partitions": "1", "spark.default.parallelism": "1", "spark.databricks.delta.snapshotPartitions": "1"}'
+export LAKEBROKER_SPARK_CONF="${LAKEBROKER_SPARK_CONF:-$one_task}"
 # Parallel processes (pytest-xdist), one module per process at a time: module-scoped servers
 # start once. Most tests wait on servers, JVMs and disks, so more processes than cores pays.
 # --no-loadscope-reorder: keep the collection order (longest modules first, tests/conftest.py);

@@ -21,7 +21,8 @@ def spark_for(settings: Settings, app_name: str, *, jvm_log: Path | None = None)
     spark = build_spark_session(master=settings.spark_master, jars_dir=settings.jars_dir, app_name=app_name,
                                 extra_conf={"spark.driver.memory": settings.spark_driver_memory,
                                             # CREATE DATABASE writes here: keep it in the data dir, not the cwd.
-                                            "spark.sql.warehouse.dir": str((settings.data_dir / "_spark").resolve())},
+                                            "spark.sql.warehouse.dir": str((settings.data_dir / "_spark").resolve()),
+                                            **settings.spark_conf},
                                 jvm_log=jvm_log)
     spark.sparkContext.setLogLevel("ERROR")
     return spark

@@ -116,6 +116,11 @@ class Settings(BaseSettings):
     # spark
     spark_master: str = Field("local[*]", description="Master URL for Spark jobs and `lakebroker sql`.")
     spark_driver_memory: str = Field("1g", description="Driver memory of Spark jobs.")
+    spark_conf: dict[str, str] = Field(
+        {}, description="Extra Spark confs for every Spark session lakebroker starts (the jobs, `lakebroker sql`, "
+        "spark-submit runs from the scheduler and the DAGs), applied over lakebroker's own; as JSON in the "
+        'environment, e.g. {"spark.sql.shuffle.partitions": "64"}.'
+    )
 
     # --- spark maintenance jobs (spark_pipeline/jobs; scheduled inside `serve` by spark_pipeline/scheduler.py) ---
     compaction_interval_s: int = Field(300, ge=0, description="Seconds between scheduled compaction runs; 0 disables.")

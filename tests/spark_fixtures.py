@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from spark_pipeline.session import DEFAULT_JARS_DIR, build_spark_session
+from tables.settings import Settings
 
 
 @pytest.fixture(scope="session")
@@ -21,11 +22,12 @@ def spark() -> Iterator[Any]:
     # does most of the Spark work, where C2 pays (a C1-only session made test_replication 5 min vs 3).
     submit_opts = os.environ.get("SPARK_SUBMIT_OPTS")
     job_flags = os.environ.get("LAKEBROKER_TEST_JOB_JVM_OPTS", "")
-    if submit_opts is not None and job_flags:
-        os.environ["SPARK_SUBMIT_OPTS"] = submit_opts.replace(job_flags, "").strip()
+    session_flags = os.environ.get("LAKEBROKER_TEST_SESSION_JVM_OPTS", "")
+    if submit_opts is not None and (job_flags or session_flags):
+        os.environ["SPARK_SUBMIT_OPTS"] = f"{submit_opts.replace(job_flags, '')} {session_flags}".strip()
     try:
         session = build_spark_session(master="local[2]", jars_dir=DEFAULT_JARS_DIR, app_name="lakebroker-tests",
-                                      extra_conf={"spark.ui.showConsoleProgress": "false"})
+                                      extra_conf={"spark.ui.showConsoleProgress": "false", **Settings().spark_conf})
     finally:
         if submit_opts is not None:
             os.environ["SPARK_SUBMIT_OPTS"] = submit_opts

@@ -12,7 +12,7 @@ import pytest
 
 from spark_pipeline import job_runs
 from spark_pipeline.results import JobName
-from spark_pipeline.scheduler import JobRunner, job_command, job_env, shutdown, start_scheduler
+from spark_pipeline.scheduler import JobRunner, job_command, job_env, shutdown, spark_submit_run, start_scheduler
 from tables.layout import Layout
 from tables.settings import Settings
 from tests.servers import ServerProcess
@@ -22,7 +22,8 @@ pytestmark = pytest.mark.spark
 
 def test_job_env_carries_every_setting(tmp_path: Path) -> None:
     settings = Settings(data_dir=tmp_path / "d", compaction_target_file_bytes=4096, retention_trim_partial_files=True,
-                        replication_uri="/replica", vacuum_retention_hours=1.5)
+                        replication_uri="/replica", vacuum_retention_hours=1.5,
+                        spark_conf={"spark.sql.shuffle.partitions": "64"})
     env = job_env(settings, base={"LAKEBROKER_REPLICATION_URI": "stale", "PATH": "/bin"})
     assert env["LAKEBROKER_COMPACTION_TARGET_FILE_BYTES"] == "4096"
     assert env["LAKEBROKER_RETENTION_TRIM_PARTIAL_FILES"] == "true"
@@ -44,6 +45,16 @@ def test_job_command_is_a_python_module_entry_point(tmp_path: Path) -> None:
         sys.executable, "-m", "spark_pipeline.jobs.compaction", "--data-dir", str(tmp_path),
         "--master", "spark://h:7077", "--trigger", "scheduler", "--topic", "t"]
     assert job_command(JobName.REPLICATION, settings)[-2:] == ["--to", "/r"]
+
+
+def test_spark_conf_goes_to_spark_submit_over_lakebrokers_own(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("LAKEBROKER_SPARK_CONF", raising=False)  # scripts/test.sh sets one
+    own = spark_submit_run(JobName.COMPACTION, Settings(data_dir=tmp_path)).conf
+    assert own["spark.sql.shuffle.partitions"] == "4"
+    settings = Settings(data_dir=tmp_path, spark_conf={"spark.sql.shuffle.partitions": "64", "spark.x.y": "z"})
+    run = spark_submit_run(JobName.COMPACTION, settings, extra_conf={"spark.x.y": "w"})
+    assert run.conf["spark.sql.shuffle.partitions"] == "64"
+    assert run.conf["spark.x.y"] == "w"  # a caller's own extra_conf still comes last
 
 
 def test_schedule_follows_settings(tmp_path: Path) -> None:
