@@ -1,5 +1,20 @@
-"""The ingest tier: HTTP → WAL → Delta. `create_app` builds the FastAPI app for a data dir."""
+"""The ingest tier: HTTP → WAL → Delta. `create_app` builds the FastAPI app for a data dir.
 
-from ingest_api.app import create_app
+Imported lazily: the CLI needs `ingest_api.broker`'s types, not FastAPI (a second off each command)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ingest_api.app import create_app
 
 __all__ = ["create_app"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "create_app":
+        from ingest_api.app import create_app
+
+        return create_app
+    raise AttributeError(f"module 'ingest_api' has no attribute {name!r}")
