@@ -43,6 +43,9 @@ class AckMode(StrEnum):
     TABLE = "table"  # answered after the Delta commit
 
 
+_NONE, _TABLE = AckMode.NONE, AckMode.TABLE  # a member lookup costs the hot path ~0.3 µs on Python 3.11
+
+
 @dataclass(slots=True)
 class NewMessage:
     value: bytes | None
@@ -250,7 +253,8 @@ class Broker:
         return results
 
     async def produce_one(self, topic_name: str, message: NewMessage, ack: AckMode) -> ProduceResult:
-        """`produce` of one message: the same answer, metrics and WAL record, with one future and no lists."""
+        """`produce` of one message: the same answer, metrics and WAL record, with one future and no lists.
+        (`ack` is a str: it labels the metrics as `ack.value` does, without the enum's slow property.)"""
         topic = self.topic(topic_name)
         self._admit(topic, (message,))
         started = time.perf_counter()
@@ -258,8 +262,8 @@ class Broker:
         result, future, queued = self._place(topic, topic_id, message, ack)
         if queued is not None:
             self.committer.submit_one(queued)
-        self.metrics.produced_to(topic.name, ack.value).inc(0 if queued is None else 1)
-        if ack is AckMode.NONE:
+        self.metrics.produced_to(topic.name, ack).inc(0 if queued is None else 1)
+        if ack is _NONE:
             if result.duplicate and future is not None and future.done() and not future.exception():
                 p, o, ts = future.result()
                 return ProduceResult(p, o, True, ts)
@@ -269,10 +273,10 @@ class Broker:
             result = ProduceResult(p, o, result.duplicate, ts)
         if result.duplicate:
             self.metrics.duplicates_to(topic.name).inc()
-        if ack is AckMode.TABLE:
+        if ack is _TABLE:
             assert result.offset is not None
             await self.flusher.wait_committed((topic_id, result.partition), result.offset)
-        self.metrics.produce_latency_of(ack.value).observe(time.perf_counter() - started)
+        self.metrics.produce_latency_of(ack).observe(time.perf_counter() - started)
         return result
 
     def _place(self, topic: TopicConfig, topic_id: bytes, m: NewMessage, ack: AckMode
@@ -291,7 +295,7 @@ class Broker:
         record = Record(topic.name, topic_id, partition, -1, 0, m.key, m.value, m.format, m.headers,
                         m.message_id, m.producer_id, m.sequence)
         future: asyncio.Future[Placed] | None = None
-        if ack is not AckMode.NONE or key is not None:
+        if ack is not _NONE or key is not None:
             future = asyncio.get_running_loop().create_future()
             if key is not None:
                 self.dedup.begin(key, future)

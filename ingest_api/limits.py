@@ -109,7 +109,7 @@ def header_refusal(headers: list[tuple[bytes, bytes]], max_headers: int = MAX_HE
     if len(headers) > max_headers:
         return _header_error("too_many_headers", f"the request has {len(headers)} headers; "
                              f"the server accepts at most {max_headers}")
-    size = sum(len(name) + len(value) + 4 for name, value in headers)  # "name: value\r\n"
+    size = 4 * len(headers) + sum([len(name) + len(value) for name, value in headers])  # "name: value\r\n"
     if size > max_bytes:
         return _header_error("headers_too_large", f"the request headers take {size} bytes; "
                              f"the server accepts at most {max_bytes}")

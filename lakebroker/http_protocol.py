@@ -48,6 +48,24 @@ _SERVER_ERROR = Answer(500, [(b"content-length", b"21"), (b"content-type", b"tex
                              (b"connection", b"close")], b"Internal Server Error")
 
 
+class _DefaultHeaders:
+    """uvicorn's default headers as bytes, joined again only when uvicorn replaces the list (each
+    second, for the date)."""
+
+    def __init__(self) -> None:
+        self.source: list[tuple[bytes, bytes]] | None = None
+        self.lines = b""
+
+    def of(self, headers: list[tuple[bytes, bytes]]) -> bytes:
+        if headers is not self.source:
+            self.lines = b"".join([b"%s: %s\r\n" % header for header in headers])
+            self.source = headers
+        return self.lines
+
+
+_DEFAULTS = _DefaultHeaders()
+
+
 class _NoEvent:
     """uvicorn sets a cycle's message_event on a disconnect; a fast request waits on no event."""
 
@@ -217,23 +235,22 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         """Writes `answer` as uvicorn's RequestResponseCycle.send writes a response, then lets uvicorn
         start what waits behind it."""
         cycle.response_complete = True
-        if self.transport.is_closing():  # the client left (or the connection was refused): nothing to write
+        transport = self.transport
+        if transport.is_closing():  # the client left (or the connection was refused): nothing to write
             return
-        head = [STATUS_LINE[answer.status]]
-        for name, value in self.server_state.default_headers:
-            head += [name, b": ", value, b"\r\n"]
+        head = [STATUS_LINE[answer.status], _DEFAULTS.of(self.server_state.default_headers)]
         closing = False
         for name, value in answer.headers:
             if name == b"connection" and b"close" in [token.strip() for token in value.lower().split(b",")]:
                 closing = True
                 cycle.keep_alive = False
-            head += [name, b": ", value, b"\r\n"]
+            head.append(b"%s: %s\r\n" % (name, value))
         if not cycle.keep_alive and not closing:
             head.append(b"connection: close\r\n")
         head += [b"\r\n", answer.body]
-        self.transport.write(b"".join(head))
+        transport.write(b"".join(head))
         if not cycle.keep_alive:
-            self.transport.close()
+            transport.close()
         self.on_response_complete()
 
     def _disarm(self) -> None:

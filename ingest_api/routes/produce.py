@@ -81,7 +81,7 @@ def produce_target(broker: Broker, topic: str, raw_query: bytes) -> tuple[dict[s
 
 def produced(result: ProduceResult, ack: AckMode) -> Answer:
     body = orjson.dumps({"partition": result.partition, "offset": result.offset, "duplicate": result.duplicate})
-    return json_answer(202 if ack is AckMode.NONE else 200, body)
+    return json_answer(202 if ack == "none" else 200, body)
 
 
 async def produce_one(scope: Scope, receive: Receive, send: Send) -> None:

@@ -31,6 +31,7 @@ RELIED_ON = {
     "RequestResponseCycle.run_asgi": RequestResponseCycle.run_asgi,
     "_get_status_line": httptools_impl._get_status_line,
     "Server.shutdown": Server.shutdown,  # calls each connection's shutdown(), then waits for connections and tasks
+    "Server.on_tick": Server.on_tick,  # replaces (never mutates) default_headers: the fast path caches them by identity
 }
 DIGESTS = {
     "HttpToolsProtocol.__init__": "4f08999410347141",
@@ -46,6 +47,7 @@ DIGESTS = {
     "RequestResponseCycle.send": "abdd8601b326a8da",
     "RequestResponseCycle.run_asgi": "0f33f2449a444bc2",
     "_get_status_line": "d7012e110d2d2574",
+    "Server.on_tick": "60ea49b06ccf68c1",
     "Server.shutdown": "9b33c50562992b1e",
 }
 
