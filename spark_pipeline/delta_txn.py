@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from spark_pipeline.plans import FileEntry
+from tables import delta, storage
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -59,6 +60,9 @@ def jvm_of(spark: SparkSession) -> Any:
 
 
 def table_exists(spark: SparkSession, uri: str) -> bool:
+    # delta-rs answers from a listing in milliseconds; Spark's check costs a query (seconds in a cold JVM).
+    if storage.delta_rs_reads(uri):
+        return delta.exists(uri)
     return bool(jvm_of(spark).io.delta.tables.DeltaTable.isDeltaTable(spark._jsparkSession, uri))
 
 

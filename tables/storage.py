@@ -35,6 +35,12 @@ def is_s3(uri: str) -> bool:
     return urlsplit(uri).scheme in S3_SCHEMES
 
 
+def delta_rs_reads(uri: str) -> bool:
+    """A local path, file: or S3 URI: delta-rs opens it here (with `delta_options`). Spark may also
+    reach other schemes (hdfs:, gs:, abfss:) through its Hadoop filesystems."""
+    return urlsplit(uri).scheme in ("", "file", *S3_SCHEMES)
+
+
 def join(root: str, *parts: str) -> str:
     """A child location of a root: a URI keeps its scheme, a local path stays a plain path."""
     if is_s3(root):

@@ -175,8 +175,7 @@ def replicate_topic(spark: SparkSession, layout: Layout, replica: Replica, topic
         return
     _ensure_replica_table(spark, source, target, replica, identity={"lakebroker.topicId": topic.topic_id},
                           checkpoints=replica.checkpoint("topics", topic.name, "*"))
-    before = DeltaTxn(spark, target).files()
-    result.files_before, result.bytes_before = len(before), sum(f.size for f in before)
+    result.files_before, result.bytes_before = _file_totals(spark, target)
     checkpoint = replica.checkpoint("topics", topic.name, topic.topic_id)
     copied = stream_copy(spark, source, target, checkpoint, topic=topic, run_id=run_id)
     result.details.update(copied)
@@ -190,9 +189,16 @@ def replicate_topic(spark: SparkSession, layout: Layout, replica: Replica, topic
     vacuum(spark, target, settings.vacuum_retention_hours)
     if replica.listable:
         maintain_log(target)
-    files = DeltaTxn(spark, target).files()
-    result.files_after, result.bytes_after = len(files), sum(f.size for f in files)
+    result.files_after, result.bytes_after = _file_totals(spark, target)
     result.details["replica"] = target
+
+
+def _file_totals(spark: SparkSession, uri: str) -> tuple[int, int]:
+    """Files and bytes of a table's latest version, for the run's report."""
+    if storage.delta_rs_reads(uri):
+        return delta.file_totals(uri)  # from the log: no Spark query
+    files = DeltaTxn(spark, uri).files()
+    return len(files), sum(f.size for f in files)
 
 
 def primary_log_starts(source: str, partitions: int) -> dict[int, int]:
@@ -316,13 +322,19 @@ def copy_snapshot(spark: SparkSession, source: str, target: str, result: TableRe
         result.details["reason"] = "no table yet"
         return
     version = int(delta.load(source).version())
-    if table_exists(spark, target) and DeltaTxn(spark, target).app_version(SNAPSHOT_APP_ID) == version:
+    if table_exists(spark, target) and _app_version(spark, target, SNAPSHOT_APP_ID) == version:
         result.details.update({"source_version": version, "copied": False})
         return
     frame = spark.read.format("delta").option("versionAsOf", version).load(source)
     (frame.write.format("delta").mode("overwrite").option("overwriteSchema", "true")
      .option("txnAppId", SNAPSHOT_APP_ID).option("txnVersion", version).save(target))
     result.details.update({"source_version": version, "copied": True})
+
+
+def _app_version(spark: SparkSession, uri: str, app_id: str) -> int | None:
+    if storage.delta_rs_reads(uri):
+        return delta.txn_version(delta.load(uri), app_id)
+    return DeltaTxn(spark, uri).app_version(app_id)
 
 
 # -- replica tables -----------------------------------------------------------------------------------
