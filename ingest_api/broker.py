@@ -8,6 +8,7 @@ both drive this class; it knows nothing of HTTP.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -28,7 +29,7 @@ from ingest_api.records import Record, message_bytes
 from ingest_api.turns import Turns
 from ingest_api.wal import PartitionKey, Wal
 from tables import delta
-from tables.errors import Backpressure, InvalidRequest, LakebrokerError, NotFound, TooLarge
+from tables.errors import Backpressure, InvalidRequest, LakebrokerError, NotFound, StorageUnavailable, TooLarge
 from tables.layout import Layout
 from tables.settings import Settings
 from tables.topics import TopicConfig, TopicStore
@@ -64,6 +65,22 @@ class ProduceResult:
     offset: int | None
     duplicate: bool = False
     timestamp_us: int | None = None  # log-append time; None while the offset is
+
+
+@dataclass(slots=True)
+class OneMessage:
+    """A single message `Broker.start_one` queued: what `finish_one` needs to answer it."""
+
+    topic: str
+    topic_id: bytes
+    ack: AckMode
+    started: float  # perf_counter, for the latency metric
+    result: ProduceResult  # so far
+    future: asyncio.Future[Placed] | None  # its placement, or an earlier send's of the same id
+    in_flight: asyncio.Future[Placed] | None  # with ack=none: the same, not waited for
+
+    def waits(self) -> bool:
+        return self.future is not None and not self.future.done()
 
 
 class Broker:
@@ -253,8 +270,26 @@ class Broker:
         return results
 
     async def produce_one(self, topic_name: str, message: NewMessage, ack: AckMode) -> ProduceResult:
-        """`produce` of one message: the same answer, metrics and WAL record, with one future and no lists.
-        (`ack` is a str: it labels the metrics as `ack.value` does, without the enum's slow property.)"""
+        """`produce` of one message: the same answer, metrics and WAL record, with one future and no lists."""
+        return await self.settle_one(self.start_one(topic_name, message, ack))
+
+    async def settle_one(self, one: OneMessage) -> ProduceResult:
+        """The second half of `produce_one`: waits for the WAL group (and with ack=table the Delta commit)."""
+        future = one.future
+        if future is not None and not future.done():
+            with contextlib.suppress(StorageUnavailable):  # finish_one raises it
+                await future
+        result = self.finish_one(one)
+        if one.ack is _TABLE:
+            assert result.offset is not None
+            await self.flusher.wait_committed((one.topic_id, result.partition), result.offset)
+            self.metrics.produce_latency_of(one.ack).observe(time.perf_counter() - one.started)
+        return result
+
+    def start_one(self, topic_name: str, message: NewMessage, ack: AckMode) -> OneMessage:
+        """The first half of `produce_one`, which never waits: the message validated, deduplicated and
+        queued for the WAL. Once `waits()` is false, `finish_one` gives its result (ack=none and wal), so a
+        caller can wait by a callback on `future` rather than a task; ack=table takes `settle_one`."""
         topic = self.topic(topic_name)
         self._admit(topic, (message,))
         started = time.perf_counter()
@@ -262,21 +297,27 @@ class Broker:
         result, future, queued = self._place(topic, topic_id, message, ack)
         if queued is not None:
             self.committer.submit_one(queued)
+        # (`ack` is a str: it labels metrics as `ack.value` does, without the enum's slow property.)
         self.metrics.produced_to(topic.name, ack).inc(0 if queued is None else 1)
-        if ack is _NONE:
-            if result.duplicate and future is not None and future.done() and not future.exception():
-                p, o, ts = future.result()
+        return OneMessage(topic.name, topic_id, ack, started, result, None if ack is _NONE else future,
+                          future if ack is _NONE else None)
+
+    def finish_one(self, one: OneMessage) -> ProduceResult:
+        """`start_one`'s result once its future is done; raises StorageUnavailable for a failed group."""
+        if one.ack is _NONE:
+            hit = one.in_flight
+            if one.result.duplicate and hit is not None and hit.done() and not hit.exception():
+                p, o, ts = hit.result()
                 return ProduceResult(p, o, True, ts)
-            return result
-        if future is not None:
-            p, o, ts = await future  # raises StorageUnavailable for a group that failed
+            return one.result
+        result = one.result
+        if one.future is not None:
+            p, o, ts = one.future.result()
             result = ProduceResult(p, o, result.duplicate, ts)
         if result.duplicate:
-            self.metrics.duplicates_to(topic.name).inc()
-        if ack is _TABLE:
-            assert result.offset is not None
-            await self.flusher.wait_committed((topic_id, result.partition), result.offset)
-        self.metrics.produce_latency_of(ack).observe(time.perf_counter() - started)
+            self.metrics.duplicates_to(one.topic).inc()
+        if one.ack is not _TABLE:
+            self.metrics.produce_latency_of(one.ack).observe(time.perf_counter() - one.started)
         return result
 
     def _place(self, topic: TopicConfig, topic_id: bytes, m: NewMessage, ack: AckMode

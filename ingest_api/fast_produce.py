@@ -7,7 +7,8 @@ arrive, and write the `Answer` itself. The answers are the ASGI path's, from the
 in the same order:
 
     header limits (431) -> token (401) -> declared body size (413) -> scope and topic (403)
-    -> topic (404) -> ack (422) -> [body] -> parse (400/415/422) -> Broker.produce_one
+    -> topic (404) -> ack (422) -> [body] -> parse (400/415/422) -> Broker.start_one
+    -> [WAL group] -> Broker.finish_one (ack=table: Broker.settle_one)
 
 `begin` returns None when it cannot decide without waiting (the token table needs a fresh
 read): the protocol then serves the request through ASGI, which awaits that read.
@@ -22,7 +23,7 @@ from fastapi import FastAPI
 from ingest_api.asgi_route import AsgiRoute, header_in
 from ingest_api.auth import OPEN_ACCESS, Access, Authenticator, access_rule, bearer_of
 from ingest_api.body import media_type, parse_message
-from ingest_api.broker import AckMode, Broker
+from ingest_api.broker import AckMode, Broker, OneMessage
 from ingest_api.errors import error_response
 from ingest_api.limits import body_timeout, declared_too_large, header_refusal
 from ingest_api.responses import Answer
@@ -88,13 +89,32 @@ class FastProduce:
             return Answer.of(error_response(exc))
         return FastRequest(topic, query, ack, media_type(header_in(headers, b"content-type")))
 
-    async def finish(self, request: FastRequest, body: bytes) -> Answer:
+    def start(self, request: FastRequest, body: bytes) -> Answer | OneMessage:
+        """The body parsed and the message queued: its answer, or what it waits for (then `finish`, or
+        for ack=table `settle`)."""
         try:
             message = parse_message(request.kind, request.query, body)
-            result = await self.broker.produce_one(request.topic, message, request.ack)
+            one = self.broker.start_one(request.topic, message, request.ack)
         except LakebrokerError as exc:
             return Answer.of(error_response(exc))
-        return produced(result, request.ack)
+        if one.ack is not AckMode.TABLE and not one.waits():
+            return self.finish(one)
+        return one
+
+    def finish(self, one: OneMessage) -> Answer:
+        """The answer once `one` waits no more (ack none or wal)."""
+        try:
+            result = self.broker.finish_one(one)
+        except LakebrokerError as exc:
+            return Answer.of(error_response(exc))
+        return produced(result, one.ack)
+
+    async def settle(self, one: OneMessage) -> Answer:
+        try:
+            result = await self.broker.settle_one(one)
+        except LakebrokerError as exc:
+            return Answer.of(error_response(exc))
+        return produced(result, one.ack)
 
     def timed_out(self) -> Answer:
         """The body did not arrive within body_read_timeout_s: BodyLimit's 408."""

@@ -19,7 +19,9 @@ produce (`POST /v1/topics/{topic}/messages` with a content-length body, nothing 
 on the connection, and uvicorn's access log off) is answered here rather than through ASGI. While it is in
 progress a `FastCycle` stands in `self.cycle`, with the attributes uvicorn's own code reads there
 (pipelining, disconnects, graceful shutdown), and its answer ends with uvicorn's
-`on_response_complete`, which starts any request queued behind it. A body that does not arrive
+`on_response_complete`, which starts any request queued behind it. No task runs it: the answer
+is written by a callback on the WAL group's future (ack=table alone takes a task, to await the
+Delta commit too). A body that does not arrive
 with its head gets the body_read_timeout_s deadline (408); one that does pays for no timer.
 Anything else takes uvicorn's ASGI path unchanged. tests/cli/test_uvicorn_internals.py pins the
 uvicorn code this relies on.
@@ -28,11 +30,13 @@ uvicorn code this relies on.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 
 import orjson
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol, RequestResponseCycle
 
+from ingest_api.broker import AckMode, OneMessage
 from ingest_api.fast_produce import FastProduce, FastRequest
 from ingest_api.limits import MAX_HEADER_BYTES
 from ingest_api.responses import Answer
@@ -213,18 +217,42 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         chunks = cycle.chunks
         body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
         cycle.chunks = []
-        task = self.loop.create_task(self._fast_produce(cycle, cycle.request, body))
-        task.add_done_callback(self.tasks.discard)
-        self.tasks.add(task)  # uvicorn's graceful shutdown and concurrency limit count it
+        try:
+            outcome = self.fast.start(cycle.request, body)
+        except Exception as exc:  # noqa: BLE001 - as uvicorn answers an exception in the app
+            self._fast_failed(cycle, exc)
+            return
+        if isinstance(outcome, Answer):
+            self._fast_answer(cycle, outcome)
+        elif outcome.future is not None and outcome.ack is not AckMode.TABLE:
+            # the common case, ack=wal: a callback on the WAL group's future, no task
+            outcome.future.add_done_callback(functools.partial(self._fast_done, cycle, outcome))
+        else:
+            task = self.loop.create_task(self._fast_settle(cycle, outcome))
+            task.add_done_callback(self.tasks.discard)
+            self.tasks.add(task)  # uvicorn's graceful shutdown and concurrency limit count it
 
-    async def _fast_produce(self, cycle: FastCycle, request: FastRequest, body: bytes) -> None:
+    def _fast_done(self, cycle: FastCycle, one: OneMessage, _: object) -> None:
         assert self.fast is not None
         try:
-            answer = await self.fast.finish(request, body)
-        except BaseException as exc:  # as uvicorn's RequestResponseCycle.run_asgi, cancellation included
-            self.logger.error("Exception in fast produce\n", exc_info=exc)
-            answer = _SERVER_ERROR
+            answer = self.fast.finish(one)
+        except BaseException as exc:  # noqa: BLE001 - logged there; a cancelled group included
+            self._fast_failed(cycle, exc)
+            return
         self._fast_answer(cycle, answer)
+
+    async def _fast_settle(self, cycle: FastCycle, one: OneMessage) -> None:
+        assert self.fast is not None
+        try:
+            answer = await self.fast.settle(one)
+        except BaseException as exc:  # noqa: BLE001 - as uvicorn's run_asgi, cancellation included; logged there
+            self._fast_failed(cycle, exc)
+            return
+        self._fast_answer(cycle, answer)
+
+    def _fast_failed(self, cycle: FastCycle, exc: BaseException) -> None:
+        self.logger.error("Exception in fast produce\n", exc_info=exc)
+        self._fast_answer(cycle, _SERVER_ERROR)
 
     def _body_timed_out(self, cycle: FastCycle) -> None:
         cycle.timer = None
