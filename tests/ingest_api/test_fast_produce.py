@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import re
 import socket
+import subprocess
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -19,6 +20,7 @@ from fastapi import FastAPI
 
 from ingest_api import create_app
 from ingest_api.fast_produce import FastProduce
+from ingest_api.wal import ZERO_AHEAD
 from lakebroker.http_protocol import bounded_protocol
 from tables.layout import Layout
 from tables.settings import Settings
@@ -397,3 +399,45 @@ def test_delta_rows_match(pair: Pair) -> None:
         wait_for(lambda topic=topic: fast.flushed(topic) and asgi.flushed(topic))  # type: ignore[misc]
         assert fast.rows(topic) == asgi.rows(topic)
     assert len(fast.rows("t")) > 10
+
+
+def chunked(path: str, body: bytes) -> bytes:
+    """A produce request with a chunked body: the fast path leaves it to ASGI."""
+    return (b"POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
+            % path.encode() + b"%x\r\n" % len(body) + body + b"\r\n0\r\n\r\n")
+
+
+@pytest.mark.fault
+def test_a_full_disk_answers_507_on_both_paths(tmp_path: Path) -> None:
+    """The WAL's disk full: the fast path's 507 is the ASGI path's (a chunked request, on the same server)."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=24m", "tmpfs", str(disk)], check=True)
+    try:
+        server = Server(disk / "data", fast=True, auth="off", max_request_bytes=1 << 20).start()
+        try:
+            exchange(server.address, request("/v1/topics", b'{"name":"t","partitions":1}'))
+            ballast = disk / "ballast"
+            with ballast.open("wb") as f, contextlib.suppress(OSError):
+                while True:
+                    f.write(b"\0" * 65536)
+                    f.flush()
+            big = orjson.dumps({"value": "x" * 100_000})
+            for _ in range(ZERO_AHEAD // 100_000 + 2):  # the WAL's room zeroed ahead still takes a few
+                (answer,) = exchange(server.address, request("/v1/topics/t/messages", big))
+                if status_of(answer) != 200:
+                    break
+            taken = server.taken
+            (asgi,) = exchange(server.address, chunked("/v1/topics/t/messages", big))
+            assert server.taken == taken
+            (fast,) = exchange(server.address, request("/v1/topics/t/messages", big))
+            assert server.taken == taken + 1
+            assert status_of(fast) == 507 and b"disk full" in fast, fast
+            assert undated(fast) == undated(asgi)
+            ballast.unlink()
+            (after,) = exchange(server.address, request("/v1/topics/t/messages?ack=table", BODY))
+            assert status_of(after) == 200, after
+        finally:
+            server.stop()
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=True)
