@@ -102,9 +102,13 @@ def test_the_baseline_runs_under_the_servers_uvicorn_settings(tmp_path: Path,
     run_server(Settings(data_dir=tmp_path / "data", port=0))
     served = captured["config"]
     ours = uvicorn.Config(baseline_app.app, **baseline_app.uvicorn_settings())
-    for name in ("http", "loop", "lifespan", "limit_concurrency", "h11_max_incomplete_event_size", "backlog",
+    for name in ("loop", "lifespan", "limit_concurrency", "h11_max_incomplete_event_size", "backlog",
                  "timeout_keep_alive", "timeout_graceful_shutdown", "server_header", "access_log", "ws"):
         assert getattr(ours, name) == getattr(served, name), name
+    # serve's protocol is the baseline's plus the fast produce path, which needs a broker a bare app lacks
+    assert issubclass(served.http, ours.http)
+    assert served.http.header_timeout_s == ours.http.header_timeout_s
+    assert served.http.fast is not None and ours.http.fast is None
 
 
 def _burn_first() -> None:
