@@ -114,7 +114,6 @@ def _stats(frame: DataFrame) -> dict[int, tuple[int, int, int, datetime | None]]
 
 
 def _check_topic(spark: SparkSession, topic: TopicConfig, source: str, target: str) -> list[PartitionCheck]:
-    from pyspark.sql import functions as F
 
     snapshot = delta.load(source)  # the primary's rows and log starts from this one version
     primary = (spark.read.format("delta").option("versionAsOf", snapshot.version()).load(source)
@@ -126,16 +125,9 @@ def _check_topic(spark: SparkSession, topic: TopicConfig, source: str, target: s
         bounds = spark.createDataFrame(
             [(p, starts[p], p_stats.get(p, (0, 0, -1, None))[2], r_stats.get(p, (0, 0, -1, None))[2])
              for p in range(topic.partitions)], "partition int, start long, p_hi long, r_hi long")
-        p_keys, r_keys = primary.select("partition", "offset"), replica.select("partition", "offset")
-        missing = _count(p_keys.join(bounds, "partition").where(F.col("offset") <= F.col("r_hi"))
-                          .select("partition", "offset").join(r_keys, ["partition", "offset"], "left_anti"))
-        in_range = (r_keys.join(bounds, "partition")
-                    .where((F.col("offset") >= F.col("start")) & (F.col("offset") <= F.col("p_hi")))
-                    .select("partition", "offset").join(p_keys, ["partition", "offset"], "left_anti"))
-        absent = _count(in_range)
-        below = _count(r_keys.join(bounds, "partition").where(F.col("offset") < F.col("start")))
-        beyond = _count(r_keys.join(bounds, "partition").where(F.col("offset") > F.col("p_hi")))
-        lag = _count(p_keys.join(bounds, "partition").where(F.col("offset") > F.col("r_hi")))
+        counts = _classify(primary, replica, bounds)
+        missing, absent, below, beyond, lag = (
+            {p: c[k] for p, c in counts.items()} for k in ("missing", "absent", "below", "beyond", "lag"))
     finally:
         primary.unpersist()
         replica.unpersist()
@@ -160,8 +152,33 @@ def _check_topic(spark: SparkSession, topic: TopicConfig, source: str, target: s
     return out
 
 
-def _count(frame: DataFrame) -> dict[int, int]:
-    return {int(r["partition"]): int(r["count"]) for r in frame.groupBy("partition").count().collect()}
+def _classify(primary: DataFrame, replica: DataFrame, bounds: DataFrame) -> dict[int, dict[str, int]]:
+    """Per partition, in one join of the two sides' (partition, offset) keys, rows counted with
+    their multiplicity on their own side:
+
+    * missing: primary rows up to the replica's newest offset that the replica lacks;
+    * absent: replica rows inside the primary's range [log start, newest] that the primary lacks;
+    * below / beyond: replica rows under the primary's log start / over its newest offset;
+    * lag: primary rows over the replica's newest offset."""
+    from pyspark.sql import functions as F
+
+    key = ["partition", "offset"]
+    sides = (primary.groupBy(*key).agg(F.count("*").alias("pn"))
+             .join(replica.groupBy(*key).agg(F.count("*").alias("rn")), key, "full_outer")
+             .join(bounds, "partition"))
+    offset, pn, rn = F.col("offset"), F.col("pn"), F.col("rn")
+
+    def total(rows: Any, where: Any) -> Any:
+        return F.sum(F.when(where & rows.isNotNull(), rows).otherwise(0))
+
+    rows = sides.groupBy("partition").agg(
+        total(pn, rn.isNull() & (offset <= F.col("r_hi"))).alias("missing"),
+        total(rn, pn.isNull() & (offset >= F.col("start")) & (offset <= F.col("p_hi"))).alias("absent"),
+        total(rn, offset < F.col("start")).alias("below"),
+        total(rn, offset > F.col("p_hi")).alias("beyond"),
+        total(pn, offset > F.col("r_hi")).alias("lag")).collect()
+    names = ("missing", "absent", "below", "beyond", "lag")
+    return {int(r["partition"]): {k: int(r[k]) for k in names} for r in rows}
 
 
 def _check_offsets(spark: SparkSession, source: str, target: str, out: Verification) -> None:

@@ -6,8 +6,9 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pytest
-from deltalake import DeltaTable
+from deltalake import DeltaTable, write_deltalake
 
 from spark_pipeline.jobs import key_compaction, replication, retention
 from spark_pipeline.jobs.verify_replica import verify
@@ -102,6 +103,14 @@ def test_replicate_then_verify_after_more_produce(spark: Any, tmp_path: Path) ->
     DeltaTable(str(replica / "topics" / "orders")).delete("partition = 1 AND \"offset\" = 12")
     broken = verify(spark, settings, str(replica))
     assert not broken.ok and any("lacks 1 rows" in p for p in broken.problems)
+    # So is a row the primary never had (over its newest offset).
+    orders = DeltaTable(str(replica / "topics" / "orders"))
+    row = orders.to_pyarrow_table(filters=[("partition", "=", 0)]).slice(0, 1)
+    row = row.set_column(row.schema.get_field_index("offset"), "offset", pa.array([10_000], pa.int64()))
+    write_deltalake(orders, row, mode="append")
+    extra = verify(spark, settings, str(replica))
+    assert "orders[0]: the replica has 1 rows the primary never had" in extra.problems, extra.problems
+    assert any("lacks 1 rows" in p for p in extra.problems)
 
 
 def test_replica_uri_validation(tmp_path: Path) -> None:
