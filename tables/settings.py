@@ -26,6 +26,10 @@ class LogFormat(StrEnum):
     JSON = "json"
 
 
+# Spark confs lakebroker owns (spark_pipeline/session.py): `spark_conf` may not override them.
+OWNED_SPARK_CONF = ("spark.delta.logStore.", "spark.sql.extensions", "spark.sql.catalog.spark_catalog", "spark.jars")
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="LAKEBROKER_", extra="forbid")
 
@@ -178,6 +182,15 @@ class Settings(BaseSettings):
             return parse_root(value)
         except InvalidRequest as exc:
             raise ValueError(str(exc)) from None
+
+    @field_validator("spark_conf")
+    @classmethod
+    def _no_owned_spark_conf(cls, value: dict[str, str]) -> dict[str, str]:
+        owned = sorted(k for k in value if k.startswith(OWNED_SPARK_CONF))
+        if owned:
+            raise ValueError(f"spark_conf may not set {', '.join(owned)}: lakebroker sets it (its Delta extension, "
+                             "jars and put-if-absent LogStore keep Spark's commits safe beside the flusher's)")
+        return value
 
     def ensure_dirs(self) -> None:
         self.data_dir.mkdir(parents=True, exist_ok=True)

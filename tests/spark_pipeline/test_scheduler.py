@@ -9,6 +9,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from pydantic import ValidationError
 
 from spark_pipeline import job_runs
 from spark_pipeline.results import JobName
@@ -55,6 +56,8 @@ def test_spark_conf_goes_to_spark_submit_over_lakebrokers_own(tmp_path: Path, mo
     run = spark_submit_run(JobName.COMPACTION, settings, extra_conf={"spark.x.y": "w"})
     assert run.conf["spark.sql.shuffle.partitions"] == "64"
     assert run.conf["spark.x.y"] == "w"  # a caller's own extra_conf still comes last
+    with pytest.raises(ValidationError, match=r"spark_conf may not set spark\.delta\.logStore\.file\.impl"):
+        Settings(data_dir=tmp_path, spark_conf={"spark.delta.logStore.file.impl": "x"})
 
 
 def test_schedule_follows_settings(tmp_path: Path) -> None:
