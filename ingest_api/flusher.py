@@ -94,6 +94,10 @@ class Flusher:
         self._closing = False
         self.commit_lock = asyncio.Lock()
         self._tables: dict[str, DeltaTable] = {}  # by topic id
+        # By topic id: each partition's log-end txn version as read from the table, then as this flusher's
+        # own commits set it (no other writer sets these appIds). Reading it costs delta-rs a replay of the
+        # log since the last checkpoint per partition (~6 ms for 4 at 95 versions); dropped on any failure.
+        self._ends: dict[str, dict[int, int]] = {}
         self.committed: dict[PartitionKey, int] = {}  # log-end offsets known to be in Delta
         self._waiters: dict[PartitionKey, list[tuple[int, asyncio.Future[None]]]] = defaultdict(list)
         self.healthy = True
@@ -151,6 +155,7 @@ class Flusher:
         key_id = bytes.fromhex(topic_id)
         async with self.commit_lock:
             self._tables.pop(topic_id, None)
+            self._ends.pop(topic_id, None)
             for key in [k for k in self._waiters if k[0] == key_id]:
                 for _, future in self._waiters.pop(key):
                     if not future.done():
@@ -240,17 +245,25 @@ class Flusher:
         return table
 
     def _commit(self, topic: TopicConfig, records: list[Record | Chunk]) -> dict[int, int]:
-        table = self._table(topic)
-        ends = {p: delta.txn_version(table, delta.partition_app_id(p)) or 0 for p in {r.partition for r in records}}
-        fresh = _contiguous_from(ends, _runs(records))
-        if not fresh:
-            return ends
-        delta.append(
-            table,
-            _assemble(fresh),
-            txns={delta.partition_app_id(p): end for p, end in ends.items()},
-            metadata={"lakebroker.operation": "flush"},
-        )
+        try:
+            table = self._table(topic)
+            known = self._ends.setdefault(topic.topic_id, {})
+            for p in {r.partition for r in records} - known.keys():
+                known[p] = delta.txn_version(table, delta.partition_app_id(p)) or 0
+            ends = {p: known[p] for p in {r.partition for r in records}}
+            fresh = _contiguous_from(ends, _runs(records))
+            if not fresh:
+                return ends
+            delta.append(
+                table,
+                _assemble(fresh),
+                txns={delta.partition_app_id(p): end for p, end in ends.items()},
+                metadata={"lakebroker.operation": "flush"},
+            )
+        except BaseException:
+            self._ends.pop(topic.topic_id, None)  # a failed commit may still have landed: read the table again
+            raise
+        known.update(ends)
         return ends
 
     def _mark_committed(self, topic: TopicConfig, ends: dict[int, int]) -> None:

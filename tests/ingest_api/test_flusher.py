@@ -87,3 +87,37 @@ async def test_a_probe_behind_a_flood_backlog_is_committed_in_the_next_round(tmp
         assert delta.txn_version(table, delta.partition_app_id(p)) == 1000
     flushes = [c for c in table.history() if c.get("lakebroker.operation") == "flush"]
     assert len(flushes) == 3  # one commit per bounded round
+
+
+async def test_a_commit_that_lands_but_reports_failure_is_not_committed_again(tmp_path: Path,
+                                                                               monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """The flusher keeps each partition's log-end between its own commits instead of reading the txn
+    versions again; a commit that raised (here after it landed, as a failing post-commit step would)
+    must drop what it kept, so the retry reads the table and commits no row twice."""
+    topic = new_topic("orders", 2)
+    flusher = flusher_for(tmp_path, topic)
+    flusher.add(flood_chunks(topic, per_partition=1, rows=10))
+    assert await flusher.flush_round()  # the log-ends are now kept: 10 and 10
+
+    real_append = delta.append
+
+    def lands_then_fails(*args, **kwargs) -> None:  # type: ignore[no-untyped-def]
+        real_append(*args, **kwargs)
+        raise OSError("the connection dropped after the commit")
+
+    monkeypatch.setattr(delta, "append", lands_then_fails)
+    second = [Chunk(c.topic, c.topic_id, c.partition, 10, c.timestamp_us, c.columns, c.size)
+              for c in flood_chunks(topic, per_partition=1, rows=10)]
+    flusher.add(second)
+    assert not await flusher.flush_round()  # reported failed, kept pending
+    monkeypatch.setattr(delta, "append", real_append)
+    assert await flusher.flush_round()  # the retry finds the rows in the table and commits nothing
+
+    table = delta.open_table(Layout(tmp_path).topic_table("orders"))
+    assert table is not None
+    rows = table.to_pyarrow_table()
+    for p in range(2):
+        offsets = sorted(rows.filter(pa.compute.equal(rows["partition"], p)).column("offset").to_pylist())
+        assert offsets == list(range(20))  # each row once
+        assert delta.txn_version(table, delta.partition_app_id(p)) == 20
+    assert len([c for c in table.history() if c.get("lakebroker.operation") == "flush"]) == 2
