@@ -66,6 +66,14 @@ def table_exists(spark: SparkSession, uri: str) -> bool:
     return bool(jvm_of(spark).io.delta.tables.DeltaTable.isDeltaTable(spark._jsparkSession, uri))
 
 
+def app_version(spark: SparkSession, uri: str, app_id: str) -> int | None:
+    """The latest version's txn version for an appId, outside any transaction (from the log with
+    delta-rs where it reaches the table; `DeltaTxn.app_version` is the in-transaction read)."""
+    if storage.delta_rs_reads(uri):
+        return delta.txn_version(delta.load(uri), app_id)
+    return DeltaTxn(spark, uri).app_version(app_id)
+
+
 class DeltaTxn:
     """One optimistic transaction on one Delta table."""
 

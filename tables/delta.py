@@ -47,14 +47,6 @@ def vacuum_candidates(uri: str, hours: float) -> list[str] | None:
         return None
 
 
-def file_totals(uri: str) -> tuple[int, int]:
-    """The data files of the table's latest version: how many, and their bytes (from the log)."""
-    actions = pa.table(load(uri).get_add_actions(flatten=True))
-    if actions.num_rows == 0:
-        return 0, 0
-    return actions.num_rows, int(pc.sum(actions["size_bytes"]).as_py())
-
-
 def partition_app_id(partition: int) -> str:
     """The txn appId whose version is a partition's log-end offset (the next offset to assign).
 

@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
 
-from spark_pipeline.delta_txn import DeltaTxn, jvm_of, maintain_log, table_exists, with_retries
+from spark_pipeline.delta_txn import DeltaTxn, app_version, jvm_of, maintain_log, table_exists, with_retries
 from spark_pipeline.jobs.common import (
     CONFLICT_ATTEMPTS,
     entry_main,
@@ -194,9 +194,10 @@ def replicate_topic(spark: SparkSession, layout: Layout, replica: Replica, topic
 
 
 def _file_totals(spark: SparkSession, uri: str) -> tuple[int, int]:
-    """Files and bytes of a table's latest version, for the run's report."""
-    if storage.delta_rs_reads(uri):
-        return delta.file_totals(uri)  # from the log: no Spark query
+    """Files and bytes of a topic table's latest version (partitioned by partition), for the run's report."""
+    if storage.delta_rs_reads(uri):  # from the log: no Spark query
+        partitions = delta.partition_files(delta.load(uri)).values()
+        return sum(p.files for p in partitions), sum(p.size_bytes for p in partitions)
     files = DeltaTxn(spark, uri).files()
     return len(files), sum(f.size for f in files)
 
@@ -322,19 +323,13 @@ def copy_snapshot(spark: SparkSession, source: str, target: str, result: TableRe
         result.details["reason"] = "no table yet"
         return
     version = int(delta.load(source).version())
-    if table_exists(spark, target) and _app_version(spark, target, SNAPSHOT_APP_ID) == version:
+    if table_exists(spark, target) and app_version(spark, target, SNAPSHOT_APP_ID) == version:
         result.details.update({"source_version": version, "copied": False})
         return
     frame = spark.read.format("delta").option("versionAsOf", version).load(source)
     (frame.write.format("delta").mode("overwrite").option("overwriteSchema", "true")
      .option("txnAppId", SNAPSHOT_APP_ID).option("txnVersion", version).save(target))
     result.details.update({"source_version": version, "copied": True})
-
-
-def _app_version(spark: SparkSession, uri: str, app_id: str) -> int | None:
-    if storage.delta_rs_reads(uri):
-        return delta.txn_version(delta.load(uri), app_id)
-    return DeltaTxn(spark, uri).app_version(app_id)
 
 
 # -- replica tables -----------------------------------------------------------------------------------

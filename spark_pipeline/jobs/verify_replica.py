@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from spark_pipeline.delta_txn import DeltaTxn, table_exists
+from spark_pipeline.delta_txn import app_version, table_exists
 from spark_pipeline.jobs.common import parser, select_topics, settings_from
 from spark_pipeline.jobs.replication import SNAPSHOT_APP_ID, SNAPSHOT_TABLES, check_filesystem, resolve_replica
 from spark_pipeline.results import Progress, TableEvent
@@ -212,7 +212,7 @@ def _check_snapshot(spark: SparkSession, source: str, target: str, name: str, ou
         out.problems.append(f"system table {name} has no replica")
         return
     version = int(delta.load(source).version())
-    copied = DeltaTxn(spark, target).app_version(SNAPSHOT_APP_ID)
+    copied = app_version(spark, target, SNAPSHOT_APP_ID)
     entry: dict[str, Any] = {"table": f"_system/{name}", "version": version, "replicated_version": copied}
     if copied == version:
         rows = (spark.read.format("delta").load(source).count(), spark.read.format("delta").load(target).count())
