@@ -39,7 +39,7 @@ from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 from ingest_api.broker import AckMode, OneMessage
 from ingest_api.fast_produce import FastProduce, FastRequest
 from ingest_api.limits import MAX_HEADER_BYTES
-from ingest_api.responses import Answer
+from ingest_api.responses import Answer, json_answer
 from tables.errors import HeadersTooLarge, LakebrokerError, RequestTimeout
 from tables.settings import Settings
 
@@ -266,20 +266,25 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         transport = self.transport
         if transport.is_closing():  # the client left (or the connection was refused): nothing to write
             return
+        data, cycle.keep_alive = self._rendered(answer, cycle.keep_alive)
+        transport.write(data)
+        if not cycle.keep_alive:
+            transport.close()
+        self.on_response_complete()
+
+    def _rendered(self, answer: Answer, keep_alive: bool) -> tuple[bytes, bool]:
+        """`answer` as uvicorn's RequestResponseCycle.send writes a response (its default headers
+        first, `connection: close` when the connection ends), and whether the connection stays open."""
         head = [STATUS_LINE[answer.status], _DEFAULTS.of(self.server_state.default_headers)]
         closing = False
         for name, value in answer.headers:
             if name == b"connection" and b"close" in [token.strip() for token in value.lower().split(b",")]:
                 closing = True
-                cycle.keep_alive = False
             head.append(b"%s: %s\r\n" % (name, value))
-        if not cycle.keep_alive and not closing:
+        if not keep_alive and not closing:
             head.append(b"connection: close\r\n")
         head += [b"\r\n", answer.body]
-        transport.write(b"".join(head))
-        if not cycle.keep_alive:
-            transport.close()
-        self.on_response_complete()
+        return b"".join(head), keep_alive and not closing
 
     def _disarm(self) -> None:
         if self._deadline is not None:
@@ -306,11 +311,8 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
             self.flow.pause_reading()
             return
         body = orjson.dumps({"error": {"code": error.code, "message": error.message}})
-        head = [STATUS_LINE[error.status]]
-        for name, value in self.server_state.default_headers:
-            head += [name, b": ", value, b"\r\n"]
-        head.append(b"content-type: application/json\r\ncontent-length: %d\r\nconnection: close\r\n\r\n" % len(body))
-        self.transport.write(b"".join(head) + body)
+        data, _ = self._rendered(json_answer(error.status, body), keep_alive=False)
+        self.transport.write(data)
         self.transport.close()
 
 
