@@ -248,9 +248,10 @@ class Flusher:
         try:
             table = self._table(topic)
             known = self._ends.setdefault(topic.topic_id, {})
-            for p in {r.partition for r in records} - known.keys():
+            partitions = {r.partition for r in records}
+            for p in partitions - known.keys():
                 known[p] = delta.txn_version(table, delta.partition_app_id(p)) or 0
-            ends = {p: known[p] for p in {r.partition for r in records}}
+            ends = {p: known[p] for p in partitions}
             fresh = _contiguous_from(ends, _runs(records))
             if not fresh:
                 return ends

@@ -118,7 +118,7 @@ class GroupCommitter:
         saved = self._assign(records)
         # A single message's frame is encoded here, on the loop: a few µs each, and the thread then
         # needs the GIL for no Python work. A chunk's (Arrow IPC) is written in the thread.
-        frames = [encode(r) if isinstance(r, Record) else None for r in records]
+        frames = [encode(r) if isinstance(r, Record) else r for r in records]
         try:
             await asyncio.to_thread(self._write, frames, records)
         except Exception as exc:  # noqa: BLE001 - any failure means: not durable, roll back
@@ -157,6 +157,6 @@ class GroupCommitter:
             offsets[key] = nxt + (1 if isinstance(r, Record) else r.rows)
         return saved
 
-    def _write(self, frames: list[bytes | None], records: list[Record | Chunk]) -> None:
-        self._wal.append([encode_chunk(r) if f is None and isinstance(r, Chunk) else f or b""
-                          for f, r in zip(frames, records, strict=True)], records)
+    def _write(self, frames: list[bytes | Chunk], records: list[Record | Chunk]) -> None:
+        """`frames`: each record's frame, or a chunk still to encode (here, in the thread)."""
+        self._wal.append([f if isinstance(f, bytes) else encode_chunk(f) for f in frames], records)
