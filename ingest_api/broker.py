@@ -69,18 +69,23 @@ class ProduceResult:
 
 @dataclass(slots=True)
 class OneMessage:
-    """A single message `Broker.start_one` queued: what `finish_one` needs to answer it."""
+    """A single message `Broker.start_one` took: what `finish_one` needs to answer it."""
 
     topic: str
     topic_id: bytes
     ack: AckMode
     started: float  # perf_counter, for the latency metric
     result: ProduceResult  # so far
-    future: asyncio.Future[Placed] | None  # its placement, or an earlier send's of the same id
-    in_flight: asyncio.Future[Placed] | None  # with ack=none: the same, not waited for
+    queued: Pending | None  # its WAL record; None for a duplicate
+    original: asyncio.Future[Placed] | None  # a duplicate of a message in flight: that message's placement
 
     def waits(self) -> bool:
-        return self.future is not None and not self.future.done()
+        """True until `finish_one` can answer (never with ack=none)."""
+        if self.ack is _NONE:
+            return False
+        if self.queued is not None:
+            return self.queued.outcome is None
+        return self.original is not None and not self.original.done()
 
 
 class Broker:
@@ -93,6 +98,7 @@ class Broker:
         self.dedup = DedupIndex(window_s=settings.dedup_window_s, max_entries=settings.dedup_max_entries)
         self._round_robin: dict[str, RoundRobin] = {}
         self._key_caches: dict[str, KeyCache] = {}  # by topic id: the columnar path's key → partition
+        self._topic_ids: dict[str, bytes] = {}  # a topic id's bytes, for the single-message path
         self.wal = Wal(self.layout.wal_dir, segment_bytes=settings.wal_segment_bytes, fsync=settings.wal_fsync)
         self.flusher = Flusher(settings, self.layout, lambda: self.topics, metrics, self._release_wal)
         self.committer = GroupCommitter(self.wal, {}, self._durable, metrics)
@@ -217,6 +223,7 @@ class Broker:
             self.topics = {k: v for k, v in self.topics.items() if k != name}
         self._round_robin.pop(name, None)
         self._key_caches.pop(topic.topic_id, None)
+        self._topic_ids.pop(topic.topic_id, None)
         await self.flusher.forget(topic.topic_id)
 
     def log_end(self, topic: TopicConfig, partition: int) -> int:
@@ -236,47 +243,49 @@ class Broker:
         started = time.perf_counter()
         topic_id = bytes.fromhex(topic.topic_id)
         results: list[ProduceResult] = []
-        waits: list[tuple[int, asyncio.Future[Placed], bool]] = []
+        waits: list[tuple[int, asyncio.Future[Placed]]] = []
         pending: list[Pending] = []
         for i, m in enumerate(messages):
-            result, future, queued = self._place(topic, topic_id, m, ack)
+            result, queued, original = self._place(topic, topic_id, m, awaited=ack is not _NONE)
             results.append(result)
-            if future is not None:
-                waits.append((i, future, result.duplicate))
             if queued is not None:
                 pending.append(queued)
+            future = original if queued is None else queued.future
+            if future is not None:
+                waits.append((i, future))
         if pending:
             self.committer.submit(pending)
-        self.metrics.produced_to(topic.name, ack.value).inc(len(pending))
-        if ack is AckMode.NONE:
-            for i, future, dup in waits:
-                if dup and future.done() and not future.exception():
+        self.metrics.produced_to(topic.name, ack).inc(len(pending))
+        if ack is _NONE:
+            for i, future in waits:
+                if results[i].duplicate and future.done() and not future.exception():
                     p, o, ts = future.result()
                     results[i] = ProduceResult(p, o, True, ts)
             return results
-        await asyncio.gather(*(f for _, f, _ in waits), return_exceptions=True)
-        for i, future, dup in waits:
+        await asyncio.gather(*(f for _, f in waits), return_exceptions=True)
+        for i, future in waits:
             p, o, ts = future.result()  # re-raises StorageUnavailable for a group that failed
-            results[i] = ProduceResult(p, o, dup, ts)
+            results[i] = ProduceResult(p, o, results[i].duplicate, ts)
         if duplicates := sum(1 for r in results if r.duplicate):
             self.metrics.duplicates_to(topic.name).inc(duplicates)
-        if ack is AckMode.TABLE:
+        if ack is _TABLE:
             highest: dict[int, int] = {}
             for r in results:
                 assert r.offset is not None
                 highest[r.partition] = max(highest.get(r.partition, -1), r.offset)
             await asyncio.gather(*(self.flusher.wait_committed((topic_id, p), o) for p, o in highest.items()))
-        self.metrics.produce_latency_of(ack.value).observe(time.perf_counter() - started)
+        self.metrics.produce_latency_of(ack).observe(time.perf_counter() - started)
         return results
 
     async def produce_one(self, topic_name: str, message: NewMessage, ack: AckMode) -> ProduceResult:
-        """`produce` of one message: the same answer, metrics and WAL record, with one future and no lists."""
+        """`produce` of one message: the same answer, metrics and WAL record, with no lists."""
         return await self.settle_one(self.start_one(topic_name, message, ack))
 
     async def settle_one(self, one: OneMessage) -> ProduceResult:
         """The second half of `produce_one`: waits for the WAL group (and with ack=table the Delta commit)."""
-        future = one.future
-        if future is not None and not future.done():
+        if one.waits():
+            future = one.original if one.queued is None else one.queued.future
+            assert future is not None, "start_one gives an awaited message a future"
             with contextlib.suppress(StorageUnavailable):  # finish_one raises it
                 await future
         result = self.finish_one(one)
@@ -286,44 +295,56 @@ class Broker:
             self.metrics.produce_latency_of(one.ack).observe(time.perf_counter() - one.started)
         return result
 
-    def start_one(self, topic_name: str, message: NewMessage, ack: AckMode) -> OneMessage:
+    def start_one(self, topic_name: str, message: NewMessage, ack: AckMode,
+                  then: Callable[[], None] | None = None) -> OneMessage:
         """The first half of `produce_one`, which never waits: the message validated, deduplicated and
-        queued for the WAL. Once `waits()` is false, `finish_one` gives its result (ack=none and wal), so a
-        caller can wait by a callback on `future` rather than a task; ack=table takes `settle_one`."""
+        queued for the WAL. `finish_one` answers it once `waits()` is false: for ack=wal, a caller that
+        gives `then` has it called on the loop at that moment (no future, no task); others await
+        `settle_one`, as ack=table must."""
         topic = self.topic(topic_name)
         self._admit(topic, (message,))
         started = time.perf_counter()
-        topic_id = bytes.fromhex(topic.topic_id)
-        result, future, queued = self._place(topic, topic_id, message, ack)
+        topic_id = self._topic_ids.get(topic.topic_id) or self._topic_id(topic)
+        result, queued, original = self._place(topic, topic_id, message, awaited=then is None and ack is not _NONE)
         if queued is not None:
+            queued.then = then
             self.committer.submit_one(queued)
+        elif then is not None and original is not None and not original.done():
+            original.add_done_callback(lambda _: then())
         # (`ack` is a str: it labels metrics as `ack.value` does, without the enum's slow property.)
         self.metrics.produced_to(topic.name, ack).inc(0 if queued is None else 1)
-        return OneMessage(topic.name, topic_id, ack, started, result, None if ack is _NONE else future,
-                          future if ack is _NONE else None)
+        return OneMessage(topic.name, topic_id, ack, started, result, queued, original)
 
     def finish_one(self, one: OneMessage) -> ProduceResult:
-        """`start_one`'s result once its future is done; raises StorageUnavailable for a failed group."""
+        """`start_one`'s result once it waits no more; raises StorageUnavailable for a failed group."""
+        original = one.original
         if one.ack is _NONE:
-            hit = one.in_flight
-            if one.result.duplicate and hit is not None and hit.done() and not hit.exception():
-                p, o, ts = hit.result()
+            if original is not None and original.done() and not original.exception():
+                p, o, ts = original.result()
                 return ProduceResult(p, o, True, ts)
             return one.result
-        result = one.result
-        if one.future is not None:
-            p, o, ts = one.future.result()
-            result = ProduceResult(p, o, result.duplicate, ts)
+        if one.queued is not None:
+            outcome = one.queued.outcome
+            if isinstance(outcome, StorageUnavailable):
+                raise outcome
+            assert outcome is not None, "finish_one before the message's group was written"
+            result = ProduceResult(outcome[0], outcome[1], False, outcome[2])
+        elif original is not None:
+            p, o, ts = original.result()  # re-raises the original's StorageUnavailable
+            result = ProduceResult(p, o, True, ts)
+        else:
+            result = one.result  # a duplicate of a message already durable
         if result.duplicate:
             self.metrics.duplicates_to(one.topic).inc()
         if one.ack is not _TABLE:
             self.metrics.produce_latency_of(one.ack).observe(time.perf_counter() - one.started)
         return result
 
-    def _place(self, topic: TopicConfig, topic_id: bytes, m: NewMessage, ack: AckMode
-               ) -> tuple[ProduceResult, asyncio.Future[Placed] | None, Pending | None]:
-        """One message's result so far, the future it waits for (None: answered now), and what it
-        queues for the WAL (None: a duplicate). A duplicate of a message still in flight waits for it."""
+    def _place(self, topic: TopicConfig, topic_id: bytes, m: NewMessage, awaited: bool
+               ) -> tuple[ProduceResult, Pending | None, asyncio.Future[Placed] | None]:
+        """One message's result so far, what it queues for the WAL (None: a duplicate), and for a
+        duplicate of a message still in flight, that message's future (it waits for it). A queued
+        message gets a future if it is `awaited` or carries an id (later sends of the id wait on it)."""
         did = dedup_id(m.message_id, m.producer_id, m.sequence)
         key: DedupKey | None = None if did is None else (topic.topic_id, did)
         if key is not None:
@@ -331,17 +352,21 @@ class Broker:
             if isinstance(hit, tuple):
                 return ProduceResult(hit[0], hit[1], True, hit[2]), None, None
             if hit is not None:
-                return ProduceResult(-1, None, duplicate=True), hit, None
+                return ProduceResult(-1, None, duplicate=True), None, hit
         partition = self._partition(topic, m)
         record = Record(topic.name, topic_id, partition, -1, 0, m.key, m.value, m.format, m.headers,
                         m.message_id, m.producer_id, m.sequence)
         future: asyncio.Future[Placed] | None = None
-        if ack is not _NONE or key is not None:
+        if awaited or key is not None:
             future = asyncio.get_running_loop().create_future()
             if key is not None:
                 self.dedup.begin(key, future)
                 future.add_done_callback(self._dedup_callback(key))
-        return ProduceResult(partition, None), future, Pending(record, future)
+        return ProduceResult(partition, None), Pending(record, future), None
+
+    def _topic_id(self, topic: TopicConfig) -> bytes:
+        topic_id = self._topic_ids[topic.topic_id] = bytes.fromhex(topic.topic_id)
+        return topic_id
 
     async def produce_columns(self, topic_name: str, batch: ColumnarBatch, ack: AckMode) -> BatchResults:
         """`produce` for a batch held as columns: the same answers, partitions, offsets and rows,

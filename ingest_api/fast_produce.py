@@ -8,7 +8,7 @@ in the same order:
 
     header limits (431) -> token (401) -> declared body size (413) -> scope and topic (403)
     -> topic (404) -> ack (422) -> [body] -> parse (400/415/422) -> Broker.start_one
-    -> [WAL group] -> Broker.finish_one (ack=table: Broker.settle_one)
+    -> [WAL group: its write calls back] -> Broker.finish_one (ack=table: Broker.settle_one)
 
 `begin` returns None when it cannot decide without waiting (the token table needs a fresh
 read): the protocol then serves the request through ASGI, which awaits that read.
@@ -16,6 +16,7 @@ read): the protocol then serves the request through ASGI, which awaits that read
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from fastapi import FastAPI
@@ -89,12 +90,13 @@ class FastProduce:
             return Answer.of(error_response(exc))
         return FastRequest(topic, query, ack, media_type(header_in(headers, b"content-type")))
 
-    def start(self, request: FastRequest, body: bytes) -> Answer | OneMessage:
-        """The body parsed and the message queued: its answer, or what it waits for (then `finish`, or
-        for ack=table `settle`)."""
+    def start(self, request: FastRequest, body: bytes, then: Callable[[], None]) -> Answer | OneMessage:
+        """The body parsed and the message queued: its answer, or what it waits for. At ack=wal `then`
+        is called on the loop once `finish` can answer; ack=table takes `settle`."""
         try:
             message = parse_message(request.kind, request.query, body)
-            one = self.broker.start_one(request.topic, message, request.ack)
+            one = self.broker.start_one(request.topic, message, request.ack,
+                                        then if request.ack is AckMode.WAL else None)
         except LakebrokerError as exc:
             return Answer.of(error_response(exc))
         if one.ack is not AckMode.TABLE and not one.waits():

@@ -1,10 +1,20 @@
 """Group commit: many produce requests share one WAL write and one fsync.
 
 Requests queue `Pending` messages, or a columnar batch's `PendingChunk`s (one per partition).
-One writer task takes everything queued, assigns each message its offset and timestamp (a
-chunk a dense run of offsets from its first), writes the group and fsyncs it in a thread, then answers
-every request in the group. Offsets are assigned here, by the only task that assigns them,
-so a group that fails to become durable (disk full) is rolled back without leaving a gap.
+Once per loop pass whatever is queued becomes a group, on the loop: each message gets its offset
+and timestamp (a chunk a dense run of offsets from its first) and its frame, and the group goes
+to the WAL writer thread. The thread writes every group handed to it since its last write with
+one write and one fdatasync, then calls back on the loop once for all of them; that callback
+answers every request in them: a `then` callback directly, a future for those that await.
+
+Why a thread of its own rather than `to_thread` per group: the next group is handed over while
+the last one is being written, and the answer costs one loop pass, not three (executor future,
+task wake-up, each request's future callback), each of which waits behind every connection's
+reads on a busy loop.
+
+Offsets are assigned on the loop only, in hand-off order, and the thread writes in that order.
+A write that fails (disk full) fails its groups and every group handed after them, and the offsets
+roll back to the first of them, so no gap is left and a retry is accepted afresh.
 """
 
 from __future__ import annotations
@@ -12,7 +22,10 @@ from __future__ import annotations
 import asyncio
 import errno
 import logging
+import queue
+import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -28,17 +41,72 @@ log = logging.getLogger(__name__)
 
 @dataclass(slots=True)
 class Pending:
-    record: Record  # offset and timestamp are filled in by the writer
-    future: asyncio.Future[Placed] | None = field(default=None)
+    record: Record  # offset and timestamp are filled in by the committer
+    future: asyncio.Future[Placed] | None = field(default=None)  # for whoever awaits it (and the dedup index)
+    then: Callable[[], None] | None = field(default=None)  # called on the loop once `outcome` is set
+    outcome: Placed | StorageUnavailable | None = field(default=None)  # where it went, or why it is not durable
 
 
 @dataclass(slots=True)
 class PendingChunk:
-    chunk: Chunk  # offset and timestamp are filled in by the writer
+    chunk: Chunk  # offset and timestamp are filled in by the committer
     future: asyncio.Future[Chunk] | None = field(default=None)
 
 
 Queued = Pending | PendingChunk
+
+
+@dataclass(slots=True)
+class _Group:
+    """Items handed to the writer together: their records and frames, and the offsets before them."""
+
+    items: list[Queued]
+    records: list[Record | Chunk]
+    frames: list[bytes | Chunk]  # a record's frame, or a chunk to encode in the thread (Arrow IPC)
+    saved: dict[PartitionKey, int]  # each partition's next offset before this group
+    epoch: int  # failures so far: a failed write drops the groups of its epoch handed after it
+    rows: int
+    size: int
+
+
+class _Writer(threading.Thread):
+    """Writes the groups handed to it, as few writes as their arrival allows, and reports each write
+    on the loop. After a failed write it drops every group of the same epoch (handed before the loop
+    heard of the failure: their offsets follow the failed ones), and the loop fails those."""
+
+    def __init__(self, wal: Wal, loop: asyncio.AbstractEventLoop,
+                 written: Callable[[list[_Group], BaseException | None], None], stopped: Callable[[], None]) -> None:
+        super().__init__(name="wal-writer", daemon=True)
+        self.groups: queue.SimpleQueue[_Group | None] = queue.SimpleQueue()  # None: stop
+        self._wal, self._loop, self._written, self._stopped = wal, loop, written, stopped
+
+    def run(self) -> None:
+        failed_epoch = -1
+        stop = False
+        while not stop:
+            taken = [self.groups.get()]
+            while not self.groups.empty():
+                taken.append(self.groups.get_nowait())
+            stop = None in taken
+            groups = [g for g in taken if g is not None and g.epoch > failed_epoch]
+            if not groups:
+                continue
+            error: BaseException | None = None
+            try:
+                self._wal.append([f if isinstance(f, bytes) else encode_chunk(f) for g in groups for f in g.frames],
+                                 [r for g in groups for r in g.records])
+            except BaseException as exc:  # noqa: BLE001 - any failure means: not durable, roll back
+                error, failed_epoch = exc, groups[-1].epoch
+            if not self._report(self._written, groups, error):
+                return
+        self._report(self._stopped)
+
+    def _report(self, callback: Callable[..., None], *args: object) -> bool:
+        try:
+            self._loop.call_soon_threadsafe(callback, *args)
+        except RuntimeError:  # the loop is closed (the process is going away without a stop)
+            return False
+        return True
 
 
 class GroupCommitter:
@@ -56,20 +124,31 @@ class GroupCommitter:
         self._metrics = metrics
         self._max_group = max_group
         self._queue: list[Queued] = []
-        self._wake = asyncio.Event()
+        self._unwritten: deque[_Group] = deque()  # handed to the writer, in order, not yet reported
+        self._unwritten_rows = 0
+        self._writer: _Writer | None = None  # while run() runs
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._scheduled = False  # a hand-off is due in this loop pass
         self._closing = False
+        self._epoch = 0
         self._last_ts = 0
         self.queued_bytes = 0
 
     def submit(self, items: list[Pending] | list[PendingChunk]) -> None:
         self._queue.extend(items)
         self.queued_bytes += sum(p.record.size if isinstance(p, Pending) else p.chunk.size for p in items)
-        self._wake.set()
+        self._schedule()
 
     def submit_one(self, item: Pending) -> None:
         self._queue.append(item)
         self.queued_bytes += item.record.size
-        self._wake.set()
+        if not self._scheduled:
+            self._schedule()
+
+    def _schedule(self) -> None:
+        if not self._scheduled and self._writer is not None and self._loop is not None:
+            self._scheduled = True
+            self._loop.call_soon(self._hand_off)
 
     def _take(self) -> list[Queued]:
         """The next group: queued items in order up to max_group messages (at least one item).
@@ -96,50 +175,70 @@ class GroupCommitter:
         self._queue = rest
         return group
 
+    # -- running ------------------------------------------------------------------------
     async def run(self) -> None:
-        """Commit groups until close(); returns between groups, never in the middle of one."""
-        while not self._closing:
-            await self._wake.wait()
-            self._wake.clear()
-            while self._queue and not self._closing:
-                await self._commit(self._take())
+        """Commit groups until close(); returns once the writer has reported every group handed to it."""
+        if self._closing:
+            return
+        self._loop = loop = asyncio.get_running_loop()
+        stopped: asyncio.Future[None] = loop.create_future()
+
+        def writer_stopped() -> None:
+            if not stopped.done():
+                stopped.set_result(None)
+
+        self._writer = writer = _Writer(self._wal, loop, self._written, writer_stopped)
+        writer.start()
+        self._schedule()
+        try:
+            await stopped
+        finally:
+            if self._writer is writer:  # cancelled rather than closed
+                self._writer = None
+                writer.groups.put(None)
+        writer.join()
 
     def close(self) -> None:
+        """No more hand-offs: the writer finishes what it has and run() returns. What is still queued
+        is left for drain()."""
         self._closing = True
-        self._wake.set()
+        if self._writer is not None:
+            self._writer.groups.put(None)
+            self._writer = None
 
     async def drain(self) -> None:
         """Commit whatever is queued now: at shutdown once run() has returned, or with no run() (the CLI)."""
         while self._queue:
-            await self._commit(self._take())
+            group = self._hand(self._take())
+            error: BaseException | None = None
+            try:
+                await asyncio.to_thread(self._wal.append, [f if isinstance(f, bytes) else encode_chunk(f)
+                                                           for f in group.frames], group.records)
+            except BaseException as exc:  # noqa: BLE001 - as the writer thread reports it
+                error = exc
+            self._written([group], error)
 
-    async def _commit(self, group: list[Queued]) -> None:
-        records = [p.record if isinstance(p, Pending) else p.chunk for p in group]
+    # -- on the loop --------------------------------------------------------------------
+    def _hand_off(self) -> None:
+        self._scheduled = False
+        writer = self._writer
+        # A bound on rows handed but not written: behind it, single messages queue here and move ahead
+        # of batches at the next _take, rather than wait behind every batch already handed.
+        while self._queue and writer is not None and self._unwritten_rows < self._max_group:
+            writer.groups.put(self._hand(self._take()))
+
+    def _hand(self, items: list[Queued]) -> _Group:
+        """`items` as a group: offsets, timestamps and frames assigned; counted as unwritten."""
+        records = [p.record if isinstance(p, Pending) else p.chunk for p in items]
         saved = self._assign(records)
         # A single message's frame is encoded here, on the loop: a few µs each, and the thread then
         # needs the GIL for no Python work. A chunk's (Arrow IPC) is written in the thread.
-        frames = [encode(r) if isinstance(r, Record) else r for r in records]
-        try:
-            await asyncio.to_thread(self._write, frames, records)
-        except Exception as exc:  # noqa: BLE001 - any failure means: not durable, roll back
-            self.next_offsets.update(saved)
-            reason = "disk full" if isinstance(exc, OSError) and exc.errno == errno.ENOSPC else f"write failed ({exc})"
-            log.error("WAL group of %d not durable: %s", len(group), reason)
-            error = StorageUnavailable(f"WAL {reason}: the message was not accepted; retry once space returns")
-            for p in group:
-                if p.future is not None and not p.future.done():
-                    p.future.set_exception(error)
-            self.queued_bytes -= sum(r.size for r in records)
-            return
-        self.queued_bytes -= sum(r.size for r in records)
-        self._metrics.wal_group_size.observe(sum(1 if isinstance(r, Record) else r.rows for r in records))
-        for p in group:
-            if isinstance(p, Pending):
-                if p.future is not None and not p.future.done():
-                    p.future.set_result((p.record.partition, p.record.offset, p.record.timestamp_us))
-            elif p.future is not None and not p.future.done():
-                p.future.set_result(p.chunk)
-        self._on_durable(records)
+        frames: list[bytes | Chunk] = [encode(r) if isinstance(r, Record) else r for r in records]
+        rows = sum(1 if isinstance(r, Record) else r.rows for r in records)
+        group = _Group(items, records, frames, saved, self._epoch, rows, sum(r.size for r in records))
+        self._unwritten.append(group)
+        self._unwritten_rows += rows
+        return group
 
     def _assign(self, records: list[Record | Chunk]) -> dict[PartitionKey, int]:
         # Log-append time, never going backwards, so seeking by time is monotonic per partition.
@@ -157,6 +256,61 @@ class GroupCommitter:
             offsets[key] = nxt + (1 if isinstance(r, Record) else r.rows)
         return saved
 
-    def _write(self, frames: list[bytes | Chunk], records: list[Record | Chunk]) -> None:
-        """`frames`: each record's frame, or a chunk still to encode (here, in the thread)."""
-        self._wal.append([f if isinstance(f, bytes) else encode_chunk(f) for f in frames], records)
+    def _written(self, groups: list[_Group], error: BaseException | None) -> None:
+        """The writer's report of one write: answer its groups, or fail them and everything after them."""
+        if error is not None:
+            if groups[0].epoch == self._epoch:  # the first failure of this epoch: later reports of it are moot
+                self._fail(error, len(groups))
+        else:
+            records: list[Record | Chunk] = []
+            for group in groups:
+                assert self._unwritten[0] is group, "the writer reports groups in hand-off order"
+                self._unwritten.popleft()
+                self._unwritten_rows -= group.rows
+                self.queued_bytes -= group.size
+                records += group.records
+                _answer(group)
+            self._metrics.wal_group_size.observe(sum(g.rows for g in groups))  # made durable by one fdatasync
+            self._on_durable(records)
+        if self._queue:
+            self._schedule()
+
+    def _fail(self, exc: BaseException, written: int) -> None:
+        """Fail every unwritten group (the failed write's and those handed after it), and roll offsets
+        back to before the first of them."""
+        failed = list(self._unwritten)
+        self._unwritten.clear()
+        self._unwritten_rows = 0
+        self._epoch += 1
+        for group in reversed(failed):  # the earliest group's saved offsets win
+            self.next_offsets.update(group.saved)
+        reason = "disk full" if isinstance(exc, OSError) and exc.errno == errno.ENOSPC else f"write failed ({exc})"
+        log.error("WAL write of %d groups not durable: %s (with the %d groups handed after them)",
+                  written, reason, len(failed) - written)
+        error = StorageUnavailable(f"WAL {reason}: the message was not accepted; retry once space returns")
+        for group in failed:
+            self.queued_bytes -= group.size
+            _answer(group, error)
+
+
+def _answer(group: _Group, error: StorageUnavailable | None = None) -> None:
+    for p in group.items:
+        if isinstance(p, Pending):
+            r = p.record
+            p.outcome = (r.partition, r.offset, r.timestamp_us) if error is None else error
+            future = p.future
+            if future is not None and not future.done():
+                if error is None:
+                    future.set_result(p.outcome)  # type: ignore[arg-type]
+                else:
+                    future.set_exception(error)
+            if p.then is not None:
+                try:
+                    p.then()
+                except Exception:  # one request's answer must not keep the group's others from theirs
+                    log.exception("answering a produced message failed")
+        elif p.future is not None and not p.future.done():
+            if error is None:
+                p.future.set_result(p.chunk)
+            else:
+                p.future.set_exception(error)

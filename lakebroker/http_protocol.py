@@ -20,8 +20,8 @@ on the connection, and uvicorn's access log off) is answered here rather than th
 progress a `FastCycle` stands in `self.cycle`, with the attributes uvicorn's own code reads there
 (pipelining, disconnects, graceful shutdown), and its answer ends with uvicorn's
 `on_response_complete`, which starts any request queued behind it. No task runs it: the answer
-is written by a callback on the WAL group's future (ack=table alone takes a task, to await the
-Delta commit too). A body that does not arrive
+is written by the callback the WAL writer's report makes (ack=table alone takes a task, to await
+the Delta commit too). A body that does not arrive
 with its head gets the body_read_timeout_s deadline (408); one that does pays for no timer.
 Anything else takes uvicorn's ASGI path unchanged. tests/cli/test_uvicorn_internals.py pins the
 uvicorn code this relies on.
@@ -81,7 +81,7 @@ class FastCycle:
     """`self.cycle` while the fast path answers a request: what uvicorn reads and writes of a
     RequestResponseCycle outside the cycle's own code."""
 
-    __slots__ = ("chunks", "disconnected", "keep_alive", "request", "response_complete", "started", "timer")
+    __slots__ = ("chunks", "disconnected", "keep_alive", "one", "request", "response_complete", "started", "timer")
     message_event = _NoEvent()
 
     def __init__(self, keep_alive: bool) -> None:
@@ -92,6 +92,7 @@ class FastCycle:
         self.chunks: list[bytes] = []
         self.started = False  # the whole body is in and the produce runs
         self.timer: asyncio.TimerHandle | None = None  # the body deadline, once a read ended without the body
+        self.one: OneMessage | None = None  # the message it waits for (ack=wal)
 
 
 class BoundedHttpToolsProtocol(HttpToolsProtocol):
@@ -218,24 +219,23 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
         cycle.chunks = []
         try:
-            outcome = self.fast.start(cycle.request, body)
+            outcome = self.fast.start(cycle.request, body, functools.partial(self._fast_done, cycle))
         except Exception as exc:  # noqa: BLE001 - as uvicorn answers an exception in the app
             self._fast_failed(cycle, exc)
             return
         if isinstance(outcome, Answer):
             self._fast_answer(cycle, outcome)
-        elif outcome.future is not None and outcome.ack is not AckMode.TABLE:
-            # the common case, ack=wal: a callback on the WAL group's future, no task
-            outcome.future.add_done_callback(functools.partial(self._fast_done, cycle, outcome))
+        elif outcome.ack is not AckMode.TABLE:
+            cycle.one = outcome  # the common case, ack=wal: the WAL write's callback calls _fast_done, no task
         else:
             task = self.loop.create_task(self._fast_settle(cycle, outcome))
             task.add_done_callback(self.tasks.discard)
             self.tasks.add(task)  # uvicorn's graceful shutdown and concurrency limit count it
 
-    def _fast_done(self, cycle: FastCycle, one: OneMessage, _: object) -> None:
-        assert self.fast is not None
+    def _fast_done(self, cycle: FastCycle) -> None:
+        assert self.fast is not None and cycle.one is not None
         try:
-            answer = self.fast.finish(one)
+            answer = self.fast.finish(cycle.one)
         except BaseException as exc:  # noqa: BLE001 - logged there; a cancelled group included
             self._fast_failed(cycle, exc)
             return

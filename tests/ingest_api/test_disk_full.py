@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
+from prometheus_client import CollectorRegistry
 
 from ingest_api import create_app
-from ingest_api.wal import ZERO_AHEAD
+from ingest_api.group_commit import GroupCommitter, Pending
+from ingest_api.metrics import IngestMetrics
+from ingest_api.records import Record
+from ingest_api.wal import ZERO_AHEAD, Wal
+from tables.errors import StorageUnavailable
 from tables.settings import Settings
 
 pytestmark = pytest.mark.fault
@@ -28,11 +34,10 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
 
 
 def fill(path: Path) -> None:
-    with path.open("wb") as f:
+    with path.open("wb", buffering=0) as f:  # unbuffered: nothing left over for close() to fail on
         try:
             while True:
                 f.write(b"\0" * 65536)
-                f.flush()
         except OSError:
             pass
 
@@ -89,3 +94,49 @@ def test_delta_commit_on_full_disk_is_retried_and_nothing_is_lost(small_disk: Pa
             time.sleep(0.1)
         assert [m["value"] for m in body["messages"]] == ["in the WAL"]
         assert client.get("/readyz").status_code == 200
+
+
+async def test_a_failed_write_fails_the_groups_handed_behind_it_and_leaves_no_gap(small_disk: Path) -> None:
+    """The loop hands the WAL writer the next group while it writes the last one. When that write
+    fails, a group already handed behind it holds the offsets after the failed ones: it must fail
+    too, unwritten, and the offsets roll back to before the first, so a retry leaves no gap."""
+    wal = Wal(small_disk / "wal", segment_bytes=1 << 30, fsync=True)
+    wal.recover()
+    durable: list[Record] = []
+    committer = GroupCommitter(wal, {}, durable.extend, IngestMetrics(CollectorRegistry()))
+    runner = asyncio.create_task(committer.run())
+    loop = asyncio.get_running_loop()
+
+    def message(value: bytes) -> Pending:
+        return Pending(Record("t", bytes(16), 0, -1, 0, None, value, "text", None, None, None, None),
+                       loop.create_future())
+
+    first = message(b"first")
+    committer.submit_one(first)
+    await first.future  # type: ignore[misc]
+    # a needs more room than the disk has; b would fit (the room a's failed write gives back).
+    a, b, c = message(b"a" * 2 * ZERO_AHEAD), message(b"b" * 100), message(b"c" * 100)
+    with wal._lock:  # the writer takes a's group, then waits here while b's is handed behind it
+        committer.submit_one(a)
+        while committer._writer is None or a.record.offset < 0 or not committer._writer.groups.empty():
+            await asyncio.sleep(0.001)
+        committer.submit_one(b)
+        while b.record.offset < 0:
+            await asyncio.sleep(0.001)
+        assert (a.record.offset, b.record.offset) == (1, 2)
+        fill(small_disk / "ballast")
+    for failed in (a, b):
+        with pytest.raises(StorageUnavailable, match="disk full"):
+            await failed.future  # type: ignore[misc]
+        assert isinstance(failed.outcome, StorageUnavailable)
+    (small_disk / "ballast").unlink()
+    committer.submit_one(c)
+    assert await c.future == (0, 1, c.record.timestamp_us)  # type: ignore[misc]
+    committer.close()
+    await runner
+    wal.close()
+
+    assert durable == [first.record, c.record]
+    again = Wal(small_disk / "wal", segment_bytes=1 << 30, fsync=True)
+    assert [(r.offset, r.value) for r in again.recover().records] == [(0, b"first"), (1, b"c" * 100)]
+    again.close()
