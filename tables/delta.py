@@ -40,11 +40,22 @@ def vacuum_candidates(uri: str, hours: float) -> list[str] | None:
     """The files a VACUUM retaining `hours` could delete (tombstoned and orphaned alike), from a
     listing only; None if delta-rs cannot tell (an unsupported store or table feature).
 
-    The hours are rounded down, so the answer never misses a file that VACUUM would delete."""
+    The hours are rounded down, so the answer never misses a file that VACUUM would delete.
+    Hidden files are left out, as Delta's VACUUM leaves them: delta-rs's full listing counts the
+    `.crc` checksums Spark writes beside each data file, which would make every table of a Spark
+    job look like it had something to delete."""
     try:
-        return load(uri).vacuum(retention_hours=int(hours), dry_run=True, enforce_retention_duration=False, full=True)
+        found = load(uri).vacuum(retention_hours=int(hours), dry_run=True, enforce_retention_duration=False,
+                                 full=True)
     except (DeltaError, OSError, ValueError):
         return None
+    return [path for path in found if not any(_hidden(part) for part in path.split("/"))]
+
+
+def _hidden(name: str) -> bool:
+    """Delta's rule for a path component VACUUM never deletes under: `.x` and `_x`, except change
+    data and index directories (a partition directory `col=v` of ours never starts with either)."""
+    return name.startswith(".") or (name.startswith("_") and not name.startswith(("_change_data", "_delta_index")))
 
 
 def partition_app_id(partition: int) -> str:

@@ -202,6 +202,23 @@ def test_vacuum_runs_only_when_a_listing_finds_something_to_delete(spark: Any, t
     assert offsets_by_partition(settings, "clean") == {0: list(range(10))}
 
 
+def test_a_table_spark_wrote_has_nothing_to_vacuum_for_its_checksum_files(spark: Any, tmp_path: Path) -> None:
+    """Spark writes a hidden `.crc` beside every data file of a local table; Delta's VACUUM never
+    deletes hidden files, so they must not make a table look like it needs one (every scheduled
+    retention, offsets compaction and replication run used to VACUUM every table for them)."""
+    from spark_pipeline.jobs.common import vacuum
+    from tables.delta import vacuum_candidates
+
+    uri = str(tmp_path / "spark-written")
+    spark.range(20).repartition(2).write.format("delta").save(uri)
+    assert list(Path(uri).glob(".part-*.crc")), "Spark wrote no checksum files: the test proves nothing"
+    assert vacuum_candidates(uri, 0.0) == []
+    assert vacuum(spark, uri, 0.0) is False
+    orphan = Path(uri) / "part-00000-orphan.c000.snappy.parquet"
+    orphan.write_bytes(next(Path(uri).glob("part-*.parquet")).read_bytes())
+    assert vacuum_candidates(uri, 0.0) == [orphan.name]
+
+
 @pytest.mark.fault
 def test_retention_racing_ingest_loses_and_duplicates_nothing(spark: Any, tmp_path: Path) -> None:
     """Retention commits its removes while the flusher keeps appending: every fresh row and every
