@@ -304,9 +304,11 @@ def _answer(group: _Group, error: StorageUnavailable | None = None) -> None:
                     future.set_result(p.outcome)  # type: ignore[arg-type]
                 else:
                     future.set_exception(error)
-            if p.then is not None:
+            then = p.then
+            if then is not None:
+                p.then = None  # it refers to its waiter, which refers to this: no cycle left for the collector
                 try:
-                    p.then()
+                    then()
                 except Exception:  # one request's answer must not keep the group's others from theirs
                     log.exception("answering a produced message failed")
         elif p.future is not None and not p.future.done():
