@@ -16,7 +16,7 @@ read): the protocol then serves the request through ASGI, which awaits that read
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from fastapi import FastAPI
@@ -41,7 +41,7 @@ class FastRequest:
     """A request whose head passed every check: what producing it needs once its body is in."""
 
     topic: str
-    query: dict[str, str]
+    query: Mapping[str, str]
     ack: AckMode
     kind: str  # media type of the body
 

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+from bisect import bisect_left
+from collections.abc import Iterator
 from typing import Generic, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.metrics import MetricWrapperBase
+from prometheus_client.metrics_core import CounterMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 M = TypeVar("M", bound=MetricWrapperBase)
 
@@ -27,20 +31,81 @@ class Children(Generic[M]):
         return child
 
 
+class LoopCount:
+    """A counter child bumped on the event loop only: a plain number. prometheus_client's takes a lock
+    and checks its state per `inc`, which the single-message path paid for on every message."""
+
+    __slots__ = ("value",)
+
+    def __init__(self) -> None:
+        self.value = 0.0
+
+    def inc(self, amount: float = 1) -> None:
+        self.value += amount
+
+
+class LoopTiming:
+    """A histogram child observed on the event loop only: bucket counts in a list, found by bisection."""
+
+    __slots__ = ("bounds", "counts", "total")
+
+    def __init__(self, bounds: tuple[float, ...]) -> None:
+        self.bounds = bounds
+        self.counts = [0] * (len(bounds) + 1)  # the last one: over every bound (+Inf)
+        self.total = 0.0
+
+    def observe(self, amount: float) -> None:
+        self.counts[bisect_left(self.bounds, amount)] += 1  # Prometheus buckets hold values <= their bound
+        self.total += amount
+
+
+class _LoopMetrics(Collector):
+    """The produce counter and latency histogram, kept as LoopCount / LoopTiming children and read at
+    scrape time; the samples are prometheus_client's for the same metrics."""
+
+    def __init__(self) -> None:
+        self.produced: dict[tuple[str, str], LoopCount] = {}
+        self.latency: dict[str, LoopTiming] = {}
+
+    def produced_to(self, topic: str, ack: str) -> LoopCount:
+        child = self.produced.get((topic, ack))
+        if child is None:
+            child = self.produced[(str(topic), str(ack))] = LoopCount()
+        return child
+
+    def produce_latency_of(self, ack: str) -> LoopTiming:
+        child = self.latency.get(ack)
+        if child is None:
+            child = self.latency[str(ack)] = LoopTiming(_LATENCY_BUCKETS)
+        return child
+
+    def collect(self) -> Iterator[Metric]:
+        produced = CounterMetricFamily("lakebroker_produce_messages", "Messages accepted, by topic and ack mode.",
+                                       labels=["topic", "ack"])
+        for labels, child in list(self.produced.items()):
+            produced.add_metric(labels, child.value)
+        yield produced
+        latency = HistogramMetricFamily("lakebroker_produce_latency_seconds", "Time from request to ack, by ack mode.",
+                                        labels=["ack"])
+        for ack, timing in list(self.latency.items()):
+            cumulative, buckets = 0, []
+            for bound, count in zip([*map(str, timing.bounds), "+Inf"], list(timing.counts), strict=True):
+                cumulative += count
+                buckets.append((bound, float(cumulative)))
+            latency.add_metric([ack], buckets, timing.total)
+        yield latency
+
+
 class IngestMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
         self.registry = registry
-        self.produced = Counter(
-            "lakebroker_produce_messages", "Messages accepted, by topic and ack mode.", ["topic", "ack"],
-            registry=registry,
-        )
+        loop_metrics = _LoopMetrics()
+        registry.register(loop_metrics)
+        self.produced_to = loop_metrics.produced_to  # lakebroker_produce_messages{topic, ack}
+        self.produce_latency_of = loop_metrics.produce_latency_of  # lakebroker_produce_latency_seconds{ack}
         self.duplicates = Counter(
             "lakebroker_produce_duplicates", "Retried sends answered from the dedup index.", ["topic"],
             registry=registry,
-        )
-        self.produce_latency = Histogram(
-            "lakebroker_produce_latency_seconds", "Time from request to ack, by ack mode.", ["ack"],
-            buckets=_LATENCY_BUCKETS, registry=registry,
         )
         self.rejected = Counter(
             "lakebroker_produce_rejected", "Produce requests refused, by reason.", ["reason"], registry=registry
@@ -76,7 +141,5 @@ class IngestMetrics:
             "lakebroker_partition_committed_offset", "Offsets below this are committed to Delta.",
             ["topic", "partition"], registry=registry,
         )
-        self.produced_to = Children(self.produced)
         self.duplicates_to = Children(self.duplicates)
-        self.produce_latency_of = Children(self.produce_latency)
         self.rejected_for = Children(self.rejected)

@@ -6,7 +6,9 @@ no model per message."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
+from types import MappingProxyType
 from typing import Any
 
 import orjson
@@ -50,6 +52,9 @@ _RAW_QUERY = [{"name": name, "in": "query", "required": False, "description": _R
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _ACK = Query(AckMode.WAL, description="none: when queued; wal: after the WAL fsync; table: after the Delta commit.")
 _ACKS = {mode.value: mode for mode in AckMode}
+# A query string's parse (urllib's parse_qsl: a few µs), by its bytes: producers repeat theirs.
+_TARGETS: dict[bytes, tuple[Mapping[str, str], AckMode]] = {}
+_MAX_TARGETS = 1024
 
 
 def _body(model: type[MessageIn] | type[BatchIn], ndjson: bool) -> dict[str, Any]:
@@ -71,12 +76,18 @@ def ack_of(query: dict[str, str]) -> AckMode:
     return mode
 
 
-def produce_target(broker: Broker, topic: str, raw_query: bytes) -> tuple[dict[str, str], AckMode]:
+def produce_target(broker: Broker, topic: str, raw_query: bytes) -> tuple[Mapping[str, str], AckMode]:
     """What a single-message produce checks before reading the body: the topic (404), the query and
     its ack mode (422). The fast path (ingest_api/fast_produce.py) checks the same, in the same order."""
     broker.topic(topic)
-    query = parse_query(raw_query)
-    return query, ack_of(query)
+    target = _TARGETS.get(raw_query)
+    if target is None:
+        query = parse_query(raw_query)
+        target = (MappingProxyType(query), ack_of(query))
+        if len(_TARGETS) >= _MAX_TARGETS:  # query strings that do not repeat: start over
+            _TARGETS.clear()
+        _TARGETS[raw_query] = target
+    return target
 
 
 def produced(result: ProduceResult, ack: AckMode) -> Answer:
