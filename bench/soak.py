@@ -13,7 +13,9 @@ the faults; bench/soak_checks.py holds the checks, bench/soak_report.py the repo
 * every `kill_every_s`: SIGKILL of serve (then restarted), and half a period later SIGKILL of one
   worker (then restarted); every `recreate_every_s`: the topic `churn` deleted and created again.
 
-Then the load stops, delivery drains, the workers stop, serve restarts gracefully with retention,
+Then the load stops, serve restarts gracefully with its schedule off while delivery drains (the
+jobs had their turns under load; on two cores their JVMs would only slow the drain), the workers
+stop, serve restarts gracefully with retention,
 key compaction and replication first in its schedule, and once replication has run past all of it,
 serve stops and `lakebroker verify-replica` runs. The checks (`SoakReport.problems`):
 
@@ -162,10 +164,12 @@ class Soak:
         self.churn_since = 0.0  # time.time() when the current `churn` topic was created
         self._dead: dict[str, set[tuple[int, int]]] = {}  # topic -> dead-lettered (partition, offset)
 
-    def _server_env(self, rotation: int, drain: bool = False) -> dict[str, str]:
+    def _server_env(self, rotation: int, drain: bool = False, jobs: bool = True) -> dict[str, str]:
         intervals = self.plan.job_interval_s[rotation % len(JOBS):] + self.plan.job_interval_s[:rotation % len(JOBS)]
         names = ("COMPACTION", "RETENTION", "KEY_COMPACTION", "REPLICATION")
-        if drain:  # retention first, then key compaction, replication, and compaction in a long run
+        if not jobs:
+            intervals = (0, 0, 0, 0)  # 0: the scheduler runs no such job
+        elif drain:  # retention first, then key compaction, replication, and compaction in a long run
             intervals = (4 if self._need_compaction else 3600, 1, 2, 3)
         elif not self.plan.retention_during_load:
             intervals = (intervals[0], 3600, *intervals[2:])
@@ -267,6 +271,9 @@ class Soak:
         self.report.recreates += 1
 
     def _drain(self, url: str) -> None:
+        self.server.stop()
+        self.server.env.update(self._server_env(0, jobs=False))
+        url = self.server.start(timeout=120)
         client = httpx.Client(base_url=url, timeout=60)
 
         def drained() -> bool:
@@ -277,7 +284,13 @@ class Soak:
             return True
 
         if not wait_for(drained, self.plan.drain_timeout_s):  # the checks below say what is missing
-            self.report.problems.append(f"delivery did not drain within {self.plan.drain_timeout_s:.0f} s")
+            stuck = [f"{topic} p{p['partition']}: committed {p['committed_offset']} of {p['log_end_offset']}, "
+                     f"{p['in_flight']} in flight, {p['state']}, owner {p['owner']}"
+                     for topic in SUBSCRIBED
+                     for p in client.get(f"/v1/subscriptions/{topic}-hooks").json()["partitions"]
+                     if p["lag"] or p["in_flight"]]
+            self.report.problems.append(f"delivery did not drain within {self.plan.drain_timeout_s:.0f} s: "
+                                        + "; ".join(stuck))
         for topic in SUBSCRIBED:
             status = client.get(f"/v1/subscriptions/{topic}-hooks").json()
             self.report.retention_skips += sum(p["retention_skips"]["messages"] for p in status["partitions"])
