@@ -48,6 +48,7 @@ class TopicLogTail:
         self._files: dict[str, DataFile] = {}
         self._txns: dict[str, int] = {}
         self._snapshot: DeltaTable | None = None  # answers txns no commit since the rebuild touched
+        self._unset: set[str] = set()  # txns the snapshot does not have
         self._exact = True  # False once deletion vectors appear: then every read goes through delta-rs
 
     def refresh(self) -> int:
@@ -68,8 +69,12 @@ class TopicLogTail:
             return self._txns[app_id]
         if self._snapshot is None:
             return None
+        if app_id in self._unset:  # asking delta-rs again costs ms: a partition never written is polled
+            return None
         found = self._snapshot.transaction_version(app_id)
-        if found is not None:
+        if found is None:
+            self._unset.add(app_id)  # until a commit sets it (self._txns) or a rebuild
+        else:
             self._txns[app_id] = found
         return found
 
@@ -138,6 +143,7 @@ class TopicLogTail:
             full = self._path(path)
             self._files[full] = DataFile(full, int(part), low, high)
         self._txns = {}
+        self._unset = set()
         self._snapshot = table
         self.version = table.version()
         return self.version
