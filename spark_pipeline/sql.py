@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from spark_pipeline.catalog import register_tables
+from spark_pipeline.catalog import sql_over_tables
 from spark_pipeline.session import build_spark_session
 from tables.errors import InvalidRequest
 from tables.layout import Layout
@@ -49,9 +49,8 @@ def run_query(settings: Settings, query: str, limit: int, *, verbose: bool = Fal
     # str() of a captured JVM error appends the JVM stack when this is on.
     spark.conf.set("spark.sql.pyspark.jvmStacktrace.enabled", str(verbose).lower())
     try:
-        register_tables(spark, Layout.of(settings, for_spark=True))
         try:
-            frame = spark.sql(query)
+            frame = sql_over_tables(spark, Layout.of(settings, for_spark=True), query)
             rows = frame.limit(limit).collect()
         except PySparkException as exc:
             detail = str(exc).strip() if verbose else f"{one_line(exc)} (--verbose for the Java stack)"

@@ -111,3 +111,38 @@ def test_python_examples_run_without_spark(data: Path) -> None:
     assert sorted(namespace["window"].column("offset").to_pylist()) == list(range(100, 150))
     assert namespace["as_of_version_3"] == 50
     assert namespace["history"]
+
+
+def test_sql_registers_only_the_tables_a_statement_names(spark: Any, tmp_path: Path) -> None:
+    """`lakebroker sql` (sql_over_tables) reads the log of the tables its statement names, not of
+    every topic: each registration costs a Delta log read. SHOW lists them all; names are matched
+    as Spark matches them (any case, back-quoted, qualified)."""
+    from pyspark.errors import AnalysisException
+
+    from spark_pipeline.catalog import sql_over_tables
+
+    settings = settings_for(tmp_path / "data")
+    layout = Layout(settings.data_dir)
+    for name in ("lazy_named", "lazy_other"):
+        create_topic(settings, name, partitions=1)
+        produce(settings, name, 0, 4)
+    OffsetsTable(layout).commit("g", "lazy_named", {0: 2}, OffsetReason.ACK)
+
+    def registered(name: str) -> bool:
+        return bool(spark.catalog.tableExists(name))
+
+    # The shared session's catalog may hold another test's data dir under this name (external: drop
+    # removes the entry only); a `lakebroker sql` process starts with an empty catalog.
+    spark.sql("DROP TABLE IF EXISTS lakebroker.consumer_offsets")
+
+    assert not registered("lazy_named") and not registered("lazy_other")
+    assert sql_over_tables(spark, layout, "SELECT count(*) FROM LAZY_NAMED").first()[0] == 4
+    assert registered("lazy_named") and not registered("lazy_other")
+    joined = sql_over_tables(spark, layout, "SELECT o.offset FROM `lazy_named` t JOIN lakebroker.consumer_offsets o "
+                                            "ON o.topic = 'lazy_named' AND t.offset = o.offset")
+    assert [r[0] for r in joined.collect()] == [2]
+    assert not registered("lazy_other")
+    with pytest.raises(AnalysisException, match="TABLE_OR_VIEW_NOT_FOUND"):
+        sql_over_tables(spark, layout, "SELECT * FROM lazy_missing")
+    listed = {r["tableName"] for r in sql_over_tables(spark, layout, "SHOW TABLES").collect()}
+    assert {"lazy_named", "lazy_other"} <= listed
