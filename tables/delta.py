@@ -162,6 +162,17 @@ def partition_files(table: DeltaTable) -> dict[int, PartitionFiles]:
     return out
 
 
+def row_count(table: DeltaTable) -> int | None:
+    """The rows of a table's latest version from its log's file statistics (no data read); None
+    when a file was written without them."""
+    actions = pa.table(table.get_add_actions(flatten=True))
+    if actions.num_rows == 0:
+        return 0
+    if "num_records" not in actions.column_names or actions.column("num_records").null_count:
+        return None
+    return int(pc.sum(actions.column("num_records")).as_py())
+
+
 def timestamp_literal(epoch_us: int) -> pc.Expression:
     """A literal comparable with the UTC microsecond `timestamp` columns."""
     return pc.scalar(pa.scalar(epoch_us, type=pa.timestamp("us", tz="UTC")))

@@ -111,6 +111,14 @@ def test_replicate_then_verify_after_more_produce(spark: Any, tmp_path: Path) ->
     extra = verify(spark, settings, str(replica))
     assert "orders[0]: the replica has 1 rows the primary never had" in extra.problems, extra.problems
     assert any("lacks 1 rows" in p for p in extra.problems)
+    # And a system table whose copy at the same version has other rows (counted from the log).
+    letters = replica / "_system" / "dead_letters"
+    assert {"table": "_system/dead_letters", "rows": (1, 1)}.items() <= next(
+        t for t in extra.tables if t["table"] == "_system/dead_letters").items()
+    write_deltalake(str(letters), DeltaTable(str(letters)).to_pyarrow_table(), mode="append")
+    assert spark.read.format("delta").load(str(letters)).count() == 2
+    doubled = verify(spark, settings, str(replica))
+    assert "system table dead_letters: 2 rows in the replica, 1 in the primary" in doubled.problems, doubled.problems
 
 
 def test_replica_uri_validation(tmp_path: Path) -> None:
