@@ -105,7 +105,10 @@ class Wal:
         self.directory = directory
         self.segment_bytes = segment_bytes
         self.fsync = fsync
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # held by a group's write and fdatasync
+        # The sealed list has its own lock: release() runs on the event loop, which must not wait
+        # behind an fdatasync for it.
+        self._sealed_lock = threading.Lock()
         self._sealed: list[_Segment] = []
         self._active: _Segment | None = None
         self._fd = -1
@@ -245,14 +248,15 @@ class Wal:
             path.unlink(missing_ok=True)
             raise
         if self._active is not None:
-            self._sealed.append(self._active)
+            with self._sealed_lock:
+                self._sealed.append(self._active)
             os.close(self._fd)
         self._fd, self._size, self._zeroed, self._active = fd, size, size, _Segment(path)
 
     # -- release ------------------------------------------------------------------------
     def release(self, committed_below: Callable[[PartitionKey], int]) -> int:
         """Delete sealed segments whose every record is below its partition's committed log-end."""
-        with self._lock:
+        with self._sealed_lock:
             keep: list[_Segment] = []
             deleted = 0
             for segment in self._sealed:
@@ -265,7 +269,7 @@ class Wal:
             return deleted
 
     def segment_count(self) -> int:
-        with self._lock:
+        with self._sealed_lock:
             return len(self._sealed) + (1 if self._active else 0)
 
     def close(self) -> None:
