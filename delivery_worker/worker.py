@@ -140,6 +140,14 @@ class DeliveryWorker:
             if running is not None and running.seek_epoch < sub.seek_epoch:
                 await self._stop(pair, commit=False)
                 running = None
+            elif running is not None and running.pipeline.fence.epoch != lease.epoch:
+                # Held at both heartbeats but not throughout: while this worker stalled past its
+                # lease, another took the pair (a higher epoch) and committed; the pipeline's
+                # commits are fenced out now, so it restarts from the committed offset.
+                log.warning("the lease of %s partition %d changed hands meanwhile; restarting from its commit",
+                            *pair)
+                await self._stop(pair, commit=False)
+                running = None
             if running is None:
                 await self._start(sub, topics[sub.topic], pair[1], lease)
 
