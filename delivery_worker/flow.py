@@ -51,5 +51,11 @@ class AdaptiveWindow:
             self.size = min(self.maximum, self.size + 1) if success else max(1, self.size // 2)
             self._changed.notify_all()
 
+    async def give_back(self) -> None:
+        """Return a slot that was never used for a send (its task was cancelled before it ran)."""
+        async with self._changed:
+            self.in_flight -= 1
+            self._changed.notify_all()
+
     def has_room(self) -> bool:
         return self.in_flight < self.size

@@ -108,6 +108,8 @@ class PartitionPipeline:
         self._queue = DispatchQueue(sub.ordering, sub.batch_size)
         self._done: set[int] = set()
         self._tasks: set[asyncio.Task[None]] = set()
+        self._running_sends: set[asyncio.Task[None]] = set()  # sends whose body has started
+        self._give_backs: set[asyncio.Task[None]] = set()  # window slots of sends that never started
         self._reader: asyncio.Task[bool] | None = None
         self._stopping = False
         self._dead: list[DeadLetter] = []
@@ -311,6 +313,15 @@ class PartitionPipeline:
 
     def _finished(self, task: asyncio.Task[None]) -> None:
         self._tasks.discard(task)
+        if task not in self._running_sends:
+            # Cancelled before its first step (a stop right after a dispatch): its body and its
+            # `finally` never ran, so the slot and the count taken in _dispatch come back here, or
+            # the endpoint's shared window would stay short of a slot for good.
+            self.status.in_flight -= 1
+            self._in_flight.dec()
+            self._give_backs.add(asyncio.get_running_loop().create_task(self.endpoint.window.give_back()))
+            self._give_backs = {t for t in self._give_backs if not t.done()}
+        self._running_sends.discard(task)
         if not task.cancelled() and task.exception() is not None and self._crashed is None:
             self._crashed = task.exception()  # its key would stay busy forever: let run() fail loudly
         if not self._stopping and self._gone is None:
@@ -318,6 +329,9 @@ class PartitionPipeline:
         self._wake.set()
 
     async def _deliver(self, unit: Unit) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._running_sends.add(task)  # from here on, the `finally` below gives back what _dispatch took
         window = self.endpoint.window
         attempts = 0
         holding = True

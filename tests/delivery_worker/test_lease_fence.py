@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from pathlib import Path
 from typing import Any
 
@@ -99,6 +100,37 @@ async def test_a_lease_that_changed_hands_between_two_heartbeats_restarts_the_pi
                     "worker A redelivers 3 and 4 under its new epoch and commits past them")
         offsets_sent = [int(r.headers["lakebroker-offset"]) for r in list(receiver.received)]
         assert offsets_sent.count(3) == 2 and offsets_sent.count(4) == 2, offsets_sent
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+async def test_a_send_cancelled_before_it_ran_gives_its_window_slot_back(tmp_path: Path, receiver: Receiver) -> None:
+    """A pipeline stopped right after it dispatched (a lost lease, a restart) cancels sends that have
+    not run a step yet; the slot each took in the subscription's shared window must come back, or
+    every later pipeline of the subscription on this worker waits for room that never frees."""
+    data = tmp_path / "data"
+    settings = worker_settings(data)
+    create_topic(settings, "t", partitions=1)
+    subscribe(data, "t", receiver.url)
+    produce(settings, "t", 0, 5)
+    w = worker(settings, "worker-a")
+    task = asyncio.create_task(w.run())
+    try:
+        await until(lambda: len(receiver.messages()) >= 5, "the first messages are delivered")
+        pipeline = w._running[("hooks", 0)].pipeline
+        window = pipeline.endpoint.window
+        await until(lambda: window.in_flight == 0, "the first sends are done")
+        pipeline.endpoint.backing_off_until = time.monotonic() + 3600  # hold the next ones in the queue
+        await asyncio.to_thread(produce, settings, "t", 0, 5)
+        await until(lambda: len(pipeline._queue) > 0, "the next messages are read and queued")
+        pipeline.endpoint.backing_off_until = 0.0
+        pipeline._dispatch()  # takes a slot, creates a send task that has not run yet
+        assert window.in_flight == 1 and pipeline.status.in_flight == 1
+        await pipeline.stop(commit=False)  # cancels it before its first step
+        await until(lambda: window.in_flight == 0, "the unused slot comes back")
+        assert pipeline.status.in_flight == 0
     finally:
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
