@@ -30,6 +30,9 @@ from tests.servers import REPO, ServerProcess
 
 CHROMIUM = Path("/usr/bin/chromium")
 ARTIFACTS = REPO / "test-artifacts"
+# How long an expectation waits for the page to get there (Playwright's default is 5 s): beside the
+# whole suite on two cores, a fetch and the server's token read can take longer than that.
+expect.set_options(timeout=20_000)
 JARS = REPO / ".cache" / "jars"
 FAILING = {42, 137}  # message numbers billing's receiver refuses until told otherwise
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
