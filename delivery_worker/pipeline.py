@@ -12,6 +12,7 @@ Position rules (the group's committed offset is the next offset to deliver):
 from __future__ import annotations
 
 import asyncio
+import math
 import contextlib
 import logging
 import time
@@ -114,7 +115,7 @@ class PartitionPipeline:
         self._stopping = False
         self._dead: list[DeadLetter] = []
         self._wake = asyncio.Event()
-        self._last_poll = 0.0
+        self._last_poll = -math.inf  # never polled: not 0.0, which time.monotonic() is near after a boot
         self._commits = commits  # tells of a new commit at once (commit_watch.py); polling stays as the fallback
         self._following: Following | None = None
         self._commit_seen = False

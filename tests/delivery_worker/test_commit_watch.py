@@ -6,7 +6,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import shutil
+import time
+import types
 from pathlib import Path
+
+import pytest
+
+import delivery_worker.pipeline
 
 from delivery_worker.commit_watch import CommitWatch, local_log_dir
 from tables.layout import Layout
@@ -40,7 +46,13 @@ async def test_each_commit_calls_back_and_a_deleted_table_ends_the_watch(tmp_pat
         await watch.aclose()
 
 
-async def test_a_commit_is_delivered_without_waiting_for_a_poll(tmp_path: Path, receiver: Receiver) -> None:
+async def test_a_commit_is_delivered_without_waiting_for_a_poll(tmp_path: Path, receiver: Receiver,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    # The pipeline's clock reads as on a machine booted a second ago (time.monotonic() counts from
+    # boot): the first read must not wait for a poll interval that has "not yet passed" since 0.
+    booted = time.monotonic() - 1.0
+    monkeypatch.setattr(delivery_worker.pipeline, "time",
+                        types.SimpleNamespace(monotonic=lambda: time.monotonic() - booted, time=time.time))
     data = tmp_path / "data"
     # Polls an hour apart: only the commit watch can bring the second batch before the wait ends.
     settings = worker_settings(data).model_copy(update={"delivery_poll_ms": 3_600_000})
