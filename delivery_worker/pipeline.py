@@ -12,9 +12,9 @@ Position rules (the group's committed offset is the next offset to deliver):
 from __future__ import annotations
 
 import asyncio
-import math
 import contextlib
 import logging
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -156,8 +156,9 @@ class PartitionPipeline:
             self.status.state = "disabled"
             self.on_gone(str(exc))
 
-    async def stop(self, *, commit: bool) -> None:
-        """Cancel outstanding sends (they will be redelivered), then commit what is done."""
+    async def stop(self) -> None:
+        """Cancel outstanding sends (they will be redelivered). What is done stays for the worker
+        to commit (`to_commit`), batched with the other pipelines it stops."""
         self._stopping = True
         tasks = list(self._tasks) + ([self._reader] if self._reader is not None else [])
         for task in tasks:
@@ -165,8 +166,6 @@ class PartitionPipeline:
         await asyncio.gather(*tasks, return_exceptions=True)
         if self._following is not None:
             self._following.close()
-        if commit:
-            await self.commit()
 
     def to_commit(self) -> tuple[int | None, list[DeadLetter]]:
         """The position to commit (None if unchanged or the lease is in doubt) and the dead letters
@@ -185,18 +184,6 @@ class PartitionPipeline:
     def give_back(self, letters: list[DeadLetter]) -> None:
         """Writing the dead letters failed: keep them for the next commit."""
         self._dead = letters + self._dead
-
-    async def commit(self) -> None:
-        position, letters = self.to_commit()
-        try:
-            await asyncio.to_thread(self.dead_letters.add, letters)
-        except Exception:
-            self.give_back(letters)
-            raise
-        if position is not None:
-            await asyncio.to_thread(self.offsets.commit, self.sub.name, self.sub.topic, {self.partition: position},
-                                    OffsetReason.ACK, fence=self.fence)
-            self.committed(position)
 
     # -- reading --------------------------------------------------------------------------
     def _read_ahead(self) -> None:

@@ -26,7 +26,7 @@ from delivery_worker.sender import Sender
 from delivery_worker.source import PartitionSource
 from tables.dead_letters import DeadLetterTable
 from tables.layout import Layout
-from tables.offsets import Fence, OffsetReason, OffsetsTable, Position
+from tables.offsets import Committed, Fence, OffsetReason, OffsetsTable, Position
 from tables.settings import Settings
 from tables.subscriptions import Subscription, SubscriptionStore
 from tables.topics import TopicConfig, TopicStore
@@ -93,8 +93,7 @@ class DeliveryWorker:
         for task in self._replays.values():
             task.cancel()
         pairs = set(self._running)
-        for pair in list(self._running):
-            await self._stop(pair, commit=True)
+        await self._stop(pairs, commit=True)
         if pairs:
             with contextlib.suppress(Exception):
                 await asyncio.to_thread(self.leases.heartbeat, [], pairs, {}, {})
@@ -113,43 +112,50 @@ class DeliveryWorker:
 
         desired = await asyncio.to_thread(self.leases.desired, pairs)
         release: set[Pair] = set()
-        for pair, current in list(self._running.items()):
+        restart: set[Pair] = set()
+        for pair, current in self._running.items():
             sub = active.get(pair[0])
             if (pair not in desired or sub is None or _config(sub) != current.config
                     or current.pipeline.fence.topic_id != topics[sub.topic].topic_id  # deleted and re-created
                     or current.pipeline.status.state == "disabled"):
-                await self._stop(pair, commit=True)
                 release.add(pair)
             elif current.task.done():  # a crashed pipeline: restarted below, under the lease it holds
                 crash = None if current.task.cancelled() else current.task.exception()
                 log.error("pipeline of %s partition %d stopped; restarting it", *pair, exc_info=crash)
-                await self._stop(pair, commit=True)
+                restart.add(pair)
+        await self._stop(release | restart, commit=True)
 
         statuses = {pair: orjson.dumps(r.pipeline.status.as_dict()).decode() for pair, r in self._running.items()}
         applied = {pair: r.seek_epoch for pair, r in self._running.items()}
         self._held = await asyncio.to_thread(self.leases.heartbeat, pairs, release, statuses, applied)
 
-        for pair in [p for p in self._running if p not in self._held]:  # lease lost: stop at once
+        lost = {p for p in self._running if p not in self._held}
+        for pair in sorted(lost):  # stopped at once, without a commit: the next holder may have moved on
             log.warning("lost the lease of %s partition %d", *pair)
-            await self._stop(pair, commit=False)
         for pair, lease in self._held.items():
-            sub = active.get(pair[0])
-            if sub is None:
+            sub, running = active.get(pair[0]), self._running.get(pair)
+            if sub is None or running is None:
                 continue
-            running = self._running.get(pair)
-            if running is not None and running.seek_epoch < sub.seek_epoch:
-                await self._stop(pair, commit=False)
-                running = None
-            elif running is not None and running.pipeline.fence.epoch != lease.epoch:
+            if running.seek_epoch < sub.seek_epoch:
+                lost.add(pair)
+            elif running.pipeline.fence.epoch != lease.epoch:
                 # Held at both heartbeats but not throughout: while this worker stalled past its
                 # lease, another took the pair (a higher epoch) and committed; the pipeline's
                 # commits are fenced out now, so it restarts from the committed offset.
                 log.warning("the lease of %s partition %d changed hands meanwhile; restarting from its commit",
                             *pair)
-                await self._stop(pair, commit=False)
-                running = None
-            if running is None:
-                await self._start(sub, topics[sub.topic], pair[1], lease)
+                lost.add(pair)
+        await self._stop(lost, commit=False)
+
+        starts = [(active[n], p, lease) for (n, p), lease in self._held.items()
+                  if n in active and (n, p) not in self._running]
+        if starts:
+            # One read of the offsets table for every start: taking over many partitions must not
+            # cost one table read each, or the tick outlasts the lease it is renewing.
+            committed = await asyncio.to_thread(self.offsets.positions, topics=topics)
+            for sub, partition, lease in starts:
+                await self._start(sub, topics[sub.topic], partition, lease,
+                                  committed.get((sub.name, sub.topic, partition)))
 
     # -- pipelines ----------------------------------------------------------------------
     def _endpoint(self, sub: Subscription) -> Endpoint:
@@ -159,11 +165,10 @@ class DeliveryWorker:
             self._endpoints[sub.name] = known
         return known[1]
 
-    async def _start(self, sub: Subscription, topic: TopicConfig, partition: int, lease: Lease) -> None:
+    async def _start(self, sub: Subscription, topic: TopicConfig, partition: int, lease: Lease,
+                     found: Committed | None) -> None:
         assert self._sender is not None
         pair = (sub.name, partition)
-        committed = await asyncio.to_thread(self.offsets.positions, sub.name, topics={topic.name: topic})
-        found = committed.get((sub.name, sub.topic, partition))
         if found is not None and found.epoch >= lease.epoch:  # our token must outrank every earlier commit
             raised = await asyncio.to_thread(self.leases.raise_epoch, pair, found.epoch + 1)
             if raised is None:
@@ -200,21 +205,27 @@ class DeliveryWorker:
         source = PartitionSource(self.layout, topic, partition)
         return await asyncio.to_thread(lambda: source.log_start(source.log_end()))
 
-    async def _stop(self, pair: Pair, *, commit: bool) -> None:
-        running = self._running.pop(pair, None)
-        if running is None:
+    async def _stop(self, pairs: set[Pair], *, commit: bool) -> None:
+        """Stop the pipelines of `pairs` together and, with `commit`, commit what they delivered in
+        one Delta commit: a rebalance that hands over many partitions costs one commit, not one each."""
+        stopping = [(pair, running) for pair in sorted(pairs) if (running := self._running.pop(pair, None))]
+        if not stopping:
             return
-        running.task.cancel()
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            await running.task
-        replay = self._replays.pop(pair, None)
-        if replay is not None:
-            replay.cancel()
-        try:
-            async with self._commit_lock:
-                await running.pipeline.stop(commit=commit)
-        except Exception:
-            log.exception("could not commit offsets of %s partition %d on stop", *pair)
+        for pair, running in stopping:
+            running.task.cancel()
+            replay = self._replays.pop(pair, None)
+            if replay is not None:
+                replay.cancel()
+        await asyncio.gather(*(r.task for _, r in stopping), return_exceptions=True)
+        async with self._commit_lock:
+            for _, running in stopping:
+                await running.pipeline.stop()
+            if commit:
+                try:
+                    await self._commit([r.pipeline for _, r in stopping])
+                except Exception:
+                    log.exception("could not commit offsets of %s on stop", ", ".join(f"{n} partition {p}"
+                                                                                   for (n, p), _ in stopping))
 
     # -- offsets and replays, batched over every pipeline ---------------------------------
     async def _commit_loop(self) -> None:
@@ -231,22 +242,25 @@ class DeliveryWorker:
                 log.exception("delivery worker %s: offset commit failed; retrying", self.worker_id)
 
     async def commit_all(self) -> None:
-        """Dead letters first, then every changed position, in two Delta commits for the worker."""
         async with self._commit_lock:
-            taken = [(r.pipeline, *r.pipeline.to_commit()) for r in self._running.values()]
-            letters = [letter for _, _, batch in taken for letter in batch]
-            try:
-                await asyncio.to_thread(self.dead_letters.add, letters)
-            except Exception:
-                for pipeline, _, batch in taken:
-                    pipeline.give_back(batch)
-                raise
-            moved = [(p, pos) for p, pos, _ in taken if pos is not None]
-            await asyncio.to_thread(self.offsets.commit_many,
-                                    [Position(p.sub.name, p.sub.topic, p.partition, pos, p.fence) for p, pos in moved],
-                                    OffsetReason.ACK)
-            for pipeline, pos in moved:
-                pipeline.committed(pos)
+            await self._commit([r.pipeline for r in self._running.values()])
+
+    async def _commit(self, pipelines: list[PartitionPipeline]) -> None:
+        """Dead letters first, then every changed position, in two Delta commits (under the lock)."""
+        taken = [(p, *p.to_commit()) for p in pipelines]
+        letters = [letter for _, _, batch in taken for letter in batch]
+        try:
+            await asyncio.to_thread(self.dead_letters.add, letters)
+        except Exception:
+            for pipeline, _, batch in taken:
+                pipeline.give_back(batch)
+            raise
+        moved = [(p, pos) for p, pos, _ in taken if pos is not None]
+        await asyncio.to_thread(self.offsets.commit_many,
+                                [Position(p.sub.name, p.sub.topic, p.partition, pos, p.fence) for p, pos in moved],
+                                OffsetReason.ACK)
+        for pipeline, pos in moved:
+            pipeline.committed(pos)
 
     async def _start_replays(self) -> None:
         groups = {name for name, _ in self._running}

@@ -13,7 +13,6 @@ from pathlib import Path
 import pytest
 
 import delivery_worker.pipeline
-
 from delivery_worker.commit_watch import CommitWatch, local_log_dir
 from tables.layout import Layout
 from tests.delivery_worker.inproc import subscribe, until, worker, worker_settings

@@ -128,9 +128,53 @@ async def test_a_send_cancelled_before_it_ran_gives_its_window_slot_back(tmp_pat
         pipeline.endpoint.backing_off_until = 0.0
         pipeline._dispatch()  # takes a slot, creates a send task that has not run yet
         assert window.in_flight == 1 and pipeline.status.in_flight == 1
-        await pipeline.stop(commit=False)  # cancels it before its first step
+        await pipeline.stop()  # cancels it before its first step
         await until(lambda: window.in_flight == 0, "the unused slot comes back")
         assert pipeline.status.in_flight == 0
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+async def test_taking_over_many_partitions_reads_and_commits_offsets_once(
+        tmp_path: Path, receiver: Receiver, monkeypatch: Any) -> None:
+    """A worker that takes over many partitions at once (a peer died, a rebalance) must renew its
+    leases on time: one offsets-table read for all its new pipelines, not one each, and on stop one
+    commit for all. One read each (~0.2-0.7 s on a busy machine) made a tick outlast a 3 s lease; the
+    peer then took the pairs back, and two workers traded them for minutes (the soak's drain)."""
+    partitions = 12
+    data = tmp_path / "data"
+    settings = worker_settings(data)
+    create_topic(settings, "t", partitions=partitions)
+    subscribe(data, "t", receiver.url)
+    for p in range(partitions):
+        produce(settings, "t", p, 2)
+    calls: dict[str, int] = {"positions": 0, "commit_many": 0}
+    for name in calls:
+        original = getattr(OffsetsTable, name)
+
+        def counted(self: OffsetsTable, *args: Any, _name: str = name, _original: Any = original,
+                    **kwargs: Any) -> Any:
+            calls[_name] += 1
+            return _original(self, *args, **kwargs)
+
+        monkeypatch.setattr(OffsetsTable, name, counted)
+    w = worker(settings, "worker-a")
+    task = asyncio.create_task(w.run())
+    try:
+        await until(lambda: len(receiver.messages()) >= 2 * partitions, "every partition is delivered")
+        assert len(w.owned()) == partitions and calls["positions"] == 1
+        await asyncio.to_thread(produce, settings, "t", 0, 1)
+        await until(lambda: len(receiver.messages()) >= 2 * partitions + 1, "a last message is delivered")
+        calls["commit_many"] = 0
+        task.cancel()  # a graceful stop: every pipeline stops, then what each delivered is committed
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        assert calls["commit_many"] <= 1
+        positions = OffsetsTable(Layout.of(settings)).latest("hooks")
+        assert {p: positions[("hooks", "t", p)][0] for p in range(partitions)} == {
+            p: 3 if p == 0 else 2 for p in range(partitions)}
     finally:
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
