@@ -290,7 +290,7 @@ class Soak:
                      for p in client.get(f"/v1/subscriptions/{topic}-hooks").json()["partitions"]
                      if p["lag"] or p["in_flight"]]
             self.report.problems.append(f"delivery did not drain within {self.plan.drain_timeout_s:.0f} s: "
-                                        + "; ".join(stuck))
+                                        + "; ".join(stuck) + self._delivery_evidence())
         for topic in SUBSCRIBED:
             status = client.get(f"/v1/subscriptions/{topic}-hooks").json()
             self.report.retention_skips += sum(p["retention_skips"]["messages"] for p in status["partitions"])
@@ -327,6 +327,24 @@ class Soak:
         return self.plan.minutes >= 3
 
     # --- the checks ---
+
+    def _delivery_evidence(self) -> str:
+        """For a drain that timed out: each lease as its holder last wrote it, and each worker's last
+        warnings, since the work dir of a CI run is gone by the time anyone reads its report."""
+        now = datetime.now(UTC)
+        rows = DeltaTable(str(self.data / "_system" / "delivery_leases")).to_pyarrow_table().to_pylist()
+        leases = [f"{r['group']} p{r['partition']} owner {r['owner']} epoch {r['epoch']} expires in "
+                  f"{(r['expires_at'] - now).total_seconds():.1f} s status {r['status']}"
+                  for r in rows if r["kind"] == "lease"]
+        members = [f"{r['owner']} expires in {(r['expires_at'] - now).total_seconds():.1f} s"
+                   for r in rows if r["kind"] == "member"]
+        logs = []
+        for name in self.workers:
+            lines = (self.work / f"{name}.log").read_text(errors="replace").splitlines()
+            alive = "running" if self.workers[name].poll() is None else f"exited {self.workers[name].returncode}"
+            logs.append(f"{name} ({alive}), last warnings: "
+                        + " | ".join([x for x in lines if " WARNING " in x or " ERROR " in x][-8:]))
+        return "\n  leases: " + "; ".join(leases) + "\n  members: " + "; ".join(members) + "\n  " + "\n  ".join(logs)
 
     def _keep_evidence(self) -> None:
         """What the checks read besides the tables, kept in the work dir for a post-mortem."""
