@@ -24,5 +24,6 @@ export LAKEBROKER_SPARK_CONF="${LAKEBROKER_SPARK_CONF:-$test_conf}"
 # start once. Most tests wait on servers, JVMs and disks, so more processes than cores pays.
 # --no-loadscope-reorder: keep the collection order (longest modules first, tests/conftest.py);
 # xdist would otherwise sort modules by their number of tests, and start a one-test Spark chain last.
+# --durations: the slowest tests, so a CI log says where the suite's time went.
 .venv/bin/python -m pytest -p no:cacheprovider -q -n "${LAKEBROKER_TEST_PROCESSES:-4}" --dist loadfile \
-  --no-loadscope-reorder "$@"
+  --no-loadscope-reorder --durations=25 "$@"
