@@ -63,7 +63,8 @@ class LeaseTable:
 
     def heartbeat(self, pairs: list[Pair], release: set[Pair], statuses: dict[Pair, str],
                   applied_seeks: dict[Pair, int]) -> dict[Pair, Lease]:
-        """Renew, take and release leases in one commit; returns the leases this worker holds."""
+        """Renew, take and release leases in one commit; returns the leases this worker holds.
+        `statuses` holds the status of every pair this worker runs a pipeline for."""
 
         def change(rows: Rows) -> tuple[Rows, dict[Pair, Lease]]:
             now = datetime.now(UTC)
@@ -80,10 +81,12 @@ class LeaseTable:
                 row = by_pair.get(pair)
                 mine = row is not None and row["owner"] == self.worker_id and row["expires_at"] > now
                 if mine and row is not None and (pair in release or pair not in plan):
-                    if pair in release:
+                    # `statuses` names the pairs with a running pipeline: a pair without one has
+                    # nothing to stop first, so it goes now (kept, it would be renewed for good).
+                    if pair in release or pair not in statuses:
                         row.update(owner=None, status=statuses.get(pair, row["status"]))
                     else:
-                        row.update(expires_at=expires)  # keep until the pipeline has stopped
+                        row.update(expires_at=expires, status=statuses[pair])  # kept until its pipeline stops
                 elif mine and row is not None:
                     row.update(expires_at=expires, status=statuses.get(pair, row["status"]),
                                seek_epoch=max(row["seek_epoch"], applied_seeks.get(pair, 0)))
