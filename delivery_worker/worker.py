@@ -130,22 +130,23 @@ class DeliveryWorker:
         self._held = await asyncio.to_thread(self.leases.heartbeat, pairs, release, statuses, applied)
 
         lost = {p for p in self._running if p not in self._held}
-        for pair in sorted(lost):  # stopped at once, without a commit: the next holder may have moved on
+        for pair in sorted(lost):
             log.warning("lost the lease of %s partition %d", *pair)
+        stale: set[Pair] = set()  # restarted from the committed offset (a seek, or a fenced pipeline)
         for pair, lease in self._held.items():
             sub, running = active.get(pair[0]), self._running.get(pair)
             if sub is None or running is None:
                 continue
             if running.seek_epoch < sub.seek_epoch:
-                lost.add(pair)
+                stale.add(pair)
             elif running.pipeline.fence.epoch != lease.epoch:
                 # Held at both heartbeats but not throughout: while this worker stalled past its
                 # lease, another took the pair (a higher epoch) and committed; the pipeline's
                 # commits are fenced out now, so it restarts from the committed offset.
                 log.warning("the lease of %s partition %d changed hands meanwhile; restarting from its commit",
                             *pair)
-                lost.add(pair)
-        await self._stop(lost, commit=False)
+                stale.add(pair)
+        await self._stop(lost | stale, commit=False)  # the next holder, or the seek, may have moved on
 
         starts = [(active[n], p, lease) for (n, p), lease in self._held.items()
                   if n in active and (n, p) not in self._running]
