@@ -58,6 +58,7 @@ from bench.procs import REPO, BenchError
 from bench.run import nest
 from bench.soak_checks import TopicSpec, check_all, check_jobs
 from bench.soak_report import SoakReport
+from tables.layout import Layout
 from tests.receivers import Receiver
 from tests.servers import ServerProcess, free_port
 
@@ -332,7 +333,7 @@ class Soak:
         """For a drain that timed out: each lease as its holder last wrote it, and each worker's last
         warnings, since the work dir of a CI run is gone by the time anyone reads its report."""
         now = datetime.now(UTC)
-        rows = DeltaTable(str(self.data / "_system" / "delivery_leases")).to_pyarrow_table().to_pylist()
+        rows = DeltaTable(Layout(self.data).leases_table).to_pyarrow_table().to_pylist()
         leases = [f"{r['group']} p{r['partition']} owner {r['owner']} epoch {r['epoch']} expires in "
                   f"{(r['expires_at'] - now).total_seconds():.1f} s status {r['status']}"
                   for r in rows if r["kind"] == "lease"]
