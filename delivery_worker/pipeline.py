@@ -195,8 +195,12 @@ class PartitionPipeline:
             self._reader = None
             reader.result()  # a failed read stops the pipeline; the worker restarts it
         waiting = self._read_pos >= self.status.log_end or self._gap
-        if waiting and not self._commit_seen and time.monotonic() - self._last_poll < self.poll_s:
-            return  # looking for new commits reads the Delta log: on a commit, else once per poll interval
+        if waiting and not self._commit_seen:
+            if time.monotonic() - self._last_poll < self.poll_s:
+                return  # looking for new commits reads the Delta log: on a commit, else once per poll interval
+            if not self._gap and self.source.known_log_end(self.poll_s) == self.status.log_end:
+                self._follow()
+                return  # a pipeline sharing this table's tail looked within the interval: nothing new here
         if len(self._queue) < READ_AHEAD // 2:
             self._reader = asyncio.create_task(self._fill())
             self._reader.add_done_callback(self._read_done)

@@ -23,7 +23,7 @@ from delivery_worker.leases import Lease, LeaseTable, Pair
 from delivery_worker.metrics import DeliveryMetrics
 from delivery_worker.pipeline import Endpoint, Gone, PartitionPipeline, PipelineStatus
 from delivery_worker.sender import Sender
-from delivery_worker.source import PartitionSource
+from delivery_worker.source import LogTails, PartitionSource
 from tables.dead_letters import DeadLetterTable
 from tables.layout import Layout
 from tables.offsets import Committed, Fence, OffsetReason, OffsetsTable, Position
@@ -64,6 +64,7 @@ class DeliveryWorker:
         self._transport: LeanTransport | None = None
         self._sender: Sender | None = None
         self._commits = CommitWatch()
+        self._tails = LogTails()  # one per topic table, shared by its pipelines (source.py)
         self._gone: dict[str, str] = {}
         self._commit_lock = asyncio.Lock()  # a pipeline's final commit and the batch commit never interleave
         self._replays: dict[Pair, asyncio.Task[None]] = {}
@@ -148,6 +149,7 @@ class DeliveryWorker:
                 stale.add(pair)
         await self._stop(lost | stale, commit=False)  # the next holder, or the seek, may have moved on
 
+        self._tails.retain({(r.pipeline.source.uri, r.pipeline.fence.topic_id) for r in self._running.values()})
         starts = [(active[n], p, lease) for (n, p), lease in self._held.items()
                   if n in active and (n, p) not in self._running]
         if starts:
@@ -177,7 +179,8 @@ class DeliveryWorker:
             lease = self._held[pair] = raised
         fence = Fence(topic.topic_id, lease.epoch)
         start = await self._start_offset(sub, topic, partition, lease, fence, None if found is None else found.offset)
-        source = PartitionSource(self.layout, topic, partition)
+        source = PartitionSource(self.layout, topic, partition,
+                                 self._tails.get(self.layout.topic_table(topic.name), topic.topic_id))
         pipeline = PartitionPipeline(
             sub, partition, start, source=source, sender=self._sender, endpoint=self._endpoint(sub),
             offsets=self.offsets, dead_letters=self.dead_letters, metrics=self.metrics,

@@ -109,6 +109,16 @@ def _migrate(uri: str, table: DeltaTable, schema: pa.Schema, version: int) -> De
     return load(uri)
 
 
+def has_commit(uri: str, version: int) -> bool:
+    """Whether the table's log holds commit `version`: one stat (a HEAD on S3), where reloading the
+    table lists its whole log. Both writers put a commit file in place whole, and in order."""
+    import pyarrow.fs as pafs
+
+    fs, root = storage.filesystem(uri)
+    assert isinstance(fs, pafs.FileSystem)
+    return bool(fs.get_file_info(f"{root}/_delta_log/{version:020d}.json").type != pafs.FileType.NotFound)
+
+
 def open_table(uri: str) -> DeltaTable | None:
     return load(uri) if exists(uri) else None
 

@@ -78,6 +78,14 @@ class TopicLogTail:
             self._txns[app_id] = found
         return found
 
+    def known_txn(self, app_id: str) -> int | None:
+        """`txn(app_id) or 0` when that takes no I/O; None when it would ask delta-rs."""
+        if app_id in self._txns:
+            return self._txns[app_id]
+        if self._snapshot is None or app_id in self._unset:
+            return 0
+        return None
+
     def files(self, partition: int, start: int = 0, end: int | None = None) -> list[DataFile]:
         """The partition's files that may hold offsets in [start, end)."""
         return [

@@ -4,7 +4,10 @@ import threading
 from pathlib import Path
 
 import pyarrow as pa
+import pytest
+from deltalake import DeltaTable
 
+from tables import delta
 from tables.state_table import Rows, StateTable
 
 SCHEMA = pa.schema([pa.field("name", pa.string()), pa.field("n", pa.int64())])
@@ -37,3 +40,31 @@ def test_unchanged_rows_make_no_commit(tmp_path: Path) -> None:
     before = DeltaTable(table.uri).version()
     assert table.mutate(lambda rows: (rows, "same")) == "same"
     assert DeltaTable(table.uri).version() == before
+
+
+def test_a_read_sees_another_writers_commit_and_an_unchanged_table_is_not_reloaded(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    uri = str(tmp_path / "state")
+    reader, writer = StateTable(uri, SCHEMA, 1), StateTable(uri, SCHEMA, 1)
+    writer.mutate(lambda rows: ([{"name": "a", "n": 1}], None))
+    assert reader.read() == [{"name": "a", "n": 1}]
+
+    catch_ups: list[str] = []
+    original = DeltaTable.update_incremental
+
+    def counted(self: DeltaTable) -> None:
+        catch_ups.append(self.table_uri)
+        original(self)
+
+    monkeypatch.setattr(DeltaTable, "update_incremental", counted)
+    monkeypatch.setattr(delta, "load", lambda *a, **k: pytest.fail("an unchanged table was loaded again"))
+    assert reader.read() == [{"name": "a", "n": 1}]
+    assert catch_ups == []  # no new commit file: the snapshot and its rows are reused
+
+    monkeypatch.undo()
+    writer.mutate(lambda rows: ([{"name": "a", "n": 2}], None))  # another process's commit
+    monkeypatch.setattr(DeltaTable, "update_incremental", counted)
+    assert reader.read() == [{"name": "a", "n": 2}]
+    assert len(catch_ups) == 1
+    assert reader.mutate(lambda rows: ([{"name": "a", "n": rows[0]["n"] + 1}], "ok")) == "ok"
+    assert writer.read() == [{"name": "a", "n": 3}]

@@ -1,0 +1,39 @@
+"""A worker's pipelines on one topic table share its log tail (delivery_worker/source.py)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from delivery_worker.source import LogTails, PartitionSource
+from tables.layout import Layout
+from tests.spark_pipeline.topics import create_topic, produce, settings_for
+
+
+def test_partitions_share_one_tail_and_see_each_others_refreshes_without_io(tmp_path: Path) -> None:
+    settings = settings_for(tmp_path)
+    layout = Layout.of(settings)
+    topic = create_topic(settings, "t", partitions=2)
+    tails = LogTails()
+    uri = layout.topic_table("t")
+    p0 = PartitionSource(layout, topic, 0, tails.get(uri, topic.topic_id))
+    p1 = PartitionSource(layout, topic, 1, tails.get(uri, topic.topic_id))
+    assert p0.tail is p1.tail
+
+    assert p0.log_end() == 0 and p1.log_end() == 0
+    produce(settings, "t", 0, 7)
+    produce(settings, "t", 1, 3)
+    assert p0.log_end() == 7  # one refresh, by partition 0's pipeline, reads both new commits ...
+    assert p1.known_log_end(within_s=60) == 3  # ... and tells partition 1 its log end with no I/O
+    assert p1.known_log_end(within_s=0) is None  # older than the caller's poll interval: look again
+    rows, end = p1.read(0, 3)
+    assert [r["offset"] for r in rows] == [0, 1, 2] and end == 3
+
+    produce(settings, "t", 1, 2)
+    assert p1.log_end() == 5 and p0.known_log_end(within_s=60) == 7
+
+    # A re-created topic (a new id) gets its own tail; tails no pipeline reads are dropped.
+    assert tails.get(uri, "another-id") is not p0.tail
+    tails.retain({(uri, topic.topic_id)})
+    assert tails.get(uri, topic.topic_id) is p0.tail
+    assert time.monotonic() - p0.tail.refreshed_at < 60
