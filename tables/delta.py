@@ -10,6 +10,7 @@ code opens one, so every open gets the storage options of its URI.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
@@ -68,14 +69,17 @@ def partition_app_id(partition: int) -> str:
     return f"lakebroker.partition.{partition}"
 
 
-def ensure_table(uri: str, schema: pa.Schema, *, partition_by: list[str] | None, version: int) -> DeltaTable:
-    """Create the table if it is missing; idempotent, and safe if another process races us."""
+def ensure_table(uri: str, schema: pa.Schema, *, partition_by: list[str] | None, version: int,
+                 properties: Mapping[str, str] | None = None) -> DeltaTable:
+    """Create the table if it is missing; idempotent, and safe if another process races us.
+    `properties` are Delta table properties the table must have: set at create, and set on an
+    older table that lacks them (a table created before they were added)."""
     if exists(uri):
         table = load(uri)
     else:
         if not storage.is_s3(uri):
             Path(uri).mkdir(parents=True, exist_ok=True)
-        config: dict[str, str | None] = dict(HOT_PATH_TABLE_PROPERTIES)
+        config: dict[str, str | None] = {**HOT_PATH_TABLE_PROPERTIES, **(properties or {})}
         try:
             table = DeltaTable.create(uri, schema, mode="ignore", partition_by=partition_by, configuration=config,
                                       storage_options=storage.delta_options(uri))
@@ -89,6 +93,13 @@ def ensure_table(uri: str, schema: pa.Schema, *, partition_by: list[str] | None,
             table = load(uri)  # another process created the table and set it first
     if int(table.metadata().configuration.get(SCHEMA_VERSION_PROPERTY) or version) < version:
         table = _migrate(uri, table, schema, version)
+    for _ in range(5):  # a busy table's writers can win a few times in a row
+        configuration = table.metadata().configuration
+        if all(configuration.get(key) == value for key, value in (properties or {}).items()):
+            break
+        with contextlib.suppress(CommitFailedError, DeltaError):
+            table.alter.set_table_properties(dict(properties or {}), raise_if_not_exists=False)
+        table = load(uri)
     return table
 
 

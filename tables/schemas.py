@@ -121,6 +121,17 @@ SUBSCRIPTIONS_SCHEMA = pa.schema(
     ]
 )
 
+# State tables (topics, subscriptions, tokens, leases) are rewritten whole at each change, and the
+# lease table at every heartbeat of every worker: left alone, its log and its replaced data files
+# grow by tens of thousands a day. No one reads an old version of a state table, so its log is
+# kept an hour (delta-rs drops older commit files after each checkpoint, every 100 commits) and
+# StateTable vacuums replaced files after an hour.
+STATE_TABLE_PROPERTIES: dict[str, str] = {
+    "delta.logRetentionDuration": "interval 1 hour",
+    "delta.deletedFileRetentionDuration": "interval 1 hour",
+    "delta.checkpointInterval": "100",
+}
+
 LEASES_SCHEMA_VERSION = 1
 LEASES_SCHEMA = pa.schema(
     [

@@ -9,36 +9,53 @@ A StateTable keeps the snapshot it last read, and its rows. Before each use it l
 next commit file, and catches up only if there is one: a delivery worker reads these tables at
 every heartbeat, and reloading one lists its whole log (30-40 ms of CPU at 80 commits, and a
 lease table takes a commit per heartbeat).
+
+Each state table keeps its log and replaced files an hour (STATE_TABLE_PROPERTIES): delta-rs
+drops old commit files after each checkpoint, and the writer of each checkpointed version
+vacuums. A snapshot not confirmed for RECHECK_AFTER_S is reloaded whole rather than trusted to
+"no next commit file", since after an hour that file may be one the cleanup removed.
 """
 
 from __future__ import annotations
 
+import logging
 import random
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 import pyarrow as pa
 from deltalake import CommitProperties, DeltaTable, write_deltalake
-from deltalake.exceptions import CommitFailedError
+from deltalake.exceptions import CommitFailedError, DeltaError
 
 from tables import delta
 from tables.errors import StorageUnavailable
+from tables.schemas import STATE_TABLE_PROPERTIES
 
 Rows = list[dict[str, Any]]
 T = TypeVar("T")
 
+RECHECK_AFTER_S = 300.0  # well inside the hour STATE_TABLE_PROPERTIES keeps commit files
+
+log = logging.getLogger(__name__)
+
 
 class StateTable:
-    def __init__(self, uri: str, schema: pa.Schema, version: int) -> None:
+    def __init__(self, uri: str, schema: pa.Schema, version: int, *,
+                 properties: Mapping[str, str] = STATE_TABLE_PROPERTIES,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.uri = uri
         self.schema = schema
         self.version = version
+        self.properties = properties
+        self._clock = clock
+        self._vacuum_every = int(properties.get("delta.checkpointInterval", "100"))  # after each log cleanup
         self._lock = threading.Lock()  # one snapshot, shared by the threads of a server
         self._table: DeltaTable | None = None
-        self._rows: pa.Table | None = None  # the snapshot's rows, read once per version
-        self._ensured = False  # created and migrated to `version` (once per process)
+        self._data: pa.Table | None = None  # the snapshot's rows, read once per version
+        self._confirmed_at = 0.0  # when the snapshot was last known to be the newest
+        self._ensured = False  # created, migrated to `version` and given `properties` (once per process)
 
     def read(self) -> Rows:
         with self._lock:
@@ -61,35 +78,46 @@ class StateTable:
                 except CommitFailedError:
                     pass  # the next attempt catches up with the winner's commit
                 else:
+                    self._maintain()
                     return result
                 finally:
-                    self._rows = None  # whoever won, these rows are no longer the newest
+                    self._data = None  # whoever won, these rows are no longer the newest
             time.sleep(random.uniform(0, 0.01 * (attempt + 1)))
         raise StorageUnavailable(f"could not update {self.uri}: {attempts} concurrent writers won in a row")
 
     def _current(self, *, create: bool) -> pa.Table | None:
         """The newest rows (None: no table and not `create`). Under the lock."""
+        now = self._clock()
         try:
             if create and not self._ensured:
-                self._table = delta.ensure_table(self.uri, self.schema, partition_by=None, version=self.version)
-                self._ensured, self._rows = True, None
-            elif self._table is None:
+                self._table = delta.ensure_table(self.uri, self.schema, partition_by=None, version=self.version,
+                                                 properties=self.properties)
+                self._ensured, self._data = True, None
+            elif self._table is None or now - self._confirmed_at > RECHECK_AFTER_S:
                 self._table = delta.open_table(self.uri)
+                self._data = None
                 if self._table is None:
                     return None
-                self._rows = None
-            elif self._rows is None or delta.has_commit(self.uri, self._table.version() + 1):
+            elif self._data is None or delta.has_commit(self.uri, self._table.version() + 1):
                 self._table.update_incremental()
-                self._rows = None
-            if self._rows is None:
-                self._rows = self._table.to_pyarrow_table()
-            return self._rows
+                self._data = None
+            if self._data is None:
+                self._data = self._table.to_pyarrow_table()
+            self._confirmed_at = now
+            return self._data
         except Exception:
-            self._table, self._rows, self._ensured = None, None, False  # start afresh next time
+            self._table, self._data, self._ensured = None, None, False  # start afresh next time
             raise
 
-    def compact_log(self) -> None:
-        """Checkpoint and drop old log files: these tables take many tiny commits."""
-        table = delta.load(self.uri)
-        table.create_checkpoint()
-        table.cleanup_metadata()
+    def _maintain(self) -> None:
+        """After our commit: the writer of a checkpointed version deletes the data files that
+        overwrites replaced more than the table's deletedFileRetentionDuration ago."""
+        assert self._table is not None
+        if self._table.version() % self._vacuum_every:
+            return
+        try:
+            # A full vacuum (a listing): the checkpoint just written already dropped the expired
+            # tombstones, so the log alone no longer names the files to delete.
+            self._table.vacuum(dry_run=False, full=True)
+        except (DeltaError, OSError) as exc:  # maintenance must never fail the change that triggered it
+            log.warning("could not vacuum %s: %s", self.uri, exc)
