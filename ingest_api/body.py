@@ -16,7 +16,7 @@ from typing import Any
 
 from pydantic_core import from_json
 
-from ingest_api.broker import NewMessage
+from ingest_api.messages import NewMessage
 from ingest_api.schemas import MAX_INT
 from tables.errors import InvalidRequest, LakebrokerError
 from tables.message_format import from_base64, from_json_value

@@ -13,7 +13,6 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from enum import StrEnum
 
 import numpy as np
 import pyarrow as pa
@@ -23,6 +22,7 @@ from ingest_api.chunks import BatchResults, Chunk, ColumnarBatch, chunk_bytes, m
 from ingest_api.dedup import DedupIndex, DedupKey, Placed, dedup_id
 from ingest_api.flusher import Flusher
 from ingest_api.group_commit import GroupCommitter, Pending, PendingChunk
+from ingest_api.messages import AckMode, NewMessage
 from ingest_api.metrics import IngestMetrics
 from ingest_api.partitioner import KeyCache, RoundRobin, partition_for_key, partitions_for
 from ingest_api.records import Record, message_bytes
@@ -38,25 +38,7 @@ log = logging.getLogger(__name__)
 _NEVER = 2**63
 
 
-class AckMode(StrEnum):
-    NONE = "none"  # answered when queued; lost if the process dies before the fsync
-    WAL = "wal"  # answered after the WAL fsync (the default)
-    TABLE = "table"  # answered after the Delta commit
-
-
 _NONE, _TABLE = AckMode.NONE, AckMode.TABLE  # a member lookup costs the hot path ~0.3 µs on Python 3.11
-
-
-@dataclass(slots=True)
-class NewMessage:
-    value: bytes | None
-    format: str = "text"
-    key: str | None = None
-    headers: dict[str, str] | None = None
-    partition: int | None = None
-    message_id: str | None = None
-    producer_id: str | None = None
-    sequence: int | None = None
 
 
 @dataclass(slots=True)

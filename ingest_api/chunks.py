@@ -29,7 +29,7 @@ from ingest_api.records import CHUNK_MAGIC, MAX_FRAME_BYTES, seal
 from tables.schemas import TOPIC_SCHEMA
 
 if TYPE_CHECKING:
-    from ingest_api.broker import NewMessage
+    from ingest_api.messages import NewMessage
 
 # Every topic column but the three the WAL frame and the committer own.
 CHUNK_SCHEMA = pa.schema([f for f in TOPIC_SCHEMA if f.name not in ("partition", "offset", "timestamp")])

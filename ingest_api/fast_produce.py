@@ -24,9 +24,10 @@ from fastapi import FastAPI
 from ingest_api.asgi_route import AsgiRoute, header_in
 from ingest_api.auth import OPEN_ACCESS, Access, Authenticator, access_rule, bearer_of
 from ingest_api.body import media_type, parse_message
-from ingest_api.broker import AckMode, Broker, OneMessage
+from ingest_api.broker import Broker, OneMessage
 from ingest_api.errors import error_response
 from ingest_api.limits import body_timeout, declared_too_large, header_refusal
+from ingest_api.messages import AckMode
 from ingest_api.responses import Answer
 from ingest_api.routes.produce import produce_target, produced
 from tables.errors import LakebrokerError

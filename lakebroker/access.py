@@ -11,14 +11,13 @@ import asyncio
 import contextlib
 from collections.abc import Iterator
 from dataclasses import asdict
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import httpx
 import orjson
 from prometheus_client import CollectorRegistry
 
-from ingest_api.broker import AckMode, Broker, NewMessage
-from ingest_api.metrics import IngestMetrics
+from ingest_api.messages import AckMode, NewMessage
 from tables.errors import (
     AlreadyExists,
     Backpressure,
@@ -35,6 +34,9 @@ from tables.lock import DataDirLock
 from tables.settings import Settings
 from tables.topics import TopicConfig, new_topic
 
+if TYPE_CHECKING:
+    from ingest_api.broker import Broker
+
 
 class BrokerAccess(Protocol):
     def create_topic(self, name: str, partitions: int, config: dict[str, Any]) -> dict[str, Any]: ...
@@ -47,6 +49,11 @@ class EmbeddedAccess:
         self.settings = settings
 
     def _run(self, work: Any) -> Any:
+        # Imported here: the broker (numpy, the flusher, delta-rs) is most of a CLI's start-up,
+        # and commands that never open one (sql, the Spark jobs, --help) should not pay for it.
+        from ingest_api.broker import Broker
+        from ingest_api.metrics import IngestMetrics
+
         async def main() -> Any:
             broker = Broker(self.settings, IngestMetrics(CollectorRegistry()))
             await broker.start()

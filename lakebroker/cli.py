@@ -19,7 +19,7 @@ from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
 
-from ingest_api.broker import AckMode, NewMessage
+from ingest_api.messages import AckMode, NewMessage
 from lakebroker.access import broker_access
 from lakebroker.output import OutputFormat
 from spark_pipeline.extra import SPARK_MODULES, missing_spark_message

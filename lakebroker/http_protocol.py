@@ -36,9 +36,10 @@ import logging
 import orjson
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol, RequestResponseCycle
 
-from ingest_api.broker import AckMode, OneMessage
+from ingest_api.broker import OneMessage
 from ingest_api.fast_produce import FastProduce, FastRequest
 from ingest_api.limits import MAX_HEADER_BYTES
+from ingest_api.messages import AckMode
 from ingest_api.responses import Answer, json_answer
 from tables.errors import HeadersTooLarge, LakebrokerError, RequestTimeout
 from tables.settings import Settings

@@ -15,17 +15,19 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.dataset as pads
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from deltalake.exceptions import CommitFailedError, DeltaError
 from deltalake.schema import Schema
 
 from tables import storage
 from tables.schemas import HOT_PATH_TABLE_PROPERTIES, SCHEMA_VERSION_PROPERTY
+
+if TYPE_CHECKING:  # pyarrow.dataset imports pandas: a quarter second off every CLI start
+    import pyarrow.dataset as pads
 
 
 def load(uri: str, version: int | None = None) -> DeltaTable:

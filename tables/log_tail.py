@@ -17,7 +17,6 @@ from urllib.parse import unquote, urlsplit
 import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.dataset as pads
 import pyarrow.fs as pafs
 from deltalake import DeltaTable
 
@@ -101,6 +100,8 @@ class TopicLogTail:
         paths = [f.path for f in self.files(partition, start, end)]
         if not paths:
             return TOPIC_SCHEMA.empty_table()
+        import pyarrow.dataset as pads  # here, not at import: it imports pandas (CLI start-up)
+
         rows = pads.dataset(paths, schema=FILE_SCHEMA, format="parquet", filesystem=self.fs).to_table(
             filter=(pc.field("offset") >= start) & (pc.field("offset") < end))
         column = pa.array([partition] * rows.num_rows, pa.int32())

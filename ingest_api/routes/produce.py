@@ -17,10 +17,11 @@ from starlette.types import Receive, Scope, Send
 
 from ingest_api.asgi_route import AsgiRoute, header, parse_query, query_of, read_body, served_by
 from ingest_api.body import InvalidShape, batch_items, media_type, parse_message
-from ingest_api.broker import AckMode, Broker, ProduceResult
+from ingest_api.broker import Broker, ProduceResult
 from ingest_api.columnar import columns_of
 from ingest_api.deps import TopicPath
 from ingest_api.errors import error_response
+from ingest_api.messages import AckMode
 from ingest_api.responses import Answer, json_answer, send_answer, send_json
 from ingest_api.results_json import batch_results_json
 from ingest_api.schemas import (

@@ -21,9 +21,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ingest_api.auth import PrincipalDep
 from ingest_api.body import parse_json
-from ingest_api.broker import AckMode, NewMessage
 from ingest_api.deps import BrokerDep, TopicPath
 from ingest_api.errors import V2_MEDIA, V2_PARTITION_NOT_FOUND, v2_error
+from ingest_api.messages import AckMode, NewMessage
 from ingest_api.records import message_bytes
 from ingest_api.responses import JSONBytes
 from ingest_api.schemas import inline_schema

@@ -15,9 +15,10 @@ from fastapi.testclient import TestClient
 from prometheus_client import CollectorRegistry
 
 from ingest_api.body import batch_items
-from ingest_api.broker import AckMode, Broker, ProduceResult
+from ingest_api.broker import Broker, ProduceResult
 from ingest_api.chunks import BatchResults
 from ingest_api.columnar import columns_of
+from ingest_api.messages import AckMode
 from ingest_api.metrics import IngestMetrics
 from ingest_api.records import CHUNK_MAGIC
 from ingest_api.results_json import batch_results_json

@@ -8,7 +8,8 @@ import threading
 import pytest
 from prometheus_client import CollectorRegistry
 
-from ingest_api.broker import AckMode, Broker, NewMessage
+from ingest_api.broker import Broker
+from ingest_api.messages import AckMode, NewMessage
 from ingest_api.metrics import IngestMetrics
 from ingest_api.records import Record
 from tables import delta
