@@ -7,6 +7,7 @@ and stamps `replayed_at`.
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -43,6 +44,11 @@ def _quote(text: str) -> str:
 class DeadLetterTable:
     def __init__(self, layout: Layout) -> None:
         self.uri = layout.dead_letters_table
+        # A delivery worker asks for replay requests every second; the answer changes only with a
+        # commit, so it is kept with the snapshot it came from (pending_replays_all).
+        self._followed = delta.Follower(self.uri)
+        self._lock = threading.Lock()
+        self._pending: tuple[frozenset[str], dict[tuple[str, int], list[int]]] | None = None
 
     def _open(self) -> DeltaTable:
         return delta.ensure_table(self.uri, DEAD_LETTERS_SCHEMA, partition_by=None, version=DEAD_LETTERS_SCHEMA_VERSION)
@@ -107,16 +113,26 @@ class DeadLetterTable:
         return int(metrics.get("num_updated_rows", 0))
 
     def pending_replays_all(self, groups: set[str]) -> dict[tuple[str, int], list[int]]:
-        """Replay requests of these groups, by (group, partition): one read for a whole worker."""
-        table = delta.open_table(self.uri)
-        if table is None or not groups:
+        """Replay requests of these groups, by (group, partition): one read for a whole worker, and
+        none while the table has no new commit (one stat)."""
+        with self._lock:
+            return self._pending_replays(frozenset(groups))
+
+    def _pending_replays(self, asked: frozenset[str]) -> dict[tuple[str, int], list[int]]:
+        changed = self._followed.follow()
+        table = self._followed.table
+        if table is None or not asked:
             return {}
-        flt = (pc.field("group").isin(sorted(groups)) & pc.field("replay_requested_at").is_valid()
+        if not changed and self._pending is not None and self._pending[0] == asked:
+            return {pair: list(offsets) for pair, offsets in self._pending[1].items()}
+        flt = (pc.field("group").isin(sorted(asked)) & pc.field("replay_requested_at").is_valid()
                & pc.field("replayed_at").is_null())
         out: dict[tuple[str, int], list[int]] = {}
         for r in delta.read_rows(table, flt, columns=["group", "partition", "offset"]).to_pylist():
             out.setdefault((r["group"], r["partition"]), []).append(r["offset"])
-        return {k: sorted(v) for k, v in out.items()}
+        found = {k: sorted(v) for k, v in out.items()}
+        self._pending = (asked, found)
+        return {pair: list(offsets) for pair, offsets in found.items()}
 
     def pending_replays(self, group: str, partition: int) -> list[int]:
         table = delta.open_table(self.uri)

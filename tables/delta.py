@@ -11,7 +11,8 @@ code opens one, so every open gets the storage options of its URI.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -136,6 +137,42 @@ def open_table(uri: str) -> DeltaTable | None:
     return load(uri) if exists(uri) else None
 
 
+class Follower:
+    """A table kept open between reads, caught up only when its next commit file exists: one stat
+    (one HEAD on S3), where reloading lists the whole log. A snapshot not confirmed for
+    `recheck_after_s` is reloaded whole instead, since once a checkpoint's log cleanup has run, a
+    missing next commit file may be one the cleanup removed (state tables keep an hour of log)."""
+
+    def __init__(self, uri: str, *, recheck_after_s: float = 300.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.uri = uri
+        self.table: DeltaTable | None = None
+        self._recheck_after_s = recheck_after_s
+        self._clock = clock
+        self._confirmed_at = 0.0
+
+    def follow(self) -> bool:
+        """Bring `table` to the newest version (None: no table yet); whether it may have changed."""
+        now = self._clock()
+        if self.table is None or now - self._confirmed_at > self._recheck_after_s:
+            self.table = open_table(self.uri)
+            changed = True
+        elif has_commit(self.uri, self.table.version() + 1):
+            self.table.update_incremental()
+            changed = True
+        else:
+            changed = False
+        self._confirmed_at = now
+        return changed
+
+    def adopt(self, table: DeltaTable) -> None:
+        """A table this process just opened, created or wrote (so known to be current)."""
+        self.table, self._confirmed_at = table, self._clock()
+
+    def forget(self) -> None:
+        self.table = None
+
+
 def append(
     table: DeltaTable,
     data: pa.Table,
@@ -227,4 +264,12 @@ def read_offset_range(table: DeltaTable, partition: int, start: int, end: int,
 def read_rows(table: DeltaTable, filter_expr: pc.Expression, columns: list[str] | None = None) -> pa.Table:
     """Read rows matching a filter; partition and file statistics prune what is opened."""
     dataset: pads.Dataset = table.to_pyarrow_dataset()
-    return dataset.to_table(filter=filter_expr, columns=columns)
+    try:
+        return dataset.to_table(filter=filter_expr, columns=columns)
+    except (pa.ArrowNotImplementedError, pa.ArrowTypeError):
+        # A file rewritten by delta-rs's own DML (an UPDATE of several groups' dead letters) gets
+        # string_view statistics, which pyarrow cannot compare with a string filter when pruning
+        # ("no kernel matching input types (string, string_view)"). Such tables are the small
+        # system ones: read them unpruned and filter in memory.
+        rows = dataset.to_table().filter(filter_expr)
+        return rows.select(columns) if columns is not None else rows

@@ -36,7 +36,7 @@ from tables.schemas import STATE_TABLE_PROPERTIES
 Rows = list[dict[str, Any]]
 T = TypeVar("T")
 
-RECHECK_AFTER_S = 300.0  # well inside the hour STATE_TABLE_PROPERTIES keeps commit files
+RECHECK_AFTER_S = 300.0  # well inside the hour STATE_TABLE_PROPERTIES keeps commit files (delta.Follower)
 
 log = logging.getLogger(__name__)
 
@@ -49,12 +49,10 @@ class StateTable:
         self.schema = schema
         self.version = version
         self.properties = properties
-        self._clock = clock
         self._vacuum_every = int(properties.get("delta.checkpointInterval", "100"))  # after each log cleanup
         self._lock = threading.Lock()  # one snapshot, shared by the threads of a server
-        self._table: DeltaTable | None = None
+        self._snapshot = delta.Follower(uri, recheck_after_s=RECHECK_AFTER_S, clock=clock)
         self._data: pa.Table | None = None  # the snapshot's rows, read once per version
-        self._confirmed_at = 0.0  # when the snapshot was last known to be the newest
         self._ensured = False  # created, migrated to `version` and given `properties` (once per process)
 
     def read(self) -> Rows:
@@ -67,18 +65,21 @@ class StateTable:
         for attempt in range(attempts):
             with self._lock:
                 data = self._current(create=True)
-                assert data is not None and self._table is not None
+                table = self._snapshot.table
+                assert data is not None and table is not None
                 rows = data.to_pylist()
                 new_rows, result = change(rows)
                 if new_rows == rows:
                     return result
                 try:
-                    write_deltalake(self._table, pa.Table.from_pylist(new_rows, schema=self.schema), mode="overwrite",
+                    # On success the write moves `table` to its commit; on failure the next
+                    # attempt's follow() finds the winner's commit file and catches up.
+                    write_deltalake(table, pa.Table.from_pylist(new_rows, schema=self.schema), mode="overwrite",
                                     commit_properties=CommitProperties(max_commit_retries=0))
                 except CommitFailedError:
                     pass  # the next attempt catches up with the winner's commit
                 else:
-                    self._maintain()
+                    self._maintain(table)
                     return result
                 finally:
                     self._data = None  # whoever won, these rows are no longer the newest
@@ -87,37 +88,32 @@ class StateTable:
 
     def _current(self, *, create: bool) -> pa.Table | None:
         """The newest rows (None: no table and not `create`). Under the lock."""
-        now = self._clock()
         try:
             if create and not self._ensured:
-                self._table = delta.ensure_table(self.uri, self.schema, partition_by=None, version=self.version,
-                                                 properties=self.properties)
+                self._snapshot.adopt(delta.ensure_table(self.uri, self.schema, partition_by=None, version=self.version,
+                                                        properties=self.properties))
                 self._ensured, self._data = True, None
-            elif self._table is None or now - self._confirmed_at > RECHECK_AFTER_S:
-                self._table = delta.open_table(self.uri)
+            elif self._snapshot.follow():
                 self._data = None
-                if self._table is None:
-                    return None
-            elif self._data is None or delta.has_commit(self.uri, self._table.version() + 1):
-                self._table.update_incremental()
-                self._data = None
+            table = self._snapshot.table
+            if table is None:
+                return None
             if self._data is None:
-                self._data = self._table.to_pyarrow_table()
-            self._confirmed_at = now
+                self._data = table.to_pyarrow_table()
             return self._data
         except Exception:
-            self._table, self._data, self._ensured = None, None, False  # start afresh next time
+            self._snapshot.forget()  # start afresh next time
+            self._data, self._ensured = None, False
             raise
 
-    def _maintain(self) -> None:
+    def _maintain(self, table: DeltaTable) -> None:
         """After our commit: the writer of a checkpointed version deletes the data files that
         overwrites replaced more than the table's deletedFileRetentionDuration ago."""
-        assert self._table is not None
-        if self._table.version() % self._vacuum_every:
+        if table.version() % self._vacuum_every:
             return
         try:
             # A full vacuum (a listing): the checkpoint just written already dropped the expired
             # tombstones, so the log alone no longer names the files to delete.
-            self._table.vacuum(dry_run=False, full=True)
+            table.vacuum(dry_run=False, full=True)
         except (DeltaError, OSError) as exc:  # maintenance must never fail the change that triggered it
             log.warning("could not vacuum %s: %s", self.uri, exc)
