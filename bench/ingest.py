@@ -24,7 +24,7 @@ from typing import Any
 
 import orjson
 
-from bench.plan import Plan
+from bench.plan import CHECK_CONNECTIONS, Plan
 from bench.procs import REPO, BenchError, Server, create_topic, lakebroker_server, metrics
 from bench.wrk import LoadResult, closed_loop, have_wrk, write_script
 from tables.layout import Layout
@@ -145,6 +145,10 @@ class SingleResult:
 
     def best(self) -> SinglePoint:
         return max(self.points, key=lambda p: p.broker.ok_rps)
+
+    def checked(self) -> SinglePoint:
+        """The point the target is judged at: CHECK_CONNECTIONS, or the best if the plan has none."""
+        return next((p for p in self.points if p.connections == CHECK_CONNECTIONS), self.best())
 
 
 def single_produce(plan: Plan, baseline: Server, floor: Server, work: Path,

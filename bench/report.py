@@ -9,10 +9,11 @@ from bench.flush import FlushRow, server_flush
 from bench.ingest import BatchResult, Measured, SingleResult, VisibilityRun, percentile
 from bench.machine import Machine
 from bench.plan import (
+    CHECK_CONNECTIONS,
     TARGET_BATCH_MSG_S,
     TARGET_FLUSH_ROWS_S,
     TARGET_KEYED_BATCH_MSG_S,
-    TARGET_SINGLE_MSG_S,
+    TARGET_SINGLE_RATIO,
     TARGET_VISIBLE_P99_S,
     Plan,
 )
@@ -138,13 +139,14 @@ def _visibility_limit(run: VisibilityRun) -> str:
 def summary(results: Results) -> str:
     rows = []
     if results.single is not None:
-        best = results.single.best()
+        at = results.single.checked()
+        met = at.ratio >= TARGET_SINGLE_RATIO
         rows.append([
-            "1. single-message produce, ack=wal", f"{n(best.broker.ok_rps)} msg/s at {best.connections} connections "
-            f"({best.broker.cpu_us_per_request:,.0f} µs of server CPU per message)",
-            f"{r2(best.ratio)}x bare ASGI ({n(best.baseline.rps)} req/s)", f"≥ {n(TARGET_SINGLE_MSG_S)} msg/s",
-            _status(best.broker.ok_rps >= TARGET_SINGLE_MSG_S),
-            "" if best.broker.ok_rps >= TARGET_SINGLE_MSG_S else _single_limit(results),
+            "1. single-message produce, ack=wal", f"{n(at.broker.ok_rps)} msg/s at {at.connections} connections "
+            f"({at.broker.cpu_us_per_request:,.0f} µs of server CPU per message)",
+            f"{r2(at.ratio)}x bare ASGI ({n(at.baseline.rps)} req/s)",
+            f"≥ {TARGET_SINGLE_RATIO:g}x bare ASGI at {at.connections} connections", _status(met),
+            "" if met else _single_limit(results),
         ])
     for keyed, label, target in ((False, "2. batch produce, 100-byte values", TARGET_BATCH_MSG_S),
                                  (True, "2. batch produce, keyed (murmur2)", TARGET_KEYED_BATCH_MSG_S)):
@@ -298,7 +300,9 @@ def single_section(results: Results) -> str:
     return f"""## 1. Single-message produce (ack=wal)
 
 `POST /v1/topics/bench/messages` with a {len(_single_body())}-byte JSON body (`application/json`), keyless,
-3 partitions, ack=wal (answered after the WAL group commit's fdatasync). Target: ≥ {n(TARGET_SINGLE_MSG_S)} msg/s.
+3 partitions, ack=wal (answered after the WAL group commit's fdatasync). Target (issue 11):
+≥ {TARGET_SINGLE_RATIO:g}x the bare ASGI app in the same run, judged at {CHECK_CONNECTIONS} connections
+(the issue checks with `wrk -t1 -c{CHECK_CONNECTIONS}`).
 
 {sweep}
 

@@ -237,6 +237,9 @@ def main(argv: list[str] | None = None) -> None:
         return
     mode = "quick" if args.quick else "tiny" if args.tiny else "full"
     command = {"quick": "make bench-quick", "full": "make bench"}.get(mode, "python -m bench.run --tiny")
+    if args.no_external and mode != "tiny":
+        # Say so: the other engineers' sections then come from their own last runs, each dated.
+        command = f"python -m bench.run{' --quick' if args.quick else ''} --no-external"
     run(mode, args.out, args.img_dir, args.docs_dir, external=not args.no_external, keep_work=args.keep_work,
         command=command)
 
