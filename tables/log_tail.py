@@ -7,10 +7,17 @@ it added and removed, with their offset statistics, and the txn versions that ar
 partitions' log ends. This index reads just the new commit files, and rebuilds itself from
 delta-rs when it cannot: on first use, or when the commits it needs were cleaned up behind a
 newer checkpoint.
+
+An idle poll is one failed open of the next commit file. Whether a newer checkpoint let the log
+cleanup remove that file is asked (one more read: a GET on S3) only once every
+CHECKPOINT_RECHECK_S: a commit is removed only once it is older than the table's log retention
+(30 days unless set), so a tail that keeps polling cannot lose one between two of its looks.
 """
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from urllib.parse import unquote, urlsplit
 
@@ -23,6 +30,7 @@ from deltalake import DeltaTable
 from tables import delta, storage
 from tables.schemas import TOPIC_SCHEMA
 
+CHECKPOINT_RECHECK_S = 30.0
 FILE_SCHEMA = pa.schema([f for f in TOPIC_SCHEMA if f.name != "partition"])  # Hive-style: not in the files
 
 
@@ -37,7 +45,7 @@ class DataFile:
 class TopicLogTail:
     """The live data files and txn versions of one topic table, at `version`. Blocking I/O."""
 
-    def __init__(self, uri: str) -> None:
+    def __init__(self, uri: str, clock: Callable[[], float] = time.monotonic) -> None:
         # A local path (delta-rs may spell it as a file: URI) or an s3:// table, read through pyarrow.
         self.uri = unquote(urlsplit(uri).path) if uri.startswith("file:") else uri
         fs, self.root = storage.filesystem(self.uri)
@@ -49,16 +57,22 @@ class TopicLogTail:
         self._snapshot: DeltaTable | None = None  # answers txns no commit since the rebuild touched
         self._unset: set[str] = set()  # txns the snapshot does not have
         self._exact = True  # False once deletion vectors appear: then every read goes through delta-rs
+        self._clock = clock
+        self._checkpoint_checked_at = -float("inf")  # when _fell_behind_a_checkpoint last ran
 
     def refresh(self) -> int:
         """Catch up with the newest commit; returns the version (-1: there is no table yet)."""
-        if self.version < 0 or not self._exact or self._fell_behind_a_checkpoint():
+        if self.version < 0 or not self._exact:
             return self._rebuild()
         while True:
             try:
                 commit = self._read(f"_delta_log/{self.version + 1:020d}.json")
             except FileNotFoundError:
-                return self.version
+                now = self._clock()
+                if now - self._checkpoint_checked_at < CHECKPOINT_RECHECK_S:
+                    return self.version  # no new commit: none can have been cleaned up since the last look
+                self._checkpoint_checked_at = now
+                return self._rebuild() if self._fell_behind_a_checkpoint() else self.version
             if not self._apply(commit):
                 return self._rebuild()
             self.version += 1

@@ -5,10 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pyarrow.compute as pc
+import pytest
 from deltalake import DeltaTable
 
 from tables import delta
-from tables.log_tail import TopicLogTail
+from tables.log_tail import CHECKPOINT_RECHECK_S, TopicLogTail
 from tables.schemas import TOPIC_SCHEMA
 from tests.spark_pipeline.topics import create_topic, produce, settings_for, table
 
@@ -90,6 +91,34 @@ def test_falling_behind_a_checkpoint_and_log_cleanup_rebuilds_from_delta(tmp_pat
     assert tail.refresh() == table(settings, "t").version()
     assert tail.txn(delta.partition_app_id(0)) == 50
     assert [r["offset"] for r in tail_rows(tail, 0, 0, 50)] == list(range(50))
+
+
+def test_an_idle_poll_is_one_read_and_the_checkpoint_is_looked_at_every_30_s(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A delivery worker polls each topic several times a second: on S3 every read is a GET."""
+    settings = settings_for(tmp_path)
+    create_topic(settings, "t", partitions=1)
+    uri = str(table(settings, "t").table_uri)
+    produce(settings, "t", 0, 10)
+    now = [0.0]
+    tail = TopicLogTail(uri, clock=lambda: now[0])
+    version = tail.refresh()
+    reads: list[str] = []
+    original = tail._read
+    monkeypatch.setattr(tail, "_read", lambda relative: reads.append(relative) or original(relative))
+
+    for _ in range(5):
+        assert tail.refresh() == version
+    checkpoint = "_delta_log/_last_checkpoint"
+    assert reads.count(checkpoint) == 1  # the first idle poll looks; the next four only try the next commit
+    assert len(reads) == 6
+    now[0] += CHECKPOINT_RECHECK_S
+    assert tail.refresh() == version
+    assert reads.count(checkpoint) == 2
+
+    produce(settings, "t", 0, 10)  # a new commit is read at the next poll, whenever the last look was
+    assert tail.refresh() == version + 1
+    assert tail.txn(delta.partition_app_id(0)) == 20
 
 
 def test_no_table_yet_is_version_minus_one_and_no_rows(tmp_path: Path) -> None:
