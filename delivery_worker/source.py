@@ -41,13 +41,14 @@ class SharedLogTail:
                 return 0
             return self._tail.txn(delta.partition_app_id(partition)) or 0
 
-    def known_log_end(self, partition: int) -> int | None:
-        """The partition's log end as of the last refresh, without I/O; None if that would take
-        I/O (no table yet, or a txn not read yet) or another thread holds the tail."""
+    def known_log_end(self, partition: int, within_s: float) -> int | None:
+        """The partition's log end as of a refresh begun less than `within_s` ago, without I/O;
+        None if the last refresh is older, if the answer would take I/O (no table yet, or a txn
+        not read yet), or if another thread holds the tail."""
         if not self._lock.acquire(blocking=False):
             return None
         try:
-            if self._tail.version < 0:
+            if self._tail.version < 0 or time.monotonic() - self.refreshed_at >= within_s:
                 return None
             return self._tail.known_txn(delta.partition_app_id(partition))
         finally:
@@ -100,9 +101,7 @@ class PartitionSource:
 
     def known_log_end(self, within_s: float) -> int | None:
         """The log end another pipeline on this table saw less than `within_s` ago, without I/O."""
-        if time.monotonic() - self.tail.refreshed_at >= within_s:
-            return None
-        return self.tail.known_log_end(self.partition)
+        return self.tail.known_log_end(self.partition, within_s)
 
     def log_start(self, log_end: int) -> int:
         """The lowest offset still in the table (retention moves it up), as of the last refresh."""

@@ -96,12 +96,13 @@ def ensure_table(uri: str, schema: pa.Schema, *, partition_by: list[str] | None,
             table = load(uri)  # another process created the table and set it first
     if int(table.metadata().configuration.get(SCHEMA_VERSION_PROPERTY) or version) < version:
         table = _migrate(uri, table, schema, version)
+    wanted = dict(properties or {})
     for _ in range(5):  # a busy table's writers can win a few times in a row
         configuration = table.metadata().configuration
-        if all(configuration.get(key) == value for key, value in (properties or {}).items()):
+        if all(configuration.get(key) == value for key, value in wanted.items()):
             break
         with contextlib.suppress(CommitFailedError, DeltaError):
-            table.alter.set_table_properties(dict(properties or {}), raise_if_not_exists=False)
+            table.alter.set_table_properties(wanted, raise_if_not_exists=False)
         table = load(uri)
     return table
 

@@ -77,7 +77,7 @@ class StateTable:
                     write_deltalake(table, pa.Table.from_pylist(new_rows, schema=self.schema), mode="overwrite",
                                     commit_properties=CommitProperties(max_commit_retries=0))
                 except CommitFailedError:
-                    pass  # the next attempt catches up with the winner's commit
+                    pass
                 else:
                     self._maintain(table)
                     return result
