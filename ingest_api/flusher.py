@@ -93,7 +93,7 @@ class Flusher:
         self._wake = asyncio.Event()
         self._closing = False
         self.commit_lock = asyncio.Lock()
-        self._tables: dict[str, DeltaTable] = {}  # by topic id
+        self._tables: dict[str, delta.KeptTable] = {}  # by topic id
         # By topic id: each partition's log-end txn version as read from the table, then as this flusher's
         # own commits set it (no other writer sets these appIds). Reading it costs delta-rs a replay of the
         # log since the last checkpoint per partition (~6 ms for 4 at 95 versions); dropped on any failure.
@@ -234,15 +234,14 @@ class Flusher:
         return True
 
     def _table(self, topic: TopicConfig) -> DeltaTable:
-        table = self._tables.get(topic.topic_id)
-        if table is None:
-            table = delta.ensure_table(self._layout.topic_table(topic.name), TOPIC_SCHEMA,
-                                       partition_by=TOPIC_PARTITION_COLUMNS, version=TOPIC_SCHEMA_VERSION)
-            self._tables[topic.topic_id] = table
+        kept = self._tables.get(topic.topic_id)
+        if kept is None:
+            uri = self._layout.topic_table(topic.name)
+            kept = self._tables[topic.topic_id] = delta.KeptTable(uri, delta.ensure_table(
+                uri, TOPIC_SCHEMA, partition_by=TOPIC_PARTITION_COLUMNS, version=TOPIC_SCHEMA_VERSION))
             self._metrics.flush_errors.labels(topic.name)  # starts at zero, visible before a failure
-        else:
-            table.update_incremental()
-        return table
+            return kept.table
+        return kept.current()
 
     def _commit(self, topic: TopicConfig, records: list[Record | Chunk]) -> dict[int, int]:
         try:

@@ -138,11 +138,39 @@ def open_table(uri: str) -> DeltaTable | None:
     return load(uri) if exists(uri) else None
 
 
+# delta-rs (1.6) keeps an open table's file list as one Arrow batch per commit it applied since it
+# was loaded (its own writes and update_incremental alike), and every commit re-scans them all: a
+# handle kept open for N commits pays CPU in N at each commit (bench/commit_cost.py: 30 ms per
+# flush commit when fresh, 110 ms after 500). A fresh load starts from the newest checkpoint, so
+# handles kept across commits are reloaded after this many: at most ~8 ms of growth, and one load
+# (~30 ms) per 50 commits.
+RELOAD_AFTER_VERSIONS = 50
+
+
+class KeptTable:
+    """A table kept open across commits: caught up before each use, reloaded every
+    RELOAD_AFTER_VERSIONS versions (see above)."""
+
+    def __init__(self, uri: str, table: DeltaTable) -> None:
+        self.uri = uri
+        self.table = table
+        self._loaded = table.version()
+
+    def current(self) -> DeltaTable:
+        if self.table.version() - self._loaded >= RELOAD_AFTER_VERSIONS:
+            self.table = load(self.uri)
+            self._loaded = self.table.version()
+        else:
+            self.table.update_incremental()
+        return self.table
+
+
 class Follower:
     """A table kept open between reads, caught up only when its next commit file exists: one stat
     (one HEAD on S3), where reloading lists the whole log. A snapshot not confirmed for
     `recheck_after_s` is reloaded whole instead, since once a checkpoint's log cleanup has run, a
-    missing next commit file may be one the cleanup removed (state tables keep an hour of log)."""
+    missing next commit file may be one the cleanup removed (state tables keep an hour of log); so
+    is one RELOAD_AFTER_VERSIONS past its load."""
 
     def __init__(self, uri: str, *, recheck_after_s: float = 300.0,
                  clock: Callable[[], float] = time.monotonic) -> None:
@@ -151,12 +179,15 @@ class Follower:
         self._recheck_after_s = recheck_after_s
         self._clock = clock
         self._confirmed_at = 0.0
+        self._loaded = -1  # the version `table` was loaded at
 
     def follow(self) -> bool:
         """Bring `table` to the newest version (None: no table yet); whether it may have changed."""
         now = self._clock()
-        if self.table is None or now - self._confirmed_at > self._recheck_after_s:
+        if self.table is None or now - self._confirmed_at > self._recheck_after_s \
+                or self.table.version() - self._loaded >= RELOAD_AFTER_VERSIONS:
             self.table = open_table(self.uri)
+            self._loaded = -1 if self.table is None else self.table.version()
             changed = True
         elif has_commit(self.uri, self.table.version() + 1):
             self.table.update_incremental()
@@ -167,8 +198,8 @@ class Follower:
         return changed
 
     def adopt(self, table: DeltaTable) -> None:
-        """A table this process just opened, created or wrote (so known to be current)."""
-        self.table, self._confirmed_at = table, self._clock()
+        """A table this process just opened or created (so known to be current)."""
+        self.table, self._confirmed_at, self._loaded = table, self._clock(), table.version()
 
     def forget(self) -> None:
         self.table = None

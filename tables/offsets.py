@@ -80,15 +80,14 @@ class OffsetsTable:
         self.uri = layout.offsets_table
         self.layout = layout
         self._leases = StateTable(layout.leases_table, LEASES_SCHEMA, LEASES_SCHEMA_VERSION)
-        self._table: DeltaTable | None = None
+        self._table: delta.KeptTable | None = None
 
     def _open(self) -> DeltaTable:
         if self._table is None:
-            self._table = delta.ensure_table(self.uri, OFFSETS_SCHEMA, partition_by=None,
-                                             version=OFFSETS_SCHEMA_VERSION)
-        else:
-            self._table.update_incremental()
-        return self._table
+            self._table = delta.KeptTable(self.uri, delta.ensure_table(self.uri, OFFSETS_SCHEMA, partition_by=None,
+                                                                       version=OFFSETS_SCHEMA_VERSION))
+            return self._table.table
+        return self._table.current()
 
     def commit(self, group: str, topic: str, offsets: Mapping[int, int], reason: OffsetReason, *,
                fence: Fence | None = None) -> None:

@@ -129,3 +129,35 @@ def test_a_snapshot_older_than_the_log_cleanup_is_reloaded_not_trusted(tmp_path:
     assert not delta.has_commit(uri, seen + 1)
     now[0] += RECHECK_AFTER_S + 1
     assert reader.read() == [{"name": "a", "n": 24}]
+
+
+def test_a_kept_table_catches_up_and_is_reloaded_every_reload_after_versions(tmp_path: Path) -> None:
+    """delta-rs re-scans one batch per commit an open handle applied since its load: a kept handle
+    is replaced by a fresh load every RELOAD_AFTER_VERSIONS, and caught up in between."""
+    uri = str(tmp_path / "t")
+    schema = pa.schema([pa.field("n", pa.int64())])
+    kept = delta.KeptTable(uri, delta.ensure_table(uri, schema, partition_by=None, version=1))
+    first, loaded = kept.table, kept.table.version()
+    delta.append(delta.load(uri), pa.table({"n": [0]}, schema=schema))  # another writer
+    assert kept.current() is first and first.version() == loaded + 1  # caught up, same handle
+    while first.version() < loaded + delta.RELOAD_AFTER_VERSIONS - 1:
+        delta.append(kept.current(), pa.table({"n": [first.version()]}, schema=schema))
+    assert kept.current() is first  # RELOAD_AFTER_VERSIONS - 1 past its load: kept
+    delta.append(first, pa.table({"n": [-1]}, schema=schema))
+    reloaded = kept.current()
+    assert reloaded is not first and reloaded.version() == loaded + delta.RELOAD_AFTER_VERSIONS
+    assert kept.current() is reloaded
+    assert reloaded.to_pyarrow_table().num_rows == delta.RELOAD_AFTER_VERSIONS
+
+
+def test_a_state_tables_handle_is_reloaded_after_reload_after_versions_of_its_own_writes(tmp_path: Path) -> None:
+    table = StateTable(str(tmp_path / "s"), SCHEMA, 1)
+    table.mutate(lambda rows: ([{"name": "a", "n": 0}], None))
+    first = table._snapshot.table
+    assert first is not None
+    start = first.version()
+    for i in range(1, delta.RELOAD_AFTER_VERSIONS + 1):
+        table.mutate(lambda rows, i=i: ([{"name": "a", "n": i}], None))
+    assert first.version() >= start + delta.RELOAD_AFTER_VERSIONS - 1
+    assert table._snapshot.table is not first  # a fresh load, not the handle that applied 50 commits
+    assert table.read() == [{"name": "a", "n": delta.RELOAD_AFTER_VERSIONS}]

@@ -1,0 +1,131 @@
+"""CPU of one small flush commit as a topic table's versions pile up, with the handle kept open.
+
+The flusher commits every `flush_interval_ms` (100 ms) while messages arrive, one Delta version
+each, through a DeltaTable it keeps open. delta-rs (1.6) keeps such a handle's file list as one
+Arrow batch per commit applied since it was loaded and re-scans them all at every commit, so the
+cost of a commit grows with the handle's age. This measures the process CPU of
+`tables.delta.append` (4 partitions x 250 rows, with the txn actions, as the flusher commits) on
+two tables committed in lockstep: one through a handle opened once (delta-rs as is), one through
+`tables.delta.KeptTable` (reloaded every RELOAD_AFTER_VERSIONS, as the flusher does). Each point
+alternates the two (A-B, B-A), so the ratio holds on a noisy machine. Bounded: `--versions` of
+`--commits` commits each.
+
+    .venv/bin/python -m bench.commit_cost [--versions 20,300,600] [--commits 10]
+"""
+
+from __future__ import annotations
+
+import argparse
+import resource
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow as pa
+
+from tables import delta
+from tables.schemas import TOPIC_PARTITION_COLUMNS, TOPIC_SCHEMA, TOPIC_SCHEMA_VERSION
+
+PARTITIONS = 4
+ROWS = 250  # per partition and commit: 1,000 rows, about 100 ms of single produce at 10k msg/s
+VALUE = b"v" * 100
+
+
+def _cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)  # every thread: delta-rs works in its own
+    return usage.ru_utime + usage.ru_stime
+
+
+class _Topic:
+    """A topic table and the next offset of each partition, committed as the flusher does."""
+
+    def __init__(self, uri: Path, *, reload: bool) -> None:
+        self.uri = uri
+        table = delta.ensure_table(str(uri), TOPIC_SCHEMA, partition_by=TOPIC_PARTITION_COLUMNS,
+                                   version=TOPIC_SCHEMA_VERSION)
+        self.kept = delta.KeptTable(str(uri), table) if reload else None
+        self.table = table
+        self.next = [0] * PARTITIONS
+
+    def commit(self) -> None:
+        now = time.time_ns() // 1000
+        columns: dict[str, pa.Array] = {
+            "partition": pa.array([p for p in range(PARTITIONS) for _ in range(ROWS)], pa.int32()),
+            "offset": pa.array([o for p in range(PARTITIONS) for o in range(self.next[p], self.next[p] + ROWS)],
+                               pa.int64()),
+            "timestamp": pa.array([now] * (PARTITIONS * ROWS), pa.timestamp("us", tz="UTC")),
+            "key": pa.array(["user-1"] * (PARTITIONS * ROWS), pa.string()),
+            "value": pa.array([VALUE] * (PARTITIONS * ROWS), pa.binary()),
+            "format": pa.array(["text"] * (PARTITIONS * ROWS), pa.string()),
+        }
+        data = pa.table({f.name: columns.get(f.name, pa.nulls(PARTITIONS * ROWS, f.type)) for f in TOPIC_SCHEMA},
+                        schema=TOPIC_SCHEMA)
+        for p in range(PARTITIONS):
+            self.next[p] += ROWS
+        if self.kept is not None:
+            self.table = self.kept.current()
+        delta.append(self.table, data, txns={delta.partition_app_id(p): self.next[p] for p in range(PARTITIONS)},
+                     metadata={"lakebroker.operation": "flush"})
+
+    def cpu_per_commit_ms(self, commits: int) -> float:
+        before = _cpu_s()
+        for _ in range(commits):
+            self.commit()
+        return (_cpu_s() - before) * 1000 / commits
+
+
+@dataclass
+class Point:
+    version: int
+    kept_open_ms: float  # CPU per commit through one handle opened at version 0
+    reloaded_ms: float  # the same through KeptTable
+
+    @property
+    def ratio(self) -> float:
+        return self.kept_open_ms / self.reloaded_ms if self.reloaded_ms else 0.0
+
+
+def measure(versions: list[int], commits: int, work: Path) -> list[Point]:
+    kept_open, reloaded = _Topic(work / "kept-open", reload=False), _Topic(work / "reloaded", reload=True)
+    points = []
+    for target in sorted(versions):
+        while kept_open.table.version() < target:
+            kept_open.commit()
+            reloaded.commit()
+        version = kept_open.table.version()
+        cost: dict[str, list[float]] = {"open": [], "reloaded": []}
+        for k in range(2):  # A-B then B-A: the machine's drift falls on both
+            pairs = [("open", kept_open), ("reloaded", reloaded)]
+            for name, topic in pairs if k == 0 else reversed(pairs):
+                cost[name].append(topic.cpu_per_commit_ms(commits))
+        points.append(Point(version, sum(cost["open"]) / 2, sum(cost["reloaded"]) / 2))
+    return points
+
+
+def report(points: list[Point], commits: int) -> str:
+    lines = [f"Flush commit CPU as versions pile up ({PARTITIONS} partitions x {ROWS} rows per commit, "
+             f"{2 * commits} commits per cell, process CPU of every thread; reload every "
+             f"{delta.RELOAD_AFTER_VERSIONS} versions):", "",
+             "| table version | handle opened once, ms/commit | KeptTable (as the flusher), ms/commit | ratio |",
+             "|---|---|---|---|"]
+    for p in points:
+        lines.append(f"| {p.version} | {p.kept_open_ms:.1f} | {p.reloaded_ms:.1f} | {p.ratio:.1f}x |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--versions", default="20,300,600", help="table versions to measure at (comma-separated)")
+    parser.add_argument("--commits", type=int, default=10, help="commits per measurement")
+    args = parser.parse_args(argv)
+    versions = [int(x) for x in args.versions.split(",") if x.strip()]
+    if not versions or min(versions) < 1 or max(versions) > 5000 or not 1 <= args.commits <= 100:
+        parser.error("--versions: 1..5000 each; --commits: 1..100")
+    with tempfile.TemporaryDirectory(prefix="lakebroker-commit-cost-") as work:
+        print(report(measure(versions, args.commits, Path(work)), args.commits))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
