@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
+from deltalake import CommitProperties, DeltaTable, PostCommitHookProperties, Transaction, write_deltalake
 from deltalake.exceptions import CommitFailedError, DeltaError
 from deltalake.schema import Schema
 
@@ -145,6 +145,7 @@ def open_table(uri: str) -> DeltaTable | None:
 # handles kept across commits are reloaded after this many: at most ~8 ms of growth, and one load
 # (~30 ms) per 50 commits.
 RELOAD_AFTER_VERSIONS = 50
+DELTA_RS_CHECKPOINT_INTERVAL = 100  # delta-rs's default delta.checkpointInterval
 
 
 class KeptTable:
@@ -218,7 +219,20 @@ def append(
         custom_metadata=dict(metadata) if metadata else None,
         max_commit_retries=100,
     )
-    write_deltalake(table, data, mode="append", commit_properties=props)
+    write_deltalake(table, data, mode="append", commit_properties=props, post_commithook_properties=commit_hooks(table))
+
+
+def commit_hooks(table: DeltaTable) -> PostCommitHookProperties:
+    """delta-rs's post-commit hooks for the next commit to `table`. Its expired-log cleanup lists
+    the whole `_delta_log` after every commit (a stat per entry locally, a LIST request per 1,000
+    entries on S3), and a topic table keeps 30 days of 100 ms commits there. Only a checkpoint lets
+    the cleanup delete anything new, so it runs with the commit that writes one (delta-rs writes a
+    checkpoint at version v when v + 1 is a multiple of the interval)."""
+    config = table.metadata().configuration
+    interval = int(config.get("delta.checkpointInterval") or DELTA_RS_CHECKPOINT_INTERVAL)
+    checkpoints = (table.version() + 2) % interval == 0  # the next version, if no one commits first
+    cleanup = checkpoints and (config.get("delta.enableExpiredLogCleanup") or "true").lower() == "true"
+    return PostCommitHookProperties(create_checkpoint=True, cleanup_expired_logs=cleanup)
 
 
 def overwrite(table: DeltaTable, data: pa.Table) -> None:

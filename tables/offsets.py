@@ -127,7 +127,8 @@ class OffsetsTable:
             )
             try:
                 write_deltalake(table, rows, mode="append", commit_properties=CommitProperties(
-                    custom_metadata={"lakebroker.operation": f"offsets-{reason.value}"}, max_commit_retries=0))
+                    custom_metadata={"lakebroker.operation": f"offsets-{reason.value}"}, max_commit_retries=0),
+                    post_commithook_properties=delta.commit_hooks(table))
                 return
             except CommitFailedError:
                 time.sleep(random.uniform(0, 0.005 * (attempt + 1)))

@@ -75,7 +75,8 @@ class StateTable:
                     # On success the write moves `table` to its commit; on failure the next
                     # attempt's follow() finds the winner's commit file and catches up.
                     write_deltalake(table, pa.Table.from_pylist(new_rows, schema=self.schema), mode="overwrite",
-                                    commit_properties=CommitProperties(max_commit_retries=0))
+                                    commit_properties=CommitProperties(max_commit_retries=0),
+                                    post_commithook_properties=delta.commit_hooks(table))
                 except CommitFailedError:
                     pass
                 else:

@@ -161,3 +161,24 @@ def test_a_state_tables_handle_is_reloaded_after_reload_after_versions_of_its_ow
     assert first.version() >= start + delta.RELOAD_AFTER_VERSIONS - 1
     assert table._snapshot.table is not first  # a fresh load, not the handle that applied 50 commits
     assert table.read() == [{"name": "a", "n": delta.RELOAD_AFTER_VERSIONS}]
+
+
+def test_expired_logs_are_cleaned_with_the_commits_that_checkpoint_and_only_then(tmp_path: Path) -> None:
+    """delta-rs's cleanup lists the whole log: commit_hooks asks for it on checkpoint commits only,
+    and the log is still cleaned there."""
+    uri = str(tmp_path / "t")
+    schema = pa.schema([pa.field("n", pa.int64())])
+    table = delta.ensure_table(uri, schema, partition_by=None, version=1, properties={
+        "delta.checkpointInterval": "5", "delta.logRetentionDuration": "interval 0 seconds"})
+    asked = {}
+    while table.version() < 12:
+        asked[table.version() + 1] = delta.commit_hooks(table).cleanup_expired_logs
+        delta.append(table, pa.table({"n": [table.version()]}, schema=schema))
+    assert {v for v, cleanup in asked.items() if cleanup} == {v for v in asked if (v + 1) % 5 == 0} == {4, 9}
+    log = tmp_path / "t" / "_delta_log"
+    assert sorted(int(p.name[:20]) for p in log.glob("*.json")) == [9, 10, 11, 12]  # cleaned at checkpoint 9
+    assert delta.load(uri).to_pyarrow_table().num_rows == len(asked)
+    table.alter.set_table_properties({"delta.enableExpiredLogCleanup": "false"})
+    while (table.version() + 2) % 5:
+        delta.append(table, pa.table({"n": [0]}, schema=schema))
+    assert delta.commit_hooks(table).cleanup_expired_logs is False  # a table that opted out stays out
