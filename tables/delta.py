@@ -148,6 +148,11 @@ RELOAD_AFTER_VERSIONS = 50
 DELTA_RS_CHECKPOINT_INTERVAL = 100  # delta-rs's default delta.checkpointInterval
 
 
+def _aged(table: DeltaTable, loaded: int) -> bool:
+    """Whether a handle loaded at version `loaded` has applied RELOAD_AFTER_VERSIONS commits since."""
+    return table.version() - loaded >= RELOAD_AFTER_VERSIONS
+
+
 class KeptTable:
     """A table kept open across commits: caught up before each use, reloaded every
     RELOAD_AFTER_VERSIONS versions (see above)."""
@@ -158,7 +163,7 @@ class KeptTable:
         self._loaded = table.version()
 
     def current(self) -> DeltaTable:
-        if self.table.version() - self._loaded >= RELOAD_AFTER_VERSIONS:
+        if _aged(self.table, self._loaded):
             self.table = load(self.uri)
             self._loaded = self.table.version()
         else:
@@ -186,7 +191,7 @@ class Follower:
         """Bring `table` to the newest version (None: no table yet); whether it may have changed."""
         now = self._clock()
         if self.table is None or now - self._confirmed_at > self._recheck_after_s \
-                or self.table.version() - self._loaded >= RELOAD_AFTER_VERSIONS:
+                or _aged(self.table, self._loaded):
             self.table = open_table(self.uri)
             self._loaded = -1 if self.table is None else self.table.version()
             changed = True
