@@ -26,7 +26,7 @@ def main() -> None:
     from delivery_worker.metrics import DeliveryMetrics
     from delivery_worker.runner import run_until_stopped
     from delivery_worker.worker import DeliveryWorker
-    from tables.logs import configure_logging
+    from tables.logs import configure_logging, exit_without_teardown
     from tables.settings import Settings
 
     settings = Settings.model_validate(order["settings"])
@@ -35,6 +35,7 @@ def main() -> None:
     logging.getLogger("delivery_worker.child").info("delivery worker %s (pid %d) started for serve %d",
                                                     worker.worker_id, os.getpid(), order["parent_pid"])
     uvloop.run(run_until_stopped(worker, parent_pid=order["parent_pid"]))
+    exit_without_teardown(0)
 
 
 if __name__ == "__main__":

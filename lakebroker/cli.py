@@ -7,7 +7,6 @@ Every command answers bad input with a one-line reason on stderr and a non-zero 
 from __future__ import annotations
 
 import functools
-import logging
 import os
 import sys
 from importlib.metadata import PackageNotFoundError, version
@@ -25,6 +24,7 @@ from lakebroker.output import OutputFormat
 from spark_pipeline.extra import SPARK_MODULES, missing_spark_message
 from tables.errors import LakebrokerError
 from tables.layout import Layout, validate_name
+from tables.logs import exit_without_teardown
 from tables.message_format import from_json_value
 from tables.settings import AuthMode, Settings
 from tables.topics import CleanupPolicy, TopicStore
@@ -41,7 +41,6 @@ err = Console(stderr=True)
 
 class _State:
     settings: Settings
-    server = False  # serve and deliver: processes whose shutdown runs its whole course
 
 
 state = _State()
@@ -192,7 +191,6 @@ def serve(
         help="API tokens: auto is required unless HOST is loopback (default: the auth setting).")] = None,
 ) -> None:
     """Run the ingest API and the background workers on this data dir."""
-    state.server = True
     from lakebroker.server import run_server
 
     overrides = {"host": host, "port": port, "auth": auth}
@@ -205,7 +203,6 @@ def deliver(
     metrics_port: Annotated[int | None, typer.Option(help="Serve Prometheus /metrics on this port.")] = None,
 ) -> None:
     """Run a delivery worker alone; several share a subscription's partitions through leases."""
-    state.server = True
     import asyncio
     import contextlib
 
@@ -280,17 +277,10 @@ def main() -> None:
         code = done.code
     else:
         code = 0
-    if state.server:
-        sys.exit(code)
     if isinstance(code, str):  # what sys.exit("...") prints before exiting 1
         print(code, file=sys.stderr)
-    # A command's work is done and printed. Arrow's C++ thread pools can still abort the process in
-    # the interpreter's teardown ("terminate called without an active exception", apache/arrow#34314;
-    # seen once in `lakebroker compact`): flush what it wrote, and exit without that teardown.
-    logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code if isinstance(code, int) else 1 if code else 0)
+    # Every command, serve and deliver included, has finished its own shutdown by now.
+    exit_without_teardown(code if isinstance(code, int) else 1 if code else 0)
 
 
 def _run() -> None:

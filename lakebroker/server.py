@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import signal
 import socket
 from typing import Any
 
@@ -33,6 +34,10 @@ UVICORN_LIMITS: dict[str, Any] = {
     "timeout_graceful_shutdown": 10,  # on SIGTERM, requests in flight get 10 s to finish
     "server_header": False,  # do not advertise the server software and version
 }
+
+
+def _already_shut_down(signum: int, frame: object) -> None:
+    """uvicorn has already shut down on this signal: nothing more to do."""
 
 
 def run_server(settings: Settings) -> None:
@@ -78,6 +83,11 @@ def run_server(settings: Settings) -> None:
     # log_config=None: uvicorn adds no handlers of its own; its records go through configure_logging's.
     config = uvicorn.Config(app, log_level=settings.log_level, log_config=None, access_log=settings.access_log,
                             **limits)
+    # uvicorn shuts down gracefully on SIGTERM or SIGINT, then raises that signal again with the
+    # handler it found installed. Under the default action the process would die right there,
+    # before the cleanup below (and exit -15); this handler lets it finish and exit 0.
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, _already_shut_down)
     try:
         uvicorn.Server(config).run(sockets=[sock])
     finally:

@@ -10,9 +10,10 @@ Spark's py4j and our own loggers all come out the same way): `timestamp` (ISO 86
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from collections.abc import MutableMapping
-from typing import Any
+from typing import Any, NoReturn
 
 import structlog
 
@@ -71,3 +72,14 @@ def configure_logging(settings: Settings) -> None:
     access.handlers.clear()
     access.propagate = access_log
     access.disabled = not access_log
+
+
+def exit_without_teardown(code: int) -> NoReturn:
+    """End a process whose work is done: flush its logs and output, then exit without the
+    interpreter's native teardown, where Arrow's C++ thread pools can abort the process ("terminate
+    called without an active exception", apache/arrow#34314). Seen from `lakebroker compact` and
+    from serve's delivery process, each after it had finished cleanly."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

@@ -60,7 +60,8 @@ class ServerProcess:
         self.proc.send_signal(signal.SIGKILL)
         self.proc.wait(timeout=30)
 
-    def stop(self) -> None:
+    def stop(self) -> int | None:
+        """SIGTERM, as an init system would; the exit code (None if it was never started)."""
         if self.proc is not None and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
@@ -68,6 +69,7 @@ class ServerProcess:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+        return None if self.proc is None else self.proc.returncode
 
 
 def free_port() -> int:

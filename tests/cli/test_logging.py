@@ -25,7 +25,12 @@ def serve_and_log(data: Path, access_log: bool) -> list[dict[str, Any]]:
             assert time.monotonic() < deadline, "the delivery process logged nothing"
             time.sleep(0.05)
     finally:
-        server.stop()
+        code = server.stop()
+    # A clean stop: serve ran its cleanup, and neither it nor its delivery process died in teardown
+    # (Arrow's thread pools once aborted the child there, writing a line outside the JSON log).
+    assert code == 0, f"serve exited {code} on SIGTERM: {server.log.read_text()[-2000:]}"
+    assert not (data / "server.json").exists(), "serve left its server.json behind"
+    assert "stopped (code 0)" in server.log.read_text(), server.log.read_text()[-2000:]
     lines = server.log.read_text().splitlines()
     assert lines, "serve logged nothing"
     records = []
