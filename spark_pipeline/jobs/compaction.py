@@ -21,7 +21,6 @@ compacted the same way, by time.
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
@@ -39,6 +38,7 @@ from spark_pipeline.jobs.common import (
 from spark_pipeline.plans import by_partition, plan_bins
 from spark_pipeline.results import JobName, JobResult, Outcome, Progress, Run, TableResult
 from tables.layout import Layout
+from tables.logs import exit_without_teardown
 from tables.settings import Settings
 
 if TYPE_CHECKING:
@@ -126,4 +126,4 @@ def main(argv: list[str] | None = None) -> int:
     return topic_job_main(JobName.COMPACTION, "Bin-pack small files of topic tables, ordered by offset.", run, argv)
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_without_teardown(main())  # not sys.exit: Arrow can abort in the teardown (tables/logs.py)

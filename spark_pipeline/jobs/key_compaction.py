@@ -21,7 +21,6 @@ topic; the flusher's concurrent appends never conflict with it. Topics with the 
 
 from __future__ import annotations
 
-import sys
 from datetime import UTC, datetime
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -38,6 +37,7 @@ from spark_pipeline.jobs.common import (
 from spark_pipeline.results import JobName, JobResult, Outcome, Run, TableResult
 from tables.errors import InvalidRequest
 from tables.layout import Layout
+from tables.logs import exit_without_teardown
 from tables.settings import Settings
 from tables.topics import CleanupPolicy, TopicConfig
 
@@ -131,4 +131,4 @@ def main(argv: list[str] | None = None) -> int:
                           run, argv, select=compact_topics, every="every compact topic")
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_without_teardown(main())  # not sys.exit: Arrow can abort in the teardown (tables/logs.py)

@@ -11,7 +11,6 @@ the files it read, so the delivery workers' appends never conflict with it.
 
 from __future__ import annotations
 
-import sys
 from typing import TYPE_CHECKING, Any
 
 from spark_pipeline.delta_txn import DeltaTxn, maintain_log, table_exists, with_retries
@@ -26,6 +25,7 @@ from spark_pipeline.jobs.common import (
 )
 from spark_pipeline.results import JobName, JobResult, Outcome, Run, TableResult
 from tables.layout import Layout
+from tables.logs import exit_without_teardown
 from tables.settings import Settings
 
 if TYPE_CHECKING:
@@ -96,4 +96,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_without_teardown(main())  # not sys.exit: Arrow can abort in the teardown (tables/logs.py)

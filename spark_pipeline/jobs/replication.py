@@ -36,7 +36,6 @@ A schema change on the primary stops the stream until the replica's table is re-
 from __future__ import annotations
 
 import fnmatch
-import sys
 import threading
 from dataclasses import dataclass
 from functools import partial
@@ -62,6 +61,7 @@ from tables import delta, storage
 from tables.errors import InvalidRequest
 from tables.layout import Layout
 from tables.log_start import log_starts
+from tables.logs import exit_without_teardown
 from tables.settings import Settings
 from tables.topics import CleanupPolicy, TopicConfig
 
@@ -387,4 +387,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_without_teardown(main())  # not sys.exit: Arrow can abort in the teardown (tables/logs.py)

@@ -29,7 +29,6 @@ commits them on its next attempt, so nothing is lost; each refusal counts in
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable
 from datetime import UTC, datetime
 from functools import partial
@@ -50,6 +49,7 @@ from spark_pipeline.results import JobName, JobResult, Outcome, Progress, Run, T
 from tables import delta
 from tables.layout import Layout
 from tables.log_start import log_starts
+from tables.logs import exit_without_teardown
 from tables.offsets import OffsetReason, OffsetsTable
 from tables.retention_skips import RetentionSkip, record_skips
 from tables.settings import Settings
@@ -269,4 +269,4 @@ def main(argv: list[str] | None = None) -> int:
                           "Apply retention_ms / retention_bytes; move lagging consumer groups forward.", run, argv)
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_without_teardown(main())  # not sys.exit: Arrow can abort in the teardown (tables/logs.py)

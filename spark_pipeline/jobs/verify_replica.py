@@ -29,6 +29,7 @@ from tables import delta, storage
 from tables.errors import LakebrokerError
 from tables.layout import Layout
 from tables.log_start import log_starts
+from tables.logs import exit_without_teardown
 from tables.settings import Settings
 from tables.topics import CleanupPolicy, TopicConfig
 
@@ -264,4 +265,4 @@ def parser_for() -> Any:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_without_teardown(main())  # not sys.exit: Arrow can abort in the teardown (tables/logs.py)
