@@ -334,7 +334,7 @@ def batch_section(results: Results) -> str:
     f = server_flush(batch.server_metrics)
     return f"""## 2. Batch produce (100-byte values)
 
-`POST /v1/topics/bench/batch` (ack=wal) with {results.plan.flood_connections} connections; each message is
+`POST /v1/topics/bench/batch` (ack=wal) with {results.plan.batch_connections} connections; each message is
 `{{"value": "<100 characters>"}}`, keyless, or with `-KEYED` `{{"key": "user-<i mod 1000>", "value": ...}}`
 (Kafka murmur2 partitions). Both take the columnar path (`ingest_api/columnar.py`). The baseline receives the
 same bodies. Targets: ≥ {n(TARGET_BATCH_MSG_S)} msg/s keyless, ≥ {n(TARGET_KEYED_BATCH_MSG_S)} msg/s keyed.

@@ -122,6 +122,15 @@ def test_results_render_byte_for_byte_as_the_per_message_path() -> None:
         results = BatchResults(rng.choice(np.array([-1, 0, 3, 10, 4095], np.int32), n), offsets,
                                rng.random(n) < 0.3, np.where(offsets < 0, -1, stamps))
         assert batch_results_json(results) == orjson.dumps({"results": _batch_results(_as_list(results))})
+    # Results of one length each (the usual batch) are written as one matrix: partitions of one
+    # digit count, offsets of one digit count, timestamps of one length, duplicates or not.
+    for n, partitions, first, duplicate in ((1, [0], 0, False), (2, [0, 3], 10, True), (300, [0, 3, 7], 700, False),
+                                            (5000, [10, 11, 42], 10**18, False), (64, [1, 2], 2**62, True)):
+        offsets = np.arange(first, first + n, dtype=np.int64)
+        stamps = rng.choice(np.array([1_700_000_000_000_001, 1_700_000_000_123_456], np.int64), n)
+        results = BatchResults(rng.choice(np.array(partitions, np.int32), n), offsets, np.full(n, duplicate),
+                               stamps)
+        assert batch_results_json(results) == orjson.dumps({"results": _batch_results(_as_list(results))})
 
 
 def test_shapes_outside_the_columnar_path_go_per_message() -> None:
