@@ -42,4 +42,4 @@ def test_operations_says_which_tables_replication_copies() -> None:
 
     sentence = OPERATIONS.split("It copies every topic table and the system tables", 1)[1].split(". It does", 1)[0]
     assert set(re.findall(r"`(\w+)`", sentence)) == {*SNAPSHOT_TABLES, "consumer_offsets"}
-    assert "tokens" not in SNAPSHOT_TABLES  # the failover procedure tells operators to bring their own
+    assert "tokens" in SNAPSHOT_TABLES  # the failover procedure counts on the clients' tokens coming along

@@ -23,9 +23,12 @@ to the primary's log-start offset (whole files, plus a trim of the one straddlin
 key compaction removed on the primary are removed on the replica (compact topics), the replica's
 offsets table is compacted like the primary's, and replica tables are VACUUMed.
 
-The small, updated-in-place system tables (`topics`, `subscriptions`, `dead_letters`,
+The small, updated-in-place system tables (`topics`, `subscriptions`, `tokens`, `dead_letters`,
 `retention_skips`) are copied whole whenever their version changed (txnAppId/txnVersion = source
-version, so a replay is skipped). `_system/job_runs` and the delivery leases are not replicated.
+version, so a replay is skipped). Tokens go with them so that a promoted replica accepts the
+clients' tokens (the table holds only their SHA-256 hashes, while subscriptions carry their
+signing secrets in the clear); a token revoked after the last run still works on the replica.
+`_system/job_runs` and the delivery leases are not replicated.
 
 Limits: the replica lags by up to one run; a replica further behind than the primary's
 `vacuum_retention_hours` (or `delta.logRetentionDuration`) cannot resume, since the files or log
@@ -70,7 +73,7 @@ if TYPE_CHECKING:
 
 REPLICATION_APP_PREFIX = "lakebroker.replicate."
 SNAPSHOT_APP_ID = "lakebroker.replicate.snapshot"
-SNAPSHOT_TABLES = ("topics", "subscriptions", "dead_letters", "retention_skips")
+SNAPSHOT_TABLES = ("topics", "subscriptions", "tokens", "dead_letters", "retention_skips")
 STREAM_TIMEOUT_S = 6 * 3600  # one table's catch-up; bounded so a stuck stream cannot hang the scheduler
 MAX_FILES_PER_BATCH = 1000
 

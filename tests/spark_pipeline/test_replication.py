@@ -15,9 +15,10 @@ from spark_pipeline.jobs.verify_replica import verify
 from spark_pipeline.results import Outcome
 from tables import delta
 from tables.dead_letters import DeadLetter, DeadLetterTable
-from tables.errors import InvalidRequest
+from tables.errors import InvalidRequest, Unauthenticated
 from tables.layout import Layout
 from tables.offsets import OffsetReason, OffsetsTable
+from tables.tokens import TokenStore
 from tests.spark_pipeline.topics import NOW_US, create_topic, log_ends, offsets_by_partition, produce, settings_for
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
@@ -44,6 +45,8 @@ def test_replicate_then_verify_after_more_produce(spark: Any, tmp_path: Path) ->
     produce(settings, "state", 0, 6, keys=["a", "b", "a", "c", "b", "a"], ts_us=old)
     OffsetsTable(layout).commit("g", "orders", {0: 3, 1: 4}, OffsetReason.ACK)
     DeadLetterTable(layout).add([DeadLetter.from_exhausted_retries("g", "orders", 0, 1, 5, 500, "boom")])
+    kept, kept_text = TokenStore(layout).create(["produce"], name="kept")
+    leaked, leaked_text = TokenStore(layout).create(["admin"], name="leaked")
 
     first = replication.run(spark, settings, to=str(replica))
     assert first.outcome is Outcome.OK, first.public()
@@ -56,6 +59,10 @@ def test_replicate_then_verify_after_more_produce(spark: Any, tmp_path: Path) ->
     assert {p: replica_table.transaction_version(delta.partition_app_id(p)) for p in (0, 1)} == \
         log_ends(settings, "orders", 2)
     assert DeltaTable(str(replica / "_system" / "dead_letters")).to_pyarrow_table().num_rows == 1
+    # The clients' tokens work on the replica, as they would after a failover onto it.
+    on_replica = TokenStore(Layout(replica)).load()
+    assert on_replica.authenticate(kept_text).token_id == kept.token_id
+    assert on_replica.authenticate(leaked_text).token_id == leaked.token_id
 
     # More produce: verify reports the lag (explained), then a run catches up.
     produce(settings, "orders", 1, 7)
@@ -63,8 +70,12 @@ def test_replicate_then_verify_after_more_produce(spark: Any, tmp_path: Path) ->
     lagging = verify(spark, settings, str(replica))
     assert lagging.ok and lagging.lag_messages == 7
     assert not verify(spark, settings, str(replica), max_lag_messages=0).ok
+    TokenStore(layout).revoke(leaked.token_id)
     second = replication.run(spark, settings, to=str(replica))
     assert second.table("orders").details["rows_copied"] == 7
+    with pytest.raises(Unauthenticated, match="revoked"):  # a revocation follows with the next run
+        TokenStore(Layout(replica)).load().authenticate(leaked_text)
+    assert TokenStore(Layout(replica)).load().authenticate(kept_text).token_id == kept.token_id
     assert verify(spark, settings, str(replica), max_lag_messages=0).ok
 
     # A crash after the replica commit but before the checkpoint's: the batch replays, and is skipped.
