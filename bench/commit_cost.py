@@ -38,7 +38,7 @@ class _Topic:
         self.uri = uri
         table = delta.ensure_table(str(uri), TOPIC_SCHEMA, partition_by=TOPIC_PARTITION_COLUMNS,
                                    version=TOPIC_SCHEMA_VERSION)
-        self.kept = delta.KeptTable(str(uri), table) if reload else None
+        self.kept = delta.KeptTable(str(uri), lambda: table) if reload else None
         self.table = table
         self.next = [0] * PARTITIONS
 

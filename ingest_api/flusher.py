@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from collections import defaultdict
@@ -237,10 +238,10 @@ class Flusher:
         kept = self._tables.get(topic.topic_id)
         if kept is None:
             uri = self._layout.topic_table(topic.name)
-            kept = self._tables[topic.topic_id] = delta.KeptTable(uri, delta.ensure_table(
-                uri, TOPIC_SCHEMA, partition_by=TOPIC_PARTITION_COLUMNS, version=TOPIC_SCHEMA_VERSION))
+            kept = self._tables[topic.topic_id] = delta.KeptTable(uri, functools.partial(
+                delta.ensure_table, uri, TOPIC_SCHEMA, partition_by=TOPIC_PARTITION_COLUMNS,
+                version=TOPIC_SCHEMA_VERSION))
             self._metrics.flush_errors.labels(topic.name)  # starts at zero, visible before a failure
-            return kept.table
         return kept.current()
 
     def _commit(self, topic: TopicConfig, records: list[Record | Chunk]) -> dict[int, int]:

@@ -154,21 +154,25 @@ def _aged(table: DeltaTable, loaded: int) -> bool:
 
 
 class KeptTable:
-    """A table kept open across commits: caught up before each use, reloaded every
-    RELOAD_AFTER_VERSIONS versions (see above)."""
+    """A table kept open across commits: opened by `opener` on first use, caught up before each
+    later use, reloaded every RELOAD_AFTER_VERSIONS versions (see above)."""
 
-    def __init__(self, uri: str, table: DeltaTable) -> None:
+    def __init__(self, uri: str, opener: Callable[[], DeltaTable]) -> None:
         self.uri = uri
-        self.table = table
-        self._loaded = table.version()
+        self._opener = opener
+        self._table: DeltaTable | None = None
+        self._loaded = -1  # the version `_table` was loaded at
 
     def current(self) -> DeltaTable:
-        if _aged(self.table, self._loaded):
-            self.table = load(self.uri)
-            self._loaded = self.table.version()
+        if self._table is None:
+            self._table = self._opener()
+        elif _aged(self._table, self._loaded):
+            self._table = load(self.uri)
         else:
-            self.table.update_incremental()
-        return self.table
+            self._table.update_incremental()
+            return self._table
+        self._loaded = self._table.version()
+        return self._table
 
 
 class Follower:

@@ -17,6 +17,7 @@ Which row is a group's position (per group, topic and partition):
 
 from __future__ import annotations
 
+import functools
 import random
 import time
 from collections.abc import Mapping, Sequence
@@ -80,13 +81,10 @@ class OffsetsTable:
         self.uri = layout.offsets_table
         self.layout = layout
         self._leases = StateTable(layout.leases_table, LEASES_SCHEMA, LEASES_SCHEMA_VERSION)
-        self._table: delta.KeptTable | None = None
+        self._table = delta.KeptTable(self.uri, functools.partial(
+            delta.ensure_table, self.uri, OFFSETS_SCHEMA, partition_by=None, version=OFFSETS_SCHEMA_VERSION))
 
     def _open(self) -> DeltaTable:
-        if self._table is None:
-            self._table = delta.KeptTable(self.uri, delta.ensure_table(self.uri, OFFSETS_SCHEMA, partition_by=None,
-                                                                       version=OFFSETS_SCHEMA_VERSION))
-            return self._table.table
         return self._table.current()
 
     def commit(self, group: str, topic: str, offsets: Mapping[int, int], reason: OffsetReason, *,

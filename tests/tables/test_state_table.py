@@ -136,8 +136,9 @@ def test_a_kept_table_catches_up_and_is_reloaded_every_reload_after_versions(tmp
     is replaced by a fresh load every RELOAD_AFTER_VERSIONS, and caught up in between."""
     uri = str(tmp_path / "t")
     schema = pa.schema([pa.field("n", pa.int64())])
-    kept = delta.KeptTable(uri, delta.ensure_table(uri, schema, partition_by=None, version=1))
-    first, loaded = kept.table, kept.table.version()
+    kept = delta.KeptTable(uri, lambda: delta.ensure_table(uri, schema, partition_by=None, version=1))
+    first = kept.current()
+    loaded = first.version()
     delta.append(delta.load(uri), pa.table({"n": [0]}, schema=schema))  # another writer
     assert kept.current() is first and first.version() == loaded + 1  # caught up, same handle
     while first.version() < loaded + delta.RELOAD_AFTER_VERSIONS - 1:
