@@ -227,8 +227,9 @@ class Broker:
         results: list[ProduceResult] = []
         waits: list[tuple[int, asyncio.Future[Placed]]] = []
         pending: list[Pending] = []
+        partitions = self._partitions(topic, messages)
         for i, m in enumerate(messages):
-            result, queued, original = self._place(topic, topic_id, m, awaited=ack is not _NONE)
+            result, queued, original = self._place(topic, topic_id, m, partitions[i], awaited=ack is not _NONE)
             results.append(result)
             if queued is not None:
                 pending.append(queued)
@@ -287,7 +288,8 @@ class Broker:
         self._admit(topic, (message,))
         started = time.perf_counter()
         topic_id = self._topic_ids.get(topic.topic_id) or self._topic_id(topic)
-        result, queued, original = self._place(topic, topic_id, message, awaited=then is None and ack is not _NONE)
+        result, queued, original = self._place(topic, topic_id, message, self._partition(topic, message),
+                                               awaited=then is None and ack is not _NONE)
         if queued is not None:
             queued.then = then
             self.committer.submit_one(queued)
@@ -322,11 +324,13 @@ class Broker:
             self.metrics.produce_latency_of(one.ack).observe(time.perf_counter() - one.started)
         return result
 
-    def _place(self, topic: TopicConfig, topic_id: bytes, m: NewMessage, awaited: bool
+    def _place(self, topic: TopicConfig, topic_id: bytes, m: NewMessage, partition: int, awaited: bool
                ) -> tuple[ProduceResult, Pending | None, asyncio.Future[Placed] | None]:
         """One message's result so far, what it queues for the WAL (None: a duplicate), and for a
         duplicate of a message still in flight, that message's future (it waits for it). A queued
-        message gets a future if it is `awaited` or carries an id (later sends of the id wait on it)."""
+        message gets a future if it is `awaited` or carries an id (later sends of the id wait on it).
+        `partition` was picked before the dedup check, so a duplicate takes its turn in the keyless
+        runs on every produce path alike."""
         did = dedup_id(m.message_id, m.producer_id, m.sequence)
         key: DedupKey | None = None if did is None else (topic.topic_id, did)
         if key is not None:
@@ -335,7 +339,6 @@ class Broker:
                 return ProduceResult(hit[0], hit[1], True, hit[2]), None, None
             if hit is not None:
                 return ProduceResult(-1, None, duplicate=True), None, hit
-        partition = self._partition(topic, m)
         record = Record(topic.name, topic_id, partition, -1, 0, m.key, m.value, m.format, m.headers,
                         m.message_id, m.producer_id, m.sequence)
         future: asyncio.Future[Placed] | None = None
@@ -372,19 +375,17 @@ class Broker:
             self._dedup_columns(topic, ids.to_pylist(), results, keep, waits, placing)
         kept = np.flatnonzero(keep)
         columns = batch.columns if len(kept) == n else batch.columns.take(pa.array(kept))
-        rr = self._round_robin.get(topic.name)
-        if rr is None:
-            rr = self._round_robin[topic.name] = RoundRobin()
         cache = self._key_caches.get(topic.topic_id)
         if cache is None or cache.partitions != topic.partitions:
             cache = self._key_caches[topic.topic_id] = KeyCache(topic.partitions)
-        parts = partitions_for(explicit.take(pa.array(kept)) if len(kept) < n else explicit,
-                               columns.column("key").combine_chunks(), rr, cache)
+        # Every message's partition, duplicates too (they take their turn in the keyless runs
+        # as on the per-message path); then the kept ones'.
+        everyone = partitions_for(explicit, batch.columns.column("key").combine_chunks(), self._keyless(topic), cache)
+        parts = everyone if len(kept) == n else everyone[kept]
         results.partition[kept] = parts
         loop = asyncio.get_running_loop()
         topic_id = bytes.fromhex(topic.topic_id)
-        order = np.argsort(parts, kind="stable")
-        by_partition = columns.take(pa.array(order))  # one gather; each partition's run is then a slice
+        order, by_partition = _grouped(parts, columns)
         bounds = np.flatnonzero(np.diff(parts[order])) + 1
         placed: list[tuple[np.ndarray, asyncio.Future[Chunk]]] = []
         kept_sizes = sizes[kept]
@@ -483,14 +484,29 @@ class Broker:
                 raise InvalidRequest(f"message {i}: producer_id and sequence must be given together")
 
     def _partition(self, topic: TopicConfig, m: NewMessage) -> int:
+        """The partition of a request's only message."""
         if m.partition is not None:
             return m.partition
         if m.key is not None:
             return partition_for_key(m.key, topic.partitions)
+        return self._keyless(topic).next(topic.partitions)
+
+    def _partitions(self, topic: TopicConfig, messages: Sequence[NewMessage]) -> list[int]:
+        """The partitions of one request's messages, as `partitions_for` picks them for columns."""
+        if len(messages) == 1:
+            return [self._partition(topic, messages[0])]
+        keyless = [i for i, m in enumerate(messages) if m.partition is None and m.key is None]
+        runs = self._keyless(topic).take(len(keyless), topic.partitions).tolist() if keyless else []
+        spread = dict(zip(keyless, runs, strict=True))
+        return [m.partition if m.partition is not None else
+                partition_for_key(m.key, topic.partitions) if m.key is not None else spread[i]
+                for i, m in enumerate(messages)]
+
+    def _keyless(self, topic: TopicConfig) -> RoundRobin:
         rr = self._round_robin.get(topic.name)
         if rr is None:
             rr = self._round_robin[topic.name] = RoundRobin()
-        return rr.next(topic.partitions)
+        return rr
 
     def _dedup_callback(self, key: DedupKey):  # type: ignore[no-untyped-def]
         def done(future: asyncio.Future[Placed]) -> None:
@@ -515,6 +531,19 @@ class Broker:
         self.wal.release(committed_below)
         self.metrics.wal_segments.set(self.wal.segment_count())
         self.metrics.wal_backlog_bytes.set(self.backlog_bytes)
+
+
+def _grouped(parts: np.ndarray, columns: pa.Table) -> tuple[np.ndarray, pa.Table]:
+    """The rows in an order that makes each partition's rows one run, and the columns in it:
+    as they are when each partition already is one run (keyless runs, a sorted batch), else
+    one stable gather."""
+    if len(parts) < 2:  # nothing kept (every message a duplicate), or one message
+        return np.arange(len(parts)), columns
+    starts = np.flatnonzero(np.diff(parts)) + 1
+    if len(starts) < 64 and len(set(parts[np.concatenate(([0], starts))].tolist())) == len(starts) + 1:
+        return np.arange(len(parts)), columns
+    order = np.argsort(parts, kind="stable")
+    return order, columns.take(pa.array(order))
 
 
 def _settle_ids(ids: list[tuple[int, asyncio.Future[Placed]]]) -> Callable[[asyncio.Future[Chunk]], None]:

@@ -25,10 +25,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ingest_api.records import CHUNK_MAGIC, MAX_FRAME_BYTES, seal
+from ingest_api.records import CHUNK_MAGIC, MAX_FRAME_BYTES, seal_parts
 from tables.schemas import TOPIC_SCHEMA
 
 if TYPE_CHECKING:
+    from typing_extensions import Buffer
+
     from ingest_api.messages import NewMessage
 
 # Every topic column but the three the WAL frame and the committer own.
@@ -115,12 +117,17 @@ def chunks_to_arrow(pieces: list[tuple[Chunk, int]]) -> pa.Table:
 
 
 def encode_chunk(chunk: Chunk) -> bytes:
+    return b"".join(chunk_frame(chunk))
+
+
+def chunk_frame(chunk: Chunk) -> list[Buffer]:
+    """A chunk's WAL frame in pieces: its head, then the Arrow IPC stream, never copied."""
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, CHUNK_SCHEMA) as writer:
         writer.write_table(chunk.columns)
     topic = chunk.topic.encode()
     head = _FIXED.pack(chunk.topic_id, chunk.partition, chunk.offset, chunk.timestamp_us, chunk.rows)
-    return seal(CHUNK_MAGIC, b"".join((head, _LEN.pack(len(topic)), topic, sink.getvalue().to_pybytes())))
+    return seal_parts(CHUNK_MAGIC, [b"".join((head, _LEN.pack(len(topic)), topic)), sink.getvalue()])
 
 
 def decode_chunk(body: bytes) -> Chunk:

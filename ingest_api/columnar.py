@@ -1,17 +1,18 @@
 """A parsed batch body straight into Arrow columns, for the columnar produce path.
 
-The body is parsed by the same JSON parser as the per-message path (body.py); its values
-then go into one list per field and each list becomes an Arrow array at once: Arrow checks
-the types (a string column refuses 5, true and objects; the partition column must come out
-as integers), and the limits are checked over whole columns. A batch takes this path when
-every message is an object of `key`, `value` (a string or null), `partition` and `id` only,
-within the limits; anything else (headers, value_b64, a JSON value that is not a string,
-producer_id/sequence, a limit broken) returns None and goes the per-message way, which
-gives the same answers and the same errors.
+The body is parsed by orjson (`body.fast_batch_items`: a body it reads differently from the
+per-message path's exact parser cannot take this path); its values then go into one list per
+field and each list becomes an Arrow array at once: Arrow checks the types (a string column
+refuses 5, true and objects; the partition column must come out as integers), and the limits
+are checked over whole columns. A batch takes this path when every message is an object of
+`key`, `value` (a string or null), `partition` and `id` only, within the limits; anything else
+(headers, value_b64, a JSON value that is not a string, producer_id/sequence, a limit broken)
+returns None and goes the per-message way, which gives the same answers and the same errors.
 
-Measured on 1,000 to 10,000 messages of 100-byte values (docs/benchmarks.md §2): this parse
-and column build costs about 0.4-0.5 µs per message, against 0.6 µs for `pyarrow.json` on
-the same NDJSON (which also cannot read the JSON-array body or keep big integers exact).
+Measured on 5,000 messages of 100-byte values, in a loop of its own: the orjson parse costs
+0.15 µs per message (jiter 0.25) and the column build 0.11. Parsers that build Arrow columns
+themselves cost more and cannot tell an absent value from a null one: `pyarrow.json` 0.98 µs
+on the NDJSON body; polars (not a dependency) 0.24 on the JSON body and 0.68 on NDJSON.
 """
 
 from __future__ import annotations

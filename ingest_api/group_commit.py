@@ -26,15 +26,19 @@ import queue
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from ingest_api.chunks import Chunk, encode_chunk
+from ingest_api.chunks import Chunk, chunk_frame
 from ingest_api.dedup import Placed
 from ingest_api.metrics import IngestMetrics
 from ingest_api.records import Record, encode
 from ingest_api.wal import PartitionKey, Wal
 from tables.errors import StorageUnavailable
+
+if TYPE_CHECKING:
+    from typing_extensions import Buffer
 
 log = logging.getLogger(__name__)
 
@@ -93,8 +97,7 @@ class _Writer(threading.Thread):
                 continue
             error: BaseException | None = None
             try:
-                self._wal.append([f if isinstance(f, bytes) else encode_chunk(f) for g in groups for f in g.frames],
-                                 [r for g in groups for r in g.records])
+                self._wal.append(_pieces(f for g in groups for f in g.frames), [r for g in groups for r in g.records])
             except BaseException as exc:  # noqa: BLE001 - any failure means: not durable, roll back
                 error, failed_epoch = exc, groups[-1].epoch
             if not self._report(self._written, groups, error):
@@ -212,8 +215,7 @@ class GroupCommitter:
             group = self._hand(self._take())
             error: BaseException | None = None
             try:
-                await asyncio.to_thread(self._wal.append, [f if isinstance(f, bytes) else encode_chunk(f)
-                                                           for f in group.frames], group.records)
+                await asyncio.to_thread(self._wal.append, _pieces(group.frames), group.records)
             except BaseException as exc:  # noqa: BLE001 - as the writer thread reports it
                 error = exc
             self._written([group], error)
@@ -316,3 +318,14 @@ def _answer(group: _Group, error: StorageUnavailable | None = None) -> None:
                 p.future.set_result(p.chunk)
             else:
                 p.future.set_exception(error)
+
+
+def _pieces(frames: Iterable[bytes | Chunk]) -> list[Buffer]:
+    """What the WAL writes for these frames: a record's frame, or a chunk's frame in its pieces."""
+    out: list[Buffer] = []
+    for frame in frames:
+        if isinstance(frame, bytes):
+            out.append(frame)
+        else:
+            out.extend(chunk_frame(frame))
+    return out

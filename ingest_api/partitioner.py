@@ -1,11 +1,17 @@
 """Key → partition, exactly as Kafka's default partitioner does it.
 
 `toPositive(murmur2(utf8(key))) % partitions`, so a keyed message lands where a Kafka client
-with a StringSerializer would put it. Keyless messages go round-robin per topic.
+with a StringSerializer would put it.
+
+Keyless messages go round-robin per topic in runs, as Kafka's sticky partitioner (KIP-480) keeps
+a batch on one partition: a request's keyless messages are cut into consecutive runs of at least
+`MIN_RUN` messages, at most one per partition, and the next run starts on the next partition. A
+single message is a run of one, so single-message requests go plain round-robin. Consecutive
+messages stay together, and a large batch still spreads evenly; its runs need no gather to become
+one WAL chunk per partition.
 
 `partitions_for` does the same for a whole columnar batch: keys seen before are looked up in
-a per-topic cache by Arrow (a hash lookup in C), the hash runs once per new key, and the
-round-robin takes a block of the counter.
+a per-topic cache by Arrow (a hash lookup in C), and the hash runs once per new key.
 """
 
 from __future__ import annotations
@@ -54,22 +60,28 @@ def partition_for_key(key: str, partitions: int) -> int:
     return _positive_hash(key) % partitions
 
 
+MIN_RUN = 256
+
+
 class RoundRobin:
-    """Spreads keyless messages evenly over a topic's partitions."""
+    """Spreads keyless messages over a topic's partitions, one run of a request at a time."""
 
     def __init__(self) -> None:
-        self._counter = 0
+        self._runs = 0
 
     def next(self, partitions: int) -> int:
-        n = self._counter
-        self._counter = n + 1
+        """The partition of a request's only keyless message: `take(1, partitions)[0]`."""
+        n = self._runs
+        self._runs = n + 1
         return n % partitions
 
     def take(self, count: int, partitions: int) -> np.ndarray:
-        """What `count` calls of next() would answer, in order."""
-        first = self._counter
-        self._counter = first + count
-        return np.arange(first, first + count, dtype=np.int64) % partitions
+        """The partitions of one request's `count` keyless messages, in order: up to one run
+        per partition, each of at least MIN_RUN messages (all of them if fewer), sizes within one."""
+        runs = max(1, min(partitions, count // MIN_RUN))
+        first = self._runs
+        self._runs = first + runs
+        return (first + np.arange(count, dtype=np.int64) * runs // count) % partitions
 
 
 class KeyCache:
@@ -98,8 +110,8 @@ class KeyCache:
 
 
 def partitions_for(explicit: pa.Array, keys: pa.Array, round_robin: RoundRobin, cache: KeyCache) -> np.ndarray:
-    """Each message's partition, as `_partition` in broker.py picks it one at a time: the
-    explicit partition, else the key's, else the next round-robin one."""
+    """Each message's partition, as the per-message path in broker.py picks it: the explicit
+    partition, else the key's, else its place in the request's keyless runs."""
     partitions = cache.partitions
     out: np.ndarray = pc.fill_null(explicit, -1).to_numpy(zero_copy_only=False).astype(np.int32)
     free = out < 0

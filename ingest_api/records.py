@@ -20,8 +20,12 @@ from __future__ import annotations
 import struct
 import zlib
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import orjson
+
+if TYPE_CHECKING:
+    from typing_extensions import Buffer  # collections.abc.Buffer from Python 3.12
 
 FORMATS = ("json", "text", "binary")
 _FORMAT_CODE = {name: i for i, name in enumerate(FORMATS)}
@@ -94,11 +98,19 @@ def encode(record: Record) -> bytes:
 
 def seal(magic: bytes, body: bytes) -> bytes:
     """A frame: header (magic, length, checksum) then the body."""
-    length = len(body)
+    return b"".join(seal_parts(magic, [body]))
+
+
+def seal_parts(magic: bytes, body: list[Buffer]) -> list[Buffer]:
+    """`seal` of a body given in pieces, as the pieces: a large frame is written as it is,
+    never copied into one bytes object while the GIL is held (zlib releases it over large data)."""
+    length = sum(len(memoryview(part)) for part in body)
     if length > MAX_FRAME_BYTES:  # recovery would read it as corruption, so never write it
         raise ValueError(f"a WAL frame of {length} bytes is over the {MAX_FRAME_BYTES}-byte frame limit")
-    crc = zlib.crc32(body, zlib.crc32(_LEN.pack(length)))
-    return FRAME_HEADER.pack(magic, length, crc) + body
+    crc = zlib.crc32(_LEN.pack(length))
+    for part in body:
+        crc = zlib.crc32(part, crc)
+    return [FRAME_HEADER.pack(magic, length, crc), *body]
 
 
 def frame_crc_ok(length: int, crc: int, body: bytes) -> bool:

@@ -30,9 +30,13 @@ import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ingest_api.chunks import Chunk, ChunkFrameError, decode_chunk
 from ingest_api.records import CHUNK_MAGIC, FRAME_HEADER, MAGICS, MAX_FRAME_BYTES, Record, decode, frame_crc_ok
+
+if TYPE_CHECKING:
+    from typing_extensions import Buffer
 
 log = logging.getLogger(__name__)
 
@@ -178,24 +182,24 @@ class Wal:
             shutil.copy2(path, target)
 
     # -- appending ----------------------------------------------------------------------
-    def append(self, frames: list[bytes], records: Iterable[Record | Chunk]) -> None:
-        """Write one group and make it durable; on failure the segment is cut back to before it."""
-        data = b"".join(frames)
+    def append(self, frames: list[Buffer], records: Iterable[Record | Chunk]) -> None:
+        """Write one group and make it durable; on failure the segment is cut back to before it.
+        `frames` are the group's frames, or pieces of them, in order."""
+        data = _coalesced(frames)
+        size = sum(len(piece) for piece in data)
         with self._lock:
             assert self._active is not None, "recover() first"
             before = self._size
             try:
                 if self.fsync:
-                    self._zero_ahead(before + len(data))
-                written = os.pwrite(self._fd, data, before)
-                while written < len(data):
-                    written += os.pwrite(self._fd, data[written:], before + written)
+                    self._zero_ahead(before + size)
+                _write_all(self._fd, data, before)
                 if self.fsync:
                     os.fdatasync(self._fd)
             except OSError:
                 self._cut_back(before)
                 raise
-            self._size = before + len(data)
+            self._size = before + size
             self._active.note(records)
             if self._size >= self.segment_bytes:
                 # The group is durable whatever happens here: a failed roll must not fail it.
@@ -277,3 +281,38 @@ class Wal:
             if self._fd >= 0:
                 os.close(self._fd)
                 self._fd = -1
+
+
+_IOV_MAX = 1024  # Linux's limit on the pieces of one pwritev
+_SMALL = 64 * 1024
+
+
+def _coalesced(frames: list[Buffer]) -> list[memoryview]:
+    """The pieces to write: small ones (single-message frames, frame heads) joined, large ones
+    (Arrow IPC streams) as they are, so a group never becomes one bytes object under the GIL."""
+    out: list[memoryview] = []
+    small: list[Buffer] = []
+    for frame in frames:
+        view = memoryview(frame)
+        if view.nbytes < _SMALL:
+            small.append(frame)
+            continue
+        if small:
+            out.append(memoryview(b"".join(small)))
+            small = []
+        out.append(view.cast("B"))
+    if small:
+        out.append(memoryview(b"".join(small)))
+    return out
+
+
+def _write_all(fd: int, pieces: list[memoryview], at: int) -> None:
+    """pwritev until every piece is written (a write may stop short, as pwrite may)."""
+    pending = list(pieces)
+    while pending:
+        written = os.pwritev(fd, pending[:_IOV_MAX], at)
+        at += written
+        while pending and written >= len(pending[0]):
+            written -= len(pending.pop(0))
+        if written:
+            pending[0] = pending[0][written:]

@@ -4,6 +4,7 @@ flusher assembles them, and a chunk that straddles the table's log-end committed
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +16,7 @@ from ingest_api.chunks import (
     CHUNK_SCHEMA,
     Chunk,
     chunk_bytes,
+    chunk_frame,
     chunks_to_arrow,
     decode_chunk,
     encode_chunk,
@@ -23,7 +25,7 @@ from ingest_api.chunks import (
 from ingest_api.flusher import Flusher
 from ingest_api.metrics import IngestMetrics
 from ingest_api.records import FRAME_HEADER, Record, encode
-from ingest_api.wal import Wal
+from ingest_api.wal import Wal, _write_all
 from tables import delta
 from tables.layout import Layout
 from tables.settings import Settings
@@ -76,6 +78,36 @@ def test_records_and_chunks_recover_together_in_order(tmp_path: Path) -> None:
     assert [(c.offset, c.rows) for c in report.chunks] == [(0, 5), (5, 3)]
     assert report.chunks[1].columns.equals(chunk(5, 3).columns)
     assert report.torn_bytes == 0 and report.corrupt == []
+
+
+def test_a_group_written_in_pieces_is_the_frames_joined(tmp_path: Path) -> None:
+    """The writer hands the WAL a chunk's frame as its head and its Arrow stream, never joined, and
+    thousands of single-message frames: the segment holds exactly the joined frames."""
+    big = chunk(0, 4000)
+    assert sum(len(memoryview(piece)) for piece in chunk_frame(big)[1:]) > 64 * 1024  # written as it is
+    records = [rec(i) for i in range(2500)]  # more pieces than one pwritev takes, joined first
+    group: list[Record | Chunk] = [*records[:1200], big, *records[1200:]]
+    pieces = [encode(r) for r in records[:1200]] + chunk_frame(big) + [encode(r) for r in records[1200:]]
+    wal = Wal(tmp_path, segment_bytes=1 << 30, fsync=True)
+    wal.recover()
+    wal.append(pieces, group)
+    wal.close()
+    expected = b"".join(encode(x) if isinstance(x, Record) else encode_chunk(x) for x in group)
+    segment = sorted(tmp_path.glob("*.wal"))[-1].read_bytes()
+    assert segment[: len(expected)] == expected and segment[len(expected):].count(0) == len(segment) - len(expected)
+    report = Wal(tmp_path, segment_bytes=1 << 30, fsync=True).recover()
+    assert report.records == records and len(report.chunks) == 1 and report.chunks[0].columns.equals(big.columns)
+
+
+def test_write_all_takes_more_pieces_than_one_pwritev(tmp_path: Path) -> None:
+    pieces = [memoryview(b"%05d," % i) for i in range(3000)]
+    path = tmp_path / "f"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT)
+    try:
+        _write_all(fd, pieces, 10)
+    finally:
+        os.close(fd)
+    assert path.read_bytes() == b"\0" * 10 + b"".join(pieces)
 
 
 def test_a_torn_chunk_at_the_tail_is_truncated(tmp_path: Path) -> None:

@@ -47,6 +47,13 @@ BODIES = {  # each is produced twice in a row: round-robin state and dedup carry
                                {"key": None, "value": "b", "partition": None}, {"key": "", "value": "c"}])),
     "ids": (JSON, _json([{"id": f"m{i % 5}", "key": f"k{i}", "value": f"v{i}"} for i in range(12)]
                         + [{"value": "no id"}])),
+    # all duplicates the second time
+    "all-ids": (JSON, _json([{"id": "a1", "value": "x"}, {"id": "a2", "value": "y"}])),
+    # keyless runs over several partitions, with keyed, explicit and duplicate messages among them
+    "runs": (NDJSON, _ndjson([{"key": "k", "value": f"r{i}"} if i % 97 == 0 else
+                              {"partition": 1, "value": f"r{i}"} if i % 89 == 0 else
+                              {"id": f"r{i % 400}", "value": f"r{i}"} if i % 7 == 0 else {"value": f"r{i}"}
+                              for i in range(900)])),
 }
 
 
@@ -107,7 +114,12 @@ async def test_columnar_batch_equals_the_per_message_path(tmp_path: Path, ack: A
             await _settled(broker)
         stored = _rows(columnar, "t")
         assert stored == _rows(per_message, "t")
-        assert len(stored) == 2 * (23 + 40 + 10 + 5) + 6 + 1  # the ids body: its 5 ids once, its id-less message twice
+        with_id = [i for i in range(900) if i % 7 == 0 and i % 97 and i % 89]
+        # the ids body: its 5 ids once, its id-less message twice; the runs body: its ids once too
+        runs_rows = 2 * (900 - len(with_id)) + len({i % 400 for i in with_id})
+        assert len(stored) == 2 * (23 + 40 + 10 + 5) + 6 + 1 + 2 + runs_rows
+        runs = [row["partition"] for row in stored if (row["value"] or b"").startswith(b"r") and row["key"] is None]
+        assert len(set(runs)) == PARTITIONS  # the keyless runs spread over every partition
     finally:
         for broker in (per_message, columnar):
             await broker.stop()

@@ -1,9 +1,10 @@
 from collections import Counter
 
+import numpy as np
 import pyarrow as pa
 import pytest
 
-from ingest_api.partitioner import KeyCache, RoundRobin, murmur2, partition_for_key
+from ingest_api.partitioner import MIN_RUN, KeyCache, RoundRobin, murmur2, partition_for_key
 
 # The vectors of Kafka's own UtilsTest.testMurmur2.
 KAFKA_VECTORS = [
@@ -31,6 +32,29 @@ def test_round_robin_spreads_evenly() -> None:
     rr = RoundRobin()
     counts = Counter(rr.next(4) for _ in range(400))
     assert counts == {0: 100, 1: 100, 2: 100, 3: 100}
+
+
+def test_a_request_of_one_keyless_message_is_plain_round_robin() -> None:
+    a, b = RoundRobin(), RoundRobin()
+    assert [a.next(3) for _ in range(7)] == [int(b.take(1, 3)[0]) for _ in range(7)] == [0, 1, 2, 0, 1, 2, 0]
+
+
+def test_a_small_batch_stays_on_one_partition_and_the_next_request_moves_on() -> None:
+    rr = RoundRobin()
+    assert rr.take(MIN_RUN - 1, 4).tolist() == [0] * (MIN_RUN - 1)  # Kafka's sticky partitioner keeps a batch together
+    assert rr.take(2 * MIN_RUN - 1, 4).tolist() == [1] * (2 * MIN_RUN - 1)  # runs of MIN_RUN at least
+    assert rr.next(4) == 2
+
+
+def test_a_large_batch_is_one_run_per_partition_of_nearly_equal_sizes() -> None:
+    rr = RoundRobin()
+    rr.next(3)
+    placed = rr.take(5000, 3)
+    starts = np.flatnonzero(np.diff(placed)) + 1
+    assert placed[np.concatenate(([0], starts))].tolist() == [1, 2, 0]  # consecutive, from the next partition
+    assert sorted(Counter(placed.tolist()).values()) == [1666, 1667, 1667]
+    assert rr.take(2 * MIN_RUN, 3).tolist() == [1] * MIN_RUN + [2] * MIN_RUN  # three runs used: starts at 1 again
+    assert rr.take(10 * MIN_RUN, 64)[:: MIN_RUN].tolist() == list(range(6, 16))  # fewer runs than partitions
 
 
 def test_key_cache_answers_as_the_per_key_function_across_batches_and_resets() -> None:
