@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+from typing import cast
 
 import orjson
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol, RequestResponseCycle
@@ -48,6 +49,10 @@ MAX_REQUEST_LINE_BYTES = 8 * 1024  # nginx's large_client_header_buffers
 MAX_HEAD_BYTES = MAX_HEADER_BYTES + MAX_REQUEST_LINE_BYTES
 HEADER_TIMEOUT_S: float = Settings.model_fields["header_read_timeout_s"].default
 _FAST_PREFIX = b"/v1/topics/"
+# A body of a declared length up to this reaches the app in one piece, as read_body would make
+# it anyway: no flow-control pause and app wake-up per 64 KiB read (the default request limit;
+# a longer body streams as uvicorn streams it, and ingest_api/limits.py bounds both).
+WHOLE_BODY_BYTES = 32 * 1024 * 1024
 # Starlette's answer to an exception in the app, after which uvicorn closes the connection
 _SERVER_ERROR = Answer(500, [(b"content-length", b"21"), (b"content-type", b"text/plain; charset=utf-8"),
                              (b"connection", b"close")], b"Internal Server Error")
@@ -106,6 +111,7 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
     _head_bytes = 0  # of the head in progress, counted from reads that held nothing else
     _heads = 0  # request heads completed on this connection
     fast: FastProduce | None = None  # serves single-message produce below ASGI
+    _whole_body = False  # the request in progress declared a body of at most WHOLE_BODY_BYTES
     _fast: FastProduce | None = None  # on this connection
     cycle: RequestResponseCycle | FastCycle  # type: ignore[assignment]
 
@@ -154,12 +160,18 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
             self._disarm()
         if self._fast is None or not self._fast_head(self._fast):
             super().on_headers_complete()
+            self._whole_body = 0 <= _declared_length(self.headers) <= WHOLE_BODY_BYTES
 
     def on_body(self, body: bytes) -> None:
         cycle = self.cycle
         if type(cycle) is FastCycle:
             if not cycle.response_complete:
                 cycle.chunks.append(body)
+            return
+        if self._whole_body and not cycle.response_complete and not self.parser.should_upgrade():
+            # uvicorn's on_body, without its pause at 64 KiB and its wake-up of the app per read:
+            # the app's receive() wakes once, at on_message_complete, with the whole body
+            cast(RequestResponseCycle, cycle).body += body
             return
         super().on_body(body)
 
@@ -323,3 +335,11 @@ def bounded_protocol(header_timeout_s: float, fast: FastProduce | None = None) -
         return BoundedHttpToolsProtocol
     return type(BoundedHttpToolsProtocol.__name__, (BoundedHttpToolsProtocol,),
                 {"header_timeout_s": header_timeout_s, "fast": fast})
+
+
+def _declared_length(headers: list[tuple[bytes, bytes]]) -> int:
+    """The request's content-length, or -1 without one (a chunked body) or with a bad one."""
+    for name, value in headers:
+        if name == b"content-length":
+            return int(value) if value.isdigit() else -1
+    return -1

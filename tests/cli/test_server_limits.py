@@ -195,6 +195,41 @@ def test_keep_alive_and_pipelining_still_work(server: Address) -> None:
     assert not answers.endswith(b"<still open>")
 
 
+def test_a_large_body_in_many_reads_reaches_the_app_whole_and_a_chunked_one_streams(server: Address) -> None:
+    """A body of a declared length is gathered below the app (no flow-control pause per 64 KiB);
+    it must still arrive complete and in order, with a request pipelined behind it, and a chunked
+    body (no declared length) still streams through uvicorn's own path."""
+    messages = [{"value": f"{i:07d}" + "x" * 200} for i in range(6000)]
+    body = orjson.dumps({"messages": messages})
+    assert len(body) > 1024 * 1024
+    head = (b"POST /v1/topics/t/batch?ack=wal HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Content-Length: %d\r\n\r\n" % len(body))
+    with socket.create_connection(server) as sock:
+        sock.settimeout(30)
+        sock.sendall(head)
+        for at in range(0, len(body), 40_000):
+            sock.sendall(body[at : at + 40_000])
+            time.sleep(0.002)
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        answer = read_response(sock)
+        assert answer.startswith(b"HTTP/1.1 200"), answer[:300]
+        results = orjson.loads(answer.split(b"\r\n\r\n", 1)[1])["results"]
+        assert len(results) == 6000 and [r["offset"] for r in results] == list(range(results[0]["offset"],
+                                                                                     results[0]["offset"] + 6000))
+        assert read_response(sock).startswith(b"HTTP/1.1 200")  # the pipelined request after it
+        chunked = b"".join(b"%x\r\n%s\r\n" % (len(body[at : at + 50_000]), body[at : at + 50_000])
+                           for at in range(0, len(body), 50_000)) + b"0\r\n\r\n"
+        sock.sendall(b"POST /v1/topics/t/batch?ack=table HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Transfer-Encoding: chunked\r\n\r\n" + chunked)  # ack=table: both batches are in Delta
+        answer = read_response(sock)
+        assert answer.startswith(b"HTTP/1.1 200"), answer[:300]
+        again = orjson.loads(answer.split(b"\r\n\r\n", 1)[1])["results"]
+        assert [r["offset"] for r in again] == [results[0]["offset"] + 6000 + i for i in range(6000)]
+    rows = httpx.get(f"http://{server[0]}:{server[1]}/v1/topics/t/partitions/0/messages",
+                     params={"offset": results[0]["offset"], "limit": 6000}).json()
+    assert [m["value"] for m in rows["messages"]] == [m["value"] for m in messages]
+
+
 # -- the head deadline (a 1 s setting on the `quick` server) -----------------------------------------
 def test_a_connection_that_sends_nothing_is_closed_after_the_deadline(quick: Address) -> None:
     with socket.create_connection(quick) as idle:

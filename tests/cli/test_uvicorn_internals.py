@@ -28,6 +28,7 @@ RELIED_ON = {
     "HttpToolsProtocol.shutdown": HttpToolsProtocol.shutdown,
     "HttpToolsProtocol._start_asgi_task": HttpToolsProtocol._start_asgi_task,
     "RequestResponseCycle.send": RequestResponseCycle.send,
+    "RequestResponseCycle.receive": RequestResponseCycle.receive,  # hands the app bytes(body), whole when gathered
     "RequestResponseCycle.run_asgi": RequestResponseCycle.run_asgi,
     "_get_status_line": httptools_impl._get_status_line,
     "Server.shutdown": Server.shutdown,  # calls each connection's shutdown(), then waits for connections and tasks
@@ -45,6 +46,7 @@ DIGESTS = {
     "HttpToolsProtocol.shutdown": "d7351fa33f00d430",
     "HttpToolsProtocol._start_asgi_task": "9c08c2571ae9b038",
     "RequestResponseCycle.send": "abdd8601b326a8da",
+    "RequestResponseCycle.receive": "8124ae006be71184",
     "RequestResponseCycle.run_asgi": "0f33f2449a444bc2",
     "_get_status_line": "d7012e110d2d2574",
     "Server.on_tick": "60ea49b06ccf68c1",

@@ -227,7 +227,7 @@ def _answer_while_trickling(address: tuple[str, int], head: bytes, body_start: b
     return out + b"<still open>"
 
 
-@pytest.mark.parametrize("path", ["/v1/topics/orders/messages", "/v1/subscriptions"])
+@pytest.mark.parametrize("path", ["/v1/topics/orders/messages", "/v1/topics/orders/batch", "/v1/subscriptions"])
 def test_a_body_that_does_not_arrive_in_time_gets_408_and_close(quick_body_deadline: tuple[str, int],
                                                                  path: str) -> None:
     head = (b"POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100000\r\n\r\n"
