@@ -15,7 +15,8 @@ strings and 64-bit partitions only, so that loss can only send a batch the per-m
 from __future__ import annotations
 
 import binascii
-from collections.abc import Mapping
+import functools
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -96,6 +97,15 @@ class BatchItems:
         if self.ndjson:
             return [message_from_json(m, f" on line {i + 1}") for i, m in enumerate(self.items)]
         return [message_from_json(m, f" {i}") for i, m in enumerate(self.items)]
+
+
+    def rebuilt(self) -> Callable[[], list[NewMessage]]:
+        """`messages` as a function that does not keep the parsed items alive, where it can."""
+        return functools.partial(_exact_messages, self.kind, self.body) if self.body else self.messages
+
+
+def _exact_messages(kind: str, body: bytes) -> list[NewMessage]:
+    return batch_items(kind, body).messages()
 
 
 def fast_batch_items(kind: str, body: bytes) -> BatchItems:

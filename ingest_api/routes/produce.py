@@ -16,9 +16,10 @@ from fastapi import APIRouter, Query
 from starlette.types import Receive, Scope, Send
 
 from ingest_api.asgi_route import AsgiRoute, header, parse_query, query_of, read_body, served_by
-from ingest_api.body import InvalidShape, fast_batch_items, media_type, parse_message
+from ingest_api.body import InvalidShape, media_type, parse_message
 from ingest_api.broker import Broker, ProduceResult
-from ingest_api.columnar import columns_of
+from ingest_api.chunks import ColumnarBatch
+from ingest_api.columnar import parse_batch_body
 from ingest_api.deps import TopicPath
 from ingest_api.errors import error_response
 from ingest_api.messages import AckMode
@@ -116,14 +117,13 @@ async def produce_batch(scope: Scope, receive: Receive, send: Send) -> None:
         ack = ack_of(query_of(scope))
         body = await read_body(receive)
         await broker.batch_turns.wait()  # one batch's CPU per loop pass: single messages run between
-        items = fast_batch_items(media_type(header(scope, b"content-type")), body)
-        columnar = columns_of(items)
-        if columnar is not None:
-            placed = await broker.produce_columns(scope["path_params"]["topic"], columnar, ack)
+        parsed = parse_batch_body(media_type(header(scope, b"content-type")), body)
+        if isinstance(parsed, ColumnarBatch):
+            placed = await broker.produce_columns(scope["path_params"]["topic"], parsed, ack)
             await broker.batch_turns.wait()  # the answers of a WAL group's batches, one per pass too
             body = batch_results_json(placed)
         else:
-            results = await broker.produce(scope["path_params"]["topic"], items.messages(), ack)
+            results = await broker.produce(scope["path_params"]["topic"], parsed.messages(), ack)
             await broker.batch_turns.wait()
             body = orjson.dumps({"results": _batch_results(results)})
     except LakebrokerError as exc:

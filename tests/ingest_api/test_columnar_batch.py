@@ -4,6 +4,7 @@ per-message path does, and its WAL chunks survive a crash (replayed once, ids st
 from __future__ import annotations
 
 import asyncio
+import gc
 from pathlib import Path
 from typing import Any
 
@@ -16,14 +17,15 @@ from prometheus_client import CollectorRegistry
 
 from ingest_api.body import batch_items
 from ingest_api.broker import Broker, ProduceResult
-from ingest_api.chunks import BatchResults
-from ingest_api.columnar import columns_of
+from ingest_api.chunks import BatchResults, ColumnarBatch
+from ingest_api.columnar import columns_of, parse_batch_body
 from ingest_api.messages import AckMode
 from ingest_api.metrics import IngestMetrics
 from ingest_api.records import CHUNK_MAGIC
 from ingest_api.results_json import batch_results_json
 from ingest_api.routes.produce import _batch_results
 from tables import delta
+from tables.errors import LakebrokerError
 from tables.settings import Settings
 from tables.topics import new_topic
 
@@ -206,3 +208,22 @@ async def test_chunks_are_replayed_once_after_a_crash_and_ids_stay_deduplicated(
         assert len(_rows(again, "t")) == 70
     finally:
         await again.stop()
+
+
+def test_parse_batch_body_pauses_the_collector_only_while_it_parses() -> None:
+    body = _json([{"value": f"v{i}", "key": f"k{i % 3}"} for i in range(50)])
+    assert gc.isenabled()
+    parsed = parse_batch_body(JSON, body)
+    assert isinstance(parsed, ColumnarBatch) and parsed.rows == 50 and gc.isenabled()
+    assert parsed.messages() == batch_items(JSON, body).messages()  # parsed again exactly, not kept
+    per_message = parse_batch_body(JSON, _json([{"value": "v", "headers": {"h": "1"}}]))
+    assert not isinstance(per_message, ColumnarBatch) and len(per_message.messages()) == 1 and gc.isenabled()
+    with pytest.raises(LakebrokerError):
+        parse_batch_body(JSON, b'{"messages": [')
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        parse_batch_body(JSON, body)
+        assert not gc.isenabled()  # a caller's own pause is left as it was
+    finally:
+        gc.enable()
