@@ -80,6 +80,7 @@ def create_app(
             gc.freeze()
             yield
         finally:
+            gc.unfreeze()  # collectable again once this app is done (several apps share a test process)
             if delivery is not None:
                 await delivery.stop()  # safe if it never started
             if broker.started:
