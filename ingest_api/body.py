@@ -59,7 +59,7 @@ def parse_json(data: bytes, where: str = "") -> Any:
 
 def parse_message(kind: str, query: Mapping[str, str], body: bytes) -> NewMessage:
     if kind == "application/json":
-        stray = [name for name in RAW_QUERY_FIELDS if name in query]
+        stray = [name for name in RAW_QUERY_FIELDS if name in query] if query else None
         if stray:  # silently ignoring ?partition=2 would put the message elsewhere than asked
             raise InvalidRequest(f"query parameters {', '.join(stray)} apply to an application/octet-stream "
                                  "body only: put them in the JSON body")
@@ -156,6 +156,14 @@ def batch_items(kind: str, body: bytes) -> BatchItems:
 def message_from_json(m: Any, where: str = "") -> NewMessage:
     """One message of a JSON body, checked as `schemas.MessageIn` documents: strict types
     (true is not 1, "5" is not 5, 5.0 is not an integer), no unknown fields."""
+    if type(m) is dict and len(m) <= 2:  # the common shapes, {"value": "..."} and {"key": "...", "value": "..."}
+        text = m.get("value")
+        if type(text) is str:
+            key = m.get("key")
+            if len(m) == 1:
+                return NewMessage(value=text.encode(), format="text")
+            if type(key) is str and len(key) <= MAX_KEY_CHARS:
+                return NewMessage(value=text.encode(), format="text", key=key)
     if type(m) is not dict:
         raise InvalidShape(f"invalid message{where}: expected a JSON object")
     if not m.keys() <= _FIELDS:

@@ -285,11 +285,16 @@ class Broker:
         gives `then` has it called on the loop at that moment (no future, no task); others await
         `settle_one`, as ack=table must."""
         topic = self.topic(topic_name)
-        self._admit(topic, (message,))
+        size = message_bytes(message.key, message.value, message.headers)
+        if size > topic.max_message_bytes or message.partition is not None or message.sequence is not None \
+                or message.producer_id is not None:
+            self._admit(topic, (message,))  # the rules, with their precise errors
+        else:
+            self._check_backlog()
         started = time.perf_counter()
         topic_id = self._topic_ids.get(topic.topic_id) or self._topic_id(topic)
         result, queued, original = self._place(topic, topic_id, message, self._partition(topic, message),
-                                               awaited=then is None and ack is not _NONE)
+                                               awaited=then is None and ack is not _NONE, size=size)
         if queued is not None:
             queued.then = then
             self.committer.submit_one(queued)
@@ -324,8 +329,8 @@ class Broker:
             self.metrics.produce_latency_of(one.ack).observe(time.perf_counter() - one.started)
         return result
 
-    def _place(self, topic: TopicConfig, topic_id: bytes, m: NewMessage, partition: int, awaited: bool
-               ) -> tuple[ProduceResult, Pending | None, asyncio.Future[Placed] | None]:
+    def _place(self, topic: TopicConfig, topic_id: bytes, m: NewMessage, partition: int, awaited: bool,
+               size: int = -1) -> tuple[ProduceResult, Pending | None, asyncio.Future[Placed] | None]:
         """One message's result so far, what it queues for the WAL (None: a duplicate), and for a
         duplicate of a message still in flight, that message's future (it waits for it). A queued
         message gets a future if it is `awaited` or carries an id (later sends of the id wait on it).
@@ -340,7 +345,7 @@ class Broker:
             if hit is not None:
                 return ProduceResult(-1, None, duplicate=True), None, hit
         record = Record(topic.name, topic_id, partition, -1, 0, m.key, m.value, m.format, m.headers,
-                        m.message_id, m.producer_id, m.sequence)
+                        m.message_id, m.producer_id, m.sequence, -1 if size < 0 else 64 + size)
         future: asyncio.Future[Placed] | None = None
         if awaited or key is not None:
             future = asyncio.get_running_loop().create_future()

@@ -21,12 +21,12 @@ from dataclasses import dataclass
 
 from fastapi import FastAPI
 
-from ingest_api.asgi_route import AsgiRoute, header_in
+from ingest_api.asgi_route import AsgiRoute
 from ingest_api.auth import OPEN_ACCESS, Access, Authenticator, access_rule, bearer_of
 from ingest_api.body import media_type, parse_message
 from ingest_api.broker import Broker, OneMessage
 from ingest_api.errors import error_response
-from ingest_api.limits import body_timeout, declared_too_large, header_refusal
+from ingest_api.limits import MAX_HEADER_BYTES, MAX_HEADERS, body_timeout, declared_too_large, header_refusal
 from ingest_api.messages import AckMode
 from ingest_api.responses import Answer
 from ingest_api.routes.produce import produce_target, produced
@@ -34,6 +34,7 @@ from tables.errors import LakebrokerError
 from tables.tokens import ApiToken
 
 PATH = "/v1/topics/{topic}/messages"
+_JSON = "application/json"
 Headers = list[tuple[bytes, bytes]]
 
 
@@ -62,16 +63,31 @@ class FastProduce:
 
     def begin(self, topic: str, raw_query: bytes, headers: Headers) -> FastRequest | Answer | None:
         """The checks on a request head: a refusal, the request to finish with its body, or None
-        (take the ASGI path)."""
+        (take the ASGI path: a chunked body or none declared, or a token table to read first)."""
         outcome = self._check(topic, raw_query, headers)
         if outcome is not None:
             self.taken += 1
         return outcome
 
     def _check(self, topic: str, raw_query: bytes, headers: Headers) -> FastRequest | Answer | None:
-        refused = header_refusal(headers)
-        if refused is not None:
-            return refused
+        # One pass over the headers for what the checks below read; a refusal is then built by the
+        # function that owns it, from the headers again (refusals are rare).
+        size = 4 * len(headers)
+        content_type = b""
+        largest = -1
+        for name, value in headers:
+            size += len(name) + len(value)
+            if name == b"content-length":
+                largest = max(largest, int(value) if value.isdigit() else 0)
+            elif name == b"content-type":
+                if not content_type:
+                    content_type = value
+            elif name == b"transfer-encoding":
+                return None  # a chunked body: uvicorn reads it
+        if largest < 0:
+            return None  # no declared length (the body ends with the connection): uvicorn reads it
+        if len(headers) > MAX_HEADERS or size > MAX_HEADER_BYTES:
+            return header_refusal(headers)
         principal: ApiToken | None = None
         if self.access is not None:
             try:
@@ -80,16 +96,16 @@ class FastProduce:
                 return Answer.of(error_response(exc))
             if principal is None:
                 return None  # the token table needs a read: ASGI awaits it
-        refused = declared_too_large(headers, self.max_request_bytes)
-        if refused is not None:
-            return refused
+        if largest > self.max_request_bytes:
+            return declared_too_large(headers, self.max_request_bytes)
         try:
             if self.access is not None and principal is not None and principal is not OPEN_ACCESS:
                 self.access.authorize(principal, "POST", PATH, topic)  # auth off: every scope, every topic
             query, ack = produce_target(self.broker, topic, raw_query)
         except LakebrokerError as exc:
             return Answer.of(error_response(exc))
-        return FastRequest(topic, query, ack, media_type(header_in(headers, b"content-type")))
+        kind = _JSON if content_type == b"application/json" else media_type(content_type.decode("latin-1"))
+        return FastRequest(topic, query, ack, kind)
 
     def start(self, request: FastRequest, body: bytes, then: Callable[[], None]) -> Answer | OneMessage:
         """The body parsed and the message queued: its answer, or what it waits for. At ack=wal `then`

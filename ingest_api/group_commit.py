@@ -12,6 +12,16 @@ the last one is being written, and the answer costs one loop pass, not three (ex
 task wake-up, each request's future callback), each of which waits behind every connection's
 reads on a busy loop.
 
+Except when nothing is in flight and the group is only single messages (at most
+INLINE_GROUP_BYTES): then the loop writes and fdatasyncs the group itself, and answers it in the
+same pass. A busy loop holds the GIL between its callbacks, so a writer thread woken for such a
+group waited 0.1-0.9 ms for the GIL before its write, and its report waited for the next pass;
+meanwhile every connection whose message was in the group was idle (measured with 32 producers:
+the cycle of read, hand-off, write, answer took 3.5 ms, of which the loop was idle a third).
+The fdatasync releases the GIL, and with nothing in flight there is nothing the loop could overlap
+with it but new requests, which join the next group. Batches, and anything behind a write in
+flight, still go to the thread, so a large frame never stalls the loop.
+
 Offsets are assigned on the loop only, in hand-off order, and the thread writes in that order.
 A write that fails (disk full) fails its groups and every group handed after them, and the offsets
 roll back to the first of them, so no gap is left and a retry is accepted afresh.
@@ -41,6 +51,7 @@ if TYPE_CHECKING:
     from typing_extensions import Buffer
 
 log = logging.getLogger(__name__)
+INLINE_GROUP_BYTES = 256 * 1024  # a group the loop writes itself: about a millisecond of page-cache copy at most
 
 
 @dataclass(slots=True)
@@ -224,6 +235,15 @@ class GroupCommitter:
     def _hand_off(self) -> None:
         self._scheduled = False
         writer = self._writer
+        if writer is not None and not self._unwritten and _inline(self._queue):
+            group = self._hand(self._take())
+            error: BaseException | None = None
+            try:
+                self._wal.append(_pieces(group.frames), group.records)
+            except BaseException as exc:  # noqa: BLE001 - as the writer thread reports it
+                error = exc
+            self._written([group], error)
+            return
         # A bound on rows handed but not written: behind it, single messages queue here and move ahead
         # of batches at the next _take, rather than wait behind every batch already handed.
         while self._queue and writer is not None and self._unwritten_rows < self._max_group:
@@ -293,6 +313,16 @@ class GroupCommitter:
         for group in failed:
             self.queued_bytes -= group.size
             _answer(group, error)
+
+
+def _inline(queue: list[Queued]) -> bool:
+    """Whether the loop writes this queue itself: single messages only, INLINE_GROUP_BYTES at most."""
+    size = 0
+    for p in queue:
+        if type(p) is not Pending:
+            return False
+        size += p.record.size
+    return 0 < size <= INLINE_GROUP_BYTES
 
 
 def _answer(group: _Group, error: StorageUnavailable | None = None) -> None:

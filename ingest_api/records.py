@@ -72,28 +72,33 @@ def message_bytes(key: str | None, value: bytes | None, headers: dict[str, str] 
     return size
 
 
-def _put(parts: list[bytes], data: bytes | None) -> None:
-    if data is None:
-        parts.append(_LEN.pack(-1))
-    else:
-        parts.append(_LEN.pack(len(data)))
-        parts.append(data)
+_NULL = _LEN.pack(-1)
+
+
+def _field(data: bytes | None) -> bytes:
+    return _NULL if data is None else _LEN.pack(len(data)) + data
 
 
 def encode(record: Record) -> bytes:
     seq = _NO_SEQUENCE if record.sequence is None else record.sequence
-    parts = [
-        _FIXED.pack(
-            record.topic_id, record.partition, record.offset, record.timestamp_us, _FORMAT_CODE[record.format], seq
-        )
-    ]
-    _put(parts, record.topic.encode())
-    _put(parts, None if record.key is None else record.key.encode())
-    _put(parts, record.value)
-    _put(parts, None if record.headers is None else orjson.dumps(record.headers))
-    _put(parts, None if record.message_id is None else record.message_id.encode())
-    _put(parts, None if record.producer_id is None else record.producer_id.encode())
-    return seal(FRAME_MAGIC, b"".join(parts))
+    topic = record.topic.encode()
+    key = record.key
+    body = b"".join((
+        _FIXED.pack(record.topic_id, record.partition, record.offset, record.timestamp_us,
+                    _FORMAT_CODE[record.format], seq),
+        _LEN.pack(len(topic)), topic,
+        _NULL if key is None else _field(key.encode()),
+        _field(record.value),
+        # a plain message (no headers, id or producer) ends with three nulls
+        _NULL * 3 if record.headers is None and record.message_id is None and record.producer_id is None else b"".join((
+            _field(None if record.headers is None else orjson.dumps(record.headers)),
+            _field(None if record.message_id is None else record.message_id.encode()),
+            _field(None if record.producer_id is None else record.producer_id.encode()))),
+    ))
+    length = len(body)
+    if length > MAX_FRAME_BYTES:  # recovery would read it as corruption, so never write it
+        raise ValueError(f"a WAL frame of {length} bytes is over the {MAX_FRAME_BYTES}-byte frame limit")
+    return FRAME_HEADER.pack(FRAME_MAGIC, length, zlib.crc32(body, zlib.crc32(_LEN.pack(length)))) + body
 
 
 def seal(magic: bytes, body: bytes) -> bytes:

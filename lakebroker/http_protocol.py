@@ -126,7 +126,45 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         cycle = self.cycle
         if type(cycle) is FastCycle and cycle.timer is not None:
             cycle.timer.cancel()
+        if self.timeout_keep_alive_task is not None:
+            self.timeout_keep_alive_task.cancel()
+            self.timeout_keep_alive_task = None
         super().connection_lost(exc)
+
+    # -- keep-alive: one timer per connection -----------------------------------------------
+    # uvicorn arms a keep-alive timer at every response and cancels it at the next read: a timer
+    # made and unmade per request. Here the timer stays armed while the connection lives, and
+    # when it fires it looks at how long the connection has been idle (uvicorn's rule: closed
+    # once timeout_keep_alive has passed since the last response, with no request begun).
+    _idle_from: float | None = None  # when the last response completed with nothing behind it
+
+    def _unset_keepalive_if_required(self) -> None:
+        self._idle_from = None
+
+    def on_response_complete(self) -> None:
+        self.server_state.total_requests += 1
+        if self.transport.is_closing():
+            return
+        self._idle_from = None
+        self.flow.resume_reading()
+        if self.pipeline:  # uvicorn's: start the request queued behind this one
+            cycle, app = self.pipeline.pop()
+            self._start_asgi_task(cycle, app)
+            return
+        self._idle_from = now = self.loop.time()
+        if self.timeout_keep_alive_task is None:
+            self.timeout_keep_alive_task = self.loop.call_at(now + self.timeout_keep_alive, self._keep_alive_due)
+
+    def _keep_alive_due(self) -> None:
+        self.timeout_keep_alive_task = None
+        idle_from = self._idle_from
+        if idle_from is None:
+            return  # a request is in progress: its response arms the timer again
+        due = idle_from + self.timeout_keep_alive
+        if self.loop.time() >= due:
+            self.timeout_keep_alive_handler()
+        else:
+            self.timeout_keep_alive_task = self.loop.call_at(due, self._keep_alive_due)
 
     def data_received(self, data: bytes) -> None:
         whole = self._idle or self._in_head  # this read starts at or inside a head
@@ -188,12 +226,13 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
     def _fast_head(self, fast: FastProduce) -> bool:
         """Takes a request on the fast path if it is a plain single-message produce (True)."""
         url: bytes = self.url
-        if not url.startswith(_FAST_PREFIX) or self.parser.get_method() != b"POST" or self.expect_100_continue \
-                or self.pipeline or self.root_path \
-                or (self.cycle is not None and not self.cycle.response_complete):
+        parser = self.parser
+        cycle = self.cycle
+        if not url.startswith(_FAST_PREFIX) or parser.get_method() != b"POST" or self.expect_100_continue \
+                or self.pipeline or self.root_path or (cycle is not None and not cycle.response_complete):
             return False
-        version = self.parser.get_http_version()
-        if version not in ("1.1", "1.0") or self.parser.should_upgrade():
+        version = parser.get_http_version()
+        if (version != "1.1" and version != "1.0") or parser.should_upgrade():
             return False
         limit = self.limit_concurrency  # over it, uvicorn answers 503
         if limit is not None and (len(self.connections) >= limit or len(self.tasks) >= limit):
@@ -203,18 +242,11 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         if len(parts) != 5 or parts[4] != b"messages" or not parts[3] or b"%" in path or b"#" in url \
                 or not parts[3].isascii():
             return False
-        has_length = False
-        for name, _value in self.headers:
-            if name == b"content-length":
-                has_length = True
-            elif name == b"transfer-encoding":
-                return False
-        if not has_length:
-            return False
+        # (a body with no declared length, or a chunked one, takes uvicorn's path: begin says None)
         outcome = fast.begin(parts[3].decode("ascii"), query, self.headers)
         if outcome is None:
             return False
-        cycle = FastCycle(keep_alive=version != "1.0" and self.parser.should_keep_alive())
+        cycle = FastCycle(keep_alive=version != "1.0" and parser.should_keep_alive())
         self.cycle = cycle  # uvicorn reads only what FastCycle holds
         if isinstance(outcome, Answer):
             self._fast_answer(cycle, outcome)  # the body, if any, is dropped as uvicorn drops it

@@ -37,14 +37,14 @@ _TOKEN_ID = re.compile(rb"\b[0-9a-f]{12}\b")  # each server has its own tokens, 
 class Server:
     """`create_app` under uvicorn (httptools, uvloop) in a thread, with or without the fast path."""
 
-    def __init__(self, data: Path, fast: bool, **overrides: object) -> None:
+    def __init__(self, data: Path, fast: bool, timeout_keep_alive: float = 5, **overrides: object) -> None:
         self.settings = Settings(**{"data_dir": data, "flush_interval_ms": 20, "deliver_in_serve": False,
                                     "max_request_bytes": MAX_REQUEST, "body_read_timeout_s": 1, **overrides})
         self.app: FastAPI = create_app(self.settings)
         self.fast = FastProduce(self.app) if fast else None
         # log_config=None, as `serve` runs it: uvicorn leaves logging alone, so its access log stays off
         self.thread = AppThread(self.app, http=bounded_protocol(10.0, self.fast), loop="uvloop", lifespan="on",
-                                log_config=None)
+                                log_config=None, timeout_keep_alive=timeout_keep_alive)
 
     def start(self) -> Server:
         url = self.thread.start()
@@ -317,6 +317,31 @@ def test_a_client_that_leaves_while_waiting(tmp_path: Path) -> None:
         assert server.taken == 4
         wait_for(lambda: server.flushed("t"))
         assert [row[5] for row in server.rows("t")] == ["left-wal", "left-table"]
+    finally:
+        server.stop()
+
+
+def test_an_idle_connection_closes_after_the_keep_alive_timeout_counted_from_its_last_answer(
+        tmp_path: Path) -> None:
+    """uvicorn's keep-alive rule, kept by the protocol's single per-connection timer: a connection
+    idle for timeout_keep_alive since its last answer is closed, on the fast path and through ASGI;
+    one that sent another request in time is not (the timer armed at the first answer must not end it)."""
+    server = Server(tmp_path / "data", fast=True, timeout_keep_alive=1, auth="off").start()
+    try:
+        exchange(server.address, request("/v1/topics", b'{"name":"t","partitions":1}'))
+        for path in ("/v1/topics/t/messages", "/v1/topics/nope/batch"):  # fast path; ASGI (a 404)
+            with socket.create_connection(server.address) as sock:
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                for _ in range(3):  # 0.7 s apart: each answer restarts the idle time
+                    sock.sendall(request(path))
+                    (answer,) = read_responses(sock, 1)
+                    assert status_of(answer) in (200, 404), answer
+                    time.sleep(0.7)
+                last = time.monotonic() - 0.7
+                assert until_closed(sock) == b""  # closed by the server, with nothing more said
+                idle = time.monotonic() - last
+                assert 0.9 <= idle <= 3.0, f"closed {idle:.2f} s after the last answer (timeout 1 s)"
+        assert server.taken == 3  # the three produce requests (the create and the 404s went through ASGI)
     finally:
         server.stop()
 

@@ -4,6 +4,7 @@ group, not after all of them, and every message still gets a dense offset in req
 from __future__ import annotations
 
 import asyncio
+import threading
 from pathlib import Path
 
 import pyarrow as pa
@@ -47,3 +48,55 @@ async def test_a_single_message_behind_a_batch_backlog_joins_the_next_group(tmp_
     # Offsets stay dense in the order the groups were written: the batches after the singles go on from them.
     assert [p.chunk.offset for p in batches] == [0, GROUP + 2, 2 * GROUP + 2, 3 * GROUP + 2, 4 * GROUP + 2]
     assert committer.queued_bytes == 0
+
+
+async def test_single_messages_with_nothing_in_flight_are_written_by_the_loop_itself(tmp_path: Path) -> None:
+    """With no write in flight, a group of single messages is written and answered on the loop (no
+    thread hop, no wait for the GIL); a batch goes to the writer thread, and single messages queued
+    while it is in flight follow it there, so the WAL keeps hand-off order and offsets stay dense."""
+    wal = Wal(tmp_path / "wal", segment_bytes=1 << 24, fsync=True)
+    wal.recover()
+    writers: list[tuple[int, list[Record | Chunk]]] = []
+    append = wal.append
+    in_flight = threading.Event()  # set by the test: the batch's write may finish
+
+    def traced(frames: list[object], records: list[Record | Chunk]) -> None:
+        writers.append((threading.get_ident(), list(records)))
+        if any(isinstance(r, Chunk) for r in records):
+            in_flight.wait(30)
+        append(frames, records)  # type: ignore[arg-type]
+
+    wal.append = traced  # type: ignore[method-assign,assignment]
+    committer = GroupCommitter(wal, {}, lambda records: None, IngestMetrics(CollectorRegistry()), max_group=GROUP)
+    running = asyncio.create_task(committer.run())
+    await asyncio.sleep(0.05)  # the writer thread is up
+    loop_thread = threading.get_ident()
+    answered: list[str] = []
+
+    a, b = single(b"a"), single(b"b")
+    a.then, b.then = (lambda: answered.append("a")), (lambda: answered.append("b"))
+    committer.submit_one(a)
+    committer.submit_one(b)
+    await asyncio.sleep(0)  # one pass: the hand-off writes and answers both
+    assert answered == ["a", "b"] and a.outcome == (0, 0, a.record.timestamp_us) and b.outcome is not None
+    assert b.record.offset == 1
+    assert writers == [(loop_thread, [a.record, b.record])]
+
+    big = batch(10)  # under max_group: messages behind it are handed over while it is written
+    big.future = asyncio.get_running_loop().create_future()
+    committer.submit([big])
+    c = single(b"c")
+    c.future = asyncio.get_running_loop().create_future()
+    await asyncio.sleep(0)  # the batch is handed to the thread, whose write waits for in_flight
+    committer.submit_one(c)  # queued behind a write in flight: not inline
+    await asyncio.sleep(0)
+    assert c.outcome is None
+    in_flight.set()
+    await asyncio.wait_for(asyncio.gather(big.future, c.future), 30)
+    assert [thread != loop_thread for thread, _ in writers[1:]] == [True] * (len(writers) - 1)
+    assert [r for _, records in writers for r in records] == [a.record, b.record, big.chunk, c.record]
+    assert big.chunk.offset == 2 and c.future.result()[1] == 12  # dense, in hand-off order
+
+    committer.close()
+    await running
+    wal.close()
