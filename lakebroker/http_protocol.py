@@ -188,8 +188,27 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
             self._deadline = self.loop.call_later(self.header_timeout_s, self._head_timed_out)
 
     def on_message_begin(self) -> None:
-        super().on_message_begin()
+        if self._fast is None:
+            super().on_message_begin()
+        else:  # uvicorn's, but its ASGI scope is built only for a request that takes the ASGI path
+            self.url = b""
+            self.expect_100_continue = False
+            self.headers = []
         self._idle, self._in_head, self._head_bytes = False, True, 0
+
+    def _asgi_scope(self) -> None:
+        """The scope uvicorn's on_message_begin builds (tests/cli/test_uvicorn_internals.py pins it)."""
+        self.scope = {  # type: ignore[typeddict-item]
+            "type": "http",
+            "asgi": {"version": self.asgi_version, "spec_version": "2.3"},
+            "http_version": "1.1",
+            "server": self.server,
+            "client": self.client,
+            "scheme": self.scheme,  # type: ignore[typeddict-item]
+            "root_path": self.root_path,
+            "headers": self.headers,
+            "state": self.app_state.copy(),
+        }
 
     def on_headers_complete(self) -> None:
         self._in_head = False
@@ -197,6 +216,8 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         if self._deadline is not None:
             self._disarm()
         if self._fast is None or not self._fast_head(self._fast):
+            if self._fast is not None:
+                self._asgi_scope()
             super().on_headers_complete()
             self._whole_body = 0 <= _declared_length(self.headers) <= WHOLE_BODY_BYTES
 
