@@ -3,8 +3,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 .venv/bin/ruff check .
-.venv/bin/mypy tables ingest_api delivery_worker spark_pipeline lakebroker clients/python/lakebroker_client
 mkdir -p test-artifacts
+# mypy (about 12 CPU-s on a fresh clone, one core) runs beside pytest's start-up; its verdict counts all the same.
+.venv/bin/mypy tables ingest_api delivery_worker spark_pipeline lakebroker clients/python/lakebroker_client \
+  >test-artifacts/mypy.log 2>&1 &
+mypy_pid=$!
 # The suite starts ~40 short-lived Spark JVMs (CLI jobs, Airflow tasks, serve's scheduler). For a
 # JVM that lives a minute, C2 compilation and G1's threads cost more than they return: C1 only and
 # the serial collector halve their CPU (measured: `lakebroker compact` 35 -> 17 CPU-s). The shared
@@ -25,5 +28,13 @@ export LAKEBROKER_SPARK_CONF="${LAKEBROKER_SPARK_CONF:-$test_conf}"
 # --no-loadscope-reorder: keep the collection order (longest modules first, tests/conftest.py);
 # xdist would otherwise sort modules by their number of tests, and start a one-test Spark chain last.
 # --durations: the slowest tests, so a CI log says where the suite's time went.
+status=0
 .venv/bin/python -m pytest -p no:cacheprovider -q -n "${LAKEBROKER_TEST_PROCESSES:-4}" --dist loadfile \
-  --no-loadscope-reorder --durations=25 "$@"
+  --no-loadscope-reorder --durations=25 "$@" || status=$?
+if ! wait "$mypy_pid"; then
+  cat test-artifacts/mypy.log
+  echo "mypy failed" >&2
+  exit 1
+fi
+tail -n 1 test-artifacts/mypy.log
+exit "$status"

@@ -47,13 +47,16 @@ def vacuum_candidates(uri: str, hours: float) -> list[str] | None:
     The hours are rounded down, so the answer never misses a file that VACUUM would delete.
     Hidden files are left out, as Delta's VACUUM leaves them: delta-rs's full listing counts the
     `.crc` checksums Spark writes beside each data file, which would make every table of a Spark
-    job look like it had something to delete."""
+    job look like it had something to delete. So are files already gone: delta-rs names every
+    tombstone still in the log (a week of them by default) whether or not an earlier VACUUM
+    deleted its file, which made every later job run VACUUM again for nothing."""
     try:
         found = load(uri).vacuum(retention_hours=int(hours), dry_run=True, enforce_retention_duration=False,
                                  full=True)
     except (DeltaError, OSError, ValueError):
         return None
-    return [path for path in found if not any(_hidden(part) for part in path.split("/"))]
+    visible = [path for path in found if not any(_hidden(part) for part in path.split("/"))]
+    return storage.existing(uri, visible)
 
 
 def _hidden(name: str) -> bool:

@@ -23,7 +23,7 @@ import shutil
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 from tables.errors import InvalidRequest
 
@@ -160,6 +160,19 @@ def remove_tree(uri: str) -> None:
     assert isinstance(fs, pafs.FileSystem)
     with contextlib.suppress(FileNotFoundError):
         fs.delete_dir(path)
+
+
+def existing(uri: str, paths: list[str]) -> list[str]:
+    """Those of `paths` (relative to `uri`, as a Delta log names them) that exist: a stat each
+    locally, a HEAD each on S3."""
+    import pyarrow.fs as pafs
+
+    if not paths:
+        return []
+    fs, root = filesystem(uri)
+    assert isinstance(fs, pafs.FileSystem)
+    infos = fs.get_file_info([f"{root}/{unquote(path)}" for path in paths])
+    return [path for path, info in zip(paths, infos, strict=True) if info.type != pafs.FileType.NotFound]
 
 
 def child_names(uri: str) -> list[str]:

@@ -6,10 +6,14 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
+from deltalake import write_deltalake
 
 from spark_pipeline.jobs import key_compaction, offsets_compaction
 from spark_pipeline.results import Outcome
+from tables import delta
 from tables.errors import InvalidRequest
 from tables.layout import Layout
 from tables.offsets import Fence, OffsetReason, OffsetsTable
@@ -89,6 +93,33 @@ def test_offsets_compaction_keeps_latest_per_group_partition(spark: Any, tmp_pat
     offsets.commit("g2", "orders", {0: 8}, OffsetReason.ACK)  # still appendable by delta-rs
     assert OffsetsTable(layout).latest()[("g2", "orders", 0)] == (8, "ack")
     assert offsets_compaction.run(spark, settings).table("_system/consumer_offsets").rows_removed == 1
+
+
+def test_offsets_compaction_of_a_compact_table_starts_no_spark_job(spark: Any, tmp_path: Path) -> None:
+    """One file with one row per key and incarnation is left alone, decided from the log and that
+    file with delta-rs; one file that holds a superseded row is still compacted by Spark."""
+    settings = settings_for(tmp_path / "data")
+    layout = Layout(settings.data_dir)
+    offsets = OffsetsTable(layout)
+    offsets.commit("g1", "orders", {0: 10, 1: 5}, OffsetReason.ACK)
+    offsets.commit("g1", "orders", {0: 20}, OffsetReason.ACK)
+    assert offsets_compaction.run(spark, settings).table("_system/consumer_offsets").rows_removed == 1
+    offsets_compaction.run(spark, settings)  # VACUUMs the file the compaction replaced (retention 0 here)
+    version = delta.load(layout.offsets_table).version()
+    jobs_before = spark.sparkContext.statusTracker().getJobIdsForGroup(None)
+    again = offsets_compaction.run(spark, settings).table("_system/consumer_offsets")
+    assert again.details["checked_without_spark"] is True and again.rows_removed == 0
+    assert again.details["rows_kept"] == 2 and delta.load(layout.offsets_table).version() == version
+    assert spark.sparkContext.statusTracker().getJobIdsForGroup(None) == jobs_before  # no Spark job ran
+    # One file, but two rows for one key (as one append of a replica's stream batch can hold them).
+    rows = delta.load(layout.offsets_table).to_pyarrow_table()
+    (row,) = rows.filter(pc.equal(rows.column("partition"), 0)).to_pylist()
+    newer = pa.Table.from_pylist([{**row, "offset": 30, "seq": (row["seq"] or 0) + 1}], schema=rows.schema)
+    write_deltalake(layout.offsets_table, pa.concat_tables([rows, newer]), mode="overwrite")
+    assert offsets.latest()[("g1", "orders", 0)][0] == 30
+    doubled = offsets_compaction.run(spark, settings).table("_system/consumer_offsets")
+    assert doubled.rows_removed == 1 and "checked_without_spark" not in doubled.details
+    assert OffsetsTable(layout).latest()[("g1", "orders", 0)][0] == 30
 
 
 def test_offsets_compaction_keeps_the_newest_owners_position_over_a_later_stale_commit(spark: Any,
