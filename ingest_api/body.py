@@ -156,14 +156,14 @@ def batch_items(kind: str, body: bytes) -> BatchItems:
 def message_from_json(m: Any, where: str = "") -> NewMessage:
     """One message of a JSON body, checked as `schemas.MessageIn` documents: strict types
     (true is not 1, "5" is not 5, 5.0 is not an integer), no unknown fields."""
-    if type(m) is dict and len(m) <= 2:  # the common shapes, {"value": "..."} and {"key": "...", "value": "..."}
-        text = m.get("value")
-        if type(text) is str:
-            key = m.get("key")
-            if len(m) == 1:
-                return NewMessage(value=text.encode(), format="text")
-            if type(key) is str and len(key) <= MAX_KEY_CHARS:
-                return NewMessage(value=text.encode(), format="text", key=key)
+    if type(m) is dict and "value" in m and len(m) <= 2:  # the common shapes: {"value": v}, {"key": "k", "value": v}
+        key = m.get("key")
+        if len(m) == 1 or (type(key) is str and len(key) <= MAX_KEY_CHARS):
+            v = m["value"]
+            if type(v) is str:
+                return NewMessage(value=v.encode(), format="text", key=key)
+            stored, fmt = from_json_value(v)
+            return NewMessage(value=stored, format=fmt, key=key)
     if type(m) is not dict:
         raise InvalidShape(f"invalid message{where}: expected a JSON object")
     if not m.keys() <= _FIELDS:

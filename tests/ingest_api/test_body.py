@@ -18,7 +18,18 @@ from tables.message_format import from_base64, from_json_value
 _MODEL = TypeAdapter(MessageIn)
 
 CASES: list[Any] = [
+    # the two shapes message_from_json answers first, and their neighbours
     {"value": "hello"},
+    {"key": "user-1", "value": "hello"},
+    {"key": "user-1", "value": {"event": "order", "amount": 42.5, "items": [1, None]}},
+    {"key": "", "value": "x"},
+    {"key": None, "value": "x"},
+    {"key": "k" * (64 * 1024), "value": 7},
+    {"key": "k" * (64 * 1024 + 1), "value": "x"},
+    {"key": 5, "value": "x"},
+    {"key": "k", "value": None},
+    {"value": [1, "two", {"three": 3.0}]},
+    {"id": "x", "value": "v"},
     {"value": None},
     {"value": {"a": [1, 2.5, None]}, "key": "user-7", "headers": {"h": "v"}},
     {"value": 1, "partition": 0},
