@@ -25,7 +25,7 @@ from typing import Any
 import orjson
 
 from bench.plan import CHECK_CONNECTIONS, Plan
-from bench.procs import REPO, BenchError, Server, create_topic, lakebroker_server, metrics
+from bench.procs import NO_JOBS, REPO, BenchError, Server, create_topic, lakebroker_server, metrics
 from bench.wrk import LoadResult, closed_loop, have_wrk, write_script
 from tables.layout import Layout
 
@@ -154,7 +154,7 @@ class SingleResult:
 def single_produce(plan: Plan, baseline: Server, floor: Server, work: Path,
                    reference: Server | None = None) -> SingleResult:
     """`reference`, if given, is the bare app under another HTTP protocol (a row of the decomposition)."""
-    with lakebroker_server(work / "single-data") as broker:
+    with lakebroker_server(work / "single-data", env=NO_JOBS) as broker:
         create_topic(broker.url, "bench")
         for server in (baseline, broker, floor):
             measure(server, PRODUCE_PATH, work, "warmup", SINGLE_BODY, "application/json", 64, plan.warmup_s)
@@ -218,7 +218,7 @@ class BatchResult:
 
 def batch_produce(plan: Plan, baseline: Server, work: Path) -> BatchResult:
     rows = []
-    with lakebroker_server(work / "batch-data") as broker:
+    with lakebroker_server(work / "batch-data", env=NO_JOBS) as broker:
         create_topic(broker.url, "bench")
         body, ctype = batch_body("json", 1000)
         for server in (baseline, broker):
@@ -405,7 +405,7 @@ def finish_background(proc: subprocess.Popen[str], duration_s: float, connection
 
 def produce_to_table(plan: Plan, work: Path) -> list[VisibilityRun]:
     runs = []
-    with lakebroker_server(work / "visibility-data") as broker:
+    with lakebroker_server(work / "visibility-data", env=NO_JOBS) as broker:
         runs.append(visibility_run(plan, broker, "latency", work, "idle server", background=False))
         if plan.visibility_under_load:
             runs.append(visibility_run(plan, broker, "latency-loaded", work,

@@ -138,6 +138,12 @@ def baseline_server(work: Path, app: str = "bare", http: str | None = None) -> S
     )
 
 
+# `serve` with its scheduled Spark jobs off: the HTTP benchmarks measure a server alone on loopback, and
+# a job's cold JVM (its first turn comes 5 minutes in, during a long run) would share the two cores.
+NO_JOBS = {f"LAKEBROKER_{job}_INTERVAL_S": "0" for job in (
+    "COMPACTION", "RETENTION", "KEY_COMPACTION", "OFFSETS_COMPACTION", "REPLICATION")}
+
+
 def lakebroker_server(
     data_dir: Path, *, sampled: Path | None = None, env: dict[str, str] | None = None
 ) -> Server:

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench.procs import (
+    NO_JOBS,
     BenchError,
     Server,
     baseline_server,
@@ -32,8 +33,6 @@ from bench.wrk import LoadResult, have_wrk, run_wrk, write_script
 
 BODY = b'{"key":"user-1","value":"hello world 0123456789 0123456789 0123456789 0123456789"}'
 PATH = "/v1/topics/bench/messages"
-NO_JOBS = {f"LAKEBROKER_{job}_INTERVAL_S": "0" for job in (
-    "COMPACTION", "RETENTION", "KEY_COMPACTION", "OFFSETS_COMPACTION", "REPLICATION")}
 
 
 @dataclass
