@@ -142,6 +142,7 @@ class SinglePoint:
 class SingleResult:
     points: list[SinglePoint]
     decomposition: list[tuple[str, Measured]]
+    peak_rss_mb: float | None = None  # serve's, through the whole sweep
 
     def best(self) -> SinglePoint:
         return max(self.points, key=lambda p: p.broker.ok_rps)
@@ -183,7 +184,8 @@ def single_produce(plan: Plan, baseline: Server, floor: Server, work: Path,
             ("lakebroker produce, ack=none", measured[2]),
             ("lakebroker produce, ack=wal", lb),
         ]
-    return SingleResult(points, decomposition)
+        peak = broker.peak_rss_mb()
+    return SingleResult(points, decomposition, peak)
 
 
 # -- 2. batch produce ---------------------------------------------------------------------------
@@ -209,6 +211,7 @@ class BatchResult:
     rows: list[BatchRow]
     server_metrics: dict[str, float]
     load_wall_s: float
+    peak_rss_mb: float | None = None  # serve's, through every body
 
     def best(self, keyed: bool = False) -> BatchRow | None:
         """The fastest keyless (or keyed) body, if the plan measured one."""
@@ -234,7 +237,8 @@ def batch_produce(plan: Plan, baseline: Server, work: Path) -> BatchResult:
         while time.monotonic() < deadline and metrics(broker.url).get("lakebroker_wal_backlog_bytes", 0) > 0:
             time.sleep(0.2)
         server_metrics = metrics(broker.url)
-    return BatchResult(rows, server_metrics, wall)
+        peak = broker.peak_rss_mb()
+    return BatchResult(rows, server_metrics, wall, peak)
 
 
 # -- 4. produce → visible in Delta ------------------------------------------------------------------
@@ -255,6 +259,7 @@ class VisibilityRun:
     sent_to_ack_s: list[float] = field(default_factory=list)  # from the send, so without the client's queue
     commands: list[str] = field(default_factory=list)
     server_cpu_s: float = 0.0  # the server process over the probe (and flood), user + system
+    peak_rss_mb: float | None = None  # serve's, from its start to the end of this run
 
     @property
     def flood_msg_s(self) -> float:
@@ -407,7 +412,9 @@ def produce_to_table(plan: Plan, work: Path) -> list[VisibilityRun]:
     runs = []
     with lakebroker_server(work / "visibility-data", env=NO_JOBS) as broker:
         runs.append(visibility_run(plan, broker, "latency", work, "idle server", background=False))
+        runs[-1].peak_rss_mb = broker.peak_rss_mb()
         if plan.visibility_under_load:
             runs.append(visibility_run(plan, broker, "latency-loaded", work,
                                        "beside a saturating batch producer", background=True))
+            runs[-1].peak_rss_mb = broker.peak_rss_mb()
     return runs

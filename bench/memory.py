@@ -17,6 +17,18 @@ def rss_mb(pid: int) -> float | None:
     return None
 
 
+def peak_rss_mb(pid: int) -> float | None:
+    """The kernel's high-water mark of the process's resident set (VmHWM): its peak over its whole
+    life so far, with no sample to miss it."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    return None
+
+
 def children(pid: int) -> list[int]:
     out: list[int] = []
     try:

@@ -16,6 +16,7 @@ TARGET_BATCH_MSG_S = 500_000
 TARGET_KEYED_BATCH_MSG_S = 200_000
 TARGET_FLUSH_ROWS_S = 1_000_000
 TARGET_VISIBLE_P99_S = 1.0
+TARGET_INGEST_RSS_MB = 300  # serve's peak resident memory through every benchmark above
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,8 @@ from pathlib import Path
 import httpx
 import orjson
 
+from bench.memory import peak_rss_mb
+
 REPO = Path(__file__).resolve().parent.parent
 _TICK = os.sysconf("SC_CLK_TCK")
 
@@ -92,6 +94,10 @@ class Server:
 
     def cpu(self) -> float:
         return cpu_seconds(self.pid)
+
+    def peak_rss_mb(self) -> float | None:
+        """The server process's peak resident memory so far (its children not included)."""
+        return peak_rss_mb(self.pid)
 
     def settle(self, quiet: float = 0.02, step: float = 0.1, timeout: float = 3.0) -> None:
         """Wait (bounded) until the server uses under `quiet` of a core: the end of a load run leaves work,

@@ -12,6 +12,7 @@ from bench.plan import (
     CHECK_CONNECTIONS,
     TARGET_BATCH_MSG_S,
     TARGET_FLUSH_ROWS_S,
+    TARGET_INGEST_RSS_MB,
     TARGET_KEYED_BATCH_MSG_S,
     TARGET_SINGLE_RATIO,
     TARGET_VISIBLE_P99_S,
@@ -136,6 +137,25 @@ def _visibility_limit(run: VisibilityRun) -> str:
     return "; ".join(parts)
 
 
+def _memory_row(results: Results) -> list[str] | None:
+    """Serve's peak resident memory (the kernel's VmHWM, its delivery process not included) in each
+    benchmark's server, against the issue's bound for all of them."""
+    peaks = []
+    if results.single is not None and results.single.peak_rss_mb is not None:
+        peaks.append(("single produce", results.single.peak_rss_mb))
+    if results.batch is not None and results.batch.peak_rss_mb is not None:
+        peaks.append(("batch produce", results.batch.peak_rss_mb))
+    runs = [r for r in results.visibility or [] if r.peak_rss_mb is not None]
+    if runs:
+        peaks.append(("produce→visible with its flood", max(r.peak_rss_mb or 0.0 for r in runs)))
+    if not peaks:
+        return None
+    ok = all(mb <= TARGET_INGEST_RSS_MB for _, mb in peaks)
+    return ["7. ingest memory: serve's peak RSS", "; ".join(f"{label} {mb:,.0f} MB" for label, mb in peaks),
+            "n/a (a size)", f"≤ {TARGET_INGEST_RSS_MB} MB in each", _status(ok),
+            "" if ok else "the server that went over is named in the measured column"]
+
+
 def summary(results: Results) -> str:
     rows = []
     if results.single is not None:
@@ -188,6 +208,9 @@ def summary(results: Results) -> str:
             against, f"p99 ≤ {TARGET_VISIBLE_P99_S:g} s", _status(ok),
             "" if ok else _visibility_limit(run),
         ])
+    memory = _memory_row(results)
+    if memory is not None:
+        rows.append(memory)
     return _table(["benchmark", "measured", "ratio to same-run baseline", "target", "status", "what limits it"], rows)
 
 

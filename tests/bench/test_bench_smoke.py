@@ -52,6 +52,9 @@ def test_tiny_run_writes_every_section_with_positive_figures(tmp_path: Path) -> 
         assert v.acked > 0 and v.not_visible == 0
         assert v.visible_s and min(v.visible_s) > 0
     assert results.profiles and all(s.samples > 0 and s.main_seconds > 0 for s in results.profiles)
+    # serve's peak RSS in each benchmark's server: a real reading (a Python process is tens of MB).
+    peaks = [results.single.peak_rss_mb, results.batch.peak_rss_mb, *(v.peak_rss_mb for v in results.visibility)]
+    assert all(mb is not None and 20 < mb < 24_000 for mb in peaks), peaks
 
     text = out.read_text()
     for heading in ("## Summary", "## 1. Single-message produce", "## 2. Batch produce", "## 3. WAL→Delta flush",
@@ -59,6 +62,7 @@ def test_tiny_run_writes_every_section_with_positive_figures(tmp_path: Path) -> 
                     "## How it was measured", "## Machine", "## Spark jobs"):
         assert heading in text
     assert "spark-fragment-marker" in text
+    assert "| 7. ingest memory: serve's peak RSS | single produce " in text
     assert text.count("## Spark jobs") == 1  # the fragment's own "# Spark jobs" is not a second heading
     for png in ("produce_throughput.png", "produce_to_table_cdf.png"):
         assert (docs / "img" / png).stat().st_size > 1000
