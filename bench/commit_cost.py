@@ -10,6 +10,11 @@ two tables committed in lockstep: one through a handle opened once (delta-rs as 
 alternates the two (A-B, B-A), so the ratio holds on a noisy machine. Bounded: `--versions` of
 `--commits` commits each.
 
+Each point also reads the process's anonymous resident memory: delta-rs (1.6.6) holds on to native
+memory at every commit (about 5 MB per 100 flush commits here, Python's heap flat under tracemalloc,
+the same with pyarrow's system pool, after malloc_trim, and with a handle reloaded at every commit),
+which is what takes `serve` over 300 MB in a long benchmark (docs/benchmarks.md, row 7).
+
     .venv/bin/python -m bench.commit_cost [--versions 20,300,600] [--commits 10]
 """
 
@@ -69,11 +74,20 @@ class _Topic:
         return (time.process_time() - before) * 1000 / commits
 
 
+def rss_anon_mb() -> float:
+    """This process's anonymous resident memory (heap and native allocations, not mapped files)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("RssAnon:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
 @dataclass
 class Point:
     version: int
     kept_open_ms: float  # CPU per commit through one handle opened at version 0
     reloaded_ms: float  # the same through KeptTable
+    rss_anon_mb: float = 0.0  # the process's, after this point's commits to both tables
 
     @property
     def ratio(self) -> float:
@@ -93,7 +107,7 @@ def measure(versions: list[int], commits: int, work: Path) -> list[Point]:
             pairs = [("open", kept_open), ("reloaded", reloaded)]
             for name, topic in pairs if k == 0 else reversed(pairs):
                 cost[name].append(topic.cpu_per_commit_ms(commits))
-        points.append(Point(version, sum(cost["open"]) / 2, sum(cost["reloaded"]) / 2))
+        points.append(Point(version, sum(cost["open"]) / 2, sum(cost["reloaded"]) / 2, rss_anon_mb()))
     return points
 
 
@@ -101,10 +115,12 @@ def report(points: list[Point], commits: int) -> str:
     lines = [f"Flush commit CPU as versions pile up ({PARTITIONS} partitions x {ROWS} rows per commit, "
              f"{2 * commits} commits per cell, process CPU of every thread; reload every "
              f"{delta.RELOAD_AFTER_VERSIONS} versions):", "",
-             "| table version | handle opened once, ms/commit | KeptTable (as the flusher), ms/commit | ratio |",
-             "|---|---|---|---|"]
+             "| table version | handle opened once, ms/commit | KeptTable (as the flusher), ms/commit | ratio "
+             "| process anon RSS, MB |",
+             "|---|---|---|---|---|"]
     for p in points:
-        lines.append(f"| {p.version} | {p.kept_open_ms:.1f} | {p.reloaded_ms:.1f} | {p.ratio:.1f}x |")
+        lines.append(f"| {p.version} | {p.kept_open_ms:.1f} | {p.reloaded_ms:.1f} | {p.ratio:.1f}x "
+                     f"| {p.rss_anon_mb:,.0f} |")
     return "\n".join(lines)
 
 

@@ -153,7 +153,8 @@ def _memory_row(results: Results) -> list[str] | None:
     ok = all(mb <= TARGET_INGEST_RSS_MB for _, mb in peaks)
     return ["7. ingest memory: serve's peak RSS", "; ".join(f"{label} {mb:,.0f} MB" for label, mb in peaks),
             "n/a (a size)", f"≤ {TARGET_INGEST_RSS_MB} MB in each", _status(ok),
-            "" if ok else "the server that went over is named in the measured column"]
+            "" if ok else "delta-rs keeps native memory from every flush commit, about 5 MB per 100 "
+            "(docs/operations.md; `python -m bench.commit_cost` prints it)"]
 
 
 def summary(results: Results) -> str:
