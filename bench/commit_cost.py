@@ -11,7 +11,7 @@ alternates the two (A-B, B-A), so the ratio holds on a noisy machine. Bounded: `
 `--commits` commits each.
 
 Each point also reads the process's anonymous resident memory: delta-rs (1.6.6) holds on to native
-memory at every commit (about 5 MB per 100 flush commits here, Python's heap flat under tracemalloc,
+memory from its commits (about 5 MB per 100 flush commits at first, then slower; Python's heap flat under tracemalloc,
 the same with pyarrow's system pool, after malloc_trim, and with a handle reloaded at every commit),
 which is what takes `serve` over 300 MB in a long benchmark (docs/benchmarks.md, row 7).
 
