@@ -28,6 +28,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
+from bench.memory import status_mb
 from tables import delta
 from tables.schemas import TOPIC_PARTITION_COLUMNS, TOPIC_SCHEMA, TOPIC_SCHEMA_VERSION
 
@@ -74,20 +75,12 @@ class _Topic:
         return (time.process_time() - before) * 1000 / commits
 
 
-def rss_anon_mb() -> float:
-    """This process's anonymous resident memory (heap and native allocations, not mapped files)."""
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("RssAnon:"):
-            return int(line.split()[1]) / 1024
-    return 0.0
-
-
 @dataclass
 class Point:
     version: int
     kept_open_ms: float  # CPU per commit through one handle opened at version 0
     reloaded_ms: float  # the same through KeptTable
-    rss_anon_mb: float = 0.0  # the process's, after this point's commits to both tables
+    rss_anon_mb: float = 0.0  # the process's anonymous RSS (not mapped files), after this point's commits
 
     @property
     def ratio(self) -> float:
@@ -107,7 +100,8 @@ def measure(versions: list[int], commits: int, work: Path) -> list[Point]:
             pairs = [("open", kept_open), ("reloaded", reloaded)]
             for name, topic in pairs if k == 0 else reversed(pairs):
                 cost[name].append(topic.cpu_per_commit_ms(commits))
-        points.append(Point(version, sum(cost["open"]) / 2, sum(cost["reloaded"]) / 2, rss_anon_mb()))
+        points.append(Point(version, sum(cost["open"]) / 2, sum(cost["reloaded"]) / 2,
+                            status_mb("self", "RssAnon") or 0.0))
     return points
 
 

@@ -7,26 +7,26 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 
-def rss_mb(pid: int) -> float | None:
+def status_mb(pid: int | str, field: str) -> float | None:
+    """A memory line of /proc/<pid>/status (`pid` may be "self") in MB; None once the process is gone."""
+    prefix = field + ":"
     try:
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
+            if line.startswith(prefix):
                 return int(line.split()[1]) / 1024
     except (FileNotFoundError, ProcessLookupError):
         return None
     return None
+
+
+def rss_mb(pid: int) -> float | None:
+    return status_mb(pid, "VmRSS")
 
 
 def peak_rss_mb(pid: int) -> float | None:
     """The kernel's high-water mark of the process's resident set (VmHWM): its peak over its whole
     life so far, with no sample to miss it."""
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    except (FileNotFoundError, ProcessLookupError):
-        return None
-    return None
+    return status_mb(pid, "VmHWM")
 
 
 def children(pid: int) -> list[int]:

@@ -95,15 +95,16 @@ def encode(record: Record) -> bytes:
             _field(None if record.message_id is None else record.message_id.encode()),
             _field(None if record.producer_id is None else record.producer_id.encode()))),
     ))
-    length = len(body)
-    if length > MAX_FRAME_BYTES:  # recovery would read it as corruption, so never write it
-        raise ValueError(f"a WAL frame of {length} bytes is over the {MAX_FRAME_BYTES}-byte frame limit")
-    return FRAME_HEADER.pack(FRAME_MAGIC, length, zlib.crc32(body, zlib.crc32(_LEN.pack(length)))) + body
+    return seal(FRAME_MAGIC, body)
 
 
 def seal(magic: bytes, body: bytes) -> bytes:
-    """A frame: header (magic, length, checksum) then the body."""
-    return b"".join(seal_parts(magic, [body]))
+    """A frame: header (magic, length, checksum) then the body (`seal_parts` for one piece, without
+    its list: every single message's frame is sealed here)."""
+    length = len(body)
+    if length > MAX_FRAME_BYTES:  # recovery would read it as corruption, so never write it
+        raise ValueError(f"a WAL frame of {length} bytes is over the {MAX_FRAME_BYTES}-byte frame limit")
+    return FRAME_HEADER.pack(magic, length, zlib.crc32(body, zlib.crc32(_LEN.pack(length)))) + body
 
 
 def seal_parts(magic: bytes, body: list[Buffer]) -> list[Buffer]:
