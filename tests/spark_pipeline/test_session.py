@@ -154,11 +154,11 @@ def test_spark_and_delta_rs_commit_concurrently(spark: Any, tmp_path: Path) -> N
 
 
 class _DirEvents:
-    """inotify on one directory: which names were created in place and which arrived by a rename.
+    """inotify on one directory: which names were created or written in place, which arrived by a rename.
 
     The kernel queues every event, so what it reports does not depend on timing."""
 
-    IN_MOVED_TO, IN_CREATE = 0x80, 0x100
+    IN_CLOSE_WRITE, IN_MOVED_TO, IN_CREATE = 0x8, 0x80, 0x100
 
     def __init__(self, directory: Path) -> None:
         import ctypes
@@ -168,10 +168,11 @@ class _DirEvents:
         libc = ctypes.CDLL(None, use_errno=True)
         self._fd = libc.inotify_init1(os.O_NONBLOCK | os.O_CLOEXEC)
         if self._fd < 0 or libc.inotify_add_watch(self._fd, str(directory).encode(),
-                                                  self.IN_CREATE | self.IN_MOVED_TO) < 0:
+                                                  self.IN_CREATE | self.IN_MOVED_TO | self.IN_CLOSE_WRITE) < 0:
             raise OSError(ctypes.get_errno(), "inotify")
         self.created: list[str] = []
         self.renamed_in: list[str] = []
+        self.written: list[str] = []  # closed after a write under this name: rewritten in place
 
     def drain(self) -> None:
         import struct
@@ -185,7 +186,10 @@ class _DirEvents:
             while i < len(buf):
                 _wd, mask, _cookie, length = struct.unpack_from("iIII", buf, i)
                 name = buf[i + 16:i + 16 + length].rstrip(b"\0").decode()
-                (self.created if mask & self.IN_CREATE else self.renamed_in).append(name)
+                if mask & self.IN_CLOSE_WRITE:
+                    self.written.append(name)
+                else:
+                    (self.created if mask & self.IN_CREATE else self.renamed_in).append(name)
                 i += 16 + length
 
     def close(self) -> None:
@@ -193,13 +197,15 @@ class _DirEvents:
 
 
 def test_checkpoints_appear_only_whole_to_a_concurrent_delta_rs_reader(spark: Any, tmp_path: Path) -> None:
-    """Spark writes `N.checkpoint.parquet` as a temp file renamed into place, never in place.
+    """Spark writes `N.checkpoint.parquet` and `_last_checkpoint` as temp files renamed into place.
 
     A checkpoint written in place is visible from its first byte: a delta-rs reader that loads the
     table meanwhile fails ("Parquet error: ... Corrupt footer"), and a job killed mid-write leaves
     the torn file for every later reader. Delta renames a temp file instead only when the LogStore
     says partial writes are visible. The directory's inotify events show how each checkpoint got
-    its name; a delta-rs thread loads and reads the table throughout and must never fail."""
+    its name; a delta-rs thread loads and reads the table throughout and must never fail.
+    `_last_checkpoint` is overwritten at each checkpoint: rewritten in place, a concurrent load
+    read it empty once ("Wanted range starting at 0, but object was only 0 bytes long")."""
     table = tmp_path / "cp"
     uri = str(table)
     write_deltalake(uri, pa.table({"id": [0], "src": ["seed"]}, schema=SCHEMA))
@@ -235,6 +241,8 @@ def test_checkpoints_appear_only_whole_to_a_concurrent_delta_rs_reader(spark: An
     torn = sorted(n for n in events.created if checkpoint.fullmatch(n))
     assert torn == [], f"checkpoints created in place (visible half-written): {torn}"
     assert len(whole) >= rounds, (whole, events.created)
+    assert "_last_checkpoint" not in events.written + events.created, "_last_checkpoint written in place"
+    assert events.renamed_in.count("_last_checkpoint") >= rounds, events.renamed_in
     assert not errors, errors[:3]
     assert reads, "the reader must have loaded the table while Spark wrote"
     assert DeltaTable(uri).to_pyarrow_table().num_rows == 1 + rounds

@@ -11,6 +11,7 @@ import java.nio.charset.StandardCharsets;
 import java.nio.file.FileAlreadyExistsException;
 import java.nio.file.Files;
 import java.nio.file.Paths;
+import java.nio.file.StandardCopyOption;
 import java.nio.file.StandardOpenOption;
 import java.util.Iterator;
 import org.apache.hadoop.conf.Configuration;
@@ -22,7 +23,8 @@ import org.apache.hadoop.fs.Path;
  * <p>Delta's stock LocalLogStore only serialises writers inside one JVM (exists-check, then a
  * rename that silently replaces), so a delta-rs writer in another process could have its commit
  * N overwritten by Spark's. A hard link, unlike rename(2), fails atomically when the target
- * exists, which gives the same guarantee as delta-rs's rename-no-replace commit.
+ * exists, which gives the same guarantee as delta-rs's rename-no-replace commit. An overwrite
+ * ({@code _last_checkpoint}) is an atomic rename over the old file, so no reader sees it half-written.
  *
  * <p>Enable with {@code spark.delta.logStore.file.impl=io.lakebroker.delta.AtomicLocalLogStore}.
  */
@@ -35,33 +37,26 @@ public class AtomicLocalLogStore extends LocalLogStore {
   @Override
   public void write(Path path, Iterator<String> actions, Boolean overwrite, Configuration hadoopConf)
       throws IOException {
-    if (overwrite) {
-      // Only used for files where last-writer-wins is intended (_last_checkpoint); the Hadoop
-      // path also keeps the checksum sidecar files of Hadoop's LocalFileSystem consistent.
-      super.write(path, actions, true, hadoopConf);
-      return;
-    }
     java.nio.file.Path target =
         Paths.get(path.getFileSystem(hadoopConf).makeQualified(path).toUri());
     java.nio.file.Path dir = target.getParent();
     Files.createDirectories(dir);
-    // Dot-prefixed temp name in the same directory: same filesystem (links can't cross one) and
-    // ignored by Delta's and delta-rs's log listing should a crash leave it behind.
+    // Dot-prefixed temp name in the same directory: same filesystem (links and atomic moves can't
+    // cross one) and ignored by Delta's and delta-rs's log listing should a crash leave it behind.
     java.nio.file.Path temp = Paths.get(createTempPath(new Path(target.toUri())).toUri());
     try {
-      try (FileOutputStream out = new FileOutputStream(temp.toFile());
-          Writer writer = new BufferedWriter(new OutputStreamWriter(out, StandardCharsets.UTF_8))) {
-        while (actions.hasNext()) {
-          writer.write(actions.next());
-          writer.write('\n');
-        }
-        writer.flush();
-        // The commit must be durable before it becomes visible under its version name.
-        out.getFD().sync();
+      writeDurably(temp, actions);
+      if (overwrite) {
+        // Last writer wins (_last_checkpoint), but never in place: a file truncated and rewritten
+        // is seen empty by a concurrent reader in another process (delta-rs failed a table load so).
+        // Hadoop's checksum sidecar goes first, so a stale one never sits beside new content.
+        Files.deleteIfExists(dir.resolve("." + target.getFileName() + ".crc"));
+        Files.move(temp, target, StandardCopyOption.ATOMIC_MOVE, StandardCopyOption.REPLACE_EXISTING);
+      } else {
+        // Throws FileAlreadyExistsException if the version exists: Delta treats that as a
+        // concurrent commit and re-runs conflict detection for the next version.
+        Files.createLink(target, temp);
       }
-      // Throws FileAlreadyExistsException if the version exists: Delta treats that as a
-      // concurrent commit and re-runs conflict detection for the next version.
-      Files.createLink(target, temp);
     } catch (FileAlreadyExistsException e) {
       throw new FileAlreadyExistsException(path.toString());
     } finally {
@@ -70,6 +65,19 @@ public class AtomicLocalLogStore extends LocalLogStore {
     // Persist the new directory entry too, so an acknowledged commit survives a power loss.
     try (FileChannel d = FileChannel.open(dir, StandardOpenOption.READ)) {
       d.force(true);
+    }
+  }
+
+  /** Writes one action per line and syncs: a file must be durable before it gets its real name. */
+  private static void writeDurably(java.nio.file.Path file, Iterator<String> actions) throws IOException {
+    try (FileOutputStream out = new FileOutputStream(file.toFile());
+        Writer writer = new BufferedWriter(new OutputStreamWriter(out, StandardCharsets.UTF_8))) {
+      while (actions.hasNext()) {
+        writer.write(actions.next());
+        writer.write('\n');
+      }
+      writer.flush();
+      out.getFD().sync();
     }
   }
 
