@@ -1,0 +1,55 @@
+"""delta-rs's jemalloc gets lakebroker's settings in every process that commits to Delta."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tables import DELTA_RS_MALLOC_CONF
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _python(code: str, **env: str) -> subprocess.CompletedProcess[str]:
+    clean = {k: v for k, v in os.environ.items() if k != "_RJEM_MALLOC_CONF"}
+    return subprocess.run([sys.executable, "-c", code], cwd=ROOT, env={**clean, **env},
+                          capture_output=True, text=True, timeout=120, check=True)
+
+
+def test_jemalloc_reads_the_settings_tables_puts_in_the_environment(tmp_path: Path) -> None:
+    """jemalloc reads its variable at its first allocation, so setting it from Python works only if
+    that happens before deltalake's first allocation. `stats_print` makes jemalloc print the options
+    it runs with at exit."""
+    code = f"""
+import os, tables
+os.environ["_RJEM_MALLOC_CONF"] += ",stats_print:true"
+import pyarrow as pa, deltalake
+deltalake.write_deltalake({str(tmp_path / 't')!r}, pa.table({{"x": [1, 2]}}))
+"""
+    stats = _python(code).stderr
+    assert "jemalloc statistics" in stats, stats[-2000:]
+    assert "opt.narenas: 1\n" in stats
+    assert "opt.dirty_decay_ms: 0 " in stats
+    assert "opt.muzzy_decay_ms: 0 " in stats
+    assert "opt.tcache_max: 4096\n" in stats
+
+
+@pytest.mark.parametrize("entry", ["lakebroker.cli", "ingest_api.app", "delivery_worker.worker",
+                                   "spark_pipeline.jobs.compaction"])
+def test_every_entry_point_imports_tables_before_deltalake(entry: str) -> None:
+    """-X importtime lists a module when its import finishes: `tables` (which sets the variable)
+    must finish before `deltalake` starts, which it does only if nothing imports deltalake first."""
+    lines = _python(f"import {entry}", PYTHONPROFILEIMPORTTIME="1").stderr.splitlines()
+    finished = [line.rsplit("|", 1)[-1].strip() for line in lines if line.startswith("import time:")]
+    first_deltalake = min(i for i, name in enumerate(finished) if name.startswith("deltalake"))
+    assert "tables" in finished[:first_deltalake], f"{entry} imports deltalake before tables"
+
+
+def test_a_users_own_setting_wins() -> None:
+    out = _python("import os, tables; print(os.environ['_RJEM_MALLOC_CONF'])", _RJEM_MALLOC_CONF="narenas:2").stdout
+    assert out.strip() == "narenas:2"
+    assert _python("import os, tables; print(os.environ['_RJEM_MALLOC_CONF'])").stdout.strip() == DELTA_RS_MALLOC_CONF
