@@ -183,3 +183,34 @@ def child_names(uri: str) -> list[str]:
     assert isinstance(fs, pafs.FileSystem)
     infos = fs.get_file_info(pafs.FileSelector(path, allow_not_found=True))
     return sorted(i.base_name for i in infos if i.type == pafs.FileType.Directory)
+
+
+def read_small(uri: str) -> bytes | None:
+    """A small file's bytes, or None if it does not exist."""
+    import pyarrow.fs as pafs
+
+    fs, path = filesystem(uri)
+    assert isinstance(fs, pafs.FileSystem)
+    try:
+        with fs.open_input_stream(path) as f:
+            return bytes(f.read())
+    except FileNotFoundError:
+        return None
+
+
+def write_small(uri: str, data: bytes) -> None:
+    """Replace a small file whole: a reader sees the old bytes or the new, never a torn file (a
+    rename locally; an S3 object appears only once its upload completes)."""
+    import pyarrow.fs as pafs
+
+    fs, path = filesystem(uri)
+    assert isinstance(fs, pafs.FileSystem)
+    if is_s3(uri):
+        with fs.open_output_stream(path) as f:
+            f.write(data)
+        return
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    temp = target.with_name(f".{target.name}.tmp")
+    temp.write_bytes(data)
+    temp.replace(target)

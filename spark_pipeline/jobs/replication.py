@@ -23,6 +23,10 @@ to the primary's log-start offset (whole files, plus a trim of the one straddlin
 key compaction removed on the primary are removed on the replica (compact topics), the replica's
 offsets table is compacted like the primary's, and replica tables are VACUUMed.
 
+A table whose primary is still at the version the last complete run started from, and whose
+replica is still at the version that run left, is skipped: no stream, no trim, no join (only its
+VACUUM runs). Those two versions are kept beside the stream checkpoint (`CAUGHT_UP`).
+
 The small, updated-in-place system tables (`topics`, `subscriptions`, `tokens`, `dead_letters`,
 `retention_skips`) are copied whole whenever their version changed (txnAppId/txnVersion = source
 version, so a replay is skipped). Tokens go with them so that a promoted replica accepts the
@@ -39,6 +43,7 @@ A schema change on the primary stops the stream until the replica's table is re-
 from __future__ import annotations
 
 import fnmatch
+import json
 import threading
 from dataclasses import dataclass
 from functools import partial
@@ -180,20 +185,55 @@ def replicate_topic(spark: SparkSession, layout: Layout, replica: Replica, topic
                           checkpoints=replica.checkpoint("topics", topic.name, "*"))
     result.files_before, result.bytes_before = _file_totals(spark, target)
     checkpoint = replica.checkpoint("topics", topic.name, topic.topic_id)
-    copied = stream_copy(spark, source, target, checkpoint, topic=topic, run_id=run_id)
-    result.details.update(copied)
-    result.details["log_starts"] = starts = primary_log_starts(source, topic.partitions)
-    applied = follow_log_starts(spark, target, topic.partitions, starts, run_id=run_id)
-    removed = applied.rows_removed
-    if topic.cleanup_policy is CleanupPolicy.COMPACT:
-        removed += mirror_removed_rows(spark, source, target, run_id=run_id,
-                                       target_bytes=settings.compaction_target_file_bytes)
-    result.rows_removed = removed
+    source_version = _version(source)
+    if _caught_up(checkpoint, source_version, target):
+        result.details.update(batches=0, batches_skipped=0, rows_copied=0, checkpoint=checkpoint, caught_up=True)
+    else:
+        result.details.update(stream_copy(spark, source, target, checkpoint, topic=topic, run_id=run_id))
+        result.details["log_starts"] = starts = primary_log_starts(source, topic.partitions)
+        applied = follow_log_starts(spark, target, topic.partitions, starts, run_id=run_id)
+        removed = applied.rows_removed
+        if topic.cleanup_policy is CleanupPolicy.COMPACT:
+            removed += mirror_removed_rows(spark, source, target, run_id=run_id,
+                                           target_bytes=settings.compaction_target_file_bytes)
+        result.rows_removed = removed
     vacuum(spark, target, settings.vacuum_retention_hours)
     if replica.listable:
         maintain_log(target)
     result.files_after, result.bytes_after = _file_totals(spark, target)
     result.details["replica"] = target
+    _record_caught_up(checkpoint, source_version, target)
+
+
+# A run that finds the primary where the last complete run left it, and the replica too, has
+# nothing to copy, trim or remove: it skips the stream (a streaming query and its checkpoint
+# writes) and the Spark joins. The last complete run's versions sit beside its stream checkpoint,
+# so a re-created replica table (whose checkpoints are dropped with it) starts over.
+CAUGHT_UP = "lakebroker-caught-up.json"
+
+
+def _version(uri: str) -> int | None:
+    """A table's version, read by delta-rs; None where delta-rs cannot read it (no skipping there)."""
+    return int(delta.load(uri).version()) if storage.delta_rs_reads(uri) else None
+
+
+def _caught_up(checkpoint: str, source_version: int | None, target: str) -> bool:
+    if source_version is None or not storage.delta_rs_reads(checkpoint):
+        return False
+    recorded = storage.read_small(storage.join(checkpoint, CAUGHT_UP))
+    if recorded is None:
+        return False
+    last = json.loads(recorded)
+    return bool(last == {"source_version": source_version, "replica_version": _version(target)})
+
+
+def _record_caught_up(checkpoint: str, source_version: int | None, target: str) -> None:
+    """After a complete run: the primary's version read before its stream started (so whatever
+    the stream copied covers it), and the replica's as the run left it."""
+    if source_version is None or not storage.delta_rs_reads(checkpoint):
+        return
+    mark = json.dumps({"source_version": source_version, "replica_version": _version(target)}).encode()
+    storage.write_small(storage.join(checkpoint, CAUGHT_UP), mark)
 
 
 def _file_totals(spark: SparkSession, uri: str) -> tuple[int, int]:
@@ -309,13 +349,17 @@ def replicate_offsets(spark: SparkSession, layout: Layout, replica: Replica, set
     table_id = str(delta.load(source).metadata().id)
     _ensure_replica_table(spark, source, target, replica, identity={"lakebroker.sourceTableId": table_id},
                           checkpoints=replica.checkpoint("system", "consumer_offsets", "*"))
-    result.details.update(stream_copy(spark, source, target, replica.checkpoint("system", "consumer_offsets",
-                                                                                 table_id), topic=None,
-                                      run_id=run_id))
+    checkpoint = replica.checkpoint("system", "consumer_offsets", table_id)
+    source_version = _version(source)
+    if _caught_up(checkpoint, source_version, target):
+        result.details.update(batches=0, batches_skipped=0, rows_copied=0, checkpoint=checkpoint, caught_up=True)
+        return
+    result.details.update(stream_copy(spark, source, target, checkpoint, topic=None, run_id=run_id))
     compacted = TableResult(target=result.target, topic=None)
     compact_offsets(spark, target, compacted, run_id=run_id, vacuum_hours=settings.vacuum_retention_hours)
     result.rows_removed = compacted.rows_removed
     result.files_after, result.bytes_after = compacted.files_after, compacted.bytes_after
+    _record_caught_up(checkpoint, source_version, target)
 
 
 def copy_snapshot(spark: SparkSession, source: str, target: str, result: TableResult) -> None:

@@ -77,6 +77,14 @@ def test_replicate_then_verify_after_more_produce(spark: Any, tmp_path: Path) ->
         TokenStore(Layout(replica)).load().authenticate(leaked_text)
     assert TokenStore(Layout(replica)).load().authenticate(kept_text).token_id == kept.token_id
     assert verify(spark, settings, str(replica), max_lag_messages=0).ok
+    # Nothing changed since: a run starts no stream and commits nothing to the replica.
+    versions = {t: DeltaTable(str(replica / t)).version() for t in ("topics/orders", "topics/state",
+                                                                     "_system/consumer_offsets")}
+    idle = replication.run(spark, settings, to=str(replica))
+    for name in ("orders", "state", "_system/consumer_offsets"):
+        assert idle.table(name).details["caught_up"] is True, idle.table(name).details
+        assert idle.table(name).details["batches"] == 0
+    assert {t: DeltaTable(str(replica / t)).version() for t in versions} == versions
 
     # A crash after the replica commit but before the checkpoint's: the batch replays, and is skipped.
     produce(settings, "orders", 0, 5)
@@ -86,6 +94,8 @@ def test_replicate_then_verify_after_more_produce(spark: Any, tmp_path: Path) ->
     last = max(int(p.name) for p in (checkpoint / "commits").iterdir() if p.name.isdigit())
     for name in (str(last), f".{last}.crc"):  # the commit marker and Hadoop's checksum of it
         (checkpoint / "commits" / name).unlink(missing_ok=True)
+    # The crashed run never got to record that it caught up: what is recorded is an older run's.
+    (checkpoint / replication.CAUGHT_UP).unlink()
     replayed = replication.run(spark, settings, "orders", to=str(replica))
     assert replayed.table("orders").details["batches_skipped"] == 1
     assert replayed.table("orders").details["rows_copied"] == 0

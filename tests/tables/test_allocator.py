@@ -33,8 +33,6 @@ deltalake.write_deltalake({str(tmp_path / 't')!r}, pa.table({{"x": [1, 2]}}))
     stats = _python(code).stderr
     assert "jemalloc statistics" in stats, stats[-2000:]
     assert "opt.narenas: 1\n" in stats
-    assert "opt.dirty_decay_ms: 0 " in stats
-    assert "opt.muzzy_decay_ms: 0 " in stats
     assert "opt.tcache_max: 4096\n" in stats
 
 
