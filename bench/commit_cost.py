@@ -10,10 +10,9 @@ two tables committed in lockstep: one through a handle opened once (delta-rs as 
 alternates the two (A-B, B-A), so the ratio holds on a noisy machine. Bounded: `--versions` of
 `--commits` commits each.
 
-Each point also reads the process's anonymous resident memory: delta-rs (1.6.6) holds on to native
-memory from its commits (about 5 MB per 100 flush commits at first, then slower; Python's heap flat under tracemalloc,
-the same with pyarrow's system pool, after malloc_trim, and with a handle reloaded at every commit),
-which is what takes `serve` over 300 MB in a long benchmark (docs/benchmarks.md, row 7).
+Each point also reads the process's anonymous resident memory: delta-rs (1.6.6)'s jemalloc holds on
+to native memory from its commits, less with the settings `tables/__init__.py` gives it
+(docs/operations.md, "Memory"; docs/benchmarks.md, row 7).
 
     .venv/bin/python -m bench.commit_cost [--versions 20,300,600] [--commits 10]
 """
