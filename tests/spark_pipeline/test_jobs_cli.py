@@ -124,12 +124,12 @@ def test_retention_key_compact_compact_offsets_and_time_travel_from_the_cli(tmp_
         ("retention", "events", "cli", "ok"), ("key-compaction", "users", "cli", "ok"),
         ("offsets-compaction", "_system/consumer_offsets", "cli", "ok")}
 
-    # Time travel sees what retention removed (its files outlive it by vacuum_retention_hours).
-    query = "SELECT count(*) AS n, min(offset) AS lo, max(offset) AS hi FROM events {} AS OF {}"
-    by_version = lakebroker(data, "sql", query.format("VERSION", before_retention))
-    assert by_version.returncode == 0, by_version.stderr[-2000:]
-    assert _printed_rows(by_version.stdout) == [["30", "0", "29"]], by_version.stdout
-    at = between.strftime("'%Y-%m-%d %H:%M:%S.%f'")  # the session's time zone is UTC
-    by_time = lakebroker(data, "sql", query.format("TIMESTAMP", at))
-    assert by_time.returncode == 0, by_time.stderr[-2000:]
-    assert _printed_rows(by_time.stdout) == [["10", "0", "9"]], by_time.stdout
+    # Time travel sees what retention removed (its files outlive it by vacuum_retention_hours), by
+    # version and by timestamp (the session's time zone is UTC), in one `sql` run.
+    query = "SELECT '{0}' AS asof, count(*) AS n, min(offset) AS lo, max(offset) AS hi FROM events {0} AS OF {1}"
+    at = between.strftime("'%Y-%m-%d %H:%M:%S.%f'")
+    both = " UNION ALL ".join([query.format("VERSION", before_retention), query.format("TIMESTAMP", at)])
+    travelled = lakebroker(data, "sql", f"{both} ORDER BY asof")
+    assert travelled.returncode == 0, travelled.stderr[-2000:]
+    assert _printed_rows(travelled.stdout) == [["TIMESTAMP", "10", "0", "9"], ["VERSION", "30", "0", "29"]], \
+        travelled.stdout
