@@ -217,23 +217,27 @@ def _version(uri: str) -> int | None:
     return int(delta.load(uri).version()) if storage.delta_rs_reads(uri) else None
 
 
-def _caught_up(checkpoint: str, source_version: int | None, target: str) -> bool:
+def _caught_up_mark(checkpoint: str, source_version: int | None, target: str) -> tuple[str, bytes] | None:
+    """Where the versions of the last complete run are kept, and what they would read now; None
+    where delta-rs cannot read one side (no skipping there)."""
     if source_version is None or not storage.delta_rs_reads(checkpoint):
-        return False
-    recorded = storage.read_small(storage.join(checkpoint, CAUGHT_UP))
-    if recorded is None:
-        return False
-    last = json.loads(recorded)
-    return bool(last == {"source_version": source_version, "replica_version": _version(target)})
+        return None
+    versions = {"source_version": source_version, "replica_version": _version(target)}
+    return storage.join(checkpoint, CAUGHT_UP), json.dumps(versions).encode()
+
+
+def _caught_up(checkpoint: str, source_version: int | None, target: str) -> bool:
+    mark = _caught_up_mark(checkpoint, source_version, target)
+    return mark is not None and storage.read_small(mark[0]) == mark[1]
 
 
 def _record_caught_up(checkpoint: str, source_version: int | None, target: str) -> None:
     """After a complete run: the primary's version read before its stream started (so whatever
-    the stream copied covers it), and the replica's as the run left it."""
-    if source_version is None or not storage.delta_rs_reads(checkpoint):
-        return
-    mark = json.dumps({"source_version": source_version, "replica_version": _version(target)}).encode()
-    storage.write_small(storage.join(checkpoint, CAUGHT_UP), mark)
+    the stream copied covers it), and the replica's as the run left it. Written only when it
+    changed: an idle run, the usual scheduled one, reads it and writes nothing."""
+    mark = _caught_up_mark(checkpoint, source_version, target)
+    if mark is not None and storage.read_small(mark[0]) != mark[1]:
+        storage.write_small(*mark)
 
 
 def _file_totals(spark: SparkSession, uri: str) -> tuple[int, int]:
@@ -353,6 +357,8 @@ def replicate_offsets(spark: SparkSession, layout: Layout, replica: Replica, set
     source_version = _version(source)
     if _caught_up(checkpoint, source_version, target):
         result.details.update(batches=0, batches_skipped=0, rows_copied=0, checkpoint=checkpoint, caught_up=True)
+        vacuum(spark, target, settings.vacuum_retention_hours)  # as for a caught-up topic: files age
+        _record_caught_up(checkpoint, source_version, target)
         return
     result.details.update(stream_copy(spark, source, target, checkpoint, topic=None, run_id=run_id))
     compacted = TableResult(target=result.target, topic=None)
