@@ -1,6 +1,6 @@
 """CPU of one small flush commit as a topic table's versions pile up, with the handle kept open.
 
-The flusher commits every `flush_interval_ms` (100 ms) while messages arrive, one Delta version
+The flusher commits every `flush_interval_ms` (250 ms by default) while messages arrive, one Delta version
 each, through a DeltaTable it keeps open. delta-rs (1.6) keeps such a handle's file list as one
 Arrow batch per commit applied since it was loaded and re-scans them all at every commit, so the
 cost of a commit grows with the handle's age. This measures the process CPU of

@@ -86,7 +86,9 @@ class Settings(BaseSettings):
     )
 
     # flusher
-    flush_interval_ms: int = Field(100, gt=0, description="Longest a WAL record waits before its Delta commit.")
+    # 250 ms, like a producer's linger: each commit costs delta-rs tens of ms of CPU whatever its size,
+    # so 10 commits a second took a share of two cores from the event loop (docs/operations.md).
+    flush_interval_ms: int = Field(250, gt=0, description="Longest a WAL record waits before its Delta commit.")
     flush_max_records: int = Field(
         200_000, gt=0,
         description="Records that trigger a Delta commit early; also the most one commit takes from a topic.",
