@@ -90,6 +90,7 @@ class Flusher:
         self._on_committed = on_committed
         self._pending: list[Record | Chunk] = []
         self._pending_bytes = 0
+        self._pending_rows = 0  # rows, not items: a batch chunk holds thousands
         self._oldest: float | None = None
         self._wake = asyncio.Event()
         self._closing = False
@@ -112,9 +113,10 @@ class Flusher:
             return
         self._pending.extend(records)
         self._pending_bytes += sum(r.size for r in records)
+        self._pending_rows += _rows(records)
         if self._oldest is None:
             self._oldest = time.monotonic()
-        if len(self._pending) >= self._settings.flush_max_records or (
+        if self._pending_rows >= self._settings.flush_max_records or (
             self._pending_bytes >= self._settings.flush_max_bytes
         ):
             self._wake.set()
@@ -191,12 +193,13 @@ class Flusher:
                 continue
             by_topic[r.topic].append(r)
             counts = taken[r.topic]
-            counts[0] += 1 if isinstance(r, Record) else r.rows
+            counts[0] += _rows((r,))
             counts[1] += r.size
             if counts[0] >= max_rows or counts[1] >= max_bytes:
                 full.add(r.topic)  # the topic's later items wait for the next flush, in order
         self._pending = rest
         self._pending_bytes = sum(r.size for r in rest)
+        self._pending_rows = _rows(rest)
         if not rest:
             self._oldest = None  # else the rest is as old as it was: run() flushes again at once
         return sorted(by_topic.items(), key=lambda item: taken[item[0]][0])
@@ -220,7 +223,7 @@ class Flusher:
                 failed.extend(live)
                 continue
             self._metrics.flush_latency.observe(time.perf_counter() - started)
-            self._metrics.flush_batch.observe(sum(1 if isinstance(r, Record) else r.rows for r in live))
+            self._metrics.flush_batch.observe(_rows(live))
             self._mark_committed(topic, ends)
             committed_any = True
         if committed_any:  # one failing topic must not hold every other topic's WAL
@@ -229,6 +232,7 @@ class Flusher:
             self.healthy = False
             self._pending = failed + self._pending
             self._pending_bytes += sum(r.size for r in failed)
+            self._pending_rows += _rows(failed)
             self._oldest = time.monotonic()
             return False
         self.healthy = True
@@ -359,3 +363,7 @@ def _assemble(pieces: list[tuple[_Run, int]]) -> pa.Table:
     if chunks:
         tables.append(chunks_to_arrow(chunks))
     return tables[0] if len(tables) == 1 else pa.concat_tables(tables)
+
+
+def _rows(items: Sequence[Record | Chunk]) -> int:
+    return sum(1 if isinstance(r, Record) else r.rows for r in items)

@@ -90,7 +90,7 @@ class Settings(BaseSettings):
     # so 10 commits a second took a share of two cores from the event loop (docs/operations.md).
     flush_interval_ms: int = Field(250, gt=0, description="Longest a WAL record waits before its Delta commit.")
     flush_max_records: int = Field(
-        200_000, gt=0,
+        100_000, gt=0,
         description="Records that trigger a Delta commit early; also the most one commit takes from a topic.",
     )
     flush_max_bytes: int = Field(

@@ -57,6 +57,21 @@ def test_a_round_takes_the_smaller_topic_first_and_a_bounded_prefix_of_the_flood
     assert flusher.pending_bytes == sum(c.size for c in chunks[4:])
 
 
+def test_pending_rows_not_chunks_wake_the_flusher_before_its_interval(tmp_path: Path) -> None:
+    flood = new_topic("flood", 2)
+    flusher = flusher_for(tmp_path, flood)  # flush_interval_ms 250: only the row count can wake it
+    chunks = flood_chunks(flood, per_partition=2, rows=250)  # 4 chunks of 250 rows: 1,000 rows in all
+    flusher.add(chunks[:3])
+    assert not flusher._wake.is_set()  # 750 rows, under flush_max_records
+    flusher.add(chunks[3:])
+    assert flusher._wake.is_set()  # 1,000 rows in 4 items: a batch chunk counts its rows
+    flusher._wake.clear()
+    flusher._take()
+    assert flusher._pending == []
+    flusher.add([probe_record(flood, 1_000)])
+    assert not flusher._wake.is_set()  # what the last round took no longer counts
+
+
 async def test_a_probe_behind_a_flood_backlog_is_committed_in_the_next_round(tmp_path: Path) -> None:
     flood, probe = new_topic("flood", 3), new_topic("probe", 1)
     flusher = flusher_for(tmp_path, flood, probe)
