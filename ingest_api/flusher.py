@@ -193,7 +193,7 @@ class Flusher:
                 continue
             by_topic[r.topic].append(r)
             counts = taken[r.topic]
-            counts[0] += _rows((r,))
+            counts[0] += _row_count(r)
             counts[1] += r.size
             if counts[0] >= max_rows or counts[1] >= max_bytes:
                 full.add(r.topic)  # the topic's later items wait for the next flush, in order
@@ -365,5 +365,9 @@ def _assemble(pieces: list[tuple[_Run, int]]) -> pa.Table:
     return tables[0] if len(tables) == 1 else pa.concat_tables(tables)
 
 
+def _row_count(item: Record | Chunk) -> int:
+    return 1 if isinstance(item, Record) else item.rows
+
+
 def _rows(items: Sequence[Record | Chunk]) -> int:
-    return sum(1 if isinstance(r, Record) else r.rows for r in items)
+    return sum(map(_row_count, items))
