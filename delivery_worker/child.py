@@ -20,6 +20,9 @@ def main() -> None:
     from delivery_worker.runner import die_with_parent
 
     die_with_parent(order["parent_pid"])
+    from tables.process_memory import keep_small
+
+    keep_small()
     import uvloop
     from prometheus_client import CollectorRegistry
 

@@ -192,6 +192,9 @@ def serve(
 ) -> None:
     """Run the ingest API and the background workers on this data dir."""
     from lakebroker.server import run_server
+    from tables.process_memory import keep_small
+
+    keep_small()
 
     overrides = {"host": host, "port": port, "auth": auth}
     run_server(settings().model_copy(update={k: v for k, v in overrides.items() if v is not None}))
@@ -205,6 +208,10 @@ def deliver(
     """Run a delivery worker alone; several share a subscription's partitions through leases."""
     import asyncio
     import contextlib
+
+    from tables.process_memory import keep_small
+
+    keep_small()
 
     from prometheus_client import CollectorRegistry
 

@@ -1,0 +1,46 @@
+"""What keeps the long-running processes (`serve`, its delivery process, `deliver`) small.
+
+- pandas stays out. Nothing in these processes uses it, but pyarrow imports it, if installed,
+  the first time it asks whether a value is a DataFrame (any `pa.scalar`, any filter expression,
+  `pyarrow.dataset`'s own import). That import alone adds about 46 MB of resident memory.
+  Refusing it is safe: pyarrow treats the ImportError as "pandas is not installed".
+- Arrow allocates from the system allocator (glibc), as the rest of the process does, unless
+  ARROW_DEFAULT_MEMORY_POOL says otherwise. Under batch floods, Arrow's bundled mimalloc kept
+  about 10 MB more resident at the peak, for a few percent of batch throughput (docs/operations.md).
+
+Only the CLI entry points call keep_small(): a test process, which imports pandas for Spark and
+Airflow, must never install the refusal.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.machinery
+import os
+import sys
+from collections.abc import Sequence
+from types import ModuleType
+
+import pyarrow as pa
+
+REFUSED = "pandas"
+
+
+class RefusePandas(importlib.abc.MetaPathFinder):
+    """Answers every import of pandas with an ImportError that says why."""
+
+    def find_spec(self, fullname: str, path: Sequence[str] | None,
+                  target: ModuleType | None = None) -> importlib.machinery.ModuleSpec | None:
+        if fullname == REFUSED or fullname.startswith(REFUSED + "."):
+            raise ImportError(f"{fullname} is kept out of this lakebroker process to save memory "
+                              "(tables/process_memory.py)", name=fullname)
+        return None
+
+
+def keep_small() -> None:
+    """Refuse pandas (unless something already imported it) and allocate Arrow memory from the
+    system allocator (unless ARROW_DEFAULT_MEMORY_POOL chooses). Idempotent."""
+    if REFUSED not in sys.modules and not any(isinstance(f, RefusePandas) for f in sys.meta_path):
+        sys.meta_path.insert(0, RefusePandas())
+    if not os.environ.get("ARROW_DEFAULT_MEMORY_POOL"):
+        pa.set_memory_pool(pa.system_memory_pool())
