@@ -4,10 +4,10 @@
   the first time it asks whether a value is a DataFrame (any `pa.scalar`, any filter expression,
   `pyarrow.dataset`'s own import). That import alone adds about 46 MB of resident memory.
   Refusing it is safe: pyarrow treats the ImportError as "pandas is not installed".
-- Arrow allocates from its bundled jemalloc, not its default mimalloc, unless
-  ARROW_DEFAULT_MEMORY_POOL chooses. Under batch floods jemalloc kept about 10 MB less resident
-  at the peak than mimalloc, at the same throughput; glibc's malloc kept as much as jemalloc but
-  served 5-7 % fewer requests (docs/operations.md).
+- Arrow allocates from the system allocator (glibc), as the rest of the process does, unless
+  ARROW_DEFAULT_MEMORY_POOL chooses. Arrow's bundled allocators are 5-10 % faster on batches but
+  keep more resident at the peak: jemalloc about 30 MB more through `make bench`'s batch phase,
+  mimalloc 8-16 MB more in short floods (docs/operations.md).
 
 Only the CLI entry points call keep_small(): a test process, which imports pandas for Spark and
 Airflow, must never install the refusal.
@@ -39,16 +39,9 @@ class RefusePandas(importlib.abc.MetaPathFinder):
 
 
 def keep_small() -> None:
-    """Refuse pandas (unless something already imported it) and allocate Arrow memory from
-    jemalloc (unless ARROW_DEFAULT_MEMORY_POOL chooses). Idempotent."""
+    """Refuse pandas (unless something already imported it) and allocate Arrow memory from the
+    system allocator (unless ARROW_DEFAULT_MEMORY_POOL chooses). Idempotent."""
     if REFUSED not in sys.modules and not any(isinstance(f, RefusePandas) for f in sys.meta_path):
         sys.meta_path.insert(0, RefusePandas())
     if not os.environ.get("ARROW_DEFAULT_MEMORY_POOL"):
-        pa.set_memory_pool(_arrow_pool())
-
-
-def _arrow_pool() -> pa.MemoryPool:
-    try:
-        return pa.jemalloc_memory_pool()
-    except NotImplementedError:  # a pyarrow built without jemalloc
-        return pa.system_memory_pool()
+        pa.set_memory_pool(pa.system_memory_pool())

@@ -1,5 +1,5 @@
-"""serve and its delivery process keep pandas out and allocate Arrow memory from jemalloc
-(tables/process_memory.py). pandas is installed in this environment (Airflow needs it),
+"""serve and its delivery process keep pandas out and allocate Arrow memory from the system
+allocator (tables/process_memory.py). pandas is installed in this environment (Airflow needs it),
 so without the refusal pyarrow would import it on the first Delta read."""
 
 from __future__ import annotations
@@ -44,12 +44,12 @@ print(json.dumps({"refused": refused, "pool": pa.default_memory_pool().backend_n
 """
 
 
-def test_keep_small_refuses_pandas_and_allocates_arrow_memory_from_jemalloc() -> None:
+def test_keep_small_refuses_pandas_and_allocates_arrow_memory_from_the_system_allocator() -> None:
     import pandas  # noqa: F401  (installed here, so a refusal is the only way the import can fail)
 
     out = _python(CHECK, pool=None)
     assert "pandas is kept out of this lakebroker process" in str(out["refused"])
-    assert out["pool"] == "jemalloc"  # this pyarrow has it (pa.supported_memory_backends())
+    assert out["pool"] == "system"
 
 
 def test_an_operators_arrow_pool_choice_is_kept() -> None:
