@@ -2,7 +2,7 @@
 
 - pandas stays out. Nothing in these processes uses it, but pyarrow imports it, if installed,
   the first time it asks whether a value is a DataFrame (any `pa.scalar`, any filter expression,
-  `pyarrow.dataset`'s own import). That import alone adds about 46 MB of resident memory.
+  `pyarrow.dataset`'s own import). That import alone adds about 37 MB of resident memory.
   Refusing it is safe: pyarrow treats the ImportError as "pandas is not installed".
 - Arrow allocates from the system allocator (glibc), as the rest of the process does, unless
   ARROW_DEFAULT_MEMORY_POOL chooses. Arrow's bundled allocators are 5-10 % faster on batches but
