@@ -9,6 +9,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -78,6 +79,42 @@ def free_port() -> int:
         port: int = s.getsockname()[1]
         return port
 
+
+
+def children(pid: int) -> set[int]:
+    """The process ids whose parent is `pid` (serve's delivery process, its scheduled jobs)."""
+    out: set[int] = set()
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        out.update(int(c) for c in (task / "children").read_text().split())
+    return out
+
+
+def alive(pid: int) -> bool:
+    """Running, not a zombie waiting to be reaped."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def until(predicate: Callable[[], bool], what: str, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"not met in {timeout}s: {what}"
+        time.sleep(0.05)
+
+
+def delivery_child(server: ServerProcess, other_than: int | None = None) -> int:
+    assert server.proc is not None
+    found: list[int] = []
+
+    def one() -> bool:
+        found[:] = [p for p in children(server.proc.pid) if p != other_than and alive(p)]  # type: ignore[union-attr]
+        return len(found) == 1
+
+    until(one, "serve runs one delivery process")
+    return found[0]
 
 class AppThread:
     """An ASGI app (e.g. a webhook receiver) under uvicorn in a thread of the test process, on loopback."""

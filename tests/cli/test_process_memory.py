@@ -8,13 +8,12 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
 
 from tests.receivers import Receiver
-from tests.servers import REPO, ServerProcess
+from tests.servers import REPO, ServerProcess, delivery_child, until
 
 
 def _python(code: str, pool: str | None) -> dict[str, object]:
@@ -60,10 +59,6 @@ def _mapped(pid: int) -> str:
     return Path(f"/proc/{pid}/maps").read_text()
 
 
-def _children(pid: int) -> list[int]:
-    return [int(c) for task in Path(f"/proc/{pid}/task").iterdir() for c in (task / "children").read_text().split()]
-
-
 def test_serve_and_its_delivery_process_read_delta_without_loading_pandas(tmp_path: Path) -> None:
     receiver = Receiver()
     env = {"LAKEBROKER_ALLOW_PRIVATE_WEBHOOKS": "1", "LAKEBROKER_FLUSH_INTERVAL_MS": "50"}
@@ -81,13 +76,9 @@ def test_serve_and_its_delivery_process_read_delta_without_loading_pandas(tmp_pa
         receiver.wait_for(lambda: len(receiver.messages()) >= 21)
 
         assert server.proc is not None
-        serve = server.proc.pid
-        children = _children(serve)
-        assert len(children) == 1, children  # the delivery process
-        deadline = time.monotonic() + 30
-        while "pyarrow/_dataset" not in _mapped(children[0]) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        for pid in (serve, children[0]):
+        child = delivery_child(server)
+        until(lambda: "pyarrow/_dataset" in _mapped(child), "the delivery process reads Delta", timeout=30)
+        for pid in (server.proc.pid, child):
             maps = _mapped(pid)
             assert "pyarrow/_dataset" in maps, pid  # each read Delta through pyarrow.dataset ...
             assert "/pandas/" not in maps, pid  # ... which would have loaded pandas

@@ -5,55 +5,18 @@ from __future__ import annotations
 
 import os
 import signal
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import httpx
 import pytest
 
 from tests.receivers import Receiver
-from tests.servers import ServerProcess
+from tests.servers import ServerProcess, alive, delivery_child, until
 
 pytestmark = pytest.mark.fault
 
 FAST = {"LAKEBROKER_HEARTBEAT_S": "0.5", "LAKEBROKER_OFFSET_COMMIT_INTERVAL_MS": "200",
         "LAKEBROKER_ALLOW_PRIVATE_WEBHOOKS": "1", "LAKEBROKER_FLUSH_INTERVAL_MS": "50"}
-
-
-def children(pid: int) -> set[int]:
-    out: set[int] = set()
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        out.update(int(c) for c in (task / "children").read_text().split())
-    return out
-
-
-def alive(pid: int) -> bool:
-    """Running, not a zombie waiting to be reaped."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
-
-
-def until(predicate: Callable[[], bool], what: str, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"not met in {timeout}s: {what}"
-        time.sleep(0.05)
-
-
-def delivery_child(server: ServerProcess, other_than: int | None = None) -> int:
-    assert server.proc is not None
-    found: list[int] = []
-
-    def one() -> bool:
-        found[:] = [p for p in children(server.proc.pid) if p != other_than and alive(p)]  # type: ignore[union-attr]
-        return len(found) == 1
-
-    until(one, "serve runs one delivery process")
-    return found[0]
 
 
 def start(tmp_path: Path, receiver: Receiver) -> tuple[ServerProcess, httpx.Client]:
