@@ -29,7 +29,8 @@ import pyarrow as pa
 
 from bench.memory import status_mb
 from tables import delta
-from tables.schemas import TOPIC_PARTITION_COLUMNS, TOPIC_SCHEMA, TOPIC_SCHEMA_VERSION
+from tables.schemas import TOPIC_SCHEMA
+from tables.topics import ensure_topic_table
 
 PARTITIONS = 4
 ROWS = 250  # per partition and commit: 1,000 rows, about 100 ms of single produce at 10k msg/s
@@ -41,8 +42,7 @@ class _Topic:
 
     def __init__(self, uri: Path, *, reload: bool) -> None:
         self.uri = uri
-        table = delta.ensure_table(str(uri), TOPIC_SCHEMA, partition_by=TOPIC_PARTITION_COLUMNS,
-                                   version=TOPIC_SCHEMA_VERSION)
+        table = ensure_topic_table(str(uri))
         self.kept = delta.KeptTable(str(uri), lambda: table) if reload else None
         self.table = table
         self.next = [0] * PARTITIONS

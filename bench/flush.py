@@ -28,9 +28,8 @@ from ingest_api.flusher import Flusher
 from ingest_api.metrics import IngestMetrics
 from tables import delta
 from tables.layout import Layout
-from tables.schemas import TOPIC_PARTITION_COLUMNS, TOPIC_SCHEMA, TOPIC_SCHEMA_VERSION
 from tables.settings import Settings
-from tables.topics import new_topic
+from tables.topics import ensure_topic_table, new_topic
 
 PARTITIONS = 3
 VALUE = b"v" * 100
@@ -94,8 +93,7 @@ async def _measure(plan: Plan, work: Path) -> list[FlushRow]:
     flusher = Flusher(settings, Layout(data), lambda: {topic.name: topic}, IngestMetrics(CollectorRegistry()),
                       lambda: None)
     source = _Source(topic.name, bytes.fromhex(topic.topic_id))
-    floor_table = delta.ensure_table(str(data / "floor"), TOPIC_SCHEMA, partition_by=TOPIC_PARTITION_COLUMNS,
-                                     version=TOPIC_SCHEMA_VERSION)
+    floor_table = ensure_topic_table(str(data / "floor"))
     flusher.add(source.take(300))  # creates the table and opens it, outside the timing
     if not await flusher.flush_once():
         raise RuntimeError("flusher could not commit its warm-up batch")

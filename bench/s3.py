@@ -40,9 +40,8 @@ from scripts.s3_process import start
 from tables import delta
 from tables.layout import Layout
 from tables.log_tail import TopicLogTail
-from tables.schemas import TOPIC_PARTITION_COLUMNS, TOPIC_SCHEMA, TOPIC_SCHEMA_VERSION
 from tables.settings import Settings
-from tables.topics import TopicStore, new_topic
+from tables.topics import TopicStore, ensure_topic_table, new_topic
 
 FRAGMENT = REPO / "docs" / "benchmarks-s3.md"
 ACCESS_KEY, SECRET_KEY = "lakebroker", "lakebroker-secret"
@@ -70,8 +69,7 @@ async def _flush(root: str, work: Path, sizes: list[int], repeats: int) -> list[
     flusher = Flusher(settings, Layout.of(settings), lambda: {topic.name: topic}, IngestMetrics(CollectorRegistry()),
                       lambda: None)
     source = _Source(topic.name, bytes.fromhex(topic.topic_id))
-    floor = delta.ensure_table(f"{root}/floor", TOPIC_SCHEMA, partition_by=TOPIC_PARTITION_COLUMNS,
-                               version=TOPIC_SCHEMA_VERSION)
+    floor = ensure_topic_table(f"{root}/floor")
     flusher.add(source.take(300))  # creates and opens the table outside the timing
     if not await flusher.flush_once():
         raise RuntimeError("the flusher could not commit its warm-up batch")

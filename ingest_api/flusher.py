@@ -45,9 +45,9 @@ from ingest_api.wal import PartitionKey
 from tables import delta
 from tables.errors import NotFound, OffsetGap
 from tables.layout import Layout
-from tables.schemas import TOPIC_PARTITION_COLUMNS, TOPIC_SCHEMA, TOPIC_SCHEMA_VERSION
+from tables.schemas import TOPIC_SCHEMA
 from tables.settings import Settings
-from tables.topics import TopicConfig
+from tables.topics import TopicConfig, ensure_topic_table
 
 log = logging.getLogger(__name__)
 
@@ -242,9 +242,7 @@ class Flusher:
         kept = self._tables.get(topic.topic_id)
         if kept is None:
             uri = self._layout.topic_table(topic.name)
-            kept = self._tables[topic.topic_id] = delta.KeptTable(uri, functools.partial(
-                delta.ensure_table, uri, TOPIC_SCHEMA, partition_by=TOPIC_PARTITION_COLUMNS,
-                version=TOPIC_SCHEMA_VERSION))
+            kept = self._tables[topic.topic_id] = delta.KeptTable(uri, functools.partial(ensure_topic_table, uri))
             self._metrics.flush_errors.labels(topic.name)  # starts at zero, visible before a failure
         return kept.current()
 

@@ -234,16 +234,22 @@ def append(
     write_deltalake(table, data, mode="append", commit_properties=props, post_commithook_properties=commit_hooks(table))
 
 
+CLEANUP_EVERY_VERSIONS = 100
+
+
 def commit_hooks(table: DeltaTable) -> PostCommitHookProperties:
     """delta-rs's post-commit hooks for the next commit to `table`. Its expired-log cleanup lists
     the whole `_delta_log` after every commit (a stat per entry locally, a LIST request per 1,000
-    entries on S3), and a topic table keeps 30 days of 100 ms commits there. Only a checkpoint lets
-    the cleanup delete anything new, so it runs with the commit that writes one (delta-rs writes a
-    checkpoint at version v when v + 1 is a multiple of the interval)."""
+    entries on S3), and a topic table keeps 30 days of 250 ms commits there. Only a checkpoint lets
+    the cleanup delete anything new, so it runs with a commit that writes one (delta-rs writes a
+    checkpoint at version v when v + 1 is a multiple of the interval), and, where checkpoints come
+    more often than every CLEANUP_EVERY_VERSIONS commits (topic tables: every 10), only with the
+    first one at or past each such run."""
     config = table.metadata().configuration
     interval = int(config.get("delta.checkpointInterval") or DELTA_RS_CHECKPOINT_INTERVAL)
-    checkpoints = (table.version() + 2) % interval == 0  # the next version, if no one commits first
-    cleanup = checkpoints and (config.get("delta.enableExpiredLogCleanup") or "true").lower() == "true"
+    ends = table.version() + 2  # the next version + 1, if no one commits first
+    cleanup_every = interval * -(-CLEANUP_EVERY_VERSIONS // interval)  # a multiple of the interval, >= 100
+    cleanup = ends % cleanup_every == 0 and (config.get("delta.enableExpiredLogCleanup") or "true").lower() == "true"
     return PostCommitHookProperties(create_checkpoint=True, cleanup_expired_logs=cleanup)
 
 

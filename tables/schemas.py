@@ -37,6 +37,12 @@ TOPIC_SCHEMA = pa.schema(
     ]
 )
 TOPIC_PARTITION_COLUMNS = ["partition"]
+# A checkpoint every 10 commits, Delta's own default (delta-rs's is 100). delta-rs builds each
+# checkpoint by replaying the log from the previous one, reading every commit file since on a
+# blocking thread of its own: at 100, serve grew ~80 threads at each checkpoint of a busy topic
+# (tokio keeps them while any gets work), and held their memory. A fresh load of the table
+# (tables/delta.py KeptTable, Follower, readers) reads fewer commit files too.
+TOPIC_TABLE_PROPERTIES: dict[str, str] = {"delta.checkpointInterval": "10"}
 
 TOPICS_SCHEMA_VERSION = 1
 TOPICS_SCHEMA = pa.schema(

@@ -13,6 +13,8 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
 
+from deltalake import DeltaTable
+
 from tables import delta, storage
 from tables.errors import AlreadyExists, InvalidRequest, NotFound
 from tables.layout import Layout, validate_name
@@ -20,6 +22,7 @@ from tables.schemas import (
     TOPIC_PARTITION_COLUMNS,
     TOPIC_SCHEMA,
     TOPIC_SCHEMA_VERSION,
+    TOPIC_TABLE_PROPERTIES,
     TOPICS_SCHEMA,
     TOPICS_SCHEMA_VERSION,
 )
@@ -90,6 +93,12 @@ def new_topic(name: str, partitions: int, **config: Any) -> TopicConfig:
     )
 
 
+def ensure_topic_table(uri: str) -> DeltaTable:
+    """A topic's message table, created if missing, with TOPIC_TABLE_PROPERTIES set."""
+    return delta.ensure_table(uri, TOPIC_SCHEMA, partition_by=TOPIC_PARTITION_COLUMNS, version=TOPIC_SCHEMA_VERSION,
+                              properties=TOPIC_TABLE_PROPERTIES)
+
+
 class TopicStore:
     def __init__(self, layout: Layout) -> None:
         self.layout = layout
@@ -106,12 +115,7 @@ class TopicStore:
         return topic
 
     def create(self, topic: TopicConfig) -> TopicConfig:
-        delta.ensure_table(
-            self.layout.topic_table(topic.name),
-            TOPIC_SCHEMA,
-            partition_by=TOPIC_PARTITION_COLUMNS,
-            version=TOPIC_SCHEMA_VERSION,
-        )
+        ensure_topic_table(self.layout.topic_table(topic.name))
 
         def change(rows: Rows) -> tuple[Rows, TopicConfig]:
             if any(r["name"] == topic.name for r in rows):

@@ -136,3 +136,22 @@ async def test_a_commit_that_lands_but_reports_failure_is_not_committed_again(tm
         assert offsets == list(range(20))  # each row once
         assert delta.txn_version(table, delta.partition_app_id(p)) == 20
     assert len([c for c in table.history() if c.get("lakebroker.operation") == "flush"]) == 2
+
+
+async def test_a_topic_table_checkpoints_every_10_commits(tmp_path: Path) -> None:
+    """TOPIC_TABLE_PROPERTIES: delta-rs replays the log from the last checkpoint to write the next
+    one, a blocking thread per commit file, so a busy topic's table checkpoints at Delta's own
+    default interval rather than delta-rs's 100; the log cleanup stays at one per 100 commits."""
+    probe = new_topic("probe", 1)
+    flusher = flusher_for(tmp_path, probe)
+    uri = Layout(tmp_path).topic_table("probe")
+    offset = 0
+    while (table := delta.open_table(uri)) is None or table.version() < 19:
+        flusher.add([probe_record(probe, offset)])
+        assert await flusher.flush_once()
+        offset += 1
+    assert table.metadata().configuration["delta.checkpointInterval"] == "10"
+    log = Path(uri) / "_delta_log"
+    assert sorted(int(p.name[:20]) for p in log.glob("*.checkpoint.parquet")) == [9, 19]
+    assert not delta.commit_hooks(table).cleanup_expired_logs  # version 20 writes no checkpoint
+    assert sorted(table.to_pyarrow_table().column("offset").to_pylist()) == list(range(offset))
