@@ -4,10 +4,10 @@
   the first time it asks whether a value is a DataFrame (any `pa.scalar`, any filter expression,
   `pyarrow.dataset`'s own import). That import alone adds about 37 MB of resident memory.
   Refusing it is safe: pyarrow treats the ImportError as "pandas is not installed".
-- Arrow allocates from the system allocator (glibc), as the rest of the process does, unless
-  ARROW_DEFAULT_MEMORY_POOL chooses. Arrow's bundled allocators are 5-10 % faster on batches but
-  keep more resident at the peak: jemalloc about 30 MB more through `make bench`'s batch phase,
-  mimalloc 8-16 MB more in short floods (docs/operations.md).
+- Arrow allocates from its bundled jemalloc, which returns freed pages to the kernel within
+  100 ms (tables/__init__.py sets its decay), unless ARROW_DEFAULT_MEMORY_POOL chooses. The batch
+  path's Arrow buffers come and go at ~100 MB/s: from glibc's heap, shared with everything else on
+  the event loop, they left it fragmented at ~65 MB (docs/operations.md has the measurements).
 
 Only the CLI entry points call keep_small(): a test process, which imports pandas for Spark and
 Airflow, must never install the refusal.
@@ -39,9 +39,12 @@ class RefusePandas(importlib.abc.MetaPathFinder):
 
 
 def keep_small() -> None:
-    """Refuse pandas (unless something already imported it) and allocate Arrow memory from the
-    system allocator (unless ARROW_DEFAULT_MEMORY_POOL chooses). Idempotent."""
+    """Refuse pandas (unless something already imported it) and allocate Arrow memory from Arrow's
+    jemalloc (unless ARROW_DEFAULT_MEMORY_POOL chooses). Idempotent."""
     if REFUSED not in sys.modules and not any(isinstance(f, RefusePandas) for f in sys.meta_path):
         sys.meta_path.insert(0, RefusePandas())
     if not os.environ.get("ARROW_DEFAULT_MEMORY_POOL"):
-        pa.set_memory_pool(pa.system_memory_pool())
+        try:
+            pa.set_memory_pool(pa.jemalloc_memory_pool())
+        except NotImplementedError:  # a pyarrow built without jemalloc
+            pa.set_memory_pool(pa.system_memory_pool())

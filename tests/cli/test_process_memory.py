@@ -1,5 +1,5 @@
-"""serve and its delivery process keep pandas out and allocate Arrow memory from the system
-allocator (tables/process_memory.py). pandas is installed in this environment (Airflow needs it),
+"""serve and its delivery process keep pandas out and allocate Arrow memory from jemalloc with a
+short decay (tables/process_memory.py). pandas is installed in this environment (Airflow needs it),
 so without the refusal pyarrow would import it on the first Delta read."""
 
 from __future__ import annotations
@@ -43,12 +43,43 @@ print(json.dumps({"refused": refused, "pool": pa.default_memory_pool().backend_n
 """
 
 
-def test_keep_small_refuses_pandas_and_allocates_arrow_memory_from_the_system_allocator() -> None:
+def test_keep_small_refuses_pandas_and_allocates_arrow_memory_from_jemalloc() -> None:
     import pandas  # noqa: F401  (installed here, so a refusal is the only way the import can fail)
 
     out = _python(CHECK, pool=None)
     assert "pandas is kept out of this lakebroker process" in str(out["refused"])
-    assert out["pool"] == "system"
+    assert out["pool"] == "jemalloc"
+
+
+RELEASE = """
+import json, time, pyarrow as pa
+from tables.process_memory import keep_small
+keep_small()
+def anon():
+    for line in open("/proc/self/status"):
+        if line.startswith("RssAnon:"):
+            return int(line.split()[1]) >> 10
+before = anon()
+buffers = []
+for _ in range(100):  # 200 MB in 2 MB buffers, each page written so it is resident
+    b = pa.allocate_buffer(2 << 20)
+    memoryview(b).cast("B")[::4096] = b"\1" * 512
+    buffers.append(b)
+held = anon()
+del buffers, b
+deadline = time.monotonic() + 10
+while anon() > before + 30 and time.monotonic() < deadline:
+    pa.allocate_buffer(4096)  # activity: jemalloc purges as it allocates
+    time.sleep(0.01)
+print(json.dumps({"pool": pa.default_memory_pool().backend_name, "before": before, "held": held, "after": anon()}))
+"""
+
+
+def test_arrow_memory_freed_by_serve_goes_back_to_the_kernel() -> None:
+    out = _python(RELEASE, pool=None)
+    assert out["pool"] == "jemalloc"
+    assert int(str(out["held"])) >= int(str(out["before"])) + 190  # the buffers were resident
+    assert int(str(out["after"])) <= int(str(out["before"])) + 30, out  # and were returned, not kept
 
 
 def test_an_operators_arrow_pool_choice_is_kept() -> None:
