@@ -43,7 +43,7 @@ $(DEV_STAMP): pyproject.toml requirements.lock clients/python/pyproject.toml
 
 # The JVM class archive that shortens every Spark session's start (spark_pipeline/class_archive.py).
 .cache/spark-cds.jsa: .cache/jars/.stamp
-	$(PY) -m spark_pipeline.class_archive
+	$(PY) -m lakebroker.spark_pipeline.class_archive
 
 # The local S3-compatible server (MinIO, built once from its Go module) the tests and `make s3-server` run.
 .cache/bin/minio.version: scripts/s3_server.sh
@@ -55,7 +55,7 @@ s3-server:
 
 lint: setup
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/mypy tables ingest_api delivery_worker spark_pipeline lakebroker clients/python/lakebroker_client
+	bash scripts/mypy.sh
 
 bench: setup
 	$(PY) -m bench.run

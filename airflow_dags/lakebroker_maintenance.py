@@ -7,11 +7,11 @@ recorded in `_system/job_runs` (as every run is recorded, from the CLI or `lakeb
 Two runners, chosen per run by the `runner` param, else by the Airflow Variable `lakebroker_runner`
 (`AIRFLOW_VAR_LAKEBROKER_RUNNER`), else `python`:
 
-* `python`: `python -m spark_pipeline.jobs.<job>` in the Airflow worker (a mapped `@task.bash`),
+* `python`: `python -m lakebroker.spark_pipeline.jobs.<job>` in the Airflow worker (a mapped `@task.bash`),
   on the `spark_master` setting: the embedded default, local Spark beside Airflow;
 * `spark-submit`: the provider's `SparkSubmitOperator` on the `spark_default` connection, which
   names the cluster's master (docker-compose.yml sets `AIRFLOW_CONN_SPARK_DEFAULT`); the job's
-  script, arguments, Delta jars and confs come from `spark_pipeline.scheduler.spark_submit_run`.
+  script, arguments, Delta jars and confs come from `lakebroker.spark_pipeline.scheduler.spark_submit_run`.
 
 Nothing heavy happens at import: no pyspark, no Variable.get, no table reads. The logic lives in
 library code (spark_pipeline); the tasks call it. Settings come from the worker's environment
@@ -46,7 +46,7 @@ PARAMS: dict[str, Any] = {
 
 
 def _settings(params: dict[str, Any]) -> Any:
-    from tables.settings import Settings
+    from lakebroker.tables.settings import Settings
 
     overrides = {key: params[key] for key in ("data_dir", "spark_master", "replication_uri") if params.get(key)}
     return Settings(**overrides)
@@ -54,9 +54,9 @@ def _settings(params: dict[str, Any]) -> Any:
 
 def _targets(job: str, params: dict[str, Any]) -> list[str]:
     """Topics the job applies to ("" = the job's own table set, for offsets and replication)."""
-    from spark_pipeline.jobs.common import select_topics
-    from tables.layout import Layout
-    from tables.topics import CleanupPolicy
+    from lakebroker.spark_pipeline.jobs.common import select_topics
+    from lakebroker.tables.layout import Layout
+    from lakebroker.tables.topics import CleanupPolicy
 
     if job in ("offsets-compaction", "replication"):
         return [""]  # whole-table jobs: their entry points take no --topic, so the param does not apply
@@ -80,16 +80,16 @@ def _runner(params: dict[str, Any]) -> str:
 
 def _command(job: str, target: str, params: dict[str, Any]) -> str:
     """The python runner's command line."""
-    from spark_pipeline.results import JobName
-    from spark_pipeline.scheduler import job_command
+    from lakebroker.spark_pipeline.results import JobName
+    from lakebroker.spark_pipeline.scheduler import job_command
 
     return shlex.join(job_command(JobName(job), _settings(params), topic=target or None, trigger=TRIGGER))
 
 
 def _submission(job: str, target: str, params: dict[str, Any]) -> dict[str, Any]:
     """The spark-submit runner's SparkSubmitOperator arguments for one target."""
-    from spark_pipeline.results import JobName
-    from spark_pipeline.scheduler import spark_submit_run
+    from lakebroker.spark_pipeline.results import JobName
+    from lakebroker.spark_pipeline.scheduler import spark_submit_run
 
     run = spark_submit_run(JobName(job), _settings(params), topic=target or None, trigger=TRIGGER)
     return run.operator_kwargs()
@@ -98,8 +98,8 @@ def _submission(job: str, target: str, params: dict[str, Any]) -> dict[str, Any]
 def _summary(job: str, targets: list[str], params: dict[str, Any], since: datetime) -> dict[str, Any]:
     """What this DAG run's job runs recorded: one run per target (max_active_runs=1, so the runs
     with this trigger since the DAG run started are its own), none failed."""
-    from spark_pipeline import job_runs
-    from tables.layout import Layout
+    from lakebroker.spark_pipeline import job_runs
+    from lakebroker.tables.layout import Layout
 
     rows = [r for r in job_runs.last_runs(Layout.of(_settings(params)), job=job, since=since, limit=10_000)
             if r["trigger"] == TRIGGER]

@@ -4,9 +4,9 @@ The flusher commits every `flush_interval_ms` (250 ms by default) while messages
 each, through a DeltaTable it keeps open. delta-rs (1.6) keeps such a handle's file list as one
 Arrow batch per commit applied since it was loaded and re-scans them all at every commit, so the
 cost of a commit grows with the handle's age. This measures the process CPU of
-`tables.delta.append` (4 partitions x 250 rows, with the txn actions, as the flusher commits) on
+`lakebroker.tables.delta.append` (4 partitions x 250 rows, with the txn actions, as the flusher commits) on
 two tables committed in lockstep: one through a handle opened once (delta-rs as is), one through
-`tables.delta.KeptTable` (reloaded every RELOAD_AFTER_VERSIONS, as the flusher does). Each point
+`lakebroker.tables.delta.KeptTable` (reloaded every RELOAD_AFTER_VERSIONS, as the flusher does). Each point
 alternates the two (A-B, B-A), so the ratio holds on a noisy machine. Bounded: `--versions` of
 `--commits` commits each.
 
@@ -26,11 +26,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow as pa
+from lakebroker.tables import delta
+from lakebroker.tables.schemas import TOPIC_SCHEMA
+from lakebroker.tables.topics import ensure_topic_table
 
 from bench.memory import status_mb
-from tables import delta
-from tables.schemas import TOPIC_SCHEMA
-from tables.topics import ensure_topic_table
 
 PARTITIONS = 4
 ROWS = 250  # per partition and commit: 1,000 rows, about 100 ms of single produce at 10k msg/s

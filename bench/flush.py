@@ -20,16 +20,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow as pa
+from lakebroker.ingest_api.chunks import CHUNK_SCHEMA, Chunk, chunk_bytes, chunks_to_arrow
+from lakebroker.ingest_api.flusher import Flusher
+from lakebroker.ingest_api.metrics import IngestMetrics
+from lakebroker.tables import delta
+from lakebroker.tables.layout import Layout
+from lakebroker.tables.settings import Settings
+from lakebroker.tables.topics import ensure_topic_table, new_topic
 from prometheus_client import CollectorRegistry
 
 from bench.plan import Plan
-from ingest_api.chunks import CHUNK_SCHEMA, Chunk, chunk_bytes, chunks_to_arrow
-from ingest_api.flusher import Flusher
-from ingest_api.metrics import IngestMetrics
-from tables import delta
-from tables.layout import Layout
-from tables.settings import Settings
-from tables.topics import ensure_topic_table, new_topic
 
 PARTITIONS = 3
 VALUE = b"v" * 100

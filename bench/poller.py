@@ -1,7 +1,7 @@
 """Watches a topic's Delta table and records when each partition's offsets became visible.
 
 The flusher writes, in the same Delta commit as the rows, a txn action per partition whose
-version is the partition's new log-end (tables.delta.partition_app_id). So once a reader's
+version is the partition's new log-end (lakebroker.tables.delta.partition_app_id). So once a reader's
 snapshot shows version v for partition p, offsets below v are readable in that snapshot. The
 poller refreshes its snapshot every --interval seconds and writes each change as
 [monotonic time, partition, log-end]. It stops after --duration or on SIGTERM. At the end it
@@ -20,8 +20,7 @@ from pathlib import Path
 
 import orjson
 from deltalake import DeltaTable
-
-from tables import delta
+from lakebroker.tables import delta
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -30,18 +30,18 @@ from pathlib import Path
 
 import httpx
 import pyarrow as pa
+from lakebroker.ingest_api.flusher import Flusher, records_to_arrow
+from lakebroker.ingest_api.metrics import IngestMetrics
+from lakebroker.tables import delta
+from lakebroker.tables.layout import Layout
+from lakebroker.tables.log_tail import TopicLogTail
+from lakebroker.tables.settings import Settings
+from lakebroker.tables.topics import TopicStore, ensure_topic_table, new_topic
 from prometheus_client import CollectorRegistry
 
 from bench.flush import PARTITIONS, _Source
 from bench.procs import REPO, lakebroker_server
-from ingest_api.flusher import Flusher, records_to_arrow
-from ingest_api.metrics import IngestMetrics
 from scripts.s3_process import start
-from tables import delta
-from tables.layout import Layout
-from tables.log_tail import TopicLogTail
-from tables.settings import Settings
-from tables.topics import TopicStore, ensure_topic_table, new_topic
 
 FRAGMENT = REPO / "docs" / "benchmarks-s3.md"
 ACCESS_KEY, SECRET_KEY = "lakebroker", "lakebroker-secret"
@@ -167,8 +167,8 @@ class Replication:
 
 
 def _replication(s3_uri: str, work: Path, rows: int) -> Replication:
-    from spark_pipeline.jobs import replication
-    from spark_pipeline.session import DEFAULT_JARS_DIR, build_spark_session
+    from lakebroker.spark_pipeline.jobs import replication
+    from lakebroker.spark_pipeline.session import DEFAULT_JARS_DIR, build_spark_session
 
     settings = Settings(data_dir=work / "primary", spark_master="local[2]")
     layout = Layout.of(settings)

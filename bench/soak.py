@@ -53,12 +53,12 @@ from typing import Any
 import httpx
 import orjson
 from deltalake import DeltaTable
+from lakebroker.tables.layout import Layout
 
 from bench.procs import REPO, BenchError
 from bench.run import nest
 from bench.soak_checks import TopicSpec, check_all, check_jobs
 from bench.soak_report import SoakReport
-from tables.layout import Layout
 from tests.receivers import Receiver
 from tests.servers import ServerProcess, free_port
 
@@ -306,8 +306,8 @@ class Soak:
         self.server.env.update(self._server_env(0, drain=True))
         self.server.start(timeout=120)
         restarted = datetime.now(UTC)
-        from spark_pipeline import job_runs
-        from tables.layout import Layout
+        from lakebroker.spark_pipeline import job_runs
+        from lakebroker.tables.layout import Layout
 
         layout = Layout(self.data)
 
@@ -356,7 +356,7 @@ class Soak:
         (self.work / "dead_letters.json").write_bytes(orjson.dumps({t: sorted(d) for t, d in self._dead.items()}))
 
     def _log_starts(self, topic: str) -> dict[int, int]:
-        from tables.log_start import log_starts
+        from lakebroker.tables.log_start import log_starts
 
         table = DeltaTable(str(self.data / "topics" / topic))
         return log_starts(table, SPECS[topic].partitions)
@@ -372,8 +372,8 @@ class Soak:
                                         + " ".join(self.report.replica_output.splitlines()[-3:]))
 
     def _check(self) -> None:
-        from spark_pipeline import job_runs
-        from tables.layout import Layout
+        from lakebroker.spark_pipeline import job_runs
+        from lakebroker.tables.layout import Layout
 
         acks = [orjson.loads(line) for line in self.acks_file.read_bytes().splitlines() if line.strip()]
         acks = [a for a in acks if a["topic"] != "churn" or a["sent"] >= self.churn_since]  # this incarnation

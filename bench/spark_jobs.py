@@ -32,12 +32,11 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-
-from tables import delta
-from tables.layout import Layout
-from tables.schemas import TOPIC_SCHEMA
-from tables.settings import Settings
-from tables.topics import TopicStore, new_topic
+from lakebroker.tables import delta
+from lakebroker.tables.layout import Layout
+from lakebroker.tables.schemas import TOPIC_SCHEMA
+from lakebroker.tables.settings import Settings
+from lakebroker.tables.topics import TopicStore, new_topic
 
 REPO = Path(__file__).resolve().parent.parent
 FRAGMENT = REPO / "docs" / "benchmarks-spark.md"
@@ -116,7 +115,7 @@ def _last_commit_metrics(spark: Any, uri: str, operation: str) -> dict[str, str]
 def warm_up(spark: Any, settings: Settings) -> None:
     """Load and JIT Spark's and Delta's code paths on a throwaway topic, so the timings below are
     the jobs' and not the JVM's first-use cost."""
-    from spark_pipeline.jobs import compaction, retention
+    from lakebroker.spark_pipeline.jobs import compaction, retention
 
     build_topic(settings, "warm_up", 1, 4, 400, span_hours=1, retention_ms=1_800_000)
     compaction.run(spark, settings, "warm_up")
@@ -124,7 +123,7 @@ def warm_up(spark: Any, settings: Settings) -> None:
 
 
 def bench_compaction(spark: Any, settings: Settings, sizes: Sizes) -> dict[str, Any]:
-    from spark_pipeline.jobs import compaction
+    from lakebroker.spark_pipeline.jobs import compaction
 
     build_s = build_topic(settings, "compaction_bench", 1, sizes.compaction_files, sizes.compaction_rows,
                           span_hours=1)
@@ -140,7 +139,7 @@ def bench_compaction(spark: Any, settings: Settings, sizes: Sizes) -> dict[str, 
 
 
 def bench_retention(spark: Any, settings: Settings, sizes: Sizes) -> dict[str, Any]:
-    from spark_pipeline.jobs import retention
+    from lakebroker.spark_pipeline.jobs import retention
 
     uri = Layout(settings.data_dir).topic_table("retention_bench")
     build_s = build_topic(settings, "retention_bench", sizes.retention_partitions, sizes.retention_files,
@@ -160,8 +159,8 @@ def bench_retention(spark: Any, settings: Settings, sizes: Sizes) -> dict[str, A
 
 
 def bench_query(spark: Any, settings: Settings) -> dict[str, Any]:
-    from spark_pipeline.catalog import register_tables
-    from spark_pipeline.plan_metrics import scan_metrics
+    from lakebroker.spark_pipeline.catalog import register_tables
+    from lakebroker.spark_pipeline.plan_metrics import scan_metrics
 
     uri = Layout(settings.data_dir).topic_table("retention_bench")
     register_tables(spark, Layout(settings.data_dir))
@@ -249,7 +248,7 @@ which is tight because compaction writes offset-sorted, disjoint files. The exec
 
 def measure(quick: bool) -> str:
     """Run the three benchmarks on a throwaway data dir; the report as markdown."""
-    from spark_pipeline.sql import spark_for
+    from lakebroker.spark_pipeline.sql import spark_for
 
     sizes = QUICK if quick else FULL
     work = Path(tempfile.mkdtemp(prefix="lakebroker-bench-spark-"))

@@ -9,12 +9,11 @@ import asyncio
 import contextlib
 from typing import Protocol
 
+from lakebroker.delivery_worker.metrics import DeliveryMetrics
+from lakebroker.delivery_worker.pipeline import PipelineStatus
+from lakebroker.delivery_worker.worker import DeliveryWorker
+from lakebroker.tables.settings import Settings
 from prometheus_client import CollectorRegistry
-
-from delivery_worker.metrics import DeliveryMetrics
-from delivery_worker.pipeline import PipelineStatus
-from delivery_worker.worker import DeliveryWorker
-from tables.settings import Settings
 
 
 class LiveStatus(Protocol):
@@ -53,6 +52,6 @@ def embedded_delivery(settings: Settings, registry: CollectorRegistry) -> Embedd
         return None
     if settings.delivery_mode == "inprocess":
         return InProcessDelivery(settings, registry)
-    from delivery_worker.supervisor import DeliveryProcess
+    from lakebroker.delivery_worker.supervisor import DeliveryProcess
 
     return DeliveryProcess(settings, registry)

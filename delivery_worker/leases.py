@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from tables.layout import Layout
-from tables.schemas import LEASES_SCHEMA, LEASES_SCHEMA_VERSION
-from tables.state_table import Rows, StateTable
+from lakebroker.tables.layout import Layout
+from lakebroker.tables.schemas import LEASES_SCHEMA, LEASES_SCHEMA_VERSION
+from lakebroker.tables.state_table import Rows, StateTable
 
 Pair = tuple[str, int]  # (subscription, partition)
 

@@ -19,7 +19,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from tables.subscriptions import Ordering
+from lakebroker.tables.subscriptions import Ordering
 
 Row = dict[str, Any]
 

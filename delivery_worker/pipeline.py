@@ -20,18 +20,18 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from delivery_worker.commit_watch import CommitWatch, Following
-from delivery_worker.flow import AdaptiveWindow, TokenBucket
-from delivery_worker.metrics import DeliveryMetrics
-from delivery_worker.ordering import DispatchQueue, Unit
-from delivery_worker.retry import RetryPolicy
-from delivery_worker.sender import Outcome, Sender
-from delivery_worker.signer import Signer
-from delivery_worker.source import PartitionSource
-from tables.dead_letters import DeadLetter, DeadLetterTable
-from tables.errors import OffsetGap
-from tables.offsets import Fence, OffsetReason, OffsetsTable
-from tables.subscriptions import Subscription
+from lakebroker.delivery_worker.commit_watch import CommitWatch, Following
+from lakebroker.delivery_worker.flow import AdaptiveWindow, TokenBucket
+from lakebroker.delivery_worker.metrics import DeliveryMetrics
+from lakebroker.delivery_worker.ordering import DispatchQueue, Unit
+from lakebroker.delivery_worker.retry import RetryPolicy
+from lakebroker.delivery_worker.sender import Outcome, Sender
+from lakebroker.delivery_worker.signer import Signer
+from lakebroker.delivery_worker.source import PartitionSource
+from lakebroker.tables.dead_letters import DeadLetter, DeadLetterTable
+from lakebroker.tables.errors import OffsetGap
+from lakebroker.tables.offsets import Fence, OffsetReason, OffsetsTable
+from lakebroker.tables.subscriptions import Subscription
 
 log = logging.getLogger(__name__)
 READ_AHEAD = 1000

@@ -15,7 +15,7 @@ import os
 import signal
 import sys
 
-from delivery_worker.worker import DeliveryWorker
+from lakebroker.delivery_worker.worker import DeliveryWorker
 
 log = logging.getLogger(__name__)
 PARENT_CHECK_S = 0.5

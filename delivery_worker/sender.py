@@ -8,11 +8,10 @@ from typing import Any
 
 import httpx
 import orjson
-
-from delivery_worker.http1 import LeanTransport, origin_of
-from delivery_worker.retry import parse_retry_after
-from delivery_worker.signer import Signer
-from tables.message_format import message_json
+from lakebroker.delivery_worker.http1 import LeanTransport, origin_of
+from lakebroker.delivery_worker.retry import parse_retry_after
+from lakebroker.delivery_worker.signer import Signer
+from lakebroker.tables.message_format import message_json
 
 log = logging.getLogger(__name__)
 

@@ -14,13 +14,12 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import DeltaTable
-
-from tables import delta
-from tables.layout import Layout
-from tables.log_start import check_dense, log_start
-from tables.log_tail import TopicLogTail
-from tables.schemas import TOPIC_SCHEMA
-from tables.topics import TopicConfig
+from lakebroker.tables import delta
+from lakebroker.tables.layout import Layout
+from lakebroker.tables.log_start import check_dense, log_start
+from lakebroker.tables.log_tail import TopicLogTail
+from lakebroker.tables.schemas import TOPIC_SCHEMA
+from lakebroker.tables.topics import TopicConfig
 
 
 class SharedLogTail:

@@ -6,7 +6,7 @@ import ipaddress
 import socket
 from urllib.parse import urlsplit
 
-from tables.errors import InvalidRequest
+from lakebroker.tables.errors import InvalidRequest
 
 
 def check_webhook_url(url: str, *, allow_private: bool) -> str:

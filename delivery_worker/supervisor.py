@@ -28,13 +28,12 @@ from collections.abc import Iterable
 from pathlib import Path
 
 import orjson
+from lakebroker.delivery_worker.pipeline import PipelineStatus
+from lakebroker.tables.settings import Settings
 from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.metrics_core import Metric
 from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
 from prometheus_client.registry import Collector
-
-from delivery_worker.pipeline import PipelineStatus
-from tables.settings import Settings
 
 log = logging.getLogger(__name__)
 BACKOFF_MIN_S = 0.5
@@ -130,7 +129,7 @@ class DeliveryProcess:
         settings["data_dir"] = str(Path(self.settings.data_dir).resolve())
         order = orjson.dumps({"settings": settings, "parent_pid": os.getpid(), "worker_id": self.worker_id})
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "delivery_worker.child", stdin=asyncio.subprocess.PIPE,
+            sys.executable, "-m", "lakebroker.delivery_worker.child", stdin=asyncio.subprocess.PIPE,
             env={**os.environ, "PROMETHEUS_MULTIPROC_DIR": self._metrics.path},
             start_new_session=True,  # a Ctrl-C at serve's terminal reaches serve, which stops the child in order
         )

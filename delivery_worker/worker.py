@@ -16,20 +16,19 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import orjson
-
-from delivery_worker.commit_watch import CommitWatch
-from delivery_worker.http1 import LeanTransport
-from delivery_worker.leases import Lease, LeaseTable, Pair
-from delivery_worker.metrics import DeliveryMetrics
-from delivery_worker.pipeline import Endpoint, Gone, PartitionPipeline, PipelineStatus
-from delivery_worker.sender import Sender
-from delivery_worker.source import LogTails, PartitionSource
-from tables.dead_letters import DeadLetterTable
-from tables.layout import Layout
-from tables.offsets import Committed, Fence, OffsetReason, OffsetsTable, Position
-from tables.settings import Settings
-from tables.subscriptions import Subscription, SubscriptionStore
-from tables.topics import TopicConfig, TopicStore
+from lakebroker.delivery_worker.commit_watch import CommitWatch
+from lakebroker.delivery_worker.http1 import LeanTransport
+from lakebroker.delivery_worker.leases import Lease, LeaseTable, Pair
+from lakebroker.delivery_worker.metrics import DeliveryMetrics
+from lakebroker.delivery_worker.pipeline import Endpoint, Gone, PartitionPipeline, PipelineStatus
+from lakebroker.delivery_worker.sender import Sender
+from lakebroker.delivery_worker.source import LogTails, PartitionSource
+from lakebroker.tables.dead_letters import DeadLetterTable
+from lakebroker.tables.layout import Layout
+from lakebroker.tables.offsets import Committed, Fence, OffsetReason, OffsetsTable, Position
+from lakebroker.tables.settings import Settings
+from lakebroker.tables.subscriptions import Subscription, SubscriptionStore
+from lakebroker.tables.topics import TopicConfig, TopicStore
 
 log = logging.getLogger(__name__)
 

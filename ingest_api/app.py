@@ -8,11 +8,9 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import FastAPI
-from prometheus_client import CollectorRegistry
-
-from delivery_worker.embedded import embedded_delivery
-from ingest_api.asgi_route import FrontDoor
-from ingest_api.auth import (
+from lakebroker.delivery_worker.embedded import embedded_delivery
+from lakebroker.ingest_api.asgi_route import FrontDoor
+from lakebroker.ingest_api.auth import (
     AUTH_ERRORS,
     AUTHENTICATED,
     Authenticator,
@@ -23,12 +21,12 @@ from ingest_api.auth import (
     public_routes,
     require,
 )
-from ingest_api.broker import Broker
-from ingest_api.dashboard import Dashboard
-from ingest_api.errors import V2ErrorShape, install_error_handlers
-from ingest_api.limits import BodyLimit, HeaderLimit
-from ingest_api.metrics import IngestMetrics
-from ingest_api.routes import (
+from lakebroker.ingest_api.broker import Broker
+from lakebroker.ingest_api.dashboard import Dashboard
+from lakebroker.ingest_api.errors import V2ErrorShape, install_error_handlers
+from lakebroker.ingest_api.limits import BodyLimit, HeaderLimit
+from lakebroker.ingest_api.metrics import IngestMetrics
+from lakebroker.ingest_api.routes import (
     consume,
     consumer_groups,
     dashboard,
@@ -38,11 +36,12 @@ from ingest_api.routes import (
     subscriptions,
     topics,
 )
-from tables.errors import LakebrokerError
-from tables.layout import Layout
-from tables.lock import DataDirLock
-from tables.settings import Settings
-from tables.tokens import Scope, TokenStore
+from lakebroker.tables.errors import LakebrokerError
+from lakebroker.tables.layout import Layout
+from lakebroker.tables.lock import DataDirLock
+from lakebroker.tables.settings import Settings
+from lakebroker.tables.tokens import Scope, TokenStore
+from prometheus_client import CollectorRegistry
 
 YOUNG_GC_THRESHOLD = 10_000
 

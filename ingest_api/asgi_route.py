@@ -4,7 +4,7 @@ FastAPI builds a route's OpenAPI entry from its endpoint's signature, and serves
 dependencies, building a Request and validating parameters: about half the CPU of a
 single-message produce. An `AsgiRoute` keeps the first and replaces the second. Its endpoint
 is a documentation stub marked with `@served_by(handler)`; requests go straight to the handler,
-after the same authorization check (`ingest_api.auth.Access`) the router declares for every
+after the same authorization check (`lakebroker.ingest_api.auth.Access`) the router declares for every
 other route. The middleware (header and body limits, authentication) is unchanged.
 
     router = APIRouter(prefix="/v1/topics", route_class=AsgiRoute)
@@ -23,12 +23,11 @@ from urllib.parse import parse_qsl
 
 from fastapi import FastAPI
 from fastapi.routing import APIRoute
+from lakebroker.ingest_api.auth import access_rule, bearer_token, principal_of
+from lakebroker.ingest_api.errors import error_response
+from lakebroker.tables.errors import LakebrokerError
 from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Receive, Scope, Send
-
-from ingest_api.auth import access_rule, bearer_token, principal_of
-from ingest_api.errors import error_response
-from tables.errors import LakebrokerError
 
 Handler = Callable[[Scope, Receive, Send], Awaitable[None]]
 F = TypeVar("F", bound=Callable[..., Any])

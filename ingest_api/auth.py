@@ -30,15 +30,14 @@ from typing import Annotated, Any, Final, Literal
 from fastapi import Depends, FastAPI, Request
 from fastapi.routing import APIRoute
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from lakebroker.ingest_api.errors import error_response
+from lakebroker.ingest_api.schemas import ErrorPublic, inline_schema
+from lakebroker.tables.errors import Forbidden, LakebrokerError, StorageUnavailable, Unauthenticated
+from lakebroker.tables.settings import Settings
+from lakebroker.tables.tokens import ApiToken, TokenSet, TokenStore
+from lakebroker.tables.tokens import Scope as TokenScope
 from starlette.routing import BaseRoute, Match
 from starlette.types import ASGIApp, Receive, Scope, Send
-
-from ingest_api.errors import error_response
-from ingest_api.schemas import ErrorPublic, inline_schema
-from tables.errors import Forbidden, LakebrokerError, StorageUnavailable, Unauthenticated
-from tables.settings import Settings
-from tables.tokens import ApiToken, TokenSet, TokenStore
-from tables.tokens import Scope as TokenScope
 
 log = logging.getLogger(__name__)
 

@@ -17,22 +17,28 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-
-from ingest_api.chunks import BatchResults, Chunk, ColumnarBatch, chunk_bytes, message_sizes, split_by_bytes
-from ingest_api.dedup import DedupIndex, DedupKey, Placed, dedup_id
-from ingest_api.flusher import Flusher
-from ingest_api.group_commit import GroupCommitter, Pending, PendingChunk
-from ingest_api.messages import AckMode, NewMessage
-from ingest_api.metrics import IngestMetrics
-from ingest_api.partitioner import KeyCache, RoundRobin, partition_for_key, partitions_for
-from ingest_api.records import Record, message_bytes
-from ingest_api.turns import Turns
-from ingest_api.wal import PartitionKey, Wal
-from tables import delta
-from tables.errors import Backpressure, InvalidRequest, LakebrokerError, NotFound, StorageUnavailable, TooLarge
-from tables.layout import Layout
-from tables.settings import Settings
-from tables.topics import TopicConfig, TopicStore
+from lakebroker.ingest_api.chunks import BatchResults, Chunk, ColumnarBatch, chunk_bytes, message_sizes, split_by_bytes
+from lakebroker.ingest_api.dedup import DedupIndex, DedupKey, Placed, dedup_id
+from lakebroker.ingest_api.flusher import Flusher
+from lakebroker.ingest_api.group_commit import GroupCommitter, Pending, PendingChunk
+from lakebroker.ingest_api.messages import AckMode, NewMessage
+from lakebroker.ingest_api.metrics import IngestMetrics
+from lakebroker.ingest_api.partitioner import KeyCache, RoundRobin, partition_for_key, partitions_for
+from lakebroker.ingest_api.records import Record, message_bytes
+from lakebroker.ingest_api.turns import Turns
+from lakebroker.ingest_api.wal import PartitionKey, Wal
+from lakebroker.tables import delta
+from lakebroker.tables.errors import (
+    Backpressure,
+    InvalidRequest,
+    LakebrokerError,
+    NotFound,
+    StorageUnavailable,
+    TooLarge,
+)
+from lakebroker.tables.layout import Layout
+from lakebroker.tables.settings import Settings
+from lakebroker.tables.topics import TopicConfig, TopicStore
 
 log = logging.getLogger(__name__)
 _NEVER = 2**63

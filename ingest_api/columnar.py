@@ -23,10 +23,9 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
-
-from ingest_api.body import MAX_KEY_CHARS, BatchItems, fast_batch_items
-from ingest_api.chunks import CHUNK_SCHEMA, ColumnarBatch
-from tables.topics import MAX_PARTITIONS
+from lakebroker.ingest_api.body import MAX_KEY_CHARS, BatchItems, fast_batch_items
+from lakebroker.ingest_api.chunks import CHUNK_SCHEMA, ColumnarBatch
+from lakebroker.tables.topics import MAX_PARTITIONS
 
 _OPTIONAL = ("key", "partition", "id")
 _REFUSED = (pa.ArrowException, TypeError, ValueError, OverflowError, AttributeError)  # UnicodeError is a ValueError

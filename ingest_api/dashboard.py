@@ -29,19 +29,19 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from delivery_worker.embedded import LiveStatus
-from ingest_api.broker import Broker
-from ingest_api.reader import log_start, partition_files
-from ingest_api.subscription_status import GroupTables, read_groups, subscription_status
-from spark_pipeline.job_runs import last_runs
-from spark_pipeline.results import JobName
-from tables.dead_letters import DeadLetterTable
-from tables.layout import Layout
-from tables.log_start import PartitionLog
-from tables.offsets import OffsetsTable
-from tables.subscriptions import Subscription, SubscriptionStore
-from tables.tokens import ApiToken
-from tables.topics import TopicConfig
+from lakebroker.delivery_worker.embedded import LiveStatus
+from lakebroker.ingest_api.broker import Broker
+from lakebroker.ingest_api.reader import log_start, partition_files
+from lakebroker.ingest_api.subscription_status import GroupTables, read_groups, subscription_status
+from lakebroker.spark_pipeline.job_runs import last_runs
+from lakebroker.spark_pipeline.results import JobName
+from lakebroker.tables.dead_letters import DeadLetterTable
+from lakebroker.tables.layout import Layout
+from lakebroker.tables.log_start import PartitionLog
+from lakebroker.tables.offsets import OffsetsTable
+from lakebroker.tables.subscriptions import Subscription, SubscriptionStore
+from lakebroker.tables.tokens import ApiToken
+from lakebroker.tables.topics import TopicConfig
 
 CACHE_S = 0.5
 RATE_WINDOW_S = 5.0

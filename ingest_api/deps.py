@@ -3,9 +3,8 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import Depends, Path, Request
-
-from ingest_api.broker import Broker
-from tables.layout import NAME_PATTERN
+from lakebroker.ingest_api.broker import Broker
+from lakebroker.tables.layout import NAME_PATTERN
 
 
 async def get_broker(request: Request) -> Broker:

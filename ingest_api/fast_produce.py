@@ -20,18 +20,17 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from fastapi import FastAPI
-
-from ingest_api.asgi_route import AsgiRoute
-from ingest_api.auth import OPEN_ACCESS, Access, Authenticator, access_rule, bearer_of
-from ingest_api.body import media_type, parse_message
-from ingest_api.broker import Broker, OneMessage
-from ingest_api.errors import error_response
-from ingest_api.limits import MAX_HEADER_BYTES, MAX_HEADERS, body_timeout, declared_too_large, header_refusal
-from ingest_api.messages import AckMode
-from ingest_api.responses import Answer
-from ingest_api.routes.produce import produce_target, produced
-from tables.errors import LakebrokerError
-from tables.tokens import ApiToken
+from lakebroker.ingest_api.asgi_route import AsgiRoute
+from lakebroker.ingest_api.auth import OPEN_ACCESS, Access, Authenticator, access_rule, bearer_of
+from lakebroker.ingest_api.body import media_type, parse_message
+from lakebroker.ingest_api.broker import Broker, OneMessage
+from lakebroker.ingest_api.errors import error_response
+from lakebroker.ingest_api.limits import MAX_HEADER_BYTES, MAX_HEADERS, body_timeout, declared_too_large, header_refusal
+from lakebroker.ingest_api.messages import AckMode
+from lakebroker.ingest_api.responses import Answer
+from lakebroker.ingest_api.routes.produce import produce_target, produced
+from lakebroker.tables.errors import LakebrokerError
+from lakebroker.tables.tokens import ApiToken
 
 PATH = "/v1/topics/{topic}/messages"
 _JSON = "application/json"

@@ -2,7 +2,7 @@
 
 A commit happens when the oldest waiting record is `flush_interval_ms` old, or when the
 waiting records pass `flush_max_records` / `flush_max_bytes`. Each commit carries, as Delta
-txn actions, every touched partition's new log-end offset (tables.delta.partition_app_id).
+txn actions, every touched partition's new log-end offset (lakebroker.tables.delta.partition_app_id).
 Before committing, records below the table's recorded log-end are dropped: they are already
 in the table (a crash came between the Delta commit and the WAL cleanup), so a replay
 neither loses nor duplicates a row. The rest must start exactly at that log-end and be
@@ -37,17 +37,16 @@ from typing import Protocol
 
 import pyarrow as pa
 from deltalake import DeltaTable
-
-from ingest_api.chunks import Chunk, chunks_to_arrow
-from ingest_api.metrics import IngestMetrics
-from ingest_api.records import Record
-from ingest_api.wal import PartitionKey
-from tables import delta
-from tables.errors import NotFound, OffsetGap
-from tables.layout import Layout
-from tables.schemas import TOPIC_SCHEMA
-from tables.settings import Settings
-from tables.topics import TopicConfig, ensure_topic_table
+from lakebroker.ingest_api.chunks import Chunk, chunks_to_arrow
+from lakebroker.ingest_api.metrics import IngestMetrics
+from lakebroker.ingest_api.records import Record
+from lakebroker.ingest_api.wal import PartitionKey
+from lakebroker.tables import delta
+from lakebroker.tables.errors import NotFound, OffsetGap
+from lakebroker.tables.layout import Layout
+from lakebroker.tables.schemas import TOPIC_SCHEMA
+from lakebroker.tables.settings import Settings
+from lakebroker.tables.topics import TopicConfig, ensure_topic_table
 
 log = logging.getLogger(__name__)
 

@@ -40,12 +40,12 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from ingest_api.chunks import Chunk, chunk_frame
-from ingest_api.dedup import Placed
-from ingest_api.metrics import IngestMetrics
-from ingest_api.records import Record, encode
-from ingest_api.wal import PartitionKey, Wal
-from tables.errors import StorageUnavailable
+from lakebroker.ingest_api.chunks import Chunk, chunk_frame
+from lakebroker.ingest_api.dedup import Placed
+from lakebroker.ingest_api.metrics import IngestMetrics
+from lakebroker.ingest_api.records import Record, encode
+from lakebroker.ingest_api.wal import PartitionKey, Wal
+from lakebroker.tables.errors import StorageUnavailable
 
 if TYPE_CHECKING:
     from typing_extensions import Buffer

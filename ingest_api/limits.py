@@ -11,11 +11,10 @@ from __future__ import annotations
 import asyncio
 
 import orjson
+from lakebroker.ingest_api.errors import error_response
+from lakebroker.ingest_api.responses import Answer, json_answer, send_answer
+from lakebroker.tables.errors import LakebrokerError, RequestTimeout, TooLarge
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
-
-from ingest_api.errors import error_response
-from ingest_api.responses import Answer, json_answer, send_answer
-from tables.errors import LakebrokerError, RequestTimeout, TooLarge
 
 
 class BodyLimit:

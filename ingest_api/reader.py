@@ -5,14 +5,13 @@ from __future__ import annotations
 from typing import Any
 
 import pyarrow.compute as pc
-
-from tables import delta
-from tables.errors import OutOfRange
-from tables.layout import Layout
-from tables.log_start import PartitionLog, check_dense, partition_logs
-from tables.message_format import message_json
-from tables.schemas import TOPIC_SCHEMA
-from tables.topics import TopicConfig
+from lakebroker.tables import delta
+from lakebroker.tables.errors import OutOfRange
+from lakebroker.tables.layout import Layout
+from lakebroker.tables.log_start import PartitionLog, check_dense, partition_logs
+from lakebroker.tables.message_format import message_json
+from lakebroker.tables.schemas import TOPIC_SCHEMA
+from lakebroker.tables.topics import TopicConfig
 
 _COLUMNS = TOPIC_SCHEMA.names
 
@@ -24,7 +23,7 @@ def partition_files(layout: Layout, topic: TopicConfig) -> dict[int, PartitionLo
 
 
 def log_start(files: PartitionLog | None, committed_end: int) -> int:
-    """Lowest offset still in the table, judged on the files' own snapshot (tables.log_start).
+    """Lowest offset still in the table, judged on the files' own snapshot (lakebroker.tables.log_start).
     Capped at `committed_end`: the snapshot may hold a commit the broker has not yet counted."""
     return committed_end if files is None else min(files.log_start, committed_end)
 

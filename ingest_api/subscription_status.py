@@ -20,15 +20,14 @@ from dataclasses import dataclass
 from typing import Any
 
 import orjson
-
-from delivery_worker.embedded import LiveStatus
-from delivery_worker.leases import Lease, LeaseTable, Pair
-from ingest_api.broker import Broker
-from tables.dead_letters import DeadLetterTable
-from tables.layout import Layout
-from tables.offsets import GroupPartition, OffsetsTable
-from tables.retention_skips import RetentionSkip, SkipSummary, retention_skips, summarize
-from tables.subscriptions import Subscription
+from lakebroker.delivery_worker.embedded import LiveStatus
+from lakebroker.delivery_worker.leases import Lease, LeaseTable, Pair
+from lakebroker.ingest_api.broker import Broker
+from lakebroker.tables.dead_letters import DeadLetterTable
+from lakebroker.tables.layout import Layout
+from lakebroker.tables.offsets import GroupPartition, OffsetsTable
+from lakebroker.tables.retention_skips import RetentionSkip, SkipSummary, retention_skips, summarize
+from lakebroker.tables.subscriptions import Subscription
 
 
 @dataclass(frozen=True)

@@ -32,8 +32,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ingest_api.chunks import Chunk, ChunkFrameError, decode_chunk
-from ingest_api.records import CHUNK_MAGIC, FRAME_HEADER, MAGICS, MAX_FRAME_BYTES, Record, decode, frame_crc_ok
+from lakebroker.ingest_api.chunks import Chunk, ChunkFrameError, decode_chunk
+from lakebroker.ingest_api.records import (
+    CHUNK_MAGIC,
+    FRAME_HEADER,
+    MAGICS,
+    MAX_FRAME_BYTES,
+    Record,
+    decode,
+    frame_crc_ok,
+)
 
 if TYPE_CHECKING:
     from typing_extensions import Buffer

@@ -17,8 +17,8 @@ import httpx
 import orjson
 from prometheus_client import CollectorRegistry
 
-from ingest_api.messages import AckMode, NewMessage
-from tables.errors import (
+from lakebroker.ingest_api.messages import AckMode, NewMessage
+from lakebroker.tables.errors import (
     AlreadyExists,
     Backpressure,
     Forbidden,
@@ -29,13 +29,13 @@ from tables.errors import (
     TooLarge,
     Unauthenticated,
 )
-from tables.layout import Layout
-from tables.lock import DataDirLock
-from tables.settings import Settings
-from tables.topics import TopicConfig, new_topic
+from lakebroker.tables.layout import Layout
+from lakebroker.tables.lock import DataDirLock
+from lakebroker.tables.settings import Settings
+from lakebroker.tables.topics import TopicConfig, new_topic
 
 if TYPE_CHECKING:
-    from ingest_api.broker import Broker
+    from lakebroker.ingest_api.broker import Broker
 
 
 class BrokerAccess(Protocol):
@@ -51,8 +51,8 @@ class EmbeddedAccess:
     def _run(self, work: Any) -> Any:
         # Imported here: the broker (numpy, the flusher, delta-rs) is most of a CLI's start-up,
         # and commands that never open one (sql, the Spark jobs, --help) should not pay for it.
-        from ingest_api.broker import Broker
-        from ingest_api.metrics import IngestMetrics
+        from lakebroker.ingest_api.broker import Broker
+        from lakebroker.ingest_api.metrics import IngestMetrics
 
         async def main() -> Any:
             broker = Broker(self.settings, IngestMetrics(CollectorRegistry()))

@@ -18,16 +18,16 @@ from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
 
-from ingest_api.messages import AckMode, NewMessage
 from lakebroker.access import broker_access
+from lakebroker.ingest_api.messages import AckMode, NewMessage
 from lakebroker.output import OutputFormat
-from spark_pipeline.extra import SPARK_MODULES, missing_spark_message
-from tables.errors import LakebrokerError
-from tables.layout import Layout, validate_name
-from tables.logs import exit_without_teardown
-from tables.message_format import from_json_value
-from tables.settings import AuthMode, Settings
-from tables.topics import CleanupPolicy, TopicStore
+from lakebroker.spark_pipeline.extra import SPARK_MODULES, missing_spark_message
+from lakebroker.tables.errors import LakebrokerError
+from lakebroker.tables.layout import Layout, validate_name
+from lakebroker.tables.logs import exit_without_teardown
+from lakebroker.tables.message_format import from_json_value
+from lakebroker.tables.settings import AuthMode, Settings
+from lakebroker.tables.topics import CleanupPolicy, TopicStore
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
                   help="lakebroker: a message broker whose log is a Delta Lake table.")
@@ -124,8 +124,8 @@ def topics_list() -> None:
 @topics_app.command("describe")
 def topics_describe(name: str) -> None:
     """Show a topic's configuration and each partition's offsets, size and files."""
-    from tables import delta
-    from tables.log_start import partition_logs
+    from lakebroker.tables import delta
+    from lakebroker.tables.log_start import partition_logs
 
     layout = Layout.of(settings())
     topic = TopicStore(layout).get(name)
@@ -192,7 +192,7 @@ def serve(
 ) -> None:
     """Run the ingest API and the background workers on this data dir."""
     from lakebroker.server import run_server
-    from tables.process_memory import keep_small
+    from lakebroker.tables.process_memory import keep_small
 
     keep_small()
 
@@ -209,15 +209,15 @@ def deliver(
     import asyncio
     import contextlib
 
-    from tables.process_memory import keep_small
+    from lakebroker.tables.process_memory import keep_small
 
     keep_small()
 
     from prometheus_client import CollectorRegistry
 
-    from delivery_worker.metrics import DeliveryMetrics
-    from delivery_worker.worker import DeliveryWorker
-    from tables.logs import configure_logging
+    from lakebroker.delivery_worker.metrics import DeliveryMetrics
+    from lakebroker.delivery_worker.worker import DeliveryWorker
+    from lakebroker.tables.logs import configure_logging
 
     configure_logging(settings())
     import signal
@@ -257,7 +257,7 @@ def sql(
     """Run Spark SQL; every topic is a table under its own name. The JVM's own output goes to
     DATA_DIR/_jobs/cli-sql.log, not the terminal."""
     from lakebroker.output import write_csv, write_json
-    from spark_pipeline.sql import cli_jvm_log, run_query
+    from lakebroker.spark_pipeline.sql import cli_jvm_log, run_query
 
     columns, rows = run_query(settings(), query, limit, verbose=verbose, jvm_log=cli_jvm_log(settings(), "sql"))
     if output is OutputFormat.CSV:

@@ -37,13 +37,13 @@ from typing import cast
 import orjson
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol, RequestResponseCycle
 
-from ingest_api.broker import OneMessage
-from ingest_api.fast_produce import FastProduce, FastRequest
-from ingest_api.limits import MAX_HEADER_BYTES
-from ingest_api.messages import AckMode
-from ingest_api.responses import Answer, json_answer
-from tables.errors import HeadersTooLarge, LakebrokerError, RequestTimeout
-from tables.settings import Settings
+from lakebroker.ingest_api.broker import OneMessage
+from lakebroker.ingest_api.fast_produce import FastProduce, FastRequest
+from lakebroker.ingest_api.limits import MAX_HEADER_BYTES
+from lakebroker.ingest_api.messages import AckMode
+from lakebroker.ingest_api.responses import Answer, json_answer
+from lakebroker.tables.errors import HeadersTooLarge, LakebrokerError, RequestTimeout
+from lakebroker.tables.settings import Settings
 
 MAX_REQUEST_LINE_BYTES = 8 * 1024  # nginx's large_client_header_buffers
 MAX_HEAD_BYTES = MAX_HEADER_BYTES + MAX_REQUEST_LINE_BYTES

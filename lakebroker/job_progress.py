@@ -1,6 +1,6 @@
 """The live progress display of the job commands (`compact`, `retention`, `replicate`, `verify-replica`).
 
-It is driven by the job's own events (spark_pipeline.results.TableEvent, one as each table starts
+It is driven by the job's own events (lakebroker.spark_pipeline.results.TableEvent, one as each table starts
 and ends): tables done out of all, the table at work, data files before → after, and the job's
 row count. Only on a terminal: piped or redirected output gets no progress, just the result.
 """
@@ -13,8 +13,8 @@ from contextlib import contextmanager
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-from spark_pipeline.results import Progress as ProgressFn
-from spark_pipeline.results import TableEvent
+from lakebroker.spark_pipeline.results import Progress as ProgressFn
+from lakebroker.spark_pipeline.results import TableEvent
 
 
 @contextmanager

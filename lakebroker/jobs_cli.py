@@ -3,7 +3,7 @@
 Each command validates its input before starting Spark (an unknown topic or a bad URI is a
 one-line error and a non-zero exit), runs the job in this process on the `spark_master` setting,
 records the run in `_system/job_runs`, prints one line per table, and exits 1 if the run failed.
-The same jobs run as `python -m spark_pipeline.jobs.<job>` (spark-submit-able), from
+The same jobs run as `python -m lakebroker.spark_pipeline.jobs.<job>` (spark-submit-able), from
 `lakebroker serve`'s scheduler, and from the Airflow DAGs.
 """
 
@@ -16,9 +16,9 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from spark_pipeline.results import JobName
-from tables.layout import Layout
-from tables.settings import Settings
+from lakebroker.spark_pipeline.results import JobName
+from lakebroker.tables.layout import Layout
+from lakebroker.tables.settings import Settings
 
 out = Console()
 # What each job's progress display counts as rows (compaction removes none: its display shows files).
@@ -42,10 +42,10 @@ def _print_result(result: Any) -> None:
 
 def _run_job(settings: Settings, job: str, fail: Callable[[str, int], typer.Exit], **kwargs: Any) -> None:
     from lakebroker.job_progress import job_progress
-    from spark_pipeline import job_runs
-    from spark_pipeline.jobs import compaction, key_compaction, offsets_compaction, replication, retention
-    from spark_pipeline.results import Outcome
-    from spark_pipeline.sql import cli_jvm_log, spark_for
+    from lakebroker.spark_pipeline import job_runs
+    from lakebroker.spark_pipeline.jobs import compaction, key_compaction, offsets_compaction, replication, retention
+    from lakebroker.spark_pipeline.results import Outcome
+    from lakebroker.spark_pipeline.sql import cli_jvm_log, spark_for
 
     modules = {"compaction": compaction, "retention": retention, "key-compaction": key_compaction,
                "offsets-compaction": offsets_compaction, "replication": replication}
@@ -68,7 +68,7 @@ def register(app: typer.Typer, settings: Callable[[], Settings], fail: Callable[
     """Add the job commands to the `lakebroker` app."""
 
     def topics(topic: str | None) -> None:
-        from spark_pipeline.jobs.common import select_topics
+        from lakebroker.spark_pipeline.jobs.common import select_topics
 
         select_topics(Layout.of(settings()), topic)  # NotFound / InvalidName before Spark starts
 
@@ -87,7 +87,7 @@ def register(app: typer.Typer, settings: Callable[[], Settings], fail: Callable[
     @app.command("key-compact")
     def key_compact(topic: TopicArg = None) -> None:
         """Keep the latest value per key of cleanup_policy=compact topics."""
-        from spark_pipeline.jobs.key_compaction import compact_topics
+        from lakebroker.spark_pipeline.jobs.key_compaction import compact_topics
 
         compact_topics(Layout.of(settings()), topic)
         _run_job(settings(), "key-compaction", fail, topic=topic)
@@ -101,7 +101,7 @@ def register(app: typer.Typer, settings: Callable[[], Settings], fail: Callable[
     def replicate(to: ToOption = None, topic: Annotated[str | None, typer.Option(help="Only this topic.")] = None,
                   ) -> None:
         """Copy every table incrementally to a second location (resumable, idempotent)."""
-        from spark_pipeline.jobs.replication import resolve_replica
+        from lakebroker.spark_pipeline.jobs.replication import resolve_replica
 
         resolve_replica(to or settings().replication_uri, settings().data_dir, settings().tables_uri)
         topics(topic)
@@ -115,9 +115,9 @@ def register(app: typer.Typer, settings: Callable[[], Settings], fail: Callable[
     ) -> None:
         """Compare primary and replica (rows and offsets per partition); exit 1 on unexplained differences."""
         from lakebroker.job_progress import job_progress
-        from spark_pipeline.jobs.replication import resolve_replica
-        from spark_pipeline.jobs.verify_replica import verify
-        from spark_pipeline.sql import cli_jvm_log, spark_for
+        from lakebroker.spark_pipeline.jobs.replication import resolve_replica
+        from lakebroker.spark_pipeline.jobs.verify_replica import verify
+        from lakebroker.spark_pipeline.sql import cli_jvm_log, spark_for
 
         resolve_replica(to or settings().replication_uri, settings().data_dir, settings().tables_uri)
         topics(topic)
@@ -149,7 +149,7 @@ def register(app: typer.Typer, settings: Callable[[], Settings], fail: Callable[
         limit: Annotated[int, typer.Option(min=1, max=10_000)] = 20,
     ) -> None:
         """The last maintenance-job runs (from _system/job_runs), newest first."""
-        from spark_pipeline import job_runs
+        from lakebroker.spark_pipeline import job_runs
 
         rows = job_runs.last_runs(Layout.of(settings()), job=job, topic=topic, limit=limit)
         table = Table("started", "job", "table", "trigger", "outcome", "files", "rows removed", "seconds", "error")

@@ -13,13 +13,13 @@ import orjson
 import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from ingest_api import create_app
-from ingest_api.auth import is_loopback
-from ingest_api.fast_produce import FastProduce
 from lakebroker.http_protocol import BoundedHttpToolsProtocol, bounded_protocol
-from tables.layout import Layout
-from tables.logs import configure_logging
-from tables.settings import Settings
+from lakebroker.ingest_api import create_app
+from lakebroker.ingest_api.auth import is_loopback
+from lakebroker.ingest_api.fast_produce import FastProduce
+from lakebroker.tables.layout import Layout
+from lakebroker.tables.logs import configure_logging
+from lakebroker.tables.settings import Settings
 
 # Request limits and timeouts of the HTTP server (body size: setting max_request_bytes; header
 # count and size: ingest_api/limits.py). httptools on uvloop, the fastest uvicorn offers: the bare
@@ -58,9 +58,9 @@ def run_server(settings: Settings) -> None:
     # intervals, started once this process holds the data-dir lock; their runs show in /metrics.
     from prometheus_client import CollectorRegistry
 
-    from spark_pipeline.metrics import JobMetricsCollector
-    from spark_pipeline.scheduler import shutdown as stop_jobs
-    from spark_pipeline.scheduler import start_scheduler
+    from lakebroker.spark_pipeline.metrics import JobMetricsCollector
+    from lakebroker.spark_pipeline.scheduler import shutdown as stop_jobs
+    from lakebroker.spark_pipeline.scheduler import start_scheduler
 
     registry = CollectorRegistry()
     registry.register(JobMetricsCollector(layout))

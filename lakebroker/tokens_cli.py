@@ -12,9 +12,9 @@ from typing import Annotated
 
 import typer
 
-from tables.layout import Layout
-from tables.settings import Settings
-from tables.tokens import Scope, TokenStore
+from lakebroker.tables.layout import Layout
+from lakebroker.tables.settings import Settings
+from lakebroker.tables.tokens import Scope, TokenStore
 
 
 def register(app: typer.Typer, settings: Callable[[], Settings], fail: Callable[[str, int], typer.Exit]) -> None:

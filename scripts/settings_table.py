@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 
-from tables.settings import PROJECT_ROOT, Settings
+from lakebroker.tables.settings import PROJECT_ROOT, Settings
 
 
 def rows() -> list[str]:

@@ -5,7 +5,7 @@ cd "$(dirname "$0")/.."
 .venv/bin/ruff check .
 mkdir -p test-artifacts
 # mypy (about 12 CPU-s on a fresh clone, one core) runs beside pytest's start-up; its verdict counts all the same.
-.venv/bin/mypy tables ingest_api delivery_worker spark_pipeline lakebroker clients/python/lakebroker_client \
+scripts/mypy.sh \
   >test-artifacts/mypy.log 2>&1 &
 mypy_pid=$!
 # The suite starts ~40 short-lived Spark JVMs (CLI jobs, Airflow tasks, serve's scheduler). For a

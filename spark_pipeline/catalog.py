@@ -15,9 +15,9 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING
 
-from tables import delta
-from tables.layout import Layout
-from tables.topics import TopicStore
+from lakebroker.tables import delta
+from lakebroker.tables.layout import Layout
+from lakebroker.tables.topics import TopicStore
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession

@@ -6,7 +6,7 @@ of parsing those classes again (spark_pipeline/session.py adds `-XX:SharedArchiv
 2-core machine that cuts about a third off a session's start. A stale or foreign archive (another
 JDK, another pyspark) is ignored by the JVM, silently, so the archive is only ever a speed-up.
 
-    python -m spark_pipeline.class_archive      # (re)build .cache/spark-cds.jsa
+    python -m lakebroker.spark_pipeline.class_archive      # (re)build .cache/spark-cds.jsa
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import subprocess
 import sys
 import tempfile
 
-from spark_pipeline.session import CLASS_ARCHIVE, DEFAULT_JARS_DIR, build_spark_session
+from lakebroker.spark_pipeline.session import CLASS_ARCHIVE, DEFAULT_JARS_DIR, build_spark_session
 
 
 def _workload() -> None:
@@ -41,7 +41,7 @@ def main() -> None:
     partial.unlink(missing_ok=True)
     env = {**os.environ, "LAKEBROKER_SPARK_CLASS_ARCHIVE": "off",
            "SPARK_SUBMIT_OPTS": f"{os.environ.get('SPARK_SUBMIT_OPTS', '')} -XX:ArchiveClassesAtExit={partial}"}
-    done = subprocess.run([sys.executable, "-m", "spark_pipeline.class_archive", "--workload"], env=env,
+    done = subprocess.run([sys.executable, "-m", "lakebroker.spark_pipeline.class_archive", "--workload"], env=env,
                           capture_output=True, text=True, timeout=600)
     if done.returncode != 0 or not partial.exists():
         sys.exit(f"could not build the JVM class archive:\n{done.stderr[-3000:]}")

@@ -25,8 +25,8 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from spark_pipeline.plans import FileEntry
-from tables import delta, storage
+from lakebroker.spark_pipeline.plans import FileEntry
+from lakebroker.tables import delta, storage
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -245,7 +245,7 @@ def maintain_log(uri: str) -> int:
     run checkpoints). txn actions are part of the checkpoint, so cleanup never loses one; time
     travel to a cleaned-up version is gone, as with any Delta log cleanup.
     """
-    from tables import delta
+    from lakebroker.tables import delta
 
     table = delta.load(uri)
     table.create_checkpoint()

@@ -20,11 +20,10 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pyarrow as pa
-
-from spark_pipeline.results import JobResult, Outcome
-from tables import delta
-from tables.layout import Layout
-from tables.schemas import JOB_RUNS_SCHEMA, JOB_RUNS_SCHEMA_VERSION
+from lakebroker.spark_pipeline.results import JobResult, Outcome
+from lakebroker.tables import delta
+from lakebroker.tables.layout import Layout
+from lakebroker.tables.schemas import JOB_RUNS_SCHEMA, JOB_RUNS_SCHEMA_VERSION
 
 
 def record(layout: Layout, result: JobResult) -> None:

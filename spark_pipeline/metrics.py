@@ -20,12 +20,11 @@ from collections import defaultdict
 from collections.abc import Iterator
 from typing import Any
 
+from lakebroker.spark_pipeline import job_runs
+from lakebroker.tables.layout import Layout
+from lakebroker.tables.retention_skips import retention_skips
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
-
-from spark_pipeline import job_runs
-from tables.layout import Layout
-from tables.retention_skips import retention_skips
 
 
 class JobMetricsCollector(Collector):

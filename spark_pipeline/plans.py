@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from tables.log_start import log_start
+from lakebroker.tables.log_start import log_start
 
 # A file below this fraction of the target size is "small": worth merging with its neighbours.
 SMALL_FRACTION = 0.75

@@ -1,7 +1,7 @@
 """Spark on S3: Hadoop's S3A filesystem and the put-if-absent LogStore for `s3a://` tables.
 
 The table root and replicas may be `s3://bucket/prefix`; Spark reaches them as `s3a://`
-(tables.storage.spark_uri). The S3A jars (hadoop-aws at pyspark's Hadoop version and the AWS SDK
+(lakebroker.tables.storage.spark_uri). The S3A jars (hadoop-aws at pyspark's Hadoop version and the AWS SDK
 bundle, `.cache/jars/s3a`, scripts/fetch_jars.sh) go on the driver's and executors' class path.
 
 Delta commits to `s3a://` (and `s3://`) tables go through S3ConditionalLogStore: each commit is a
@@ -18,7 +18,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from tables.storage import S3Endpoint
+from lakebroker.tables.storage import S3Endpoint
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

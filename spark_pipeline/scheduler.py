@@ -1,7 +1,7 @@
 """The built-in scheduler of `lakebroker serve`: each maintenance job on its own interval.
 
 APScheduler (a BackgroundScheduler with a single worker thread) triggers the jobs; each run is
-a child process, `python -m spark_pipeline.jobs.<job>`, with its own JVM, so the ingest process
+a child process, `python -m lakebroker.spark_pipeline.jobs.<job>`, with its own JVM, so the ingest process
 never hosts one, and the single worker makes the runs take turns (one JVM at a time; compaction
 and retention never race on a table). A run that is still going when its next turn comes is not
 started twice (max_instances=1; missed turns coalesce into one).
@@ -35,12 +35,11 @@ from typing import Any
 from apscheduler.executors.pool import ThreadPoolExecutor
 from apscheduler.schedulers.background import BackgroundScheduler
 from apscheduler.triggers.interval import IntervalTrigger
-
-from spark_pipeline import job_runs
-from spark_pipeline.extra import missing_spark_message, spark_installed
-from spark_pipeline.results import JobName, JobResult
-from tables.layout import Layout
-from tables.settings import Settings
+from lakebroker.spark_pipeline import job_runs
+from lakebroker.spark_pipeline.extra import missing_spark_message, spark_installed
+from lakebroker.spark_pipeline.results import JobName, JobResult
+from lakebroker.tables.layout import Layout
+from lakebroker.tables.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -59,12 +58,12 @@ class ScheduledJob:
 
 
 JOBS = (
-    ScheduledJob(JobName.COMPACTION, "spark_pipeline.jobs.compaction", "compaction_interval_s"),
-    ScheduledJob(JobName.RETENTION, "spark_pipeline.jobs.retention", "retention_interval_s"),
-    ScheduledJob(JobName.KEY_COMPACTION, "spark_pipeline.jobs.key_compaction", "key_compaction_interval_s"),
-    ScheduledJob(JobName.OFFSETS_COMPACTION, "spark_pipeline.jobs.offsets_compaction",
+    ScheduledJob(JobName.COMPACTION, "lakebroker.spark_pipeline.jobs.compaction", "compaction_interval_s"),
+    ScheduledJob(JobName.RETENTION, "lakebroker.spark_pipeline.jobs.retention", "retention_interval_s"),
+    ScheduledJob(JobName.KEY_COMPACTION, "lakebroker.spark_pipeline.jobs.key_compaction", "key_compaction_interval_s"),
+    ScheduledJob(JobName.OFFSETS_COMPACTION, "lakebroker.spark_pipeline.jobs.offsets_compaction",
                  "offsets_compaction_interval_s"),
-    ScheduledJob(JobName.REPLICATION, "spark_pipeline.jobs.replication", "replication_interval_s"),
+    ScheduledJob(JobName.REPLICATION, "lakebroker.spark_pipeline.jobs.replication", "replication_interval_s"),
 )
 
 
@@ -131,7 +130,7 @@ class SparkSubmitRun:
 def spark_submit_run(job: JobName, settings: Settings, *, topic: str | None = None, trigger: str = "spark-submit",
                      extra_conf: dict[str, str] | None = None) -> SparkSubmitRun:
     """The run `job_command` describes, as a spark-submit of the job's script."""
-    from spark_pipeline.session import session_conf
+    from lakebroker.spark_pipeline.session import session_conf
 
     spec = next(s for s in JOBS if s.job is job)
     conf = {**session_conf(settings.jars_dir), **settings.spark_conf, **(extra_conf or {})}

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from spark_pipeline import s3a
+from lakebroker.spark_pipeline import s3a
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

@@ -5,11 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from spark_pipeline.catalog import sql_over_tables
-from spark_pipeline.session import build_spark_session
-from tables.errors import InvalidRequest
-from tables.layout import Layout
-from tables.settings import Settings
+from lakebroker.spark_pipeline.catalog import sql_over_tables
+from lakebroker.spark_pipeline.session import build_spark_session
+from lakebroker.tables.errors import InvalidRequest
+from lakebroker.tables.layout import Layout
+from lakebroker.tables.settings import Settings
 
 
 def cli_jvm_log(settings: Settings, command: str) -> Path:

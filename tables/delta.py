@@ -23,9 +23,8 @@ import pyarrow.compute as pc
 from deltalake import CommitProperties, DeltaTable, PostCommitHookProperties, Transaction, write_deltalake
 from deltalake.exceptions import CommitFailedError, DeltaError
 from deltalake.schema import Schema
-
-from tables import storage
-from tables.schemas import HOT_PATH_TABLE_PROPERTIES, SCHEMA_VERSION_PROPERTY
+from lakebroker.tables import storage
+from lakebroker.tables.schemas import HOT_PATH_TABLE_PROPERTIES, SCHEMA_VERSION_PROPERTY
 
 if TYPE_CHECKING:  # pyarrow.dataset imports pandas: a quarter second off every CLI start
     import pyarrow.dataset as pads

@@ -8,11 +8,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from tables import storage
-from tables.errors import InvalidName
+from lakebroker.tables import storage
+from lakebroker.tables.errors import InvalidName
 
 if TYPE_CHECKING:
-    from tables.settings import Settings
+    from lakebroker.tables.settings import Settings
 
 # Kafka's legal characters. A leading underscore is reserved for system tables, and the
 # length keeps a table path well under any filesystem's name limit.

@@ -15,10 +15,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from deltalake import DeltaTable
-
-from tables import delta
-from tables.errors import OffsetGap
-from tables.topics import TopicConfig
+from lakebroker.tables import delta
+from lakebroker.tables.errors import OffsetGap
+from lakebroker.tables.topics import TopicConfig
 
 
 def log_start(min_offsets: Iterable[int | None], log_end: int) -> int:

@@ -26,9 +26,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.fs as pafs
 from deltalake import DeltaTable
-
-from tables import delta, storage
-from tables.schemas import TOPIC_SCHEMA
+from lakebroker.tables import delta, storage
+from lakebroker.tables.schemas import TOPIC_SCHEMA
 
 CHECKPOINT_RECHECK_S = 30.0
 FILE_SCHEMA = pa.schema([f for f in TOPIC_SCHEMA if f.name != "partition"])  # Hive-style: not in the files

@@ -16,8 +16,7 @@ from collections.abc import MutableMapping
 from typing import Any, NoReturn
 
 import structlog
-
-from tables.settings import LogFormat, Settings
+from lakebroker.tables.settings import LogFormat, Settings
 
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 ACCESS_LOGGER = "uvicorn.access"

@@ -12,8 +12,7 @@ import math
 from typing import Any
 
 import orjson
-
-from tables.errors import InvalidRequest
+from lakebroker.tables.errors import InvalidRequest
 
 CONTENT_TYPES = {"json": "application/json", "text": "text/plain; charset=utf-8", "binary": "application/octet-stream"}
 

@@ -30,13 +30,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import CommitProperties, DeltaTable, write_deltalake
 from deltalake.exceptions import CommitFailedError
-
-from tables import delta
-from tables.errors import StorageUnavailable
-from tables.layout import Layout
-from tables.schemas import LEASES_SCHEMA, LEASES_SCHEMA_VERSION, OFFSETS_SCHEMA, OFFSETS_SCHEMA_VERSION
-from tables.state_table import StateTable
-from tables.topics import TopicConfig, TopicStore
+from lakebroker.tables import delta
+from lakebroker.tables.errors import StorageUnavailable
+from lakebroker.tables.layout import Layout
+from lakebroker.tables.schemas import LEASES_SCHEMA, LEASES_SCHEMA_VERSION, OFFSETS_SCHEMA, OFFSETS_SCHEMA_VERSION
+from lakebroker.tables.state_table import StateTable
+from lakebroker.tables.topics import TopicConfig, TopicStore
 
 GroupPartition = tuple[str, str, int]  # (group, topic, partition)
 

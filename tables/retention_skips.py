@@ -17,11 +17,10 @@ from dataclasses import dataclass
 from datetime import datetime
 
 import pyarrow as pa
-
-from tables import delta
-from tables.layout import Layout
-from tables.offsets import GroupPartition
-from tables.schemas import RETENTION_SKIPS_SCHEMA, RETENTION_SKIPS_SCHEMA_VERSION
+from lakebroker.tables import delta
+from lakebroker.tables.layout import Layout
+from lakebroker.tables.offsets import GroupPartition
+from lakebroker.tables.schemas import RETENTION_SKIPS_SCHEMA, RETENTION_SKIPS_SCHEMA_VERSION
 
 
 @dataclass(frozen=True)

@@ -28,10 +28,9 @@ from typing import Any, TypeVar
 import pyarrow as pa
 from deltalake import CommitProperties, DeltaTable, write_deltalake
 from deltalake.exceptions import CommitFailedError, DeltaError
-
-from tables import delta
-from tables.errors import StorageUnavailable
-from tables.schemas import STATE_TABLE_PROPERTIES
+from lakebroker.tables import delta
+from lakebroker.tables.errors import StorageUnavailable
+from lakebroker.tables.schemas import STATE_TABLE_PROPERTIES
 
 Rows = list[dict[str, Any]]
 T = TypeVar("T")

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
-from tables.errors import InvalidRequest
+from lakebroker.tables.errors import InvalidRequest
 
 S3_SCHEMES = ("s3", "s3a")
 DEFAULT_REGION = "us-east-1"

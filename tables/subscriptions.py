@@ -14,10 +14,10 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
 
-from tables.errors import AlreadyExists, InvalidRequest, NotFound
-from tables.layout import Layout, validate_name
-from tables.schemas import SUBSCRIPTIONS_SCHEMA, SUBSCRIPTIONS_SCHEMA_VERSION
-from tables.state_table import Rows, StateTable
+from lakebroker.tables.errors import AlreadyExists, InvalidRequest, NotFound
+from lakebroker.tables.layout import Layout, validate_name
+from lakebroker.tables.schemas import SUBSCRIPTIONS_SCHEMA, SUBSCRIPTIONS_SCHEMA_VERSION
+from lakebroker.tables.state_table import Rows, StateTable
 
 # Svix's schedule, shortened at the top end: 5 s, 5 min, 30 min, 2 h, 5 h, 10 h, 10 h.
 DEFAULT_RETRY_SCHEDULE_MS = (5_000, 300_000, 1_800_000, 7_200_000, 18_000_000, 36_000_000, 36_000_000)

@@ -26,11 +26,11 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
 
-from tables import delta
-from tables.errors import InvalidRequest, NotFound, Unauthenticated
-from tables.layout import Layout, validate_name
-from tables.schemas import TOKENS_SCHEMA, TOKENS_SCHEMA_VERSION
-from tables.state_table import Rows, StateTable
+from lakebroker.tables import delta
+from lakebroker.tables.errors import InvalidRequest, NotFound, Unauthenticated
+from lakebroker.tables.layout import Layout, validate_name
+from lakebroker.tables.schemas import TOKENS_SCHEMA, TOKENS_SCHEMA_VERSION
+from lakebroker.tables.state_table import Rows, StateTable
 
 PREFIX = "lbk_"
 _TOKEN = re.compile(r"^lbk_([0-9a-f]{12})_([A-Za-z0-9_-]{43})$")

@@ -14,11 +14,10 @@ from enum import StrEnum
 from typing import Any
 
 from deltalake import DeltaTable
-
-from tables import delta, storage
-from tables.errors import AlreadyExists, InvalidRequest, NotFound
-from tables.layout import Layout, validate_name
-from tables.schemas import (
+from lakebroker.tables import delta, storage
+from lakebroker.tables.errors import AlreadyExists, InvalidRequest, NotFound
+from lakebroker.tables.layout import Layout, validate_name
+from lakebroker.tables.schemas import (
     TOPIC_PARTITION_COLUMNS,
     TOPIC_SCHEMA,
     TOPIC_SCHEMA_VERSION,
@@ -26,7 +25,7 @@ from tables.schemas import (
     TOPICS_SCHEMA,
     TOPICS_SCHEMA_VERSION,
 )
-from tables.state_table import Rows, StateTable
+from lakebroker.tables.state_table import Rows, StateTable
 
 MAX_PARTITIONS = 1024
 WEEK_MS = 7 * 24 * 3600 * 1000

@@ -46,7 +46,7 @@ def s3_root(s3_server: S3Process) -> str:
 @pytest.fixture
 def s3_spark(spark: Any, s3_server: S3Process) -> Any:
     """The shared Spark session, its S3A pointed at this process's server."""
-    from spark_pipeline import s3a
+    from lakebroker.spark_pipeline import s3a
 
     s3a.configure(spark)
     return spark

@@ -11,9 +11,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-
-from spark_pipeline.session import DEFAULT_JARS_DIR, build_spark_session
-from tables.settings import Settings
+from lakebroker.spark_pipeline.session import DEFAULT_JARS_DIR, build_spark_session
+from lakebroker.tables.settings import Settings
 
 
 @pytest.fixture(scope="session")

@@ -25,8 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-
-from tables.settings import Settings
+from lakebroker.tables.settings import Settings
 
 REPO = Path(__file__).resolve().parent.parent
 COMPOSE = REPO / "docker-compose.yml"

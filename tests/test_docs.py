@@ -9,9 +9,8 @@ import re
 from pathlib import Path
 
 import pytest
-
-from spark_pipeline.results import JobName
-from tables.offsets import OffsetReason
+from lakebroker.spark_pipeline.results import JobName
+from lakebroker.tables.offsets import OffsetReason
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 ANALYSTS = (DOCS / "analysts.md").read_text()
@@ -30,7 +29,7 @@ def test_operations_job_command_lines_are_real(capsys: pytest.CaptureFixture[str
     assert {job.value.replace("-", "_") for job in JobName} | {"verify_replica"} == modules
     for module, options in lines:
         with pytest.raises(SystemExit) as done:
-            importlib.import_module(f"spark_pipeline.jobs.{module}").main(["--help"])
+            importlib.import_module(f"lakebroker.spark_pipeline.jobs.{module}").main(["--help"])
         assert done.value.code == 0
         usage = capsys.readouterr().out
         for option in re.findall(r"--[a-z-]+", options):
@@ -38,7 +37,7 @@ def test_operations_job_command_lines_are_real(capsys: pytest.CaptureFixture[str
 
 
 def test_operations_says_which_tables_replication_copies() -> None:
-    from spark_pipeline.jobs.replication import SNAPSHOT_TABLES
+    from lakebroker.spark_pipeline.jobs.replication import SNAPSHOT_TABLES
 
     sentence = OPERATIONS.split("It copies every topic table and the system tables", 1)[1].split(". It does", 1)[0]
     assert set(re.findall(r"`(\w+)`", sentence)) == {*SNAPSHOT_TABLES, "consumer_offsets"}

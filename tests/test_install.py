@@ -1,6 +1,7 @@
 """`pip install lakebroker` (no extras) gives a working `lakebroker serve`: no Airflow, Playwright or
 Spark in the venv, the scheduled Spark jobs off with a log line that says why, and commands that
-need Spark stop with a one-line error naming the extra."""
+need Spark stop with a one-line error naming the extra. The wheel installs one import package,
+`lakebroker`, so it lives beside PyTables (import name `tables`) and its uninstall leaves PyTables whole."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import subprocess
 import sys
 import time
 import tomllib
+import zipfile
 from pathlib import Path
 
 import httpx
@@ -22,8 +24,8 @@ NOT_RUNTIME = ("airflow", "playwright", "pyspark", "delta", "schemathesis", "mat
 
 def source_copy(into: Path) -> Path:
     """The project's sources alone, so the build writes nothing into the working tree."""
-    packages = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
-    for top in sorted({p.split(".")[0] for p in packages}):
+    folders = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"].values()
+    for top in sorted(folders):
         shutil.copytree(REPO / top, into / top, ignore=shutil.ignore_patterns("__pycache__", "java"))
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(REPO / name, into / name)
@@ -42,8 +44,21 @@ def test_plain_install_serves_without_airflow_playwright_or_spark(tmp_path: Path
     # skips byte-compiling what it installs (the interpreter compiles what it imports).
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
     py, env = venv / "bin" / "python", clean_env()
-    subprocess.run([sys.executable, "-m", "pip", "--python", py, "install", "--quiet", "--no-compile",
-                    "-c", REPO / "requirements.lock", source_copy(tmp_path / "src")], check=True, env=env, cwd=tmp_path)
+    pip = [sys.executable, "-m", "pip", "--python", py]
+    subprocess.run([*pip, "install", "--quiet", "--no-compile", "-c", REPO / "requirements.lock", "tables"],
+                   check=True, env=env, cwd=tmp_path)
+    assert pytables_works(py, tmp_path, env) == "pytables ok"
+    subprocess.run([*pip, "wheel", "--quiet", "--no-deps", "-w", tmp_path / "dist", source_copy(tmp_path / "src")],
+                   check=True, env=env, cwd=tmp_path)
+    [wheel] = (tmp_path / "dist").glob("lakebroker-*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        tops = {name.split("/")[0] for name in archive.namelist() if not name.split("/")[0].endswith(".dist-info")}
+        [top_level] = [n for n in archive.namelist() if n.endswith(".dist-info/top_level.txt")]
+        assert archive.read(top_level).decode().split() == ["lakebroker"]
+    assert tops == {"lakebroker"}, tops
+    subprocess.run([*pip, "install", "--quiet", "--no-compile", "-c", REPO / "requirements.lock", wheel],
+                   check=True, env=env, cwd=tmp_path)
+    assert pytables_works(py, tmp_path, env) == "pytables ok", "installing lakebroker changed PyTables"
 
     probe = f"import importlib.util as u; print([m for m in {NOT_RUNTIME!r} if u.find_spec(m)])"
     found = subprocess.run([py, "-c", probe], check=True, env=env, cwd=tmp_path, capture_output=True, text=True)
@@ -77,6 +92,26 @@ def test_plain_install_serves_without_airflow_playwright_or_spark(tmp_path: Path
     assert sql.returncode == 1
     assert sql.stderr.strip().startswith("error: this command needs Spark, and pyspark is not installed"), sql.stderr
     assert "pip install 'lakebroker[spark]'" in sql.stderr and "Traceback" not in sql.stderr
+
+    subprocess.run([*pip, "uninstall", "--quiet", "--yes", "lakebroker"], check=True, env=env, cwd=tmp_path)
+    assert pytables_works(py, tmp_path, env) == "pytables ok", "uninstalling lakebroker broke PyTables"
+
+
+PYTABLES = """
+import sys, numpy, tables
+with tables.open_file(sys.argv[1], "w") as f:
+    f.create_array("/", "n", numpy.arange(5))
+with tables.open_file(sys.argv[1]) as f:
+    assert f.root.n.read().tolist() == [0, 1, 2, 3, 4]
+print("pytables ok")
+"""
+
+
+def pytables_works(py: Path, cwd: Path, env: dict[str, str]) -> str:
+    """PyTables (import name `tables`) writes and reads an HDF5 file in that venv."""
+    run = subprocess.run([py, "-c", PYTABLES, cwd / "check.h5"], env=env, cwd=cwd, capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    return run.stdout.strip()
 
 
 def wait_for_server(proc: subprocess.Popen[bytes], server_file: Path, log: Path) -> str:

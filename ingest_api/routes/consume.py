@@ -7,12 +7,11 @@ import re
 from datetime import UTC, datetime
 
 from fastapi import APIRouter, Query
-
-from ingest_api.deps import BrokerDep, TopicPath
-from ingest_api.reader import log_start, offset_for_timestamp, partition_files, read_messages
-from ingest_api.responses import JSONBytes
-from ingest_api.schemas import MAX_INT, ErrorPublic, MessagesPublic
-from tables.errors import InvalidRequest
+from lakebroker.ingest_api.deps import BrokerDep, TopicPath
+from lakebroker.ingest_api.reader import log_start, offset_for_timestamp, partition_files, read_messages
+from lakebroker.ingest_api.responses import JSONBytes
+from lakebroker.ingest_api.schemas import MAX_INT, ErrorPublic, MessagesPublic
+from lakebroker.tables.errors import InvalidRequest
 
 router = APIRouter(prefix="/v1/topics", tags=["consume"])
 

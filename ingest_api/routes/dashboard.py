@@ -14,11 +14,10 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import FileResponse
-
-from ingest_api.auth import PrincipalDep
-from ingest_api.dashboard import Dashboard, for_principal
-from ingest_api.responses import JSONBytes
-from tables.errors import NotFound
+from lakebroker.ingest_api.auth import PrincipalDep
+from lakebroker.ingest_api.dashboard import Dashboard, for_principal
+from lakebroker.ingest_api.responses import JSONBytes
+from lakebroker.tables.errors import NotFound
 
 STATIC = Path(__file__).resolve().parent.parent / "static"
 _ASSETS = {"dashboard.js": "text/javascript", "dashboard.css": "text/css"}

@@ -13,19 +13,17 @@ from typing import Any
 
 import orjson
 from fastapi import APIRouter, Query
-from starlette.types import Receive, Scope, Send
-
-from ingest_api.asgi_route import AsgiRoute, header, parse_query, query_of, read_body, served_by
-from ingest_api.body import InvalidShape, media_type, parse_message
-from ingest_api.broker import Broker, ProduceResult
-from ingest_api.chunks import ColumnarBatch
-from ingest_api.columnar import parse_batch_body
-from ingest_api.deps import TopicPath
-from ingest_api.errors import error_response
-from ingest_api.messages import AckMode
-from ingest_api.responses import Answer, json_answer, send_answer, send_json
-from ingest_api.results_json import batch_results_json
-from ingest_api.schemas import (
+from lakebroker.ingest_api.asgi_route import AsgiRoute, header, parse_query, query_of, read_body, served_by
+from lakebroker.ingest_api.body import InvalidShape, media_type, parse_message
+from lakebroker.ingest_api.broker import Broker, ProduceResult
+from lakebroker.ingest_api.chunks import ColumnarBatch
+from lakebroker.ingest_api.columnar import parse_batch_body
+from lakebroker.ingest_api.deps import TopicPath
+from lakebroker.ingest_api.errors import error_response
+from lakebroker.ingest_api.messages import AckMode
+from lakebroker.ingest_api.responses import Answer, json_answer, send_answer, send_json
+from lakebroker.ingest_api.results_json import batch_results_json
+from lakebroker.ingest_api.schemas import (
     MAX_INT,
     BatchIn,
     BatchResultPublic,
@@ -34,8 +32,9 @@ from ingest_api.schemas import (
     ProduceResultPublic,
     inline_schema,
 )
-from tables.errors import LakebrokerError
-from tables.topics import MAX_PARTITIONS
+from lakebroker.tables.errors import LakebrokerError
+from lakebroker.tables.topics import MAX_PARTITIONS
+from starlette.types import Receive, Scope, Send
 
 router = APIRouter(prefix="/v1/topics", tags=["produce"], route_class=AsgiRoute)
 

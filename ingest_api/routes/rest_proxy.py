@@ -17,19 +17,18 @@ from typing import Any
 
 import orjson
 from fastapi import APIRouter, Request
+from lakebroker.ingest_api.auth import PrincipalDep
+from lakebroker.ingest_api.body import parse_json
+from lakebroker.ingest_api.deps import BrokerDep, TopicPath
+from lakebroker.ingest_api.errors import V2_MEDIA, V2_PARTITION_NOT_FOUND, v2_error
+from lakebroker.ingest_api.messages import AckMode, NewMessage
+from lakebroker.ingest_api.records import message_bytes
+from lakebroker.ingest_api.responses import JSONBytes
+from lakebroker.ingest_api.schemas import inline_schema
+from lakebroker.tables.errors import InvalidRequest
+from lakebroker.tables.message_format import from_base64, from_json_value
+from lakebroker.tables.topics import MAX_PARTITIONS, TopicConfig
 from pydantic import BaseModel, ConfigDict, Field
-
-from ingest_api.auth import PrincipalDep
-from ingest_api.body import parse_json
-from ingest_api.deps import BrokerDep, TopicPath
-from ingest_api.errors import V2_MEDIA, V2_PARTITION_NOT_FOUND, v2_error
-from ingest_api.messages import AckMode, NewMessage
-from ingest_api.records import message_bytes
-from ingest_api.responses import JSONBytes
-from ingest_api.schemas import inline_schema
-from tables.errors import InvalidRequest
-from tables.message_format import from_base64, from_json_value
-from tables.topics import MAX_PARTITIONS, TopicConfig
 
 produce_router = APIRouter(tags=["kafka-rest-v2"])
 metadata_router = APIRouter(tags=["kafka-rest-v2"])

@@ -6,20 +6,18 @@ import asyncio
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, Query, Request, Response
-from pydantic import BaseModel, ConfigDict, Field
-
-from delivery_worker.leases import LeaseTable
-from delivery_worker.ssrf import check_webhook_url
-from ingest_api.broker import Broker
-from ingest_api.deps import BrokerDep
-from ingest_api.reader import log_start, offset_for_timestamp, partition_files
-from ingest_api.routes.consume import parse_timestamp
-from ingest_api.schemas import MAX_INT, ErrorPublic
-from ingest_api.subscription_status import read_groups, subscription_status
-from tables.dead_letters import DeadLetterTable
-from tables.errors import InvalidRequest, OutOfRange
-from tables.offsets import OffsetReason, OffsetsTable
-from tables.subscriptions import (
+from lakebroker.delivery_worker.leases import LeaseTable
+from lakebroker.delivery_worker.ssrf import check_webhook_url
+from lakebroker.ingest_api.broker import Broker
+from lakebroker.ingest_api.deps import BrokerDep
+from lakebroker.ingest_api.reader import log_start, offset_for_timestamp, partition_files
+from lakebroker.ingest_api.routes.consume import parse_timestamp
+from lakebroker.ingest_api.schemas import MAX_INT, ErrorPublic
+from lakebroker.ingest_api.subscription_status import read_groups, subscription_status
+from lakebroker.tables.dead_letters import DeadLetterTable
+from lakebroker.tables.errors import InvalidRequest, OutOfRange
+from lakebroker.tables.offsets import OffsetReason, OffsetsTable
+from lakebroker.tables.subscriptions import (
     DEFAULT_RETRY_SCHEDULE_MS,
     Ordering,
     Subscription,
@@ -27,7 +25,8 @@ from tables.subscriptions import (
     new_secret,
     validate_secret,
 )
-from tables.topics import MAX_PARTITIONS, TopicConfig
+from lakebroker.tables.topics import MAX_PARTITIONS, TopicConfig
+from pydantic import BaseModel, ConfigDict, Field
 
 router = APIRouter(prefix="/v1/subscriptions", tags=["subscriptions"])
 # Python's JSON parser takes NaN and Infinity, which no bound refuses: these models refuse them.

@@ -6,13 +6,12 @@ import asyncio
 from typing import Any
 
 from fastapi import APIRouter, Response
-
-from ingest_api.auth import PrincipalDep, check_topic
-from ingest_api.deps import BrokerDep, TopicPath
-from ingest_api.reader import log_start, partition_files
-from ingest_api.schemas import ErrorPublic, PartitionPublic, TopicCreate, TopicPublic, TopicUpdate
-from tables.layout import validate_name
-from tables.topics import TopicConfig, new_topic
+from lakebroker.ingest_api.auth import PrincipalDep, check_topic
+from lakebroker.ingest_api.deps import BrokerDep, TopicPath
+from lakebroker.ingest_api.reader import log_start, partition_files
+from lakebroker.ingest_api.schemas import ErrorPublic, PartitionPublic, TopicCreate, TopicPublic, TopicUpdate
+from lakebroker.tables.layout import validate_name
+from lakebroker.tables.topics import TopicConfig, new_topic
 
 router = APIRouter(prefix="/v1/topics", tags=["topics"])
 _ERRORS: dict[int | str, dict[str, Any]] = {code: {"model": ErrorPublic} for code in (400, 404, 409, 422)}

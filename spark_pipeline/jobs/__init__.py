@@ -2,7 +2,7 @@
 
 Every module has `run(spark, settings, topic=None, ...) -> JobResult` (library use: tests, the CLI),
 and a `main()` / `__main__` entry point taking `--data-dir`, `--master`, `--topic` (spark-submit,
-`python -m spark_pipeline.jobs.<job>`, the scheduler of `lakebroker serve`, Airflow):
+`python -m lakebroker.spark_pipeline.jobs.<job>`, the scheduler of `lakebroker serve`, Airflow):
 
     compaction          ordered bin-packing of small files, checkpoint, log cleanup
     retention           retention_ms / retention_bytes, lagging groups moved (recorded), VACUUM

@@ -10,14 +10,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from spark_pipeline.delta_txn import DeltaTxn
-from spark_pipeline.plans import FileEntry, by_partition
-from spark_pipeline.results import JobName, JobResult, Outcome
-from tables.errors import LakebrokerError
-from tables.layout import Layout
-from tables.logs import configure_logging
-from tables.settings import Settings
-from tables.topics import TopicConfig, TopicStore
+from lakebroker.spark_pipeline.delta_txn import DeltaTxn
+from lakebroker.spark_pipeline.plans import FileEntry, by_partition
+from lakebroker.spark_pipeline.results import JobName, JobResult, Outcome
+from lakebroker.tables.errors import LakebrokerError
+from lakebroker.tables.layout import Layout
+from lakebroker.tables.logs import configure_logging
+from lakebroker.tables.settings import Settings
+from lakebroker.tables.topics import TopicConfig, TopicStore
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -141,7 +141,7 @@ def vacuum(spark: SparkSession, uri: str, hours: float) -> bool:
     intended). Returns whether it ran: a table where a listing (delta-rs's dry run) finds nothing
     to delete is left alone, since Spark's VACUUM costs seconds of Spark jobs even then, and most
     scheduled runs of most tables have nothing to delete."""
-    from tables import delta
+    from lakebroker.tables import delta
 
     if delta.vacuum_candidates(uri, hours) == []:
         return False
@@ -171,8 +171,7 @@ def files_and_bytes(files: Sequence[FileEntry]) -> tuple[int, int]:
 def table_stats(uri: str) -> tuple[int, int]:
     """(data files, bytes) of a table's latest version, from its log (delta-rs: no Spark job)."""
     import pyarrow as pa
-
-    from tables import delta
+    from lakebroker.tables import delta
 
     actions = pa.table(delta.load(uri).get_add_actions(flatten=True))
     if actions.num_rows == 0:
@@ -185,7 +184,7 @@ RunFn = Callable[..., JobResult]
 
 
 def parser(job: JobName, description: str) -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=f"python -m spark_pipeline.jobs.{job.value.replace('-', '_')}",
+    p = argparse.ArgumentParser(prog=f"python -m lakebroker.spark_pipeline.jobs.{job.value.replace('-', '_')}",
                                 description=description)
     p.add_argument("--data-dir", help="Data directory (default: LAKEBROKER_DATA_DIR or ./data).")
     p.add_argument("--master", help="Spark master URL (default: the spark_master setting; under spark-submit, "
@@ -204,7 +203,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
 
 
 def default_trigger() -> str:
-    from spark_pipeline.session import launched_by_spark_submit
+    from lakebroker.spark_pipeline.session import launched_by_spark_submit
 
     return "spark-submit" if launched_by_spark_submit() else "cli"
 
@@ -212,8 +211,8 @@ def default_trigger() -> str:
 def entry_main(job: JobName, run: RunFn, args: argparse.Namespace, settings: Settings,
                validate: Callable[[], None], **kwargs: Any) -> int:
     """Validate, run on a fresh Spark session, record the run, print it as JSON; 0 unless it failed."""
-    from spark_pipeline import job_runs
-    from spark_pipeline.sql import spark_for
+    from lakebroker.spark_pipeline import job_runs
+    from lakebroker.spark_pipeline.sql import spark_for
 
     configure_logging(settings)
     try:

@@ -26,8 +26,8 @@ from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from spark_pipeline.delta_txn import DeltaTxn, maintain_log, table_exists, with_retries
-from spark_pipeline.jobs.common import (
+from lakebroker.spark_pipeline.delta_txn import DeltaTxn, maintain_log, table_exists, with_retries
+from lakebroker.spark_pipeline.jobs.common import (
     CONFLICT_ATTEMPTS,
     job_tags,
     rewrite_bin,
@@ -35,11 +35,11 @@ from spark_pipeline.jobs.common import (
     table_stats,
     topic_job_main,
 )
-from spark_pipeline.plans import by_partition, plan_bins
-from spark_pipeline.results import JobName, JobResult, Outcome, Progress, Run, TableResult
-from tables.layout import Layout
-from tables.logs import exit_without_teardown
-from tables.settings import Settings
+from lakebroker.spark_pipeline.plans import by_partition, plan_bins
+from lakebroker.spark_pipeline.results import JobName, JobResult, Outcome, Progress, Run, TableResult
+from lakebroker.tables.layout import Layout
+from lakebroker.tables.logs import exit_without_teardown
+from lakebroker.tables.settings import Settings
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

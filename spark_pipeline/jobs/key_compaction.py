@@ -25,8 +25,8 @@ from datetime import UTC, datetime
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from spark_pipeline.delta_txn import DeltaTxn, table_exists, with_retries
-from spark_pipeline.jobs.common import (
+from lakebroker.spark_pipeline.delta_txn import DeltaTxn, table_exists, with_retries
+from lakebroker.spark_pipeline.jobs.common import (
     CONFLICT_ATTEMPTS,
     job_tags,
     remove_rows,
@@ -34,12 +34,12 @@ from spark_pipeline.jobs.common import (
     table_stats,
     topic_job_main,
 )
-from spark_pipeline.results import JobName, JobResult, Outcome, Run, TableResult
-from tables.errors import InvalidRequest
-from tables.layout import Layout
-from tables.logs import exit_without_teardown
-from tables.settings import Settings
-from tables.topics import CleanupPolicy, TopicConfig
+from lakebroker.spark_pipeline.results import JobName, JobResult, Outcome, Run, TableResult
+from lakebroker.tables.errors import InvalidRequest
+from lakebroker.tables.layout import Layout
+from lakebroker.tables.logs import exit_without_teardown
+from lakebroker.tables.settings import Settings
+from lakebroker.tables.topics import CleanupPolicy, TopicConfig
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from spark_pipeline.delta_txn import DeltaTxn, maintain_log, table_exists, with_retries
-from spark_pipeline.jobs.common import (
+from lakebroker.spark_pipeline.delta_txn import DeltaTxn, maintain_log, table_exists, with_retries
+from lakebroker.spark_pipeline.jobs.common import (
     CONFLICT_ATTEMPTS,
     entry_main,
     job_tags,
@@ -23,11 +23,11 @@ from spark_pipeline.jobs.common import (
     table_stats,
     vacuum,
 )
-from spark_pipeline.results import JobName, JobResult, Outcome, Run, TableResult
-from tables import delta, storage
-from tables.layout import Layout
-from tables.logs import exit_without_teardown
-from tables.settings import Settings
+from lakebroker.spark_pipeline.results import JobName, JobResult, Outcome, Run, TableResult
+from lakebroker.tables import delta, storage
+from lakebroker.tables.layout import Layout
+from lakebroker.tables.logs import exit_without_teardown
+from lakebroker.tables.settings import Settings
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession

@@ -51,8 +51,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
 
-from spark_pipeline.delta_txn import DeltaTxn, app_version, jvm_of, maintain_log, table_exists, with_retries
-from spark_pipeline.jobs.common import (
+from lakebroker.spark_pipeline.delta_txn import DeltaTxn, app_version, jvm_of, maintain_log, table_exists, with_retries
+from lakebroker.spark_pipeline.jobs.common import (
     CONFLICT_ATTEMPTS,
     entry_main,
     job_tags,
@@ -62,16 +62,16 @@ from spark_pipeline.jobs.common import (
     settings_from,
     vacuum,
 )
-from spark_pipeline.jobs.offsets_compaction import compact_offsets
-from spark_pipeline.jobs.retention import follow_log_starts
-from spark_pipeline.results import JobName, JobResult, Outcome, Progress, Run, TableResult
-from tables import delta, storage
-from tables.errors import InvalidRequest
-from tables.layout import Layout
-from tables.log_start import log_starts
-from tables.logs import exit_without_teardown
-from tables.settings import Settings
-from tables.topics import CleanupPolicy, TopicConfig
+from lakebroker.spark_pipeline.jobs.offsets_compaction import compact_offsets
+from lakebroker.spark_pipeline.jobs.retention import follow_log_starts
+from lakebroker.spark_pipeline.results import JobName, JobResult, Outcome, Progress, Run, TableResult
+from lakebroker.tables import delta, storage
+from lakebroker.tables.errors import InvalidRequest
+from lakebroker.tables.layout import Layout
+from lakebroker.tables.log_start import log_starts
+from lakebroker.tables.logs import exit_without_teardown
+from lakebroker.tables.settings import Settings
+from lakebroker.tables.topics import CleanupPolicy, TopicConfig
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession

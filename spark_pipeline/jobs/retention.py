@@ -13,7 +13,7 @@ or the log end when retention emptied it, judged on the snapshot of the removal 
 the flusher commits meanwhile are never counted as removed) moves forward, and every consumer
 group whose committed offset is now below it is moved to it: an `OffsetReason.RETENTION_SKIP` offsets row, plus a row in
 `_system/retention_skips` first (so a crash in between repeats the record rather than losing
-it). `tables.retention_skips` reads them; Prometheus and the subscription's status show them.
+it). `lakebroker.tables.retention_skips` reads them; Prometheus and the subscription's status show them.
 
 Topics with `cleanup_policy=compact` keep their data (key compaction is their retention).
 Every topic table is then VACUUMed with `vacuum_retention_hours`. With no topic given, the job
@@ -34,8 +34,8 @@ from datetime import UTC, datetime
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from spark_pipeline.delta_txn import DeltaTxn, table_exists, with_retries
-from spark_pipeline.jobs.common import (
+from lakebroker.spark_pipeline.delta_txn import DeltaTxn, table_exists, with_retries
+from lakebroker.spark_pipeline.jobs.common import (
     CONFLICT_ATTEMPTS,
     job_tags,
     rewrite_bin,
@@ -44,16 +44,16 @@ from spark_pipeline.jobs.common import (
     topic_job_main,
     vacuum,
 )
-from spark_pipeline.plans import FileEntry, PartitionRetention, by_partition, plan_log_start, plan_retention
-from spark_pipeline.results import JobName, JobResult, Outcome, Progress, Run, TableResult
-from tables import delta
-from tables.layout import Layout
-from tables.log_start import log_starts
-from tables.logs import exit_without_teardown
-from tables.offsets import OffsetReason, OffsetsTable
-from tables.retention_skips import RetentionSkip, record_skips
-from tables.settings import Settings
-from tables.topics import CleanupPolicy, TopicConfig
+from lakebroker.spark_pipeline.plans import FileEntry, PartitionRetention, by_partition, plan_log_start, plan_retention
+from lakebroker.spark_pipeline.results import JobName, JobResult, Outcome, Progress, Run, TableResult
+from lakebroker.tables import delta
+from lakebroker.tables.layout import Layout
+from lakebroker.tables.log_start import log_starts
+from lakebroker.tables.logs import exit_without_teardown
+from lakebroker.tables.offsets import OffsetReason, OffsetsTable
+from lakebroker.tables.retention_skips import RetentionSkip, record_skips
+from lakebroker.tables.settings import Settings
+from lakebroker.tables.topics import CleanupPolicy, TopicConfig
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession

@@ -21,17 +21,22 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from spark_pipeline.delta_txn import app_version, table_exists
-from spark_pipeline.jobs.common import parser, select_topics, settings_from
-from spark_pipeline.jobs.replication import SNAPSHOT_APP_ID, SNAPSHOT_TABLES, check_filesystem, resolve_replica
-from spark_pipeline.results import Progress, TableEvent
-from tables import delta, storage
-from tables.errors import LakebrokerError
-from tables.layout import Layout
-from tables.log_start import log_starts
-from tables.logs import exit_without_teardown
-from tables.settings import Settings
-from tables.topics import CleanupPolicy, TopicConfig
+from lakebroker.spark_pipeline.delta_txn import app_version, table_exists
+from lakebroker.spark_pipeline.jobs.common import parser, select_topics, settings_from
+from lakebroker.spark_pipeline.jobs.replication import (
+    SNAPSHOT_APP_ID,
+    SNAPSHOT_TABLES,
+    check_filesystem,
+    resolve_replica,
+)
+from lakebroker.spark_pipeline.results import Progress, TableEvent
+from lakebroker.tables import delta, storage
+from lakebroker.tables.errors import LakebrokerError
+from lakebroker.tables.layout import Layout
+from lakebroker.tables.log_start import log_starts
+from lakebroker.tables.logs import exit_without_teardown
+from lakebroker.tables.settings import Settings
+from lakebroker.tables.topics import CleanupPolicy, TopicConfig
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -183,7 +188,7 @@ def _classify(primary: DataFrame, replica: DataFrame, bounds: DataFrame) -> dict
 
 
 def _check_offsets(spark: SparkSession, source: str, target: str, out: Verification) -> None:
-    from spark_pipeline.jobs.offsets_compaction import INCARNATION, KEY, latest_offsets
+    from lakebroker.spark_pipeline.jobs.offsets_compaction import INCARNATION, KEY, latest_offsets
 
     if not table_exists(spark, source):
         return
@@ -233,7 +238,7 @@ def _row_count(spark: SparkSession, uri: str) -> int:
 def main(argv: list[str] | None = None) -> int:
     import json
 
-    from spark_pipeline.sql import spark_for
+    from lakebroker.spark_pipeline.sql import spark_for
 
     args = parser_for().parse_args(argv)
     settings = settings_from(args)
@@ -254,10 +259,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def parser_for() -> Any:
-    from spark_pipeline.results import JobName
+    from lakebroker.spark_pipeline.results import JobName
 
     p = parser(JobName.REPLICATION, "Compare the primary and a replica; non-zero exit on unexplained differences.")
-    p.prog = "python -m spark_pipeline.jobs.verify_replica"
+    p.prog = "python -m lakebroker.spark_pipeline.jobs.verify_replica"
     p.add_argument("--to", help="Replica location (default: the replication_uri setting).")
     p.add_argument("--topic", help="Only this topic.")
     p.add_argument("--max-lag-messages", type=int, default=None, help="Treat more lag than this as a problem.")

@@ -21,7 +21,7 @@ def serve_and_log(data: Path, access_log: bool) -> list[dict[str, Any]]:
         assert httpx.post(url + "/v1/topics", json={"name": "logged", "partitions": 1}).status_code == 201
         assert httpx.get(url + "/v1/topics/nope").status_code == 404
         deadline = time.monotonic() + 60  # serve's delivery process writes to the same log, in the same format
-        while "delivery_worker.child" not in server.log.read_text():
+        while "lakebroker.delivery_worker.child" not in server.log.read_text():
             assert time.monotonic() < deadline, "the delivery process logged nothing"
             time.sleep(0.05)
     finally:
@@ -47,7 +47,8 @@ def test_json_logs_with_the_access_log_on_and_off(tmp_path: Path) -> None:
     for r in records:
         assert {"timestamp", "level", "logger", "message"} <= r.keys(), r
     loggers = {r["logger"] for r in records}
-    assert {"lakebroker.server", "uvicorn.error", "delivery_worker.child"} <= loggers, loggers  # ours and uvicorn's
+    ours_and_uvicorns = {"lakebroker.server", "uvicorn.error", "lakebroker.delivery_worker.child"}
+    assert ours_and_uvicorns <= loggers, loggers
     assert any("Application startup complete" in r["message"] for r in records)
     access = [r for r in records if r["logger"] == "uvicorn.access"]
     assert {(r["method"], r["path"], r["status"]) for r in access} >= {

@@ -29,7 +29,7 @@ def _python(code: str, pool: str | None) -> dict[str, object]:
 
 CHECK = """
 import json, pyarrow as pa
-from tables.process_memory import keep_small
+from lakebroker.tables.process_memory import keep_small
 keep_small()
 keep_small()  # idempotent
 import pyarrow.dataset  # its import is what asks pyarrow's pandas shim first
@@ -53,7 +53,7 @@ def test_keep_small_refuses_pandas_and_allocates_arrow_memory_from_jemalloc() ->
 
 RELEASE = """
 import json, time, pyarrow as pa
-from tables.process_memory import keep_small
+from lakebroker.tables.process_memory import keep_small
 keep_small()
 def anon():
     for line in open("/proc/self/status"):

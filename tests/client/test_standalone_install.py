@@ -32,6 +32,7 @@ print(json.dumps({
     "committed": {f"{tp.topic}/{tp.partition}": o for tp, o in committed.items()},
 }))
 """
+TOP_LEVEL = "import importlib.metadata as m; print(m.distribution('lakebroker-client').read_text('top_level.txt'))"
 SERVER_ONLY = {"pyspark", "fastapi", "deltalake", "pyarrow", "pydantic", "orjson", "uvicorn", "lakebroker"}
 
 
@@ -59,8 +60,11 @@ def test_the_client_installs_alone_and_produces_and_consumes(broker: Broker, tmp
     installed = {d["name"].lower().replace("_", "-"): d["version"] for d in json.loads(listed)}
     assert not SERVER_ONLY & set(installed), f"server packages in the client's venv: {SERVER_ONLY & set(installed)}"
     assert {"lakebroker-client", "httpx", "standardwebhooks", "tenacity"} <= set(installed)
-    isolated = subprocess.run([python, "-c", "import tables"], env=env, cwd=tmp_path, capture_output=True)
+    isolated = subprocess.run([python, "-c", "import lakebroker"], env=env, cwd=tmp_path, capture_output=True)
     assert isolated.returncode != 0, "the venv sees the repository's server packages"
+    top_level = subprocess.run([python, "-c", TOP_LEVEL], env=env, cwd=tmp_path, capture_output=True, text=True,
+                               check=True).stdout
+    assert top_level.split() == ["lakebroker_client"], top_level
     pins = pinned()
     for name, version in installed.items():
         if name not in ("pip", "setuptools", "lakebroker-client"):

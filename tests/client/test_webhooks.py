@@ -14,9 +14,9 @@ import httpx
 import orjson
 import pytest
 from fastapi.testclient import TestClient
+from lakebroker.delivery_worker.signer import Signer
 from lakebroker_client import Delivery, InvalidDelivery, Producer, SignatureInvalid, WebhookVerifier
 
-from delivery_worker.signer import Signer
 from examples.receiver import create_app
 from tests.client.conftest import Broker
 from tests.servers import AppThread

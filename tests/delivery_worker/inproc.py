@@ -9,13 +9,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from lakebroker.delivery_worker.metrics import DeliveryMetrics
+from lakebroker.delivery_worker.worker import DeliveryWorker
+from lakebroker.tables.layout import Layout
+from lakebroker.tables.settings import Settings
+from lakebroker.tables.subscriptions import Ordering, Subscription, SubscriptionStore, new_secret
 from prometheus_client import CollectorRegistry
-
-from delivery_worker.metrics import DeliveryMetrics
-from delivery_worker.worker import DeliveryWorker
-from tables.layout import Layout
-from tables.settings import Settings
-from tables.subscriptions import Ordering, Subscription, SubscriptionStore, new_secret
 
 
 async def until(predicate: Callable[[], bool], what: str, timeout: float = 60) -> None:

@@ -10,11 +10,11 @@ import time
 import types
 from pathlib import Path
 
+import lakebroker.delivery_worker.pipeline
 import pytest
+from lakebroker.delivery_worker.commit_watch import CommitWatch, local_log_dir
+from lakebroker.tables.layout import Layout
 
-import delivery_worker.pipeline
-from delivery_worker.commit_watch import CommitWatch, local_log_dir
-from tables.layout import Layout
 from tests.delivery_worker.inproc import subscribe, until, worker, worker_settings
 from tests.receivers import Receiver
 from tests.spark_pipeline.topics import create_topic, produce
@@ -50,7 +50,7 @@ async def test_a_commit_is_delivered_without_waiting_for_a_poll(tmp_path: Path, 
     # The pipeline's clock reads as on a machine booted a second ago (time.monotonic() counts from
     # boot): the first read must not wait for a poll interval that has "not yet passed" since 0.
     booted = time.monotonic() - 1.0
-    monkeypatch.setattr(delivery_worker.pipeline, "time",
+    monkeypatch.setattr(lakebroker.delivery_worker.pipeline, "time",
                         types.SimpleNamespace(monotonic=lambda: time.monotonic() - booted, time=time.time))
     data = tmp_path / "data"
     # Polls an hour apart: only the commit watch can bring the second batch before the wait ends.

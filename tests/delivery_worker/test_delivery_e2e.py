@@ -195,8 +195,8 @@ def test_a_group_past_the_log_end_is_reset_to_it_not_left_to_skip(client: TestCl
                                                                     receiver: Receiver, settings: Any) -> None:
     """After a failover to a replica that is behind (or a restore), the group's offset can be past
     the table's log end; the next messages take those offsets and must still be delivered."""
-    from tables.layout import Layout
-    from tables.offsets import OffsetReason, OffsetsTable
+    from lakebroker.tables.layout import Layout
+    from lakebroker.tables.offsets import OffsetReason, OffsetsTable
 
     produce(client, 5, partition=1)
     subscribe(client, receiver)
@@ -221,9 +221,8 @@ def test_messages_removed_before_delivery_are_skipped_visibly(client: TestClient
     """If the log start passes a group's position while it waits (retention by any tool), the worker
     jumps to it with a recorded retention-skip, counts it, and says so in the status."""
     from deltalake import DeltaTable
-
-    from tables.layout import Layout
-    from tables.offsets import OffsetsTable
+    from lakebroker.tables.layout import Layout
+    from lakebroker.tables.offsets import OffsetsTable
 
     subscribe(client, receiver)
     pause(client)

@@ -10,8 +10,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-
-from delivery_worker.http1 import MAX_RESPONSE_BODY, LeanTransport
+from lakebroker.delivery_worker.http1 import MAX_RESPONSE_BODY, LeanTransport
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 OK = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok"

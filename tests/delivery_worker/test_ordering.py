@@ -5,8 +5,8 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from delivery_worker.ordering import DispatchQueue, Unit
-from tables.subscriptions import Ordering
+from lakebroker.delivery_worker.ordering import DispatchQueue, Unit
+from lakebroker.tables.subscriptions import Ordering
 
 
 def rows(keys: list[str | None]) -> list[dict[str, Any]]:
@@ -83,8 +83,8 @@ def test_random_schedules_keep_each_key_in_order_with_one_unit_in_flight() -> No
 
 
 def test_key_is_the_default_ordering_in_the_api_and_the_table() -> None:
-    from ingest_api.routes.subscriptions import SubscriptionCreate
-    from tables.subscriptions import Subscription, new_secret
+    from lakebroker.ingest_api.routes.subscriptions import SubscriptionCreate
+    from lakebroker.tables.subscriptions import Subscription, new_secret
 
     assert SubscriptionCreate(name="s", topic="t", url="https://example.com/").ordering is Ordering.KEY
     assert Subscription(name="s", topic="t", url="https://example.com/", secrets=(new_secret(),)).ordering \

@@ -7,12 +7,11 @@ from datetime import UTC, datetime, timedelta
 from email.utils import format_datetime
 
 import pytest
-
-from delivery_worker.flow import AdaptiveWindow, TokenBucket
-from delivery_worker.leases import assign
-from delivery_worker.retry import RetryPolicy, parse_retry_after
-from delivery_worker.ssrf import check_webhook_url
-from tables.errors import InvalidRequest
+from lakebroker.delivery_worker.flow import AdaptiveWindow, TokenBucket
+from lakebroker.delivery_worker.leases import assign
+from lakebroker.delivery_worker.retry import RetryPolicy, parse_retry_after
+from lakebroker.delivery_worker.ssrf import check_webhook_url
+from lakebroker.tables.errors import InvalidRequest
 
 
 def test_retry_schedule_with_jitter_and_last_delay_repeating() -> None:

@@ -5,8 +5,9 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from delivery_worker.source import LogTails, PartitionSource
-from tables.layout import Layout
+from lakebroker.delivery_worker.source import LogTails, PartitionSource
+from lakebroker.tables.layout import Layout
+
 from tests.spark_pipeline.topics import create_topic, produce, settings_for
 
 

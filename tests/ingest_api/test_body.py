@@ -8,12 +8,11 @@ from typing import Any
 
 import orjson
 import pytest
+from lakebroker.ingest_api.body import batch_items, fast_batch_items, message_from_json, parse_batch, parse_message
+from lakebroker.ingest_api.schemas import MAX_INT, MessageIn
+from lakebroker.tables.errors import LakebrokerError
+from lakebroker.tables.message_format import from_base64, from_json_value
 from pydantic import TypeAdapter, ValidationError
-
-from ingest_api.body import batch_items, fast_batch_items, message_from_json, parse_batch, parse_message
-from ingest_api.schemas import MAX_INT, MessageIn
-from tables.errors import LakebrokerError
-from tables.message_format import from_base64, from_json_value
 
 _MODEL = TypeAdapter(MessageIn)
 

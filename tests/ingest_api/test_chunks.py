@@ -10,9 +10,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pytest
-from prometheus_client import CollectorRegistry
-
-from ingest_api.chunks import (
+from lakebroker.ingest_api.chunks import (
     CHUNK_SCHEMA,
     Chunk,
     chunk_bytes,
@@ -22,14 +20,15 @@ from ingest_api.chunks import (
     encode_chunk,
     split_by_bytes,
 )
-from ingest_api.flusher import Flusher
-from ingest_api.metrics import IngestMetrics
-from ingest_api.records import FRAME_HEADER, Record, encode
-from ingest_api.wal import Wal, _write_all
-from tables import delta
-from tables.layout import Layout
-from tables.settings import Settings
-from tables.topics import new_topic
+from lakebroker.ingest_api.flusher import Flusher
+from lakebroker.ingest_api.metrics import IngestMetrics
+from lakebroker.ingest_api.records import FRAME_HEADER, Record, encode
+from lakebroker.ingest_api.wal import Wal, _write_all
+from lakebroker.tables import delta
+from lakebroker.tables.layout import Layout
+from lakebroker.tables.settings import Settings
+from lakebroker.tables.topics import new_topic
+from prometheus_client import CollectorRegistry
 
 pytestmark = pytest.mark.fault
 

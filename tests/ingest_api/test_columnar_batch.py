@@ -13,21 +13,20 @@ import orjson
 import pyarrow as pa
 import pytest
 from fastapi.testclient import TestClient
+from lakebroker.ingest_api.body import batch_items
+from lakebroker.ingest_api.broker import Broker, ProduceResult
+from lakebroker.ingest_api.chunks import BatchResults, ColumnarBatch
+from lakebroker.ingest_api.columnar import columns_of, parse_batch_body
+from lakebroker.ingest_api.messages import AckMode
+from lakebroker.ingest_api.metrics import IngestMetrics
+from lakebroker.ingest_api.records import CHUNK_MAGIC
+from lakebroker.ingest_api.results_json import batch_results_json
+from lakebroker.ingest_api.routes.produce import _batch_results
+from lakebroker.tables import delta
+from lakebroker.tables.errors import LakebrokerError
+from lakebroker.tables.settings import Settings
+from lakebroker.tables.topics import new_topic
 from prometheus_client import CollectorRegistry
-
-from ingest_api.body import batch_items
-from ingest_api.broker import Broker, ProduceResult
-from ingest_api.chunks import BatchResults, ColumnarBatch
-from ingest_api.columnar import columns_of, parse_batch_body
-from ingest_api.messages import AckMode
-from ingest_api.metrics import IngestMetrics
-from ingest_api.records import CHUNK_MAGIC
-from ingest_api.results_json import batch_results_json
-from ingest_api.routes.produce import _batch_results
-from tables import delta
-from tables.errors import LakebrokerError
-from tables.settings import Settings
-from tables.topics import new_topic
 
 JSON, NDJSON = "application/json", "application/x-ndjson"
 PARTITIONS = 4

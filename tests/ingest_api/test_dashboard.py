@@ -11,14 +11,14 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
+from lakebroker.ingest_api import create_app
+from lakebroker.ingest_api.dashboard import ProduceRates, summarize_runs
+from lakebroker.spark_pipeline import job_runs
+from lakebroker.spark_pipeline.results import JobName, JobResult, Outcome, TableResult
+from lakebroker.tables.layout import Layout
+from lakebroker.tables.settings import Settings
+from lakebroker.tables.tokens import TokenStore
 
-from ingest_api import create_app
-from ingest_api.dashboard import ProduceRates, summarize_runs
-from spark_pipeline import job_runs
-from spark_pipeline.results import JobName, JobResult, Outcome, TableResult
-from tables.layout import Layout
-from tables.settings import Settings
-from tables.tokens import TokenStore
 from tests.receivers import Receiver
 
 

@@ -21,10 +21,10 @@ from typing import Any
 
 import httpx
 import pytest
+from lakebroker.tables.layout import Layout
+from lakebroker.tables.tokens import TokenStore
 from playwright.sync_api import Browser, Page, expect, sync_playwright
 
-from tables.layout import Layout
-from tables.tokens import TokenStore
 from tests.receivers import Receiver
 from tests.servers import REPO, ServerProcess
 
@@ -143,8 +143,9 @@ def start_compaction(data_dir: Path, out: Path) -> subprocess.Popen[bytes] | Non
     if not JARS.exists():
         return None
     with out.open("wb") as stdout, out.with_suffix(".log").open("wb") as stderr:
-        return subprocess.Popen([sys.executable, "-m", "spark_pipeline.jobs.compaction", "--data-dir", str(data_dir),
-                                 "--master", "local[1]", "--trigger", "cli"], cwd=REPO, stdout=stdout, stderr=stderr)
+        return subprocess.Popen([sys.executable, "-m", "lakebroker.spark_pipeline.jobs.compaction",
+                                 "--data-dir", str(data_dir), "--master", "local[1]", "--trigger", "cli"],
+                                cwd=REPO, stdout=stdout, stderr=stderr)
 
 
 def recorded_run(proc: subprocess.Popen[bytes], out: Path) -> dict[str, Any]:

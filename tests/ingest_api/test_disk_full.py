@@ -9,15 +9,14 @@ from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
+from lakebroker.ingest_api import create_app
+from lakebroker.ingest_api.group_commit import GroupCommitter, Pending
+from lakebroker.ingest_api.metrics import IngestMetrics
+from lakebroker.ingest_api.records import Record
+from lakebroker.ingest_api.wal import ZERO_AHEAD, Wal
+from lakebroker.tables.errors import StorageUnavailable
+from lakebroker.tables.settings import Settings
 from prometheus_client import CollectorRegistry
-
-from ingest_api import create_app
-from ingest_api.group_commit import GroupCommitter, Pending
-from ingest_api.metrics import IngestMetrics
-from ingest_api.records import Record
-from ingest_api.wal import ZERO_AHEAD, Wal
-from tables.errors import StorageUnavailable
-from tables.settings import Settings
 
 pytestmark = pytest.mark.fault
 

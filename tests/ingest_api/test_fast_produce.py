@@ -17,14 +17,14 @@ import orjson
 import pytest
 from deltalake import DeltaTable
 from fastapi import FastAPI
+from lakebroker.ingest_api import create_app
+from lakebroker.ingest_api.fast_produce import FastProduce
+from lakebroker.ingest_api.wal import ZERO_AHEAD
+from lakebroker.tables.layout import Layout
+from lakebroker.tables.settings import Settings
+from lakebroker.tables.tokens import TokenStore
 
-from ingest_api import create_app
-from ingest_api.fast_produce import FastProduce
-from ingest_api.wal import ZERO_AHEAD
 from lakebroker.http_protocol import bounded_protocol
-from tables.layout import Layout
-from tables.settings import Settings
-from tables.tokens import TokenStore
 from tests.servers import AppThread
 
 Address = tuple[str, int]

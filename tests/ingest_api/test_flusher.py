@@ -6,16 +6,15 @@ from __future__ import annotations
 from pathlib import Path
 
 import pyarrow as pa
+from lakebroker.ingest_api.chunks import CHUNK_SCHEMA, Chunk, chunk_bytes
+from lakebroker.ingest_api.flusher import Flusher
+from lakebroker.ingest_api.metrics import IngestMetrics
+from lakebroker.ingest_api.records import Record
+from lakebroker.tables import delta
+from lakebroker.tables.layout import Layout
+from lakebroker.tables.settings import Settings
+from lakebroker.tables.topics import TopicConfig, new_topic
 from prometheus_client import CollectorRegistry
-
-from ingest_api.chunks import CHUNK_SCHEMA, Chunk, chunk_bytes
-from ingest_api.flusher import Flusher
-from ingest_api.metrics import IngestMetrics
-from ingest_api.records import Record
-from tables import delta
-from tables.layout import Layout
-from tables.settings import Settings
-from tables.topics import TopicConfig, new_topic
 
 ROUND_ROWS = 1_000  # flush_max_records: the most rows one round commits per topic
 

@@ -6,9 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from fastapi.testclient import TestClient
-
-from ingest_api import create_app
-from tables.settings import Settings
+from lakebroker.ingest_api import create_app
+from lakebroker.tables.settings import Settings
 
 
 def assert_nothing_written(client: TestClient, topic: str) -> None:

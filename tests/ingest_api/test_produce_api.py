@@ -6,8 +6,7 @@ from datetime import datetime
 
 import orjson
 from fastapi.testclient import TestClient
-
-from ingest_api.partitioner import partition_for_key
+from lakebroker.ingest_api.partitioner import partition_for_key
 
 
 def read_all(client: TestClient, topic: str, partition: int) -> list[dict]:
@@ -132,7 +131,7 @@ def test_batch_results_carry_the_stored_timestamp_and_a_duplicate_the_original(c
 
 
 def test_duplicates_are_detected_across_restarts(settings, tmp_path) -> None:  # type: ignore[no-untyped-def]
-    from ingest_api import create_app
+    from lakebroker.ingest_api import create_app
 
     with TestClient(create_app(settings)) as c:
         c.post("/v1/topics", json={"name": "o", "partitions": 2})

@@ -6,16 +6,15 @@ import asyncio
 import threading
 
 import pytest
+from lakebroker.ingest_api.broker import Broker
+from lakebroker.ingest_api.messages import AckMode, NewMessage
+from lakebroker.ingest_api.metrics import IngestMetrics
+from lakebroker.ingest_api.records import Record
+from lakebroker.tables import delta
+from lakebroker.tables.errors import OffsetGap
+from lakebroker.tables.settings import Settings
+from lakebroker.tables.topics import new_topic
 from prometheus_client import CollectorRegistry
-
-from ingest_api.broker import Broker
-from ingest_api.messages import AckMode, NewMessage
-from ingest_api.metrics import IngestMetrics
-from ingest_api.records import Record
-from tables import delta
-from tables.errors import OffsetGap
-from tables.settings import Settings
-from tables.topics import new_topic
 
 
 def _broker(settings: Settings) -> Broker:

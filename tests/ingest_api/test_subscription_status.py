@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
+from lakebroker.spark_pipeline.jobs import retention
+from lakebroker.spark_pipeline.results import Outcome
+from lakebroker.tables.settings import Settings
 
-from spark_pipeline.jobs import retention
-from spark_pipeline.results import Outcome
-from tables.settings import Settings
 from tests.spark_fixtures import spark
 
 __all__ = ["spark"]
@@ -66,10 +66,10 @@ def test_the_status_reads_the_skips_without_pyspark() -> None:
 import json, pathlib, sys, tempfile
 from datetime import UTC, datetime, timedelta
 from fastapi.testclient import TestClient
-from ingest_api import create_app
-from tables.layout import Layout
-from tables.retention_skips import RetentionSkip, record_skips
-from tables.settings import Settings
+from lakebroker.ingest_api import create_app
+from lakebroker.tables.layout import Layout
+from lakebroker.tables.retention_skips import RetentionSkip, record_skips
+from lakebroker.tables.settings import Settings
 
 data = pathlib.Path(tempfile.mkdtemp()) / "data"
 settings = Settings(data_dir=data, deliver_in_serve=False, allow_private_webhooks=True)

@@ -9,9 +9,8 @@ from __future__ import annotations
 import time
 
 from fastapi.testclient import TestClient
-
-from ingest_api import create_app
-from tables.settings import Settings
+from lakebroker.ingest_api import create_app
+from lakebroker.tables.settings import Settings
 
 
 def _recreate(client: TestClient, name: str) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
-from ingest_api.turns import Turns
+from lakebroker.ingest_api.turns import Turns
 
 
 async def test_a_light_task_runs_between_two_batches_ready_together() -> None:

@@ -8,10 +8,9 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from ingest_api import wal as wal_module
-from ingest_api.records import FRAME_HEADER, Record, decode, encode
-from ingest_api.wal import Wal
+from lakebroker.ingest_api import wal as wal_module
+from lakebroker.ingest_api.records import FRAME_HEADER, Record, decode, encode
+from lakebroker.ingest_api.wal import Wal
 
 pytestmark = pytest.mark.fault
 

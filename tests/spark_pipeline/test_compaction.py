@@ -10,11 +10,11 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
+from lakebroker.spark_pipeline.jobs import compaction
+from lakebroker.spark_pipeline.results import Outcome
+from lakebroker.tables import delta
+from lakebroker.tables.layout import Layout
 
-from spark_pipeline.jobs import compaction
-from spark_pipeline.results import Outcome
-from tables import delta
-from tables.layout import Layout
 from tests.spark_pipeline.topics import (
     ConcurrentFlusher,
     commit_infos,
@@ -140,8 +140,8 @@ def test_checkpoint_and_log_cleanup_keep_txns(spark: Any, tmp_path: Path) -> Non
 
 
 def test_a_concurrent_job_on_the_same_files_conflicts_and_compaction_replans(spark: Any, tmp_path: Path) -> None:
-    from spark_pipeline.delta_txn import DeltaConflict, DeltaTxn
-    from spark_pipeline.jobs.common import rewrite_bin
+    from lakebroker.spark_pipeline.delta_txn import DeltaConflict, DeltaTxn
+    from lakebroker.spark_pipeline.jobs.common import rewrite_bin
 
     settings = settings_for(tmp_path / "data", compaction_target_file_bytes=1_000_000)
     create_topic(settings, "t", partitions=1)

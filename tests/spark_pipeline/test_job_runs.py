@@ -5,13 +5,12 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+from lakebroker.spark_pipeline import job_runs
+from lakebroker.spark_pipeline.metrics import JobMetricsCollector
+from lakebroker.spark_pipeline.results import JobName, Outcome, Run, TableResult
+from lakebroker.tables.layout import Layout
+from lakebroker.tables.retention_skips import RetentionSkip, record_skips, retention_skips
 from prometheus_client import CollectorRegistry, generate_latest
-
-from spark_pipeline import job_runs
-from spark_pipeline.metrics import JobMetricsCollector
-from spark_pipeline.results import JobName, Outcome, Run, TableResult
-from tables.layout import Layout
-from tables.retention_skips import RetentionSkip, record_skips, retention_skips
 
 
 def _run(job: JobName, outcome: Outcome = Outcome.OK) -> Run:

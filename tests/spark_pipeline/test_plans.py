@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from spark_pipeline.plans import FileEntry, plan_bins, plan_log_start, plan_retention
+from lakebroker.spark_pipeline.plans import FileEntry, plan_bins, plan_log_start, plan_retention
 
 HOUR_US = 3_600_000_000
 NOW_US = 1_800_000_000_000_000

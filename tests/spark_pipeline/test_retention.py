@@ -7,12 +7,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from lakebroker.spark_pipeline.jobs import retention
+from lakebroker.spark_pipeline.results import Outcome
+from lakebroker.tables.layout import Layout
+from lakebroker.tables.offsets import OffsetReason, OffsetsTable
+from lakebroker.tables.retention_skips import retention_skips
 
-from spark_pipeline.jobs import retention
-from spark_pipeline.results import Outcome
-from tables.layout import Layout
-from tables.offsets import OffsetReason, OffsetsTable
-from tables.retention_skips import retention_skips
 from tests.spark_pipeline.topics import (
     NOW_US,
     create_topic,
@@ -116,7 +116,7 @@ def test_size_retention_keeps_at_least_retention_bytes(spark: Any, tmp_path: Pat
 
     sizes = pa.table(delta_table(settings, "sized").get_add_actions(flatten=True)).column("size_bytes").to_pylist()
     limit = sum(sorted(sizes)[:2])  # keep about two files' worth
-    from tables.topics import TopicStore
+    from lakebroker.tables.topics import TopicStore
 
     TopicStore(Layout(settings.data_dir)).update("sized", retention_bytes=limit)
     result = retention.run(spark, settings, "sized")
@@ -170,7 +170,7 @@ def test_vacuum_keeps_removed_files_inside_the_safe_window(spark: Any, tmp_path:
     old = spark.sql(f"SELECT count(*) FROM delta.`{uri}` VERSION AS OF {version_before}").first()[0]
     assert old == 40  # time travel to before retention still reads every file
 
-    from spark_pipeline.jobs.common import vacuum
+    from lakebroker.spark_pipeline.jobs.common import vacuum
 
     vacuum(spark, uri, 0.0)  # past the window: the removed files go
     assert len(list(Path(uri).glob("partition=0/*.parquet"))) == 1
@@ -181,7 +181,7 @@ def test_vacuum_runs_only_when_a_listing_finds_something_to_delete(spark: Any, t
     orphan (a file no version refers to: a crashed writer's) outside the window still gets one.
     (Spark keeps an orphan while every commit of the table is younger than the window, so the
     second call uses a 0 h window.)"""
-    from spark_pipeline.jobs.common import vacuum
+    from lakebroker.spark_pipeline.jobs.common import vacuum
 
     settings = settings_for(tmp_path / "data")
     create_topic(settings, "clean", partitions=1)
@@ -206,8 +206,8 @@ def test_a_table_spark_wrote_has_nothing_to_vacuum_for_its_checksum_files(spark:
     """Spark writes a hidden `.crc` beside every data file of a local table; Delta's VACUUM never
     deletes hidden files, so they must not make a table look like it needs one (every scheduled
     retention, offsets compaction and replication run used to VACUUM every table for them)."""
-    from spark_pipeline.jobs.common import vacuum
-    from tables.delta import vacuum_candidates
+    from lakebroker.spark_pipeline.jobs.common import vacuum
+    from lakebroker.tables.delta import vacuum_candidates
 
     uri = str(tmp_path / "spark-written")
     spark.range(20).repartition(2).write.format("delta").save(uri)
@@ -223,8 +223,8 @@ def test_files_an_earlier_vacuum_deleted_are_not_vacuumed_again(spark: Any, tmp_
     """delta-rs names every tombstone still in the log, a week of them by default, whether or not
     its file is still there: each later run of every job on the table ran a Spark VACUUM that
     deleted nothing. Only files that exist count."""
-    from spark_pipeline.jobs.common import vacuum
-    from tables.delta import load, vacuum_candidates
+    from lakebroker.spark_pipeline.jobs.common import vacuum
+    from lakebroker.tables.delta import load, vacuum_candidates
 
     uri = str(tmp_path / "rewritten")
     spark.range(20).repartition(4).write.format("delta").save(uri)

@@ -10,9 +10,8 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
-
-from ingest_api import create_app
-from spark_pipeline.jobs import (
+from lakebroker.ingest_api import create_app
+from lakebroker.spark_pipeline.jobs import (
     compaction,
     key_compaction,
     offsets_compaction,
@@ -20,11 +19,12 @@ from spark_pipeline.jobs import (
     retention,
     verify_replica,
 )
-from spark_pipeline.results import Outcome
-from tables import delta
-from tables.errors import InvalidRequest
-from tables.layout import Layout
-from tables.offsets import OffsetReason, OffsetsTable
+from lakebroker.spark_pipeline.results import Outcome
+from lakebroker.tables import delta
+from lakebroker.tables.errors import InvalidRequest
+from lakebroker.tables.layout import Layout
+from lakebroker.tables.offsets import OffsetReason, OffsetsTable
+
 from tests.s3 import S3Server
 from tests.spark_pipeline.topics import (
     NOW_US,

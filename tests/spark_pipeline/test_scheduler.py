@@ -9,13 +9,20 @@ from pathlib import Path
 
 import httpx
 import pytest
+from lakebroker.spark_pipeline import job_runs
+from lakebroker.spark_pipeline.results import JobName
+from lakebroker.spark_pipeline.scheduler import (
+    JobRunner,
+    job_command,
+    job_env,
+    shutdown,
+    spark_submit_run,
+    start_scheduler,
+)
+from lakebroker.tables.layout import Layout
+from lakebroker.tables.settings import Settings
 from pydantic import ValidationError
 
-from spark_pipeline import job_runs
-from spark_pipeline.results import JobName
-from spark_pipeline.scheduler import JobRunner, job_command, job_env, shutdown, spark_submit_run, start_scheduler
-from tables.layout import Layout
-from tables.settings import Settings
 from tests.servers import ServerProcess
 
 pytestmark = pytest.mark.spark
@@ -43,7 +50,7 @@ def test_job_env_carries_every_setting(tmp_path: Path) -> None:
 def test_job_command_is_a_python_module_entry_point(tmp_path: Path) -> None:
     settings = Settings(data_dir=tmp_path, spark_master="spark://h:7077", replication_uri="/r")
     assert job_command(JobName.COMPACTION, settings, topic="t") == [
-        sys.executable, "-m", "spark_pipeline.jobs.compaction", "--data-dir", str(tmp_path),
+        sys.executable, "-m", "lakebroker.spark_pipeline.jobs.compaction", "--data-dir", str(tmp_path),
         "--master", "spark://h:7077", "--trigger", "scheduler", "--topic", "t"]
     assert job_command(JobName.REPLICATION, settings)[-2:] == ["--to", "/r"]
 

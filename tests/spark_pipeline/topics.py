@@ -15,12 +15,11 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 from deltalake import DeltaTable
 from deltalake.exceptions import CommitFailedError
-
-from tables import delta, storage
-from tables.layout import Layout
-from tables.schemas import TOPIC_SCHEMA
-from tables.settings import Settings
-from tables.topics import TopicConfig, TopicStore, new_topic
+from lakebroker.tables import delta, storage
+from lakebroker.tables.layout import Layout
+from lakebroker.tables.schemas import TOPIC_SCHEMA
+from lakebroker.tables.settings import Settings
+from lakebroker.tables.topics import TopicConfig, TopicStore, new_topic
 
 NOW_US = lambda: int(time.time() * 1_000_000)  # noqa: E731
 

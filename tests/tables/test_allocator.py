@@ -8,8 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from tables import ARROW_MALLOC_CONF, DELTA_RS_MALLOC_CONF
+from lakebroker.tables import ARROW_MALLOC_CONF, DELTA_RS_MALLOC_CONF
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -54,8 +53,8 @@ pa.allocate_buffer(1 << 20)
 
 
 @pytest.mark.parametrize("library", ["deltalake", "pyarrow"])
-@pytest.mark.parametrize("entry", ["lakebroker.cli", "ingest_api.app", "delivery_worker.worker",
-                                   "spark_pipeline.jobs.compaction"])
+@pytest.mark.parametrize("entry", ["lakebroker.cli", "lakebroker.ingest_api.app", "lakebroker.delivery_worker.worker",
+                                   "lakebroker.spark_pipeline.jobs.compaction"])
 def test_every_entry_point_imports_tables_before_the_libraries_it_configures(entry: str, library: str) -> None:
     """-X importtime lists a module when its import finishes: `tables` (which sets the variables)
     must finish before `library` starts, which it does only if nothing imports the library first."""

@@ -5,10 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
-from tables import delta
-from tables.dead_letters import DeadLetter, DeadLetterTable
-from tables.layout import Layout
+from lakebroker.tables import delta
+from lakebroker.tables.dead_letters import DeadLetter, DeadLetterTable
+from lakebroker.tables.layout import Layout
 
 
 def _letters(group: str, partition: int, offsets: range) -> list[DeadLetter]:

@@ -8,12 +8,11 @@ from pathlib import Path
 
 import pyarrow as pa
 from deltalake import DeltaTable, write_deltalake
-
-from tables import delta
-from tables.layout import Layout
-from tables.offsets import Fence, OffsetReason, OffsetsTable
-from tables.schemas import OFFSETS_SCHEMA, OFFSETS_SCHEMA_VERSION, SCHEMA_VERSION_PROPERTY
-from tables.topics import TopicStore, new_topic
+from lakebroker.tables import delta
+from lakebroker.tables.layout import Layout
+from lakebroker.tables.offsets import Fence, OffsetReason, OffsetsTable
+from lakebroker.tables.schemas import OFFSETS_SCHEMA, OFFSETS_SCHEMA_VERSION, SCHEMA_VERSION_PROPERTY
+from lakebroker.tables.topics import TopicStore, new_topic
 
 
 def test_a_commit_from_an_older_lease_never_wins_over_a_newer_owner(tmp_path: Path) -> None:

@@ -7,9 +7,8 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
-
-from tables import delta
-from tables.state_table import RECHECK_AFTER_S, Rows, StateTable
+from lakebroker.tables import delta
+from lakebroker.tables.state_table import RECHECK_AFTER_S, Rows, StateTable
 
 SCHEMA = pa.schema([pa.field("name", pa.string()), pa.field("n", pa.int64())])
 

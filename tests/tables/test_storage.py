@@ -5,12 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from lakebroker.tables import storage
+from lakebroker.tables.errors import InvalidRequest
+from lakebroker.tables.layout import Layout
+from lakebroker.tables.settings import Settings
 from pydantic import ValidationError
-
-from tables import storage
-from tables.errors import InvalidRequest
-from tables.layout import Layout
-from tables.settings import Settings
 
 
 def test_parse_root_normalises_and_refuses_credentials(tmp_path: Path) -> None:
