@@ -107,8 +107,9 @@ class Broker:
         next_offsets = dict(committed)
         unflushed: list[Record | Chunk] = []
         pending = 0  # messages not yet in Delta
-        written: list[Record | Chunk] = [*report.records, *report.chunks]
-        for r in written:
+        # In log order, so each partition's items reach the flusher in offset order: any prefix
+        # that a bounded flush takes then continues the table with no gap.
+        for r in report.items:
             key = (r.topic_id, r.partition)
             if r.topic_id not in live:
                 continue

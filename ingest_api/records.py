@@ -32,7 +32,8 @@ _FORMAT_CODE = {name: i for i, name in enumerate(FORMATS)}
 
 FRAME_MAGIC = b"\xd3LBf"  # non-ASCII first byte: rare in text and JSON payloads
 CHUNK_MAGIC = b"\xd3LBc"  # a columnar chunk of many messages (chunks.py); same header and checksum
-MAGICS = (FRAME_MAGIC, CHUNK_MAGIC)
+GROUP_MAGIC = b"\xd3LBg"  # heads each WAL write: the byte length of the frames after it (wal.py)
+MAGICS = (FRAME_MAGIC, CHUNK_MAGIC, GROUP_MAGIC)
 FRAME_HEADER = struct.Struct("<4sII")
 MAX_FRAME_BYTES = 128 * 1024 * 1024  # twice the largest max_message_bytes
 _FIXED = struct.Struct("<16sIQqBq")

@@ -11,14 +11,21 @@ durable and the current segment active. A segment is deleted only once every
 record in it is committed to Delta.
 
 A frame holds one record (records.py) or one columnar chunk of a batch (chunks.py); recovery
-reads both, so a WAL written before chunks existed stays readable.
+reads both, so a WAL written before chunks existed stays readable. Each write (one group, or
+several handed over together) starts with a group frame that holds the length of the frames
+after it, so recovery knows where the last write began.
 
-Recovery reads every segment in order, to its last frame (zeros after it are unused room):
-- a bad frame with no valid frame after it, in the newest segment, is a torn tail from a
-  crash mid-write (never acknowledged): it is truncated;
+Recovery reads every segment in order, to its last frame (zeros after it are unused room), and
+hands back what it read in log order, which is offset order within each partition:
+- a bad frame in the newest segment's last write is a torn write from a crash: that write's
+  fdatasync never returned, so nothing from the bad frame on was acknowledged, and the segment is
+  truncated there. Pages of one write can reach the disk in any order, so valid frames after the
+  bad one do not make it corruption. A later write's fdatasync covers every earlier page, so a
+  bad frame followed by another write's group frame is not torn;
 - any other bad frame is corruption: it is reported, the segment is copied to
   `wal/quarantine/`, the bad bytes are skipped and never replayed, and reading resumes at
-  the next valid frame.
+  the next valid frame. (A segment written before group frames existed is read by the older
+  rule: a bad frame in the newest segment is torn only when no valid frame follows it.)
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import struct
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -36,11 +44,14 @@ from lakebroker.ingest_api.chunks import Chunk, ChunkFrameError, decode_chunk
 from lakebroker.ingest_api.records import (
     CHUNK_MAGIC,
     FRAME_HEADER,
+    FRAME_MAGIC,
+    GROUP_MAGIC,
     MAGICS,
     MAX_FRAME_BYTES,
     Record,
     decode,
     frame_crc_ok,
+    seal,
 )
 
 if TYPE_CHECKING:
@@ -51,6 +62,8 @@ log = logging.getLogger(__name__)
 _SUFFIX = ".wal"
 ZERO_AHEAD = 4 * 1024 * 1024  # room zeroed (and made durable) ahead of the write position, at a time
 _ZEROS = bytes(ZERO_AHEAD)
+_GROUP = struct.Struct("<Q")  # a group frame's body: the byte length of the write's frames after it
+GROUP_HEAD_BYTES = FRAME_HEADER.size + _GROUP.size  # what each write adds ahead of its frames
 
 PartitionKey = tuple[bytes, int]  # (topic_id, partition)
 
@@ -64,10 +77,17 @@ class CorruptSpan:
 
 @dataclass
 class RecoveryReport:
-    records: list[Record] = field(default_factory=list)
-    chunks: list[Chunk] = field(default_factory=list)  # a columnar batch's frames (chunks.py)
+    items: list[Record | Chunk] = field(default_factory=list)  # in log order: offset order per partition
     torn_bytes: int = 0
     corrupt: list[CorruptSpan] = field(default_factory=list)
+
+    @property
+    def records(self) -> list[Record]:
+        return [r for r in self.items if isinstance(r, Record)]
+
+    @property
+    def chunks(self) -> list[Chunk]:  # a columnar batch's frames (chunks.py)
+        return [c for c in self.items if isinstance(c, Chunk)]
 
 
 @dataclass
@@ -83,6 +103,11 @@ class _Segment:
                 self.max_offsets[key] = last
 
 
+def group_head(size: int) -> bytes:
+    """The group frame that starts a write of `size` bytes of frames."""
+    return seal(GROUP_MAGIC, _GROUP.pack(size))
+
+
 def _frame_at(data: bytes, pos: int) -> int | None:
     """End position of a valid frame starting at pos, or None."""
     if len(data) - pos < FRAME_HEADER.size:
@@ -96,19 +121,19 @@ def _frame_at(data: bytes, pos: int) -> int | None:
     return end
 
 
-def _next_valid_frame(data: bytes, pos: int) -> int | None:
+def _next_valid_frame(data: bytes, pos: int, magics: tuple[bytes, ...] = MAGICS) -> int | None:
     # Only positions holding the magic are checksummed: a payload of random bytes holds it
     # about once per 4 GiB, so a resync costs a search, not a checksum per byte.
-    candidate = _find_magic(data, pos)
+    candidate = _find_magic(data, pos, magics)
     while candidate >= 0:
         if _frame_at(data, candidate) is not None:
             return candidate
-        candidate = _find_magic(data, candidate + 1)
+        candidate = _find_magic(data, candidate + 1, magics)
     return None
 
 
-def _find_magic(data: bytes, pos: int) -> int:
-    found = [at for at in (data.find(magic, pos) for magic in MAGICS) if at >= 0]
+def _find_magic(data: bytes, pos: int, magics: tuple[bytes, ...]) -> int:
+    found = [at for at in (data.find(magic, pos) for magic in magics) if at >= 0]
     return min(found) if found else -1
 
 
@@ -135,30 +160,28 @@ class Wal:
         paths = sorted(self.directory.glob(f"*{_SUFFIX}"))
         for i, path in enumerate(paths):
             segment = _Segment(path)
-            records, chunks = self._read_segment(path, newest=i == len(paths) - 1, report=report)
-            segment.note(records)
-            segment.note(chunks)
-            report.records.extend(records)
-            report.chunks.extend(chunks)
+            items = self._read_segment(path, newest=i == len(paths) - 1, report=report)
+            segment.note(items)
+            report.items.extend(items)
             self._sealed.append(segment)
         self._roll(int(paths[-1].stem) + 1 if paths else 1)
         return report
 
-    def _read_segment(self, path: Path, *, newest: bool,
-                      report: RecoveryReport) -> tuple[list[Record], list[Chunk]]:
+    def _read_segment(self, path: Path, *, newest: bool, report: RecoveryReport) -> list[Record | Chunk]:
         data = path.read_bytes()
-        records: list[Record] = []
-        chunks: list[Chunk] = []
+        items: list[Record | Chunk] = []
+        grouped = data[: len(FRAME_MAGIC)] not in (FRAME_MAGIC, CHUNK_MAGIC)  # else written before group frames
         pos = 0
         while pos < len(data):
             end = _frame_at(data, pos)
             if end is not None:
+                magic = data[pos : pos + len(FRAME_MAGIC)]
                 body = data[pos + FRAME_HEADER.size : end]
-                if data[pos : pos + len(CHUNK_MAGIC)] != CHUNK_MAGIC:
-                    records.append(decode(body))
-                else:
+                if magic == FRAME_MAGIC:
+                    items.append(decode(body))
+                elif magic == CHUNK_MAGIC:
                     try:
-                        chunks.append(decode_chunk(body))
+                        items.append(decode_chunk(body))
                     except ChunkFrameError as exc:  # its checksum holds, its contents do not: never replay it
                         self._quarantine(path)
                         log.error("WAL %s: bytes %d-%d: %s; not replayed", path.name, pos, end, exc)
@@ -168,9 +191,10 @@ class Wal:
             if data.count(0, pos) == len(data) - pos:
                 break  # the zeroed room ahead of the last group: never written
             resume = _next_valid_frame(data, pos + 1)
-            if resume is None and newest:
+            later_write = _next_valid_frame(data, pos + 1, (GROUP_MAGIC,)) if grouped else resume
+            if newest and later_write is None:
                 torn = len(data[pos:].rstrip(b"\0"))  # what was written of it, not the zeroed room
-                log.warning("WAL %s: truncating torn tail of %d bytes at %d", path.name, torn, pos)
+                log.warning("WAL %s: truncating a torn last write: %d bytes at %d", path.name, torn, pos)
                 report.torn_bytes += torn
                 with path.open("r+b") as f:
                     f.truncate(pos)
@@ -181,7 +205,7 @@ class Wal:
             log.error("WAL %s: corrupt bytes %d-%d fail their checksum; not replayed", path.name, pos, stop)
             report.corrupt.append(CorruptSpan(path.name, pos, stop))
             pos = stop
-        return records, chunks
+        return items
 
     def _quarantine(self, path: Path) -> None:
         target = self.directory / "quarantine" / path.name
@@ -195,6 +219,9 @@ class Wal:
         `frames` are the group's frames, or pieces of them, in order."""
         data = _coalesced(frames)
         size = sum(len(piece) for piece in data)
+        head = memoryview(group_head(size))
+        data.insert(0, head)
+        size += len(head)
         with self._lock:
             assert self._active is not None, "recover() first"
             before = self._size

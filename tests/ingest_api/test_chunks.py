@@ -23,7 +23,7 @@ from lakebroker.ingest_api.chunks import (
 from lakebroker.ingest_api.flusher import Flusher
 from lakebroker.ingest_api.metrics import IngestMetrics
 from lakebroker.ingest_api.records import FRAME_HEADER, Record, encode
-from lakebroker.ingest_api.wal import Wal, _write_all
+from lakebroker.ingest_api.wal import GROUP_HEAD_BYTES, Wal, _write_all, group_head
 from lakebroker.tables import delta
 from lakebroker.tables.layout import Layout
 from lakebroker.tables.settings import Settings
@@ -91,7 +91,8 @@ def test_a_group_written_in_pieces_is_the_frames_joined(tmp_path: Path) -> None:
     wal.recover()
     wal.append(pieces, group)
     wal.close()
-    expected = b"".join(encode(x) if isinstance(x, Record) else encode_chunk(x) for x in group)
+    frames = b"".join(encode(x) if isinstance(x, Record) else encode_chunk(x) for x in group)
+    expected = group_head(len(frames)) + frames
     segment = sorted(tmp_path.glob("*.wal"))[-1].read_bytes()
     assert segment[: len(expected)] == expected and segment[len(expected):].count(0) == len(segment) - len(expected)
     report = Wal(tmp_path, segment_bytes=1 << 30, fsync=True).recover()
@@ -111,7 +112,7 @@ def test_write_all_takes_more_pieces_than_one_pwritev(tmp_path: Path) -> None:
 
 def test_a_torn_chunk_at_the_tail_is_truncated(tmp_path: Path) -> None:
     segment = write(tmp_path, [[chunk(0, 4)]])
-    end = len(encode_chunk(chunk(0, 4)))
+    end = GROUP_HEAD_BYTES + len(encode_chunk(chunk(0, 4)))
     torn = encode_chunk(chunk(4, 50))[:-100]  # a crash in the middle of writing the next batch
     with segment.open("r+b") as f:
         f.seek(end)
@@ -123,8 +124,8 @@ def test_a_torn_chunk_at_the_tail_is_truncated(tmp_path: Path) -> None:
 
 
 def test_a_corrupt_chunk_is_skipped_and_the_frames_after_it_kept(tmp_path: Path) -> None:
-    segment = write(tmp_path, [[chunk(0, 4), chunk(4, 6), rec(0)]])
-    first = len(encode_chunk(chunk(0, 4)))
+    segment = write(tmp_path, [[chunk(0, 4), chunk(4, 6)], [rec(0)]])  # a later write: not torn
+    first = GROUP_HEAD_BYTES + len(encode_chunk(chunk(0, 4)))
     data = bytearray(segment.read_bytes())
     data[first + 60] ^= 0xFF  # inside the second chunk's Arrow stream
     segment.write_bytes(bytes(data))

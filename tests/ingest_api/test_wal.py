@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from lakebroker.ingest_api import wal as wal_module
 from lakebroker.ingest_api.records import FRAME_HEADER, Record, decode, encode
-from lakebroker.ingest_api.wal import Wal
+from lakebroker.ingest_api.wal import GROUP_HEAD_BYTES, Wal, group_head
 
 pytestmark = pytest.mark.fault
 
@@ -24,6 +24,16 @@ def rec(offset: int, partition: int = 0, value: bytes | None = b"v") -> Record:
 
 def open_wal(path: Path, segment_bytes: int = 1 << 20) -> Wal:
     return Wal(path, segment_bytes=segment_bytes, fsync=True)
+
+
+def two_writes_in_a_segment(path: Path) -> Path:
+    """Records 0-2 as one write, then record 3 as a second, in one segment: its path."""
+    wal = open_wal(path)
+    wal.recover()
+    wal.append([encode(rec(i)) for i in range(3)], [rec(i) for i in range(3)])
+    wal.append([encode(rec(3))], [rec(3)])
+    wal.close()
+    return sorted(path.glob("*.wal"))[-1]
 
 
 def three_in_a_segment(path: Path) -> tuple[list[Record], Path]:
@@ -56,7 +66,7 @@ def test_recover_replays_appended_records(tmp_path: Path) -> None:
 def test_torn_tail_is_truncated_and_not_replayed(tmp_path: Path) -> None:
     records, segment = three_in_a_segment(tmp_path)
     whole = segment.read_bytes()
-    end = sum(len(encode(r)) for r in records)
+    end = GROUP_HEAD_BYTES + sum(len(encode(r)) for r in records)
     assert len(whole) > end and whole.count(0, end) == len(whole) - end  # room zeroed ahead of the groups
     torn = encode(rec(3))[:-5]  # a crash in the middle of writing record 3, into that room
     with segment.open("r+b") as f:
@@ -81,30 +91,65 @@ def test_zeroed_room_after_the_last_group_is_neither_torn_nor_corrupt(tmp_path: 
     assert report.records == records + more and report.torn_bytes == 0 and report.corrupt == []
 
 
-def test_frames_after_a_zeroed_gap_are_corruption_not_an_end(tmp_path: Path) -> None:
-    """Zeros end a segment only when nothing follows them: a lost write inside it is reported."""
+def test_a_zeroed_page_inside_the_last_write_is_a_torn_write_and_truncated(tmp_path: Path) -> None:
+    """Power lost mid-write: a middle page of the last write reads as zeros while a later page of
+    the same write survives. That write's fdatasync never returned, so nothing from the bad frame
+    on was acknowledged: truncated there, not replayed around as corruption (which would leave an
+    offset gap that stops the partition)."""
     records, segment = three_in_a_segment(tmp_path)
     data = bytearray(segment.read_bytes())
-    start1 = len(encode(records[0]))
+    start1 = GROUP_HEAD_BYTES + len(encode(records[0]))
     start2 = start1 + len(encode(records[1]))
     data[start1:start2] = bytes(start2 - start1)
     segment.write_bytes(bytes(data))
     report = open_wal(tmp_path).recover()
-    assert report.records == [records[0], records[2]]
-    assert [(c.start, c.end) for c in report.corrupt] == [(start1, start2)]
+    assert report.records == [records[0]]
+    assert report.corrupt == [] and report.torn_bytes == start2 - start1 + len(encode(records[2]))
+    assert segment.stat().st_size == start1
+    assert not (tmp_path / "quarantine").exists()
+
+
+def test_zeros_inside_an_earlier_write_are_corruption_not_an_end(tmp_path: Path) -> None:
+    """A later write's fdatasync made every earlier page durable, so a lost frame before the last
+    write is damage: reported, and the frames after it are kept."""
+    segment = two_writes_in_a_segment(tmp_path)
+    data = bytearray(segment.read_bytes())
+    start1 = GROUP_HEAD_BYTES + len(encode(rec(0)))
+    start2 = start1 + len(encode(rec(1)))
+    data[start1:start2] = bytes(start2 - start1)
+    segment.write_bytes(bytes(data))
+    report = open_wal(tmp_path).recover()
+    assert [r.offset for r in report.records] == [0, 2, 3]
+    assert [(c.start, c.end) for c in report.corrupt] == [(start1, start2)] and report.torn_bytes == 0
 
 
 def test_corrupt_record_is_reported_skipped_and_quarantined(tmp_path: Path) -> None:
-    records, segment = three_in_a_segment(tmp_path)
+    segment = two_writes_in_a_segment(tmp_path)
     data = bytearray(segment.read_bytes())
-    first = len(encode(records[0]))
+    first = GROUP_HEAD_BYTES + len(encode(rec(0)))
     data[first + 20] ^= 0xFF  # flip a bit inside record 1's body
     segment.write_bytes(bytes(data))
     report = open_wal(tmp_path).recover()
-    assert [r.offset for r in report.records] == [0, 2]
+    assert [r.offset for r in report.records] == [0, 2, 3]
     assert len(report.corrupt) == 1
     assert report.corrupt[0].start == first
     assert (tmp_path / "quarantine" / segment.name).exists()
+
+
+def test_damage_in_a_sealed_segment_is_corruption(tmp_path: Path) -> None:
+    """Only the newest segment can hold a torn write: damage in the last write of a sealed one is
+    corruption, even with nothing after it in that segment."""
+    records, segment = three_in_a_segment(tmp_path)
+    wal = open_wal(tmp_path)  # seals that segment behind a new one
+    wal.recover()
+    wal.append([encode(rec(3))], [rec(3)])
+    wal.close()
+    data = bytearray(segment.read_bytes())
+    data[GROUP_HEAD_BYTES + len(encode(records[0])) + 20] ^= 0xFF
+    segment.write_bytes(bytes(data))
+    report = open_wal(tmp_path).recover()
+    assert [r.offset for r in report.records] == [0, 2, 3]
+    assert len(report.corrupt) == 1 and report.torn_bytes == 0
 
 
 def test_sealed_segment_is_released_only_once_committed(tmp_path: Path) -> None:
@@ -182,12 +227,13 @@ def test_resync_over_binary_payloads_checksums_only_frame_starts(
     wal.close()
     segment = sorted(tmp_path.glob("*.wal"))[-1]
     data = bytearray(segment.read_bytes())
-    start1 = len(encode(records[0]))
+    start1 = GROUP_HEAD_BYTES + len(encode(records[0]))
     start2 = start1 + len(encode(records[1]))
     data[start1 + (1 << 20)] ^= 0xFF  # damage record 1's payload
-    torn = encode(rec(3, value=rng.randbytes(3 << 20)))[:-100]  # a crash while writing record 3
+    frame3 = encode(rec(3, value=rng.randbytes(3 << 20)))
+    torn = frame3[:-100]  # a crash while writing record 3, the next write
     end = start2 + len(encode(records[2]))
-    segment.write_bytes(bytes(data[:end]) + torn + bytes(4096))
+    segment.write_bytes(bytes(data[:end]) + group_head(len(frame3)) + torn + bytes(4096))
 
     checksums = 0
     real_crc_ok = wal_module.frame_crc_ok
@@ -203,4 +249,4 @@ def test_resync_over_binary_payloads_checksums_only_frame_starts(
     assert report.records == [records[0], records[2]]
     assert [(c.start, c.end) for c in report.corrupt] == [(start1, start2)]
     assert report.torn_bytes == len(torn)
-    assert checksums <= 6, f"{checksums} checksum attempts to recover 4 frames"
+    assert checksums <= 9, f"{checksums} checksum attempts to recover 4 frames and 2 group heads"
