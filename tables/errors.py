@@ -2,7 +2,8 @@
 
     LakebrokerError
      ├── InvalidRequest          bad input a person can fix (400)
-     │    └── InvalidName        a topic or group name that is not allowed
+     │    ├── InvalidName        a topic or group name that is not allowed
+     │    └── InvalidWebhookUrl  a webhook URL that is malformed or points inside the network (422)
      ├── Unauthenticated         no token, or an unknown, revoked or expired one (401)
      ├── Forbidden               a valid token without the scope or the topic (403)
      ├── NotFound                an unknown topic, partition or subscription (404)
@@ -38,6 +39,11 @@ class InvalidRequest(LakebrokerError):
 
 class InvalidName(InvalidRequest):
     code = "invalid_name"
+
+
+class InvalidWebhookUrl(InvalidRequest):
+    status = 422  # a field that fails validation, as the request model's own checks answer
+    code = "invalid_webhook_url"
 
 
 class Unauthenticated(LakebrokerError):

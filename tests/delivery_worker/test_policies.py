@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import re
 import time
 from datetime import UTC, datetime, timedelta
 from email.utils import format_datetime
@@ -10,7 +11,7 @@ import pytest
 from lakebroker.delivery_worker.flow import AdaptiveWindow, TokenBucket
 from lakebroker.delivery_worker.leases import assign
 from lakebroker.delivery_worker.retry import RetryPolicy, parse_retry_after
-from lakebroker.delivery_worker.ssrf import check_webhook_url
+from lakebroker.delivery_worker.ssrf import check_webhook_url, private_address
 from lakebroker.tables.errors import InvalidRequest
 
 
@@ -78,6 +79,46 @@ def test_ssrf_guard_refuses_internal_addresses(url: str) -> None:
 
 def test_ssrf_guard_allows_public_addresses() -> None:
     assert check_webhook_url("https://93.184.215.14/hook", allow_private=False)
+
+
+# Each wraps an internal IPv4 address that the network delivers to; Python's is_global is true of
+# the first four, so only unwrapping refuses them.
+WRAPPED = {
+    "64:ff9b::a9fe:a9fe": "NAT64 (well-known prefix) of 169.254.169.254",
+    "64:ff9b:1:a9fe:a9:fe00::": "NAT64 (local-use prefix, RFC 6052 /48 layout) of 169.254.169.254",
+    "2002:7f00:1::": "6to4 of 127.0.0.1",
+    "::7f00:1": "IPv4-compatible 127.0.0.1",
+    "::ffff:10.0.0.1": "IPv4-mapped 10.0.0.1",
+    "2001:0:4136:e378:8000:63bf:80ff:fffe": "Teredo whose client is 127.0.0.1",
+}
+
+
+@pytest.mark.parametrize("address", sorted(WRAPPED))
+def test_ssrf_guard_unwraps_ipv4_inside_ipv6(address: str) -> None:
+    assert private_address("h", address) is not None, WRAPPED[address]  # at dial time (http1.py)
+    with pytest.raises(InvalidRequest, match="allow_private_webhooks"):  # and when a subscription is made
+        check_webhook_url(f"http://[{address}]/hook", allow_private=False)
+
+
+@pytest.mark.parametrize("address", ["64:ff9b::808:808", "2002:808:808::", "2606:4700::1111", "::ffff:8.8.8.8"])
+def test_ssrf_guard_allows_public_ipv4_inside_ipv6(address: str) -> None:
+    assert private_address("h", address) is None
+
+
+@pytest.mark.parametrize(("url", "why"), [
+    ("http://[::1/", "Invalid IPv6 URL"),
+    ("http://" + "a" * 64 + ".example.com/", "label is empty or longer than 63"),
+    ("http://a..example.com/", "label is empty"),
+    ("http://-a.example.com/", "not a valid DNS name"),
+    ("http://exa$mple.com/", "not a valid DNS name"),
+    ("http://" + "a." * 127 + "com/", "at most 253 characters"),
+    ("http://example.com:99999/", "Port out of range"),
+    ("http://example.com:http/", "malformed"),
+])
+@pytest.mark.parametrize("allow_private", [False, True])
+def test_malformed_webhook_urls_are_refused_by_name(url: str, why: str, allow_private: bool) -> None:
+    with pytest.raises(InvalidRequest, match=re.escape(why)):
+        check_webhook_url(url, allow_private=allow_private)
 
 
 @pytest.mark.parametrize("value", ["²", "٣", "\uff10", "1e309", "NaN", "inf", "-1", "1.5", "9" * 400, "1,2",

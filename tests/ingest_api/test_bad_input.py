@@ -240,3 +240,14 @@ def test_a_body_that_does_not_arrive_in_time_gets_408_and_close(quick_body_deadl
     host, port = quick_body_deadline
     r = httpx.post(f"http://{host}:{port}/v1/topics/orders/messages", json={"value": 1})
     assert r.status_code == 200, r.text  # a body that arrives in time is unaffected
+
+
+@pytest.mark.parametrize(("url", "why"), [("http://[::1/", "Invalid IPv6 URL"),
+                                          ("http://" + "a" * 64 + ".example.com/", "longer than 63 characters")])
+def test_malformed_webhook_urls_are_422_naming_the_problem(client: TestClient, orders: str, url: str,
+                                                            why: str) -> None:
+    assert_error(client.post("/v1/subscriptions", json={**HOOK, "url": url}), 422, why)
+    assert client.get("/v1/subscriptions").json() == []
+    assert client.post("/v1/subscriptions", json=HOOK).status_code == 201
+    assert_error(client.patch("/v1/subscriptions/hooks", json={"url": url}), 422, why)
+    assert client.get("/v1/subscriptions/hooks").json()["url"] == HOOK["url"]
