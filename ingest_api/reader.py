@@ -47,7 +47,10 @@ def offset_for_timestamp(layout: Layout, topic: TopicConfig, partition: int, tim
 def read_messages(
     layout: Layout, topic: TopicConfig, partition: int, offset: int, limit: int, committed_end: int
 ) -> dict[str, Any]:
-    files = partition_files(layout, topic).get(partition)
+    # One snapshot for the log start and the rows: a retention commit between two reads would
+    # make rows the first read still counted look missing (a false offset gap).
+    table = delta.open_table(layout.topic_table(topic.name))
+    files = None if table is None else partition_logs(table, topic.partitions).get(partition)
     start = log_start(files, committed_end)
     if offset < start or offset > committed_end:
         raise OutOfRange(
@@ -58,8 +61,7 @@ def read_messages(
     next_offset = offset
     if offset < committed_end:
         stop = min(offset + limit, committed_end)
-        table = delta.open_table(layout.topic_table(topic.name))
-        assert table is not None
+        assert table is not None  # committed_end > 0: the flusher created it
         rows = delta.read_rows(
             table,
             (pc.field("partition") == partition) & (pc.field("offset") >= offset) & (pc.field("offset") < stop),
