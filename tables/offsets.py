@@ -96,15 +96,25 @@ class OffsetsTable:
         self.commit_many([Position(group, topic, p, o, fence) for p, o in offsets.items()], reason)
 
     def commit_many(self, positions: Sequence[Position], reason: OffsetReason) -> None:
-        """One commit for many positions: a worker commits all it owns at once."""
+        """One commit for many positions: a worker commits all it owns at once.
+
+        A retention skip only moves a position forward: judged on the snapshot it commits on, so a
+        delivery commit that lands after retention read the positions is never undone by it."""
         if not positions:
             return
         ordered = sorted(positions, key=lambda p: p[:4])
         fences = [p.fence for p in ordered]
         if any(f is None for f in fences):
             fences = self._administrative(ordered)
+        wanted = list(zip(ordered, fences, strict=True))
         for attempt in range(100):
             table = self._open()
+            if reason is OffsetReason.RETENTION_SKIP:
+                now = self.positions(table=table)
+                wanted = [(p, f) for p, f in wanted if (c := now.get(p[:3])) is None or c.offset < p.offset]
+                if not wanted:
+                    return
+            ordered, fences = [p for p, _ in wanted], [f for _, f in wanted]
             # The row's seq is above every seq and version the snapshot holds; a concurrent commit
             # makes this one fail (no retry inside delta-rs), so seq follows commit order.
             seq = _next_seq(table)
@@ -146,11 +156,12 @@ class OffsetsTable:
             out.append(None if topic is None else Fence(topic.topic_id, epoch))
         return out
 
-    def positions(self, group: str | None = None, *,
-                  topics: Mapping[str, TopicConfig] | None = None) -> dict[GroupPartition, Committed]:
-        """The current position, the reason it last moved and its epoch, per (group, topic, partition).
-        `topics` is the current topic set (loaded when not given): rows of other incarnations are ignored."""
-        table = self._open()
+    def positions(self, group: str | None = None, *, topics: Mapping[str, TopicConfig] | None = None,
+                  table: DeltaTable | None = None) -> dict[GroupPartition, Committed]:
+        """The current position, the reason it last moved and its epoch, per (group, topic, partition),
+        in `table`'s snapshot (the newest when not given). `topics` is the current topic set (loaded
+        when not given): rows of other incarnations are ignored."""
+        table = self._open() if table is None else table
         if topics is None:
             topics = TopicStore(self.layout).load()
         flt = None if group is None else pc.field("group") == group

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
+import pytest
 from deltalake import DeltaTable, write_deltalake
 from lakebroker.tables import delta
 from lakebroker.tables.layout import Layout
@@ -75,3 +77,32 @@ def test_a_version_1_offsets_table_is_migrated_and_keeps_its_positions(tmp_path:
     table = DeltaTable(layout.offsets_table)
     assert table.metadata().configuration[SCHEMA_VERSION_PROPERTY] == str(OFFSETS_SCHEMA_VERSION) == "2"
     assert {"topic_id", "epoch", "seq"} <= {f.name for f in table.schema().fields}
+
+
+def test_a_retention_skip_never_moves_a_position_back(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Retention reads the positions (the group at 3, below the new log start 5); the worker then
+    commits 8; retention commits its skip to 5. With the same epoch and a higher seq, the skip won
+    and the group went back to 5: offsets 5-7 delivered twice. A skip only moves a position forward,
+    judged on the snapshot it commits on."""
+    from lakebroker.spark_pipeline.jobs import retention
+
+    layout = Layout(tmp_path)
+    topic = TopicStore(layout).create(new_topic("t", 1))
+    offsets = OffsetsTable(layout)
+    offsets.commit("g", "t", {0: 3}, OffsetReason.ACK, fence=Fence(topic.topic_id, 1))
+    real_latest = OffsetsTable.latest
+
+    def read_then_the_worker_commits(self: OffsetsTable, group: str | None = None) -> Any:
+        seen = real_latest(self, group)
+        OffsetsTable(layout).commit("g", "t", {0: 8}, OffsetReason.ACK, fence=Fence(topic.topic_id, 1))
+        return seen
+
+    monkeypatch.setattr(OffsetsTable, "latest", read_then_the_worker_commits)
+    skips = retention.forward_lagging_groups(layout, topic, {0: 5}, run_id="r1")
+    monkeypatch.setattr(OffsetsTable, "latest", real_latest)
+    assert [(s.from_offset, s.to_offset) for s in skips] == [(3, 5)]  # what retention saw
+    assert OffsetsTable(layout).latest("g") == {("g", "t", 0): (8, "ack")}
+    # still a skip where the group is behind when it commits
+    offsets.commit("g", "t", {0: 2}, OffsetReason.SEEK)
+    retention.forward_lagging_groups(layout, topic, {0: 5}, run_id="r2")
+    assert OffsetsTable(layout).latest("g") == {("g", "t", 0): (5, "retention-skip")}
