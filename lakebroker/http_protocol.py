@@ -10,6 +10,11 @@
   closed: with 408 if part of a head arrived, silently if nothing did. A connection idle between
   requests is uvicorn's: its `timeout_keep_alive` closes it, and the first byte of the next head
   ends that idleness, which is when this deadline starts.
+- **An answer before the body.** A refusal made from the head alone (401, 404, 413) is answered
+  before the body is read. The rest of that body is then read and dropped under the body deadline
+  (`body_read_timeout_s`): the connection closes if it does not arrive in time, and once it has
+  arrived the connection is idle and the keep-alive timeout applies. So every open connection is
+  always under some deadline.
 
 On the hot path a request that arrives in one read costs a few attribute writes: no timer is
 armed for it (one per connection, cancelled when the first head completes).
@@ -48,6 +53,7 @@ from lakebroker.tables.settings import Settings
 MAX_REQUEST_LINE_BYTES = 8 * 1024  # nginx's large_client_header_buffers
 MAX_HEAD_BYTES = MAX_HEADER_BYTES + MAX_REQUEST_LINE_BYTES
 HEADER_TIMEOUT_S: float = Settings.model_fields["header_read_timeout_s"].default
+BODY_TIMEOUT_S: float = Settings.model_fields["body_read_timeout_s"].default
 _FAST_PREFIX = b"/v1/topics/"
 # A body of a declared length up to this reaches the app in one piece, as read_body would make
 # it anyway: no flow-control pause and app wake-up per 64 KiB read (the default request limit;
@@ -103,6 +109,7 @@ class FastCycle:
 
 class BoundedHttpToolsProtocol(HttpToolsProtocol):
     header_timeout_s: float = HEADER_TIMEOUT_S
+    body_timeout_s: float = BODY_TIMEOUT_S
     max_head_bytes: int = MAX_HEAD_BYTES
 
     _deadline: asyncio.TimerHandle | None = None
@@ -110,6 +117,8 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
     _in_head = False  # part of a head has arrived, not its end
     _head_bytes = 0  # of the head in progress, counted from reads that held nothing else
     _heads = 0  # request heads completed on this connection
+    _message_done = True  # the request in progress has its whole body (or there is none in progress)
+    _drain: asyncio.TimerHandle | None = None  # the deadline of a body left unread by an early answer
     fast: FastProduce | None = None  # serves single-message produce below ASGI
     _whole_body = False  # the request in progress declared a body of at most WHOLE_BODY_BYTES
     _fast: FastProduce | None = None  # on this connection
@@ -123,6 +132,9 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
+        if self._drain is not None:
+            self._drain.cancel()
+            self._drain = None
         cycle = self.cycle
         if type(cycle) is FastCycle and cycle.timer is not None:
             cycle.timer.cancel()
@@ -151,9 +163,20 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
             cycle, app = self.pipeline.pop()
             self._start_asgi_task(cycle, app)
             return
+        if not self._message_done:  # answered from the head: the body's rest has its deadline, then idles
+            self._drain = self.loop.call_later(self.body_timeout_s, self._drain_timed_out)
+            return
+        self._idle_now()
+
+    def _idle_now(self) -> None:
         self._idle_from = now = self.loop.time()
         if self.timeout_keep_alive_task is None:
             self.timeout_keep_alive_task = self.loop.call_at(now + self.timeout_keep_alive, self._keep_alive_due)
+
+    def _drain_timed_out(self) -> None:
+        self._drain = None
+        if not self._message_done:
+            self.transport.close()  # its answer is out; the rest of the request never came
 
     def _keep_alive_due(self) -> None:
         self.timeout_keep_alive_task = None
@@ -194,7 +217,7 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
             self.url = b""
             self.expect_100_continue = False
             self.headers = []
-        self._idle, self._in_head, self._head_bytes = False, True, 0
+        self._idle, self._in_head, self._head_bytes, self._message_done = False, True, 0, False
 
     def _asgi_scope(self) -> None:
         """The scope uvicorn's on_message_begin builds (tests/cli/test_uvicorn_internals.py pins it)."""
@@ -235,6 +258,7 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         super().on_body(body)
 
     def on_message_complete(self) -> None:
+        self._message_done = True
         cycle = self.cycle
         if type(cycle) is FastCycle:
             if cycle.request is not None and not cycle.response_complete and not cycle.started:
@@ -242,6 +266,10 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         else:
             super().on_message_complete()
         self._idle = True
+        if self._drain is not None:  # the body an early answer left unread is in: the connection idles
+            self._drain.cancel()
+            self._drain = None
+            self._idle_now()
 
     # -- fast produce ---------------------------------------------------------------------
     def _fast_head(self, fast: FastProduce) -> bool:
@@ -382,12 +410,14 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         self.transport.close()
 
 
-def bounded_protocol(header_timeout_s: float, fast: FastProduce | None = None) -> type[BoundedHttpToolsProtocol]:
-    """The protocol class with this head deadline and fast produce path (the base class for neither)."""
-    if header_timeout_s == BoundedHttpToolsProtocol.header_timeout_s and fast is None:
-        return BoundedHttpToolsProtocol
-    return type(BoundedHttpToolsProtocol.__name__, (BoundedHttpToolsProtocol,),
-                {"header_timeout_s": header_timeout_s, "fast": fast})
+def bounded_protocol(header_timeout_s: float, fast: FastProduce | None = None,
+                     body_timeout_s: float = BODY_TIMEOUT_S) -> type[BoundedHttpToolsProtocol]:
+    """The protocol class with these deadlines and fast produce path (the base class for the defaults)."""
+    base = BoundedHttpToolsProtocol
+    if header_timeout_s == base.header_timeout_s and body_timeout_s == base.body_timeout_s and fast is None:
+        return base
+    return type(base.__name__, (base,),
+                {"header_timeout_s": header_timeout_s, "body_timeout_s": body_timeout_s, "fast": fast})
 
 
 def _declared_length(headers: list[tuple[bytes, bytes]]) -> int:

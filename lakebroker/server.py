@@ -78,7 +78,8 @@ def run_server(settings: Settings) -> None:
 
     app = create_app(settings, registry=registry, on_started=announce)
     # single-message produce is answered by the HTTP protocol itself (ingest_api/fast_produce.py)
-    limits = {**UVICORN_LIMITS, "http": bounded_protocol(settings.header_read_timeout_s, FastProduce(app))}
+    http = bounded_protocol(settings.header_read_timeout_s, FastProduce(app), settings.body_read_timeout_s)
+    limits = {**UVICORN_LIMITS, "http": http}
 
     # log_config=None: uvicorn adds no handlers of its own; its records go through configure_logging's.
     config = uvicorn.Config(app, log_level=settings.log_level, log_config=None, access_log=settings.access_log,

@@ -126,8 +126,10 @@ def server(served: tuple[ServerProcess, Address]) -> Address:
 
 @pytest.fixture(scope="module")
 def quick(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Address]:
-    """A server whose request heads must arrive within 1 s (setting header_read_timeout_s)."""
-    proc, address = start_server(tmp_path_factory.mktemp("quick") / "data", LAKEBROKER_HEADER_READ_TIMEOUT_S="1")
+    """A server whose request heads must arrive within 1 s and bodies within 3 s (settings
+    header_read_timeout_s and body_read_timeout_s)."""
+    proc, address = start_server(tmp_path_factory.mktemp("quick") / "data", LAKEBROKER_HEADER_READ_TIMEOUT_S="1",
+                                 LAKEBROKER_BODY_READ_TIMEOUT_S="3")
     try:
         yield address
     finally:
@@ -307,3 +309,61 @@ def test_serve_passes_the_limits_to_uvicorn() -> None:
     from lakebroker import server
 
     assert "**UVICORN_LIMITS" in inspect.getsource(server.run_server)
+
+
+# -- an answer sent before the body was read: the connection stays under a deadline ----------------
+# Fast path: 404 for an unknown topic, 413 for a declared length over max_request_bytes, both from the
+# head alone. ASGI path: the batch route's BodyLimit answers 413 from the declared length too.
+EARLY = {
+    "fast 404": (b"POST /v1/topics/nope/messages HTTP/1.1\r\nHost: x\r\nContent-Length: 20\r\n\r\n", 20, b" 404 "),
+    "fast 413": (b"POST /v1/topics/t/messages HTTP/1.1\r\nHost: x\r\nContent-Length: 999999999\r\n\r\n", 40,
+                 b" 413 "),
+    "asgi 413": (b"POST /v1/topics/t/batch HTTP/1.1\r\nHost: x\r\nContent-Length: 999999999\r\n\r\n", 40,
+                 b" 413 "),
+}
+
+
+@pytest.mark.parametrize("case", sorted(EARLY))
+def test_an_early_answer_then_the_whole_body_then_silence_is_closed(quick: Address, case: str) -> None:
+    """The body's last byte after the answer used to clear the idle mark with nothing to set it again:
+    the connection stayed open for good, and 4,096 of them filled limit_concurrency (503 for all)."""
+    head, _, status = EARLY[case]
+    body = b"x" * 20 if case == "fast 404" else None
+    with socket.create_connection(quick) as sock:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.sendall(head)
+        answer = read_response(sock)
+        assert status in answer.split(b"\r\n", 1)[0], answer[:200]
+        if body is None:  # the 413s: a body of the declared length would be 1 GB; the connection is done
+            sock.sendall(b"x" * 40)
+        else:
+            sock.sendall(body)
+        started = time.monotonic()
+        rest = recv_all(sock, timeout=20)
+    assert rest == b"", f"{case}: still open 20 s after the body, or answered again: {rest[:200]!r}"
+    assert time.monotonic() - started < 15, "closed by the keep-alive timeout (5 s) or the body deadline (3 s)"
+    still_serves(quick)
+
+
+@pytest.mark.parametrize("case", sorted(EARLY))
+def test_an_early_answer_then_part_of_the_body_then_silence_is_closed(quick: Address, case: str) -> None:
+    head, part, status = EARLY[case]
+    with socket.create_connection(quick) as sock:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.sendall(head)
+        answer = read_response(sock)
+        assert status in answer.split(b"\r\n", 1)[0], answer[:200]
+        sock.sendall(b"x" * (part // 2))  # then nothing: the body's deadline (3 s) closes it
+        rest = recv_all(sock, timeout=20)
+    assert rest == b"", f"{case}: an unfinished body after an early answer held the connection: {rest[:200]!r}"
+    still_serves(quick)
+
+
+def test_an_early_answer_whose_body_completes_keeps_the_connection_for_the_next_request(quick: Address) -> None:
+    head, _, _ = EARLY["fast 404"]
+    with socket.create_connection(quick) as sock:
+        sock.sendall(head)
+        assert b" 404 " in read_response(sock).split(b"\r\n", 1)[0]
+        sock.sendall(b"y" * 20 + produce_request("after an early answer"))
+        answer = read_response(sock)
+    assert answer.startswith(b"HTTP/1.1 200"), answer[:200]
