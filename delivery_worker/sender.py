@@ -12,6 +12,7 @@ from lakebroker.delivery_worker.http1 import LeanTransport, origin_of
 from lakebroker.delivery_worker.retry import parse_retry_after
 from lakebroker.delivery_worker.signer import Signer
 from lakebroker.tables.message_format import message_json
+from lakebroker.tables.subscriptions import redact_url
 
 log = logging.getLogger(__name__)
 
@@ -95,7 +96,7 @@ class Sender:
         except httpx.HTTPError as exc:
             return Outcome(None, f"{type(exc).__name__}: {exc}"[:500])
         except Exception as exc:  # a bug here must cost a retry, never a stalled partition
-            log.exception("sending to %s failed unexpectedly", url)
+            log.exception("sending to %s failed unexpectedly", redact_url(url))  # a URL may hold a secret
             return Outcome(None, f"internal error: {type(exc).__name__}: {exc}"[:500])
         retry_after = None
         if status in (429, 503):

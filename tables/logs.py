@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import sys
 from collections.abc import MutableMapping
 from typing import Any, NoReturn
@@ -31,6 +32,25 @@ def _access_fields(logger: Any, method: str, event: MutableMapping[str, Any]) ->
             and len(args) == len(_ACCESS_FIELDS):
         event.update(zip(_ACCESS_FIELDS, args, strict=True))
     return event
+
+
+_SECRET_PARAM = re.compile(r"([?&][^=&#]*(?:token|secret|password|signature)[^=&#]*=)[^&#]*", re.IGNORECASE)
+
+
+def hide_query_secrets(path: str) -> str:
+    """`path` with the values of query parameters that name a credential replaced (the dashboard's
+    `/?token=lbk_...` would otherwise land in the access log)."""
+    return _SECRET_PARAM.sub(r"\1REDACTED", path) if "?" in path else path
+
+
+class _HideQuerySecrets(logging.Filter):
+    """On uvicorn's access logger: its third argument is the request path with its query string."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args
+        if isinstance(args, tuple) and len(args) == len(_ACCESS_FIELDS) and isinstance(args[2], str):
+            record.args = (*args[:2], hide_query_secrets(args[2]), *args[3:])
+        return True
 
 
 def json_formatter() -> logging.Formatter:
@@ -69,6 +89,8 @@ def configure_logging(settings: Settings) -> None:
         logging.getLogger(name).propagate = True
     access = logging.getLogger(ACCESS_LOGGER)
     access.handlers.clear()
+    if not any(isinstance(f, _HideQuerySecrets) for f in access.filters):
+        access.addFilter(_HideQuerySecrets())
     access.propagate = access_log
     access.disabled = not access_log
 

@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
+from urllib.parse import urlsplit
 
 from lakebroker.tables.errors import AlreadyExists, InvalidRequest, NotFound
 from lakebroker.tables.layout import Layout, validate_name
@@ -98,8 +99,12 @@ class Subscription:
             return "disabled"
         return "paused" if self.paused else "active"
 
-    def public(self, *, reveal_secret: bool = False) -> dict[str, Any]:
+    def public(self, *, reveal_secret: bool = False, reveal_url: bool = True) -> dict[str, Any]:
+        """The subscription as the API shows it: the secret masked unless revealed, and the URL
+        (which often carries a secret of its own) as its origin alone unless revealed."""
         out = asdict(self)
+        if not reveal_url:
+            out["url"] = redact_url(self.url)
         out["ordering"] = self.ordering.value
         out["retry_schedule_ms"] = list(self.retry_schedule_ms)
         out["created_at"] = self.created_at.isoformat()
@@ -107,6 +112,21 @@ class Subscription:
         del out["secrets"], out["seek_offsets"]
         out["secret"] = self.secrets[0] if reveal_secret else mask(self.secrets[0])
         return out
+
+
+def redact_url(url: str) -> str:
+    """`url` without what may be secret: credentials, path, query and fragment
+    (`https://hooks.example.com/…`). For logs and for callers who may not see the whole URL."""
+    try:
+        parts = urlsplit(url)
+        host = parts.hostname or ""
+        port = parts.port
+    except ValueError:
+        return "<malformed url>"
+    if ":" in host:
+        host = f"[{host}]"
+    origin = f"{parts.scheme}://{host}" + ("" if port is None else f":{port}")
+    return origin + ("/…" if parts.path.strip("/") or parts.query or parts.fragment else "/")
 
 
 def _to_row(sub: Subscription) -> dict[str, Any]:

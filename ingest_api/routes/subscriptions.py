@@ -8,6 +8,7 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Depends, Query, Request, Response
 from lakebroker.delivery_worker.leases import LeaseTable
 from lakebroker.delivery_worker.ssrf import check_webhook_url
+from lakebroker.ingest_api.auth import PrincipalDep
 from lakebroker.ingest_api.broker import Broker
 from lakebroker.ingest_api.deps import BrokerDep
 from lakebroker.ingest_api.reader import log_start, offset_for_timestamp, partition_files
@@ -23,8 +24,10 @@ from lakebroker.tables.subscriptions import (
     Subscription,
     SubscriptionStore,
     new_secret,
+    redact_url,
     validate_secret,
 )
+from lakebroker.tables.tokens import Scope
 from lakebroker.tables.topics import MAX_PARTITIONS, TopicConfig
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -207,18 +210,24 @@ async def create_subscription(body: SubscriptionCreate, broker: BrokerDep, store
 
 
 @router.get("")
-async def list_subscriptions(store: StoreDep) -> list[dict[str, Any]]:
+async def list_subscriptions(store: StoreDep, principal: PrincipalDep) -> list[dict[str, Any]]:
+    """Every subscription (secret masked; the URL whole for admin tokens, else its origin alone)."""
     subs = await asyncio.to_thread(store.load)
-    return [s.public() for s in sorted(subs.values(), key=lambda s: s.name)]
+    reveal_url = principal.has(Scope.ADMIN)
+    return [s.public(reveal_url=reveal_url) for s in sorted(subs.values(), key=lambda s: s.name)]
 
 
 @router.get("/{name}", responses=_ERRORS)
-async def get_subscription(name: str, request: Request, broker: BrokerDep,
-                           store: StoreDep) -> SubscriptionStatusPublic:
-    """Configuration (secret masked) and per-partition committed offset, lag, in-flight, last error,
-    state, and the messages retention removed before the group delivered them."""
+async def get_subscription(name: str, request: Request, broker: BrokerDep, store: StoreDep,
+                           principal: PrincipalDep) -> SubscriptionStatusPublic:
+    """Configuration (secret masked; the URL whole for admin tokens, else its origin alone) and
+    per-partition committed offset, lag, in-flight, last error, state, and the messages retention
+    removed before the group delivered them."""
     sub = await asyncio.to_thread(store.get, name)
-    return await _status(request, broker, sub)
+    status = await _status(request, broker, sub)
+    if not principal.has(Scope.ADMIN):
+        status.url = redact_url(status.url)
+    return status
 
 
 @router.patch("/{name}", responses=_ERRORS)

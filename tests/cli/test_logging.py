@@ -20,6 +20,7 @@ def serve_and_log(data: Path, access_log: bool) -> list[dict[str, Any]]:
     try:
         assert httpx.post(url + "/v1/topics", json={"name": "logged", "partitions": 1}).status_code == 201
         assert httpx.get(url + "/v1/topics/nope").status_code == 404
+        assert httpx.get(url + "/?token=lbk_secretvalue&x=1").status_code == 200  # the dashboard's link
         deadline = time.monotonic() + 60  # serve's delivery process writes to the same log, in the same format
         while "lakebroker.delivery_worker.child" not in server.log.read_text():
             assert time.monotonic() < deadline, "the delivery process logged nothing"
@@ -54,6 +55,8 @@ def test_json_logs_with_the_access_log_on_and_off(tmp_path: Path) -> None:
     assert {(r["method"], r["path"], r["status"]) for r in access} >= {
         ("POST", "/v1/topics", 201), ("GET", "/v1/topics/nope", 404)}, access
     assert all(r["client"].startswith("127.0.0.1:") and r["level"] == "info" for r in access)
+    assert ("GET", "/?token=REDACTED&x=1", 200) in {(r["method"], r["path"], r["status"]) for r in access}, access
+    assert not [r for r in records if b"lbk_secretvalue" in orjson.dumps(r)], "a token reached the log"
 
     quiet = serve_and_log(tmp_path / "off", access_log=False)
     assert not [r for r in quiet if r["logger"] == "uvicorn.access"]

@@ -265,6 +265,26 @@ def test_produce_and_consume_with_scoped_tokens(client: TestClient, store: Token
     assert r.status_code == 200, r.text
 
 
+def test_webhook_urls_are_whole_only_for_admin_tokens(client: TestClient, store: TokenStore, admin: str) -> None:
+    """A webhook URL often carries a secret of its own (a path token, a query key): a consume token
+    sees the subscription and its origin, never the rest."""
+    hook = "http://user:pw@127.0.0.1:9/hooks/T0/B0/s3cr3t?key=abc#frag"
+    r = client.post("/v1/subscriptions", json={"name": "h", "topic": "orders", "url": hook}, headers=bearer(admin))
+    assert r.status_code == 422, r.text  # credentials in a URL are refused outright
+    hook = hook.replace("user:pw@", "")
+    r = client.post("/v1/subscriptions", json={"name": "h", "topic": "orders", "url": hook}, headers=bearer(admin))
+    assert r.status_code == 201 and r.json()["url"] == hook, r.text
+    _, consumer = store.create(["consume"])
+    for path in ("/v1/subscriptions", "/v1/subscriptions/h"):
+        as_admin = client.get(path, headers=bearer(admin)).json()
+        as_consumer = client.get(path, headers=bearer(consumer)).json()
+        [whole] = [s["url"] for s in as_admin] if isinstance(as_admin, list) else [as_admin["url"]]
+        [shown] = [s["url"] for s in as_consumer] if isinstance(as_consumer, list) else [as_consumer["url"]]
+        assert whole == hook, path
+        assert shown == "http://127.0.0.1:9/…", path
+        assert "s3cr3t" not in str(as_consumer) and "abc" not in str(as_consumer)
+
+
 # -- tokens ---------------------------------------------------------------------------------------
 def test_tokens_are_stored_hashed(data: Path, store: TokenStore) -> None:
     token, text = store.create(["produce", "consume"], topics=["orders"], name="ci")
