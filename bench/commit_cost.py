@@ -26,11 +26,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow as pa
+
+from bench.memory import status_mb
 from lakebroker.tables import delta
 from lakebroker.tables.schemas import TOPIC_SCHEMA
 from lakebroker.tables.topics import ensure_topic_table
-
-from bench.memory import status_mb
 
 PARTITIONS = 4
 ROWS = 250  # per partition and commit: 1,000 rows, about 100 ms of single produce at 10k msg/s

@@ -20,6 +20,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow as pa
+from prometheus_client import CollectorRegistry
+
+from bench.plan import Plan
 from lakebroker.ingest_api.chunks import CHUNK_SCHEMA, Chunk, chunk_bytes, chunks_to_arrow
 from lakebroker.ingest_api.flusher import Flusher
 from lakebroker.ingest_api.metrics import IngestMetrics
@@ -27,9 +30,6 @@ from lakebroker.tables import delta
 from lakebroker.tables.layout import Layout
 from lakebroker.tables.settings import Settings
 from lakebroker.tables.topics import ensure_topic_table, new_topic
-from prometheus_client import CollectorRegistry
-
-from bench.plan import Plan
 
 PARTITIONS = 3
 VALUE = b"v" * 100

@@ -23,11 +23,11 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-from lakebroker.tables.layout import Layout
 
 from bench.plan import CHECK_CONNECTIONS, Plan
 from bench.procs import NO_JOBS, REPO, BenchError, Server, create_topic, lakebroker_server, metrics
 from bench.wrk import LoadResult, closed_loop, have_wrk, write_script
+from lakebroker.tables.layout import Layout
 
 PRODUCE_PATH = "/v1/topics/bench/messages"
 BATCH_PATH = "/v1/topics/bench/batch"

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import orjson
 from deltalake import DeltaTable
+
 from lakebroker.tables import delta
 
 

@@ -30,6 +30,10 @@ from pathlib import Path
 
 import httpx
 import pyarrow as pa
+from prometheus_client import CollectorRegistry
+
+from bench.flush import PARTITIONS, _Source
+from bench.procs import REPO, lakebroker_server
 from lakebroker.ingest_api.flusher import Flusher, records_to_arrow
 from lakebroker.ingest_api.metrics import IngestMetrics
 from lakebroker.tables import delta
@@ -37,10 +41,6 @@ from lakebroker.tables.layout import Layout
 from lakebroker.tables.log_tail import TopicLogTail
 from lakebroker.tables.settings import Settings
 from lakebroker.tables.topics import TopicStore, ensure_topic_table, new_topic
-from prometheus_client import CollectorRegistry
-
-from bench.flush import PARTITIONS, _Source
-from bench.procs import REPO, lakebroker_server
 from scripts.s3_process import start
 
 FRAGMENT = REPO / "docs" / "benchmarks-s3.md"

@@ -53,12 +53,12 @@ from typing import Any
 import httpx
 import orjson
 from deltalake import DeltaTable
-from lakebroker.tables.layout import Layout
 
 from bench.procs import REPO, BenchError
 from bench.run import nest
 from bench.soak_checks import TopicSpec, check_all, check_jobs
 from bench.soak_report import SoakReport
+from lakebroker.tables.layout import Layout
 from tests.receivers import Receiver
 from tests.servers import ServerProcess, free_port
 

@@ -14,9 +14,9 @@ from typing import Any
 
 import orjson
 from deltalake import DeltaTable
-from lakebroker.tables.log_start import PartitionLog, partition_logs
 
 from bench.soak_report import SoakReport
+from lakebroker.tables.log_start import PartitionLog, partition_logs
 
 MAX_EXAMPLES = 5  # problems listed one by one per kind; the rest are counted
 

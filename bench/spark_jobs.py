@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+
 from lakebroker.tables import delta
 from lakebroker.tables.layout import Layout
 from lakebroker.tables.schemas import TOPIC_SCHEMA

@@ -24,12 +24,13 @@ def main() -> None:
 
     keep_small()
     import uvloop
+    from prometheus_client import CollectorRegistry
+
     from lakebroker.delivery_worker.metrics import DeliveryMetrics
     from lakebroker.delivery_worker.runner import run_until_stopped
     from lakebroker.delivery_worker.worker import DeliveryWorker
     from lakebroker.tables.logs import configure_logging, exit_without_teardown
     from lakebroker.tables.settings import Settings
-    from prometheus_client import CollectorRegistry
 
     settings = Settings.model_validate(order["settings"])
     configure_logging(settings)  # serve's format (text or JSON) and level: both write to the same stderr

@@ -9,11 +9,12 @@ import asyncio
 import contextlib
 from typing import Protocol
 
+from prometheus_client import CollectorRegistry
+
 from lakebroker.delivery_worker.metrics import DeliveryMetrics
 from lakebroker.delivery_worker.pipeline import PipelineStatus
 from lakebroker.delivery_worker.worker import DeliveryWorker
 from lakebroker.tables.settings import Settings
-from prometheus_client import CollectorRegistry
 
 
 class LiveStatus(Protocol):

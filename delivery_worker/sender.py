@@ -8,6 +8,7 @@ from typing import Any
 
 import httpx
 import orjson
+
 from lakebroker.delivery_worker.http1 import LeanTransport, origin_of
 from lakebroker.delivery_worker.retry import parse_retry_after
 from lakebroker.delivery_worker.signer import Signer

@@ -14,6 +14,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import DeltaTable
+
 from lakebroker.tables import delta
 from lakebroker.tables.layout import Layout
 from lakebroker.tables.log_start import check_dense, log_start

@@ -28,12 +28,13 @@ from collections.abc import Iterable
 from pathlib import Path
 
 import orjson
-from lakebroker.delivery_worker.pipeline import PipelineStatus
-from lakebroker.tables.settings import Settings
 from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.metrics_core import Metric
 from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
 from prometheus_client.registry import Collector
+
+from lakebroker.delivery_worker.pipeline import PipelineStatus
+from lakebroker.tables.settings import Settings
 
 log = logging.getLogger(__name__)
 BACKOFF_MIN_S = 0.5

@@ -16,6 +16,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import orjson
+
 from lakebroker.delivery_worker.commit_watch import CommitWatch
 from lakebroker.delivery_worker.http1 import LeanTransport
 from lakebroker.delivery_worker.leases import Lease, LeaseTable, Pair

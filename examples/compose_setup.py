@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import httpx
+
 from lakebroker_client import Producer
 
 

@@ -17,6 +17,7 @@ from collections import OrderedDict, deque
 from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, Response
+
 from lakebroker_client import Delivery, Message
 from lakebroker_client.fastapi import WebhookDependency
 

@@ -8,6 +8,8 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import FastAPI
+from prometheus_client import CollectorRegistry
+
 from lakebroker.delivery_worker.embedded import embedded_delivery
 from lakebroker.ingest_api.asgi_route import FrontDoor
 from lakebroker.ingest_api.auth import (
@@ -41,7 +43,6 @@ from lakebroker.tables.layout import Layout
 from lakebroker.tables.lock import DataDirLock
 from lakebroker.tables.settings import Settings
 from lakebroker.tables.tokens import Scope, TokenStore
-from prometheus_client import CollectorRegistry
 
 YOUNG_GC_THRESHOLD = 10_000
 

@@ -23,11 +23,12 @@ from urllib.parse import parse_qsl
 
 from fastapi import FastAPI
 from fastapi.routing import APIRoute
+from starlette.requests import ClientDisconnect
+from starlette.types import ASGIApp, Receive, Scope, Send
+
 from lakebroker.ingest_api.auth import access_rule, bearer_token, principal_of
 from lakebroker.ingest_api.errors import error_response
 from lakebroker.tables.errors import LakebrokerError
-from starlette.requests import ClientDisconnect
-from starlette.types import ASGIApp, Receive, Scope, Send
 
 Handler = Callable[[Scope, Receive, Send], Awaitable[None]]
 F = TypeVar("F", bound=Callable[..., Any])

@@ -30,14 +30,15 @@ from typing import Annotated, Any, Final, Literal
 from fastapi import Depends, FastAPI, Request
 from fastapi.routing import APIRoute
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from starlette.routing import BaseRoute, Match
+from starlette.types import ASGIApp, Receive, Scope, Send
+
 from lakebroker.ingest_api.errors import error_response
 from lakebroker.ingest_api.schemas import ErrorPublic, inline_schema
 from lakebroker.tables.errors import Forbidden, LakebrokerError, StorageUnavailable, Unauthenticated
 from lakebroker.tables.settings import Settings
 from lakebroker.tables.tokens import ApiToken, TokenSet, TokenStore
 from lakebroker.tables.tokens import Scope as TokenScope
-from starlette.routing import BaseRoute, Match
-from starlette.types import ASGIApp, Receive, Scope, Send
 
 log = logging.getLogger(__name__)
 

@@ -21,12 +21,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import orjson
+from pydantic_core import from_json
+
 from lakebroker.ingest_api.messages import NewMessage
 from lakebroker.ingest_api.schemas import MAX_INT
 from lakebroker.tables.errors import InvalidRequest, LakebrokerError
 from lakebroker.tables.message_format import from_base64, from_json_value
 from lakebroker.tables.topics import MAX_PARTITIONS
-from pydantic_core import from_json
 
 MAX_BATCH = 100_000
 MAX_KEY_CHARS = 64 * 1024

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+
 from lakebroker.ingest_api.chunks import BatchResults, Chunk, ColumnarBatch, chunk_bytes, message_sizes, split_by_bytes
 from lakebroker.ingest_api.dedup import DedupIndex, DedupKey, Placed, dedup_id
 from lakebroker.ingest_api.flusher import Flusher

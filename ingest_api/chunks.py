@@ -24,12 +24,14 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+
 from lakebroker.ingest_api.records import CHUNK_MAGIC, MAX_FRAME_BYTES, seal_parts
 from lakebroker.tables.schemas import TOPIC_SCHEMA
 
 if TYPE_CHECKING:
-    from lakebroker.ingest_api.messages import NewMessage
     from typing_extensions import Buffer
+
+    from lakebroker.ingest_api.messages import NewMessage
 
 # Every topic column but the three the WAL frame and the committer own.
 CHUNK_SCHEMA = pa.schema([f for f in TOPIC_SCHEMA if f.name not in ("partition", "offset", "timestamp")])

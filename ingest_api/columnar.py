@@ -23,6 +23,7 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
+
 from lakebroker.ingest_api.body import MAX_KEY_CHARS, BatchItems, fast_batch_items
 from lakebroker.ingest_api.chunks import CHUNK_SCHEMA, ColumnarBatch
 from lakebroker.tables.topics import MAX_PARTITIONS

@@ -3,6 +3,7 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import Depends, Path, Request
+
 from lakebroker.ingest_api.broker import Broker
 from lakebroker.tables.layout import NAME_PATTERN
 

@@ -8,11 +8,12 @@ from collections.abc import Mapping
 import orjson
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from lakebroker.ingest_api.responses import JSONBytes
-from lakebroker.tables.errors import Backpressure, Forbidden, LakebrokerError, RequestTimeout, Unauthenticated
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match, Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from lakebroker.ingest_api.responses import JSONBytes
+from lakebroker.tables.errors import Backpressure, Forbidden, LakebrokerError, RequestTimeout, Unauthenticated
 
 
 def _error(status: int, code: str, message: str, headers: Mapping[str, str] | None = None) -> JSONBytes:

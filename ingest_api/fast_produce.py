@@ -20,6 +20,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from fastapi import FastAPI
+
 from lakebroker.ingest_api.asgi_route import AsgiRoute
 from lakebroker.ingest_api.auth import OPEN_ACCESS, Access, Authenticator, access_rule, bearer_of
 from lakebroker.ingest_api.body import media_type, parse_message

@@ -37,6 +37,7 @@ from typing import Protocol
 
 import pyarrow as pa
 from deltalake import DeltaTable
+
 from lakebroker.ingest_api.chunks import Chunk, chunks_to_arrow
 from lakebroker.ingest_api.metrics import IngestMetrics
 from lakebroker.ingest_api.records import Record

@@ -11,10 +11,11 @@ from __future__ import annotations
 import asyncio
 
 import orjson
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
 from lakebroker.ingest_api.errors import error_response
 from lakebroker.ingest_api.responses import Answer, json_answer, send_answer
 from lakebroker.tables.errors import LakebrokerError, RequestTimeout, TooLarge
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 
 class BodyLimit:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pyarrow.compute as pc
+
 from lakebroker.tables import delta
 from lakebroker.tables.errors import OutOfRange
 from lakebroker.tables.layout import Layout

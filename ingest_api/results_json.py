@@ -16,6 +16,7 @@ from datetime import UTC, datetime, timedelta
 
 import numpy as np
 import orjson
+
 from lakebroker.ingest_api.chunks import BatchResults
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from lakebroker.tables.topics import MAX_PARTITIONS
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from lakebroker.tables.topics import MAX_PARTITIONS
 
 # The largest integer every JSON parser keeps exact (JavaScript's Number.MAX_SAFE_INTEGER); the
 # tables store int64, and a bound above 2**53 cannot even be checked exactly by a float-based

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import orjson
+
 from lakebroker.delivery_worker.embedded import LiveStatus
 from lakebroker.delivery_worker.leases import Lease, LeaseTable, Pair
 from lakebroker.ingest_api.broker import Broker

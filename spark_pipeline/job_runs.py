@@ -20,6 +20,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pyarrow as pa
+
 from lakebroker.spark_pipeline.results import JobResult, Outcome
 from lakebroker.tables import delta
 from lakebroker.tables.layout import Layout

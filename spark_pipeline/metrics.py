@@ -20,11 +20,12 @@ from collections import defaultdict
 from collections.abc import Iterator
 from typing import Any
 
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
 from lakebroker.spark_pipeline import job_runs
 from lakebroker.tables.layout import Layout
 from lakebroker.tables.retention_skips import retention_skips
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-from prometheus_client.registry import Collector
 
 
 class JobMetricsCollector(Collector):

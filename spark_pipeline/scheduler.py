@@ -35,6 +35,7 @@ from typing import Any
 from apscheduler.executors.pool import ThreadPoolExecutor
 from apscheduler.schedulers.background import BackgroundScheduler
 from apscheduler.triggers.interval import IntervalTrigger
+
 from lakebroker.spark_pipeline import job_runs
 from lakebroker.spark_pipeline.extra import missing_spark_message, spark_installed
 from lakebroker.spark_pipeline.results import JobName, JobResult

@@ -15,6 +15,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import DeltaTable
+
 from lakebroker.tables import delta
 from lakebroker.tables.layout import Layout
 from lakebroker.tables.schemas import DEAD_LETTERS_SCHEMA, DEAD_LETTERS_SCHEMA_VERSION

@@ -15,6 +15,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from deltalake import DeltaTable
+
 from lakebroker.tables import delta
 from lakebroker.tables.errors import OffsetGap
 from lakebroker.tables.topics import TopicConfig

@@ -26,6 +26,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.fs as pafs
 from deltalake import DeltaTable
+
 from lakebroker.tables import delta, storage
 from lakebroker.tables.schemas import TOPIC_SCHEMA
 

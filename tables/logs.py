@@ -17,6 +17,7 @@ from collections.abc import MutableMapping
 from typing import Any, NoReturn
 
 import structlog
+
 from lakebroker.tables.settings import LogFormat, Settings
 
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"

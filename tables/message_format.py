@@ -12,6 +12,7 @@ import math
 from typing import Any
 
 import orjson
+
 from lakebroker.tables.errors import InvalidRequest
 
 CONTENT_TYPES = {"json": "application/json", "text": "text/plain; charset=utf-8", "binary": "application/octet-stream"}

@@ -30,6 +30,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import CommitProperties, DeltaTable, write_deltalake
 from deltalake.exceptions import CommitFailedError
+
 from lakebroker.tables import delta
 from lakebroker.tables.errors import StorageUnavailable
 from lakebroker.tables.layout import Layout

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 import pyarrow as pa
+
 from lakebroker.tables import delta
 from lakebroker.tables.layout import Layout
 from lakebroker.tables.offsets import GroupPartition

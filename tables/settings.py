@@ -6,10 +6,11 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Literal
 
-from lakebroker.tables.errors import InvalidRequest
-from lakebroker.tables.storage import parse_root
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from lakebroker.tables.errors import InvalidRequest
+from lakebroker.tables.storage import parse_root
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 

@@ -28,6 +28,7 @@ from typing import Any, TypeVar
 import pyarrow as pa
 from deltalake import CommitProperties, DeltaTable, write_deltalake
 from deltalake.exceptions import CommitFailedError, DeltaError
+
 from lakebroker.tables import delta
 from lakebroker.tables.errors import StorageUnavailable
 from lakebroker.tables.schemas import STATE_TABLE_PROPERTIES

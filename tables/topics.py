@@ -14,6 +14,7 @@ from enum import StrEnum
 from typing import Any
 
 from deltalake import DeltaTable
+
 from lakebroker.tables import delta, storage
 from lakebroker.tables.errors import AlreadyExists, InvalidRequest, NotFound
 from lakebroker.tables.layout import Layout, validate_name

@@ -6,9 +6,9 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
+
 from lakebroker.ingest_api import create_app
 from lakebroker.tables.settings import Settings
-
 from tests.s3 import s3_root, s3_server, s3_spark  # noqa: F401 - fixtures: one MinIO per test process
 
 

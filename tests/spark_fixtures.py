@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+
 from lakebroker.spark_pipeline.session import DEFAULT_JARS_DIR, build_spark_session
 from lakebroker.tables.settings import Settings
 

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
 from lakebroker.tables.settings import Settings
 
 REPO = Path(__file__).resolve().parent.parent

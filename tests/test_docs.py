@@ -9,6 +9,7 @@ import re
 from pathlib import Path
 
 import pytest
+
 from lakebroker.spark_pipeline.results import JobName
 from lakebroker.tables.offsets import OffsetReason
 

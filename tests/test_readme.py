@@ -14,9 +14,9 @@ from typing import Any
 import orjson
 import pytest
 from fastapi.testclient import TestClient
-from lakebroker.ingest_api.partitioner import partition_for_key
 from standardwebhooks import Webhook
 
+from lakebroker.ingest_api.partitioner import partition_for_key
 from scripts.settings_table import rows
 from tests.receivers import Receiver
 from tests.servers import ServerProcess
@@ -179,10 +179,10 @@ def spark_jobs_table() -> list[dict[str, str]]:
 def test_the_spark_jobs_table_matches_the_jobs_the_cli_and_the_scheduler() -> None:
     import typer
     import typer.main
-    from lakebroker.spark_pipeline.scheduler import JOBS
-    from lakebroker.tables.settings import Settings
 
     from lakebroker import jobs_cli
+    from lakebroker.spark_pipeline.scheduler import JOBS
+    from lakebroker.tables.settings import Settings
 
     table = spark_jobs_table()
     modules = {row["module"].strip("`"): row for row in table}

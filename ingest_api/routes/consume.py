@@ -7,6 +7,7 @@ import re
 from datetime import UTC, datetime
 
 from fastapi import APIRouter, Query
+
 from lakebroker.ingest_api.deps import BrokerDep, TopicPath
 from lakebroker.ingest_api.reader import log_start, offset_for_timestamp, partition_files, read_messages
 from lakebroker.ingest_api.responses import JSONBytes

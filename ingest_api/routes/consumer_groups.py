@@ -12,12 +12,13 @@ import asyncio
 from typing import Any
 
 from fastapi import APIRouter
+from pydantic import BaseModel, ConfigDict, Field
+
 from lakebroker.ingest_api.deps import BrokerDep
 from lakebroker.ingest_api.schemas import ErrorPublic
 from lakebroker.tables.errors import OutOfRange
 from lakebroker.tables.layout import validate_name
 from lakebroker.tables.offsets import OffsetReason, OffsetsTable
-from pydantic import BaseModel, ConfigDict, Field
 
 router = APIRouter(prefix="/v1/topics", tags=["consumer-groups"])
 _ERRORS: dict[int | str, dict[str, Any]] = {c: {"model": ErrorPublic} for c in (400, 404, 416, 422)}

@@ -14,6 +14,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import FileResponse
+
 from lakebroker.ingest_api.auth import PrincipalDep
 from lakebroker.ingest_api.dashboard import Dashboard, for_principal
 from lakebroker.ingest_api.responses import JSONBytes

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 from fastapi.responses import Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
 from lakebroker.ingest_api.deps import BrokerDep
 from lakebroker.ingest_api.responses import JSONBytes
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 router = APIRouter(tags=["operations"])
 metrics_router = APIRouter(tags=["operations"])

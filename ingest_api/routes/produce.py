@@ -13,6 +13,8 @@ from typing import Any
 
 import orjson
 from fastapi import APIRouter, Query
+from starlette.types import Receive, Scope, Send
+
 from lakebroker.ingest_api.asgi_route import AsgiRoute, header, parse_query, query_of, read_body, served_by
 from lakebroker.ingest_api.body import InvalidShape, media_type, parse_message
 from lakebroker.ingest_api.broker import Broker, ProduceResult
@@ -34,7 +36,6 @@ from lakebroker.ingest_api.schemas import (
 )
 from lakebroker.tables.errors import LakebrokerError
 from lakebroker.tables.topics import MAX_PARTITIONS
-from starlette.types import Receive, Scope, Send
 
 router = APIRouter(prefix="/v1/topics", tags=["produce"], route_class=AsgiRoute)
 

@@ -17,6 +17,8 @@ from typing import Any
 
 import orjson
 from fastapi import APIRouter, Request
+from pydantic import BaseModel, ConfigDict, Field
+
 from lakebroker.ingest_api.auth import PrincipalDep
 from lakebroker.ingest_api.body import parse_json
 from lakebroker.ingest_api.deps import BrokerDep, TopicPath
@@ -28,7 +30,6 @@ from lakebroker.ingest_api.schemas import inline_schema
 from lakebroker.tables.errors import InvalidRequest
 from lakebroker.tables.message_format import from_base64, from_json_value
 from lakebroker.tables.topics import MAX_PARTITIONS, TopicConfig
-from pydantic import BaseModel, ConfigDict, Field
 
 produce_router = APIRouter(tags=["kafka-rest-v2"])
 metadata_router = APIRouter(tags=["kafka-rest-v2"])

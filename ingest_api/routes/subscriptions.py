@@ -6,6 +6,8 @@ import asyncio
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, Query, Request, Response
+from pydantic import BaseModel, ConfigDict, Field
+
 from lakebroker.delivery_worker.leases import LeaseTable
 from lakebroker.delivery_worker.ssrf import check_webhook_url
 from lakebroker.ingest_api.auth import PrincipalDep
@@ -29,7 +31,6 @@ from lakebroker.tables.subscriptions import (
 )
 from lakebroker.tables.tokens import Scope
 from lakebroker.tables.topics import MAX_PARTITIONS, TopicConfig
-from pydantic import BaseModel, ConfigDict, Field
 
 router = APIRouter(prefix="/v1/subscriptions", tags=["subscriptions"])
 # Python's JSON parser takes NaN and Infinity, which no bound refuses: these models refuse them.

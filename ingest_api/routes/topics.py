@@ -6,6 +6,7 @@ import asyncio
 from typing import Any
 
 from fastapi import APIRouter, Response
+
 from lakebroker.ingest_api.auth import PrincipalDep, check_topic
 from lakebroker.ingest_api.deps import BrokerDep, TopicPath
 from lakebroker.ingest_api.reader import log_start, partition_files

@@ -171,6 +171,7 @@ def files_and_bytes(files: Sequence[FileEntry]) -> tuple[int, int]:
 def table_stats(uri: str) -> tuple[int, int]:
     """(data files, bytes) of a table's latest version, from its log (delta-rs: no Spark job)."""
     import pyarrow as pa
+
     from lakebroker.tables import delta
 
     actions = pa.table(delta.load(uri).get_add_actions(flatten=True))

@@ -90,9 +90,8 @@ def test_an_external_module_is_run_and_a_fragment_file_is_the_fallback(tmp_path:
 
 def test_the_baseline_runs_under_the_servers_uvicorn_settings(tmp_path: Path,
                                                                monkeypatch: pytest.MonkeyPatch) -> None:
-    from lakebroker.tables.settings import Settings
-
     from lakebroker.server import run_server
+    from lakebroker.tables.settings import Settings
 
     captured: dict[str, uvicorn.Config] = {}
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from deltalake import DeltaTable
-from lakebroker.tables import delta
 
 from bench import commit_cost
+from lakebroker.tables import delta
 
 
 def test_commit_cost_measures_both_handles(tmp_path: Path) -> None:

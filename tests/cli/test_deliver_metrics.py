@@ -12,9 +12,9 @@ from pathlib import Path
 
 import httpx
 from fastapi.testclient import TestClient
+
 from lakebroker.ingest_api import create_app
 from lakebroker.tables.settings import Settings
-
 from tests.receivers import Receiver
 from tests.servers import REPO, free_port
 

@@ -7,11 +7,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from lakebroker.spark_pipeline.jobs import compaction, retention
-from lakebroker.spark_pipeline.results import TableEvent
 from rich.console import Console
 
 from lakebroker.job_progress import job_progress
+from lakebroker.spark_pipeline.jobs import compaction, retention
+from lakebroker.spark_pipeline.results import TableEvent
 from tests.spark_fixtures import spark
 from tests.spark_pipeline.topics import create_topic, produce, settings_for
 

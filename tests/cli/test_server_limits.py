@@ -14,8 +14,8 @@ from pathlib import Path
 import httpx
 import orjson
 import pytest
-from lakebroker.ingest_api.limits import MAX_HEADER_BYTES
 
+from lakebroker.ingest_api.limits import MAX_HEADER_BYTES
 from tests.servers import ServerProcess
 
 Address = tuple[str, int]

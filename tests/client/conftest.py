@@ -8,9 +8,9 @@ from pathlib import Path
 
 import httpx
 import pytest
+
 from lakebroker.tables.layout import Layout
 from lakebroker.tables.tokens import TokenStore
-
 from tests.servers import ServerProcess
 
 FAST = {"LAKEBROKER_ALLOW_PRIVATE_WEBHOOKS": "1", "LAKEBROKER_HEARTBEAT_S": "0.5",

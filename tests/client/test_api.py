@@ -9,9 +9,10 @@ import types
 from pathlib import Path
 
 import httpx
-import lakebroker_client as client
 import pytest
 from tenacity import RetryCallState, Retrying
+
+import lakebroker_client as client
 
 EXPORTED = [
     "AckMode",

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 from deltalake import DeltaTable
+
 from lakebroker.ingest_api.partitioner import partition_for_key
 from lakebroker.tables.layout import Layout
 from lakebroker_client import ClientError, Consumer, FileOffsetStore, Message, Producer, RequestRefused
 from lakebroker_client import TopicPartition as TP
-
 from tests.client.conftest import Broker
 
 

@@ -13,6 +13,7 @@ from typing import Any
 import httpx
 import orjson
 import pytest
+
 from lakebroker_client import (
     Batching,
     BrokerUnavailable,

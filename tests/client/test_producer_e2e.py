@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from lakebroker_client import Batching, Consumer, Message, Producer, Retry, SendResult
 
+from lakebroker_client import Batching, Consumer, Message, Producer, Retry, SendResult
 from tests.client.conftest import FAST, Broker
 from tests.servers import ServerProcess, free_port
 

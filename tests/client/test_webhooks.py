@@ -14,10 +14,10 @@ import httpx
 import orjson
 import pytest
 from fastapi.testclient import TestClient
-from lakebroker.delivery_worker.signer import Signer
-from lakebroker_client import Delivery, InvalidDelivery, Producer, SignatureInvalid, WebhookVerifier
 
 from examples.receiver import create_app
+from lakebroker.delivery_worker.signer import Signer
+from lakebroker_client import Delivery, InvalidDelivery, Producer, SignatureInvalid, WebhookVerifier
 from tests.client.conftest import Broker
 from tests.servers import AppThread
 

@@ -9,12 +9,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from prometheus_client import CollectorRegistry
+
 from lakebroker.delivery_worker.metrics import DeliveryMetrics
 from lakebroker.delivery_worker.worker import DeliveryWorker
 from lakebroker.tables.layout import Layout
 from lakebroker.tables.settings import Settings
 from lakebroker.tables.subscriptions import Ordering, Subscription, SubscriptionStore, new_secret
-from prometheus_client import CollectorRegistry
 
 
 async def until(predicate: Callable[[], bool], what: str, timeout: float = 60) -> None:

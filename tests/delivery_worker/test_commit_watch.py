@@ -10,11 +10,11 @@ import time
 import types
 from pathlib import Path
 
-import lakebroker.delivery_worker.pipeline
 import pytest
+
+import lakebroker.delivery_worker.pipeline
 from lakebroker.delivery_worker.commit_watch import CommitWatch, local_log_dir
 from lakebroker.tables.layout import Layout
-
 from tests.delivery_worker.inproc import subscribe, until, worker, worker_settings
 from tests.receivers import Receiver
 from tests.spark_pipeline.topics import create_topic, produce

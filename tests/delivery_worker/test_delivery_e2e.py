@@ -221,6 +221,7 @@ def test_messages_removed_before_delivery_are_skipped_visibly(client: TestClient
     """If the log start passes a group's position while it waits (retention by any tool), the worker
     jumps to it with a recorded retention-skip, counts it, and says so in the status."""
     from deltalake import DeltaTable
+
     from lakebroker.tables.layout import Layout
     from lakebroker.tables.offsets import OffsetsTable
 

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+
 from lakebroker.delivery_worker.http1 import MAX_RESPONSE_BODY, LeanTransport
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]

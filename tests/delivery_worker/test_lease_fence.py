@@ -11,12 +11,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from lakebroker.tables.layout import Layout
 from lakebroker.tables.offsets import Fence, OffsetReason, OffsetsTable
 from lakebroker.tables.schemas import LEASES_SCHEMA, LEASES_SCHEMA_VERSION
 from lakebroker.tables.state_table import StateTable
 from lakebroker.tables.topics import TopicStore
-
 from tests.delivery_worker.inproc import subscribe, until, worker, worker_settings
 from tests.receivers import Receiver
 from tests.spark_pipeline.topics import create_topic, produce

@@ -8,8 +8,8 @@ import contextlib
 from pathlib import Path
 
 from deltalake import DeltaTable
-from lakebroker.tables.layout import Layout
 
+from lakebroker.tables.layout import Layout
 from tests.delivery_worker.inproc import subscribe, until, worker, worker_settings
 from tests.receivers import Receiver
 from tests.spark_pipeline.topics import create_topic, produce

@@ -8,6 +8,7 @@ from datetime import UTC, datetime, timedelta
 from email.utils import format_datetime
 
 import pytest
+
 from lakebroker.delivery_worker.flow import AdaptiveWindow, TokenBucket
 from lakebroker.delivery_worker.leases import assign
 from lakebroker.delivery_worker.retry import RetryPolicy, parse_retry_after

@@ -7,6 +7,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
+
 from lakebroker.delivery_worker.sender import Sender
 from lakebroker.delivery_worker.signer import Signer
 from lakebroker.tables.subscriptions import new_secret, redact_url

@@ -7,7 +7,6 @@ from pathlib import Path
 
 from lakebroker.delivery_worker.source import LogTails, PartitionSource
 from lakebroker.tables.layout import Layout
-
 from tests.spark_pipeline.topics import create_topic, produce, settings_for
 
 

@@ -10,7 +10,6 @@ from pathlib import Path
 from lakebroker.tables.layout import Layout
 from lakebroker.tables.offsets import OffsetsTable
 from lakebroker.tables.topics import TopicStore
-
 from tests.delivery_worker.inproc import subscribe, until, worker, worker_settings
 from tests.receivers import Receiver
 from tests.spark_pipeline.topics import create_topic, produce

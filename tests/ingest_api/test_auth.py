@@ -22,6 +22,9 @@ import pytest
 from fastapi import APIRouter, FastAPI
 from fastapi.routing import APIRoute
 from fastapi.testclient import TestClient
+from starlette.routing import Route
+
+from lakebroker.access import RemoteAccess, broker_access
 from lakebroker.ingest_api import create_app
 from lakebroker.ingest_api.auth import check_every_route_decided, is_loopback, require
 from lakebroker.tables.errors import Unauthenticated
@@ -29,9 +32,6 @@ from lakebroker.tables.layout import Layout
 from lakebroker.tables.lock import DataDirLock
 from lakebroker.tables.settings import Settings
 from lakebroker.tables.tokens import Scope, TokenStore, split_token
-from starlette.routing import Route
-
-from lakebroker.access import RemoteAccess, broker_access
 
 # Who may call each route: "public", "authenticated" (any valid token) or the scope it needs.
 # `topic_aware`: a route without {topic} that applies a token's topic allow-list itself.

@@ -9,11 +9,11 @@ from collections.abc import Iterator
 import httpx
 import pytest
 from fastapi.testclient import TestClient
+
 from lakebroker.ingest_api import create_app
 from lakebroker.tables.dead_letters import DeadLetter, DeadLetterTable
 from lakebroker.tables.layout import Layout
 from lakebroker.tables.settings import Settings
-
 from tests.servers import ServerProcess
 
 

@@ -8,11 +8,12 @@ from typing import Any
 
 import orjson
 import pytest
+from pydantic import TypeAdapter, ValidationError
+
 from lakebroker.ingest_api.body import batch_items, fast_batch_items, message_from_json, parse_batch, parse_message
 from lakebroker.ingest_api.schemas import MAX_INT, MessageIn
 from lakebroker.tables.errors import LakebrokerError
 from lakebroker.tables.message_format import from_base64, from_json_value
-from pydantic import TypeAdapter, ValidationError
 
 _MODEL = TypeAdapter(MessageIn)
 

@@ -10,6 +10,8 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pytest
+from prometheus_client import CollectorRegistry
+
 from lakebroker.ingest_api.chunks import (
     CHUNK_SCHEMA,
     Chunk,
@@ -28,7 +30,6 @@ from lakebroker.tables import delta
 from lakebroker.tables.layout import Layout
 from lakebroker.tables.settings import Settings
 from lakebroker.tables.topics import new_topic
-from prometheus_client import CollectorRegistry
 
 pytestmark = pytest.mark.fault
 

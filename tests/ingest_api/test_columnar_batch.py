@@ -13,6 +13,8 @@ import orjson
 import pyarrow as pa
 import pytest
 from fastapi.testclient import TestClient
+from prometheus_client import CollectorRegistry
+
 from lakebroker.ingest_api.body import batch_items
 from lakebroker.ingest_api.broker import Broker, ProduceResult
 from lakebroker.ingest_api.chunks import BatchResults, ColumnarBatch
@@ -26,7 +28,6 @@ from lakebroker.tables import delta
 from lakebroker.tables.errors import LakebrokerError
 from lakebroker.tables.settings import Settings
 from lakebroker.tables.topics import new_topic
-from prometheus_client import CollectorRegistry
 
 JSON, NDJSON = "application/json", "application/x-ndjson"
 PARTITIONS = 4

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
+
 from lakebroker.ingest_api import create_app
 from lakebroker.ingest_api.dashboard import ProduceRates, summarize_runs
 from lakebroker.spark_pipeline import job_runs
@@ -18,7 +19,6 @@ from lakebroker.spark_pipeline.results import JobName, JobResult, Outcome, Table
 from lakebroker.tables.layout import Layout
 from lakebroker.tables.settings import Settings
 from lakebroker.tables.tokens import TokenStore
-
 from tests.receivers import Receiver
 
 

@@ -21,10 +21,10 @@ from typing import Any
 
 import httpx
 import pytest
-from lakebroker.tables.layout import Layout
-from lakebroker.tables.tokens import TokenStore
 from playwright.sync_api import Browser, Page, expect, sync_playwright
 
+from lakebroker.tables.layout import Layout
+from lakebroker.tables.tokens import TokenStore
 from tests.receivers import Receiver
 from tests.servers import REPO, ServerProcess
 

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
+from prometheus_client import CollectorRegistry
+
 from lakebroker.ingest_api import create_app
 from lakebroker.ingest_api.group_commit import GroupCommitter, Pending
 from lakebroker.ingest_api.metrics import IngestMetrics
@@ -16,7 +18,6 @@ from lakebroker.ingest_api.records import Record
 from lakebroker.ingest_api.wal import ZERO_AHEAD, Wal
 from lakebroker.tables.errors import StorageUnavailable
 from lakebroker.tables.settings import Settings
-from prometheus_client import CollectorRegistry
 
 pytestmark = pytest.mark.fault
 

@@ -17,14 +17,14 @@ import orjson
 import pytest
 from deltalake import DeltaTable
 from fastapi import FastAPI
+
+from lakebroker.http_protocol import bounded_protocol
 from lakebroker.ingest_api import create_app
 from lakebroker.ingest_api.fast_produce import FastProduce
 from lakebroker.ingest_api.wal import ZERO_AHEAD
 from lakebroker.tables.layout import Layout
 from lakebroker.tables.settings import Settings
 from lakebroker.tables.tokens import TokenStore
-
-from lakebroker.http_protocol import bounded_protocol
 from tests.servers import AppThread
 
 Address = tuple[str, int]

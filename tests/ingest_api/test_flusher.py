@@ -6,6 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pyarrow as pa
+from prometheus_client import CollectorRegistry
+
 from lakebroker.ingest_api.chunks import CHUNK_SCHEMA, Chunk, chunk_bytes
 from lakebroker.ingest_api.flusher import Flusher
 from lakebroker.ingest_api.metrics import IngestMetrics
@@ -14,7 +16,6 @@ from lakebroker.tables import delta
 from lakebroker.tables.layout import Layout
 from lakebroker.tables.settings import Settings
 from lakebroker.tables.topics import TopicConfig, new_topic
-from prometheus_client import CollectorRegistry
 
 ROUND_ROWS = 1_000  # flush_max_records: the most rows one round commits per topic
 

@@ -30,14 +30,15 @@ import pytest
 import schemathesis
 from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, settings
-from lakebroker.ingest_api import create_app
-from lakebroker.tables.layout import Layout
-from lakebroker.tables.settings import Settings
-from lakebroker.tables.tokens import TokenStore
 from schemathesis.core.parameters import ParameterLocation
 from schemathesis.python import asgi
 from schemathesis.specs.openapi.checks import positive_data_acceptance
 from starlette.types import ASGIApp, Receive, Scope, Send
+
+from lakebroker.ingest_api import create_app
+from lakebroker.tables.layout import Layout
+from lakebroker.tables.settings import Settings
+from lakebroker.tables.tokens import TokenStore
 
 # The suite's run is bounded (about a minute on 2 cores) and repeatable: the same examples each
 # time. LAKEBROKER_FUZZ_EXAMPLES=300 explores further, with new random examples each run.

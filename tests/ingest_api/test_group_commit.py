@@ -8,12 +8,13 @@ import threading
 from pathlib import Path
 
 import pyarrow as pa
+from prometheus_client import CollectorRegistry
+
 from lakebroker.ingest_api.chunks import CHUNK_SCHEMA, Chunk, chunk_bytes
 from lakebroker.ingest_api.group_commit import GroupCommitter, Pending, PendingChunk
 from lakebroker.ingest_api.metrics import IngestMetrics
 from lakebroker.ingest_api.records import Record
 from lakebroker.ingest_api.wal import Wal
-from prometheus_client import CollectorRegistry
 
 TOPIC_ID = bytes(range(16))
 GROUP = 1_000  # max_group: messages per WAL group

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from fastapi.testclient import TestClient
+
 from lakebroker.ingest_api import create_app
 from lakebroker.tables.settings import Settings
 

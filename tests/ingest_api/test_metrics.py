@@ -3,8 +3,9 @@ same samples prometheus_client's Counter and Histogram give for the same observa
 
 from __future__ import annotations
 
-from lakebroker.ingest_api.metrics import _LATENCY_BUCKETS, IngestMetrics
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+
+from lakebroker.ingest_api.metrics import _LATENCY_BUCKETS, IngestMetrics
 
 
 def _samples(registry: CollectorRegistry) -> list[str]:

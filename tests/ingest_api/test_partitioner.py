@@ -3,6 +3,7 @@ from collections import Counter
 import numpy as np
 import pyarrow as pa
 import pytest
+
 from lakebroker.ingest_api.partitioner import MIN_RUN, KeyCache, RoundRobin, murmur2, partition_for_key
 
 # The vectors of Kafka's own UtilsTest.testMurmur2.

@@ -6,6 +6,7 @@ from datetime import datetime
 
 import orjson
 from fastapi.testclient import TestClient
+
 from lakebroker.ingest_api.partitioner import partition_for_key
 
 

@@ -6,6 +6,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from prometheus_client import CollectorRegistry
+
 from lakebroker.ingest_api import reader
 from lakebroker.ingest_api.broker import Broker
 from lakebroker.ingest_api.messages import AckMode, NewMessage
@@ -13,7 +15,6 @@ from lakebroker.ingest_api.metrics import IngestMetrics
 from lakebroker.tables import delta
 from lakebroker.tables.settings import Settings
 from lakebroker.tables.topics import new_topic
-from prometheus_client import CollectorRegistry
 
 
 async def test_a_retention_commit_during_a_read_gives_no_false_gap(tmp_path: Path,

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import orjson
 import pytest
+from prometheus_client import CollectorRegistry
+
 from lakebroker.ingest_api.body import batch_items
 from lakebroker.ingest_api.broker import Broker
 from lakebroker.ingest_api.columnar import columns_of
@@ -18,8 +20,6 @@ from lakebroker.ingest_api.wal import Wal
 from lakebroker.tables import delta
 from lakebroker.tables.settings import Settings
 from lakebroker.tables.topics import new_topic
-from prometheus_client import CollectorRegistry
-
 from tests.delivery_worker.inproc import until
 
 pytestmark = pytest.mark.fault

@@ -11,12 +11,12 @@ import httpx
 import orjson
 import pytest
 from fastapi.testclient import TestClient
+
 from lakebroker.ingest_api import create_app
 from lakebroker.ingest_api.partitioner import partition_for_key
 from lakebroker.tables.layout import Layout
 from lakebroker.tables.settings import Settings
 from lakebroker.tables.tokens import TokenStore
-
 from tests.ingest_api.test_produce_api import read_all
 
 V2 = "application/vnd.kafka.v2+json"

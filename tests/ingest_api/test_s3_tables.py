@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
+
 from lakebroker.ingest_api import create_app
 from lakebroker.tables import delta, storage
 from lakebroker.tables.layout import Layout
 from lakebroker.tables.settings import Settings
-
 from tests.receivers import Receiver
 from tests.s3 import ACCESS_KEY, SECRET_KEY
 

@@ -6,6 +6,8 @@ import asyncio
 import threading
 
 import pytest
+from prometheus_client import CollectorRegistry
+
 from lakebroker.ingest_api.broker import Broker
 from lakebroker.ingest_api.messages import AckMode, NewMessage
 from lakebroker.ingest_api.metrics import IngestMetrics
@@ -14,7 +16,6 @@ from lakebroker.tables import delta
 from lakebroker.tables.errors import OffsetGap
 from lakebroker.tables.settings import Settings
 from lakebroker.tables.topics import new_topic
-from prometheus_client import CollectorRegistry
 
 
 def _broker(settings: Settings) -> Broker:

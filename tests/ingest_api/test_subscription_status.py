@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
+
 from lakebroker.spark_pipeline.jobs import retention
 from lakebroker.spark_pipeline.results import Outcome
 from lakebroker.tables.settings import Settings
-
 from tests.spark_fixtures import spark
 
 __all__ = ["spark"]

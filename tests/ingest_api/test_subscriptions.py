@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
+
 from lakebroker.tables.layout import Layout
 from lakebroker.tables.settings import Settings
 from lakebroker.tables.subscriptions import SubscriptionStore
-
 from tests.receivers import Receiver
 
 

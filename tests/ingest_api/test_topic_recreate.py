@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 
 from fastapi.testclient import TestClient
+
 from lakebroker.ingest_api import create_app
 from lakebroker.tables.settings import Settings
 

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from lakebroker.ingest_api import wal as wal_module
 from lakebroker.ingest_api.records import FRAME_HEADER, Record, decode, encode
 from lakebroker.ingest_api.wal import GROUP_HEAD_BYTES, Wal, group_head

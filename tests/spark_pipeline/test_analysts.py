@@ -14,13 +14,13 @@ from typing import Any
 import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
+
 from lakebroker.spark_pipeline.catalog import register_tables
 from lakebroker.spark_pipeline.jobs import compaction
 from lakebroker.spark_pipeline.plan_metrics import scan_metrics
 from lakebroker.spark_pipeline.plans import FileEntry
 from lakebroker.tables.layout import Layout
 from lakebroker.tables.offsets import OffsetReason, OffsetsTable
-
 from tests.spark_pipeline.topics import create_topic, produce, settings_for
 
 pytestmark = pytest.mark.spark
@@ -117,8 +117,9 @@ def test_sql_registers_only_the_tables_a_statement_names(spark: Any, tmp_path: P
     """`lakebroker sql` (sql_over_tables) reads the log of the tables its statement names, not of
     every topic: each registration costs a Delta log read. SHOW lists them all; names are matched
     as Spark matches them (any case, back-quoted, qualified)."""
-    from lakebroker.spark_pipeline.catalog import sql_over_tables
     from pyspark.errors import AnalysisException
+
+    from lakebroker.spark_pipeline.catalog import sql_over_tables
 
     settings = settings_for(tmp_path / "data")
     layout = Layout(settings.data_dir)

@@ -10,11 +10,11 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
+
 from lakebroker.spark_pipeline.jobs import compaction
 from lakebroker.spark_pipeline.results import Outcome
 from lakebroker.tables import delta
 from lakebroker.tables.layout import Layout
-
 from tests.spark_pipeline.topics import (
     ConcurrentFlusher,
     commit_infos,

@@ -5,12 +5,13 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+from prometheus_client import CollectorRegistry, generate_latest
+
 from lakebroker.spark_pipeline import job_runs
 from lakebroker.spark_pipeline.metrics import JobMetricsCollector
 from lakebroker.spark_pipeline.results import JobName, Outcome, Run, TableResult
 from lakebroker.tables.layout import Layout
 from lakebroker.tables.retention_skips import RetentionSkip, record_skips, retention_skips
-from prometheus_client import CollectorRegistry, generate_latest
 
 
 def _run(job: JobName, outcome: Outcome = Outcome.OK) -> Run:

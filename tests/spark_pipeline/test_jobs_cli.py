@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 from deltalake import DeltaTable
+
 from lakebroker.spark_pipeline import job_runs
 from lakebroker.tables.layout import Layout
 from lakebroker.tables.offsets import OffsetReason, OffsetsTable
-
 from tests.spark_pipeline.topics import (
     NOW_US,
     create_topic,

@@ -10,6 +10,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 from deltalake import write_deltalake
+
 from lakebroker.spark_pipeline.jobs import key_compaction, offsets_compaction
 from lakebroker.spark_pipeline.results import Outcome
 from lakebroker.tables import delta
@@ -17,7 +18,6 @@ from lakebroker.tables.errors import InvalidRequest
 from lakebroker.tables.layout import Layout
 from lakebroker.tables.offsets import Fence, OffsetReason, OffsetsTable
 from lakebroker.tables.topics import TopicStore, new_topic
-
 from tests.spark_pipeline.topics import NOW_US, create_topic, log_ends, produce, rows, settings_for
 
 pytestmark = pytest.mark.spark

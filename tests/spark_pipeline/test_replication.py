@@ -9,6 +9,7 @@ from typing import Any
 import pyarrow as pa
 import pytest
 from deltalake import DeltaTable, write_deltalake
+
 from lakebroker.spark_pipeline.jobs import key_compaction, replication, retention
 from lakebroker.spark_pipeline.jobs.verify_replica import verify
 from lakebroker.spark_pipeline.results import Outcome
@@ -18,7 +19,6 @@ from lakebroker.tables.errors import InvalidRequest, Unauthenticated
 from lakebroker.tables.layout import Layout
 from lakebroker.tables.offsets import OffsetReason, OffsetsTable
 from lakebroker.tables.tokens import TokenStore
-
 from tests.spark_pipeline.topics import NOW_US, create_topic, log_ends, offsets_by_partition, produce, settings_for
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]

@@ -30,11 +30,11 @@ from typing import Any
 import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
+
 from lakebroker.tables import delta
 from lakebroker.tables.dead_letters import DeadLetter, DeadLetterTable
 from lakebroker.tables.layout import Layout
 from lakebroker.tables.offsets import OffsetReason, OffsetsTable
-
 from tests.spark_pipeline.topics import create_topic, produce, settings_for
 
 pytestmark = [pytest.mark.spark, pytest.mark.fault, pytest.mark.slow, pytest.mark.timeout(900)]

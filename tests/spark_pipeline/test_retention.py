@@ -7,12 +7,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from lakebroker.spark_pipeline.jobs import retention
 from lakebroker.spark_pipeline.results import Outcome
 from lakebroker.tables.layout import Layout
 from lakebroker.tables.offsets import OffsetReason, OffsetsTable
 from lakebroker.tables.retention_skips import retention_skips
-
 from tests.spark_pipeline.topics import (
     NOW_US,
     create_topic,

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
+
 from lakebroker.ingest_api import create_app
 from lakebroker.spark_pipeline.jobs import (
     compaction,
@@ -24,7 +25,6 @@ from lakebroker.tables import delta
 from lakebroker.tables.errors import InvalidRequest
 from lakebroker.tables.layout import Layout
 from lakebroker.tables.offsets import OffsetReason, OffsetsTable
-
 from tests.s3 import S3Server
 from tests.spark_pipeline.topics import (
     NOW_US,

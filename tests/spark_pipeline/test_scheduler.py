@@ -9,6 +9,8 @@ from pathlib import Path
 
 import httpx
 import pytest
+from pydantic import ValidationError
+
 from lakebroker.spark_pipeline import job_runs
 from lakebroker.spark_pipeline.results import JobName
 from lakebroker.spark_pipeline.scheduler import (
@@ -21,8 +23,6 @@ from lakebroker.spark_pipeline.scheduler import (
 )
 from lakebroker.tables.layout import Layout
 from lakebroker.tables.settings import Settings
-from pydantic import ValidationError
-
 from tests.servers import ServerProcess
 
 pytestmark = pytest.mark.spark

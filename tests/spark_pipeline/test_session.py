@@ -14,11 +14,12 @@ from typing import Any
 import pyarrow as pa
 import pytest
 from deltalake import DeltaTable, write_deltalake
+from py4j.protocol import Py4JJavaError
+
 from lakebroker.spark_pipeline.session import (
     LOGSTORE_CLASS,
     jar_paths,
 )
-from py4j.protocol import Py4JJavaError
 
 pytestmark = pytest.mark.spark
 

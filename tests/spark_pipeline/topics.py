@@ -15,6 +15,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 from deltalake import DeltaTable
 from deltalake.exceptions import CommitFailedError
+
 from lakebroker.tables import delta, storage
 from lakebroker.tables.layout import Layout
 from lakebroker.tables.schemas import TOPIC_SCHEMA

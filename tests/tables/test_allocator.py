@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from lakebroker.tables import ARROW_MALLOC_CONF, DELTA_RS_MALLOC_CONF
 
 ROOT = Path(__file__).resolve().parents[2]

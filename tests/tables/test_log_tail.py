@@ -7,10 +7,10 @@ from pathlib import Path
 import pyarrow.compute as pc
 import pytest
 from deltalake import DeltaTable
+
 from lakebroker.tables import delta
 from lakebroker.tables.log_tail import CHECKPOINT_RECHECK_S, TopicLogTail
 from lakebroker.tables.schemas import TOPIC_SCHEMA
-
 from tests.spark_pipeline.topics import create_topic, produce, settings_for, table
 
 

@@ -7,6 +7,7 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
+
 from lakebroker.tables import delta
 from lakebroker.tables.state_table import RECHECK_AFTER_S, Rows, StateTable
 

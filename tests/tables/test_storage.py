@@ -5,11 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
+
 from lakebroker.tables import storage
 from lakebroker.tables.errors import InvalidRequest
 from lakebroker.tables.layout import Layout
 from lakebroker.tables.settings import Settings
-from pydantic import ValidationError
 
 
 def test_parse_root_normalises_and_refuses_credentials(tmp_path: Path) -> None:

@@ -12,12 +12,12 @@ from typing import Any
 import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
+
 from lakebroker.spark_pipeline.jobs import compaction, key_compaction, offsets_compaction, replication, retention
 from lakebroker.tables import delta
 from lakebroker.tables.layout import Layout
 from lakebroker.tables.offsets import OffsetReason, OffsetsTable
 from lakebroker.tables.schemas import FORBIDDEN_WRITER_FEATURES
-
 from tests.spark_pipeline.topics import NOW_US, create_topic, log_ends, produce, settings_for
 
 pytestmark = pytest.mark.spark
