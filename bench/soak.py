@@ -378,7 +378,7 @@ class Soak:
         acks = [orjson.loads(line) for line in self.acks_file.read_bytes().splitlines() if line.strip()]
         acks = [a for a in acks if a["topic"] != "churn" or a["sent"] >= self.churn_since]  # this incarnation
         self.report.receiver_answers = {str(k): v for k, v in sorted(Counter(self.receiver.answers).items())}
-        starts = re.findall(r"spark_pipeline\.scheduler: starting ([a-z-]+):", self.server.log.read_text())
+        starts = re.findall(r"lakebroker\.spark_pipeline\.scheduler: starting ([a-z-]+):", self.server.log.read_text())
         self.report.job_starts = dict(sorted(Counter(starts).items()))
         check_all(self.report, self.data, SPECS, acks, self.receiver.messages(), self._dead)
         required = JOBS if self._need_compaction else JOBS[1:]

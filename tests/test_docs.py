@@ -25,7 +25,7 @@ def test_analysts_lists_every_offset_reason() -> None:
 
 
 def test_operations_job_command_lines_are_real(capsys: pytest.CaptureFixture[str]) -> None:
-    lines = re.findall(r"^python -m spark_pipeline\.jobs\.(\w+) +(.*)$", OPERATIONS, flags=re.M)
+    lines = re.findall(r"^python -m lakebroker\.spark_pipeline\.jobs\.(\w+) +(.*)$", OPERATIONS, flags=re.M)
     modules = {module for module, _ in lines}
     assert {job.value.replace("-", "_") for job in JobName} | {"verify_replica"} == modules
     for module, options in lines:

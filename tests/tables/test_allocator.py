@@ -25,7 +25,7 @@ def test_jemalloc_reads_the_settings_tables_puts_in_the_environment(tmp_path: Pa
     that happens before deltalake's first allocation. `stats_print` makes jemalloc print the options
     it runs with at exit."""
     code = f"""
-import os, tables
+import os, lakebroker.tables
 os.environ["_RJEM_MALLOC_CONF"] += ",stats_print:true"
 import pyarrow as pa, deltalake
 deltalake.write_deltalake({str(tmp_path / 't')!r}, pa.table({{"x": [1, 2]}}))
@@ -40,7 +40,7 @@ def test_arrows_jemalloc_reads_the_settings_tables_puts_in_the_environment() -> 
     """Arrow's jemalloc reads its variable when pyarrow loads; `stats_print` makes it print the
     options it runs with at exit."""
     code = """
-import os, tables
+import os, lakebroker.tables
 os.environ["JE_ARROW_MALLOC_CONF"] += ",stats_print:true"
 import pyarrow as pa
 pa.set_memory_pool(pa.jemalloc_memory_pool())
@@ -62,13 +62,13 @@ def test_every_entry_point_imports_tables_before_the_libraries_it_configures(ent
     lines = _python(f"import {entry}", PYTHONPROFILEIMPORTTIME="1").stderr.splitlines()
     finished = [line.rsplit("|", 1)[-1].strip() for line in lines if line.startswith("import time:")]
     first = min(i for i, name in enumerate(finished) if name.split(".")[0] == library)
-    assert "tables" in finished[:first], f"{entry} imports {library} before tables"
+    assert "lakebroker.tables" in finished[:first], f"{entry} imports {library} before lakebroker.tables"
 
 
 def test_a_users_own_setting_wins() -> None:
-    out = _python("import os, tables; print(os.environ['_RJEM_MALLOC_CONF'])", _RJEM_MALLOC_CONF="narenas:2").stdout
-    assert out.strip() == "narenas:2"
-    assert _python("import os, tables; print(os.environ['_RJEM_MALLOC_CONF'])").stdout.strip() == DELTA_RS_MALLOC_CONF
-    arrow = "import os, tables; print(os.environ['JE_ARROW_MALLOC_CONF'])"
+    delta_rs = "import os, lakebroker.tables; print(os.environ['_RJEM_MALLOC_CONF'])"
+    assert _python(delta_rs, _RJEM_MALLOC_CONF="narenas:2").stdout.strip() == "narenas:2"
+    assert _python(delta_rs).stdout.strip() == DELTA_RS_MALLOC_CONF
+    arrow = "import os, lakebroker.tables; print(os.environ['JE_ARROW_MALLOC_CONF'])"
     assert _python(arrow, JE_ARROW_MALLOC_CONF="dirty_decay_ms:5000").stdout.strip() == "dirty_decay_ms:5000"
     assert _python(arrow).stdout.strip() == ARROW_MALLOC_CONF
