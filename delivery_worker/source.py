@@ -58,6 +58,11 @@ class SharedLogTail:
         with self._lock:
             return log_start((f.min_offset for f in self._tail.files(partition)), log_end)
 
+    def may_have_holes(self) -> bool:
+        """Whether the table, as of the last refresh, is marked key-compacted (tables.topics.may_have_holes)."""
+        with self._lock:
+            return self._tail.key_compacted
+
     def read(self, partition: int, start: int, end: int) -> pa.Table | None:
         """The tail's read (None: no table yet)."""
         with self._lock:
@@ -119,7 +124,7 @@ class PartitionSource:
         if rows is None:  # no table yet
             return [], start
         out: list[dict[str, Any]] = rows.sort_by("offset").to_pylist()
-        if self.topic.may_have_holes:
+        if self.tail.may_have_holes():
             return out, end
         dense = next((i for i, r in enumerate(out) if r["offset"] != start + i), len(out))
         if dense == 0:  # a hole right at the start: the error to report (the rest waits behind it)

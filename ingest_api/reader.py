@@ -12,7 +12,7 @@ from lakebroker.tables.layout import Layout
 from lakebroker.tables.log_start import PartitionLog, check_dense, partition_logs
 from lakebroker.tables.message_format import message_json
 from lakebroker.tables.schemas import TOPIC_SCHEMA
-from lakebroker.tables.topics import TopicConfig
+from lakebroker.tables.topics import TopicConfig, may_have_holes
 
 _COLUMNS = TOPIC_SCHEMA.names
 
@@ -68,7 +68,7 @@ def read_messages(
             (pc.field("partition") == partition) & (pc.field("offset") >= offset) & (pc.field("offset") < stop),
             columns=_COLUMNS,
         ).sort_by("offset")
-        if not topic.may_have_holes:
+        if not may_have_holes(table.metadata().configuration):
             check_dense(topic, partition, rows["offset"].to_pylist(), offset, stop)
         for row in rows.to_pylist():
             messages.append(message_json(row))

@@ -85,7 +85,9 @@ def ensure_table(uri: str, schema: pa.Schema, *, partition_by: list[str] | None,
     else:
         if not storage.is_s3(uri):
             Path(uri).mkdir(parents=True, exist_ok=True)
-        config: dict[str, str | None] = {**HOT_PATH_TABLE_PROPERTIES, **(properties or {})}
+        # delta-rs refuses custom (non-`delta.`) properties at create time: the loop below sets them.
+        config: dict[str, str | None] = {**HOT_PATH_TABLE_PROPERTIES,
+                                         **{k: v for k, v in (properties or {}).items() if k.startswith("delta.")}}
         try:
             table = DeltaTable.create(uri, schema, mode="ignore", partition_by=partition_by, configuration=config,
                                       storage_options=storage.delta_options(uri))

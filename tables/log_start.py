@@ -67,5 +67,5 @@ def check_dense(topic: TopicConfig, partition: int, offsets: list[int], start: i
     what = f"is missing offsets {missing[0]}-{missing[-1]}" if missing else "holds an offset twice"
     raise OffsetGap(
         f"partition {partition} of {topic.name!r} {what} in {start}-{end - 1}, below its committed end, "
-        "and the topic is not key-compacted: the table is damaged (restore it or fail over to a replica)"
+        "and the table was never key-compacted: the table is damaged (restore it or fail over to a replica)"
     )

@@ -29,6 +29,7 @@ from deltalake import DeltaTable
 
 from lakebroker.tables import delta, storage
 from lakebroker.tables.schemas import TOPIC_SCHEMA
+from lakebroker.tables.topics import may_have_holes
 
 CHECKPOINT_RECHECK_S = 30.0
 FILE_SCHEMA = pa.schema([f for f in TOPIC_SCHEMA if f.name != "partition"])  # Hive-style: not in the files
@@ -57,6 +58,7 @@ class TopicLogTail:
         self._snapshot: DeltaTable | None = None  # answers txns no commit since the rebuild touched
         self._unset: set[str] = set()  # txns the snapshot does not have
         self._exact = True  # False once deletion vectors appear: then every read goes through delta-rs
+        self.key_compacted = False  # the table's mark that holes are legitimate (tables.topics.may_have_holes)
         self._clock = clock
         self._checkpoint_checked_at = -float("inf")  # when _fell_behind_a_checkpoint last ran
 
@@ -147,6 +149,8 @@ class TopicLogTail:
                 self._files.pop(self._path(action["remove"]["path"]), None)
             elif "txn" in action:
                 self._txns[action["txn"]["appId"]] = int(action["txn"]["version"])
+            elif "metaData" in action:
+                self.key_compacted = may_have_holes(action["metaData"].get("configuration") or {})
         return True
 
     def _rebuild(self) -> int:
@@ -168,6 +172,7 @@ class TopicLogTail:
         self._txns = {}
         self._unset = set()
         self._snapshot = table
+        self.key_compacted = may_have_holes(table.metadata().configuration)
         self.version = table.version()
         return self.version
 

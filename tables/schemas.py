@@ -43,6 +43,10 @@ TOPIC_PARTITION_COLUMNS = ["partition"]
 # (tokio keeps them while any gets work), and held their memory. A fresh load of the table
 # (tables/delta.py KeptTable, Follower, readers) reads fewer commit files too.
 TOPIC_TABLE_PROPERTIES: dict[str, str] = {"delta.checkpointInterval": "10"}
+# "true" on a topic table whose topic is or ever was cleanup_policy=compact: key compaction may have
+# removed rows, so a hole between offsets is legitimate there. Set before any key compaction can run
+# and never unset, so a reader decides from the snapshot it reads, not from a topic config it loaded.
+KEY_COMPACTED_PROPERTY = "lakebroker.keyCompacted"
 
 TOPICS_SCHEMA_VERSION = 1
 TOPICS_SCHEMA = pa.schema(

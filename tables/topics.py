@@ -19,6 +19,7 @@ from lakebroker.tables import delta, storage
 from lakebroker.tables.errors import AlreadyExists, InvalidRequest, NotFound
 from lakebroker.tables.layout import Layout, validate_name
 from lakebroker.tables.schemas import (
+    KEY_COMPACTED_PROPERTY,
     TOPIC_PARTITION_COLUMNS,
     TOPIC_SCHEMA,
     TOPIC_SCHEMA_VERSION,
@@ -63,11 +64,6 @@ class TopicConfig:
         if self.tombstone_retention_ms < 0:
             raise InvalidRequest("tombstone_retention_ms must not be negative")
 
-    @property
-    def may_have_holes(self) -> bool:
-        """Key compaction removes superseded rows and keeps offsets; nothing else makes holes."""
-        return self.cleanup_policy is CleanupPolicy.COMPACT
-
     def check_partition(self, partition: int) -> None:
         if not 0 <= partition < self.partitions:
             raise InvalidRequest(
@@ -93,10 +89,18 @@ def new_topic(name: str, partitions: int, **config: Any) -> TopicConfig:
     )
 
 
-def ensure_topic_table(uri: str) -> DeltaTable:
-    """A topic's message table, created if missing, with TOPIC_TABLE_PROPERTIES set."""
+def ensure_topic_table(uri: str, *, key_compacted: bool = False) -> DeltaTable:
+    """A topic's message table, created if missing, with TOPIC_TABLE_PROPERTIES set, and marked as
+    one whose offsets may have holes when its topic is (or becomes) key-compacted."""
+    properties = {**TOPIC_TABLE_PROPERTIES, **({KEY_COMPACTED_PROPERTY: "true"} if key_compacted else {})}
     return delta.ensure_table(uri, TOPIC_SCHEMA, partition_by=TOPIC_PARTITION_COLUMNS, version=TOPIC_SCHEMA_VERSION,
-                              properties=TOPIC_TABLE_PROPERTIES)
+                              properties=properties)
+
+
+def may_have_holes(configuration: dict[str, str]) -> bool:
+    """Whether a topic table, by its own properties, may lack offsets below its log end: only key
+    compaction removes rows and keeps offsets, and only on a table marked for it."""
+    return configuration.get(KEY_COMPACTED_PROPERTY) == "true"
 
 
 class TopicStore:
@@ -115,7 +119,8 @@ class TopicStore:
         return topic
 
     def create(self, topic: TopicConfig) -> TopicConfig:
-        ensure_topic_table(self.layout.topic_table(topic.name))
+        compact = topic.cleanup_policy is CleanupPolicy.COMPACT
+        ensure_topic_table(self.layout.topic_table(topic.name), key_compacted=compact)
 
         def change(rows: Rows) -> tuple[Rows, TopicConfig]:
             if any(r["name"] == topic.name for r in rows):
@@ -130,6 +135,9 @@ class TopicStore:
                 changes["cleanup_policy"] = CleanupPolicy(changes["cleanup_policy"])
             except ValueError:
                 raise InvalidRequest("cleanup_policy must be 'delete' or 'compact'") from None
+            if changes["cleanup_policy"] is CleanupPolicy.COMPACT:  # marked before key compaction can see it
+                self.get(name)
+                ensure_topic_table(self.layout.topic_table(name), key_compacted=True)
 
         def change(rows: Rows) -> tuple[Rows, TopicConfig]:
             current = _find(rows, name)

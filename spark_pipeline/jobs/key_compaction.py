@@ -12,11 +12,13 @@ Rules (Kafka's log cleaner, per partition):
 * rows with a null key are kept (they cannot be compacted; Kafka refuses them on compact topics).
 
 Kept rows keep their offsets (the files are rewritten, the rows are not renumbered), so a
-partition has holes, which readers already skip. A file whose rows all go is removed whole; the
-other affected files are rewritten without the removed rows, adjacent ones merged into files of
-about `compaction_target_file_bytes`, so offset ranges stay disjoint and ascending. One commit per
-topic; the flusher's concurrent appends never conflict with it. Topics with the default
-`cleanup_policy=delete` are refused by name and skipped otherwise. The retention job VACUUMs.
+partition has holes, which readers skip on a table marked `lakebroker.keyCompacted` (set when the
+topic became compact, and here before compacting a table an older broker left unmarked). A file
+whose rows all go is removed whole; the other affected files are rewritten without the removed
+rows, adjacent ones merged into files of about `compaction_target_file_bytes`, so offset ranges
+stay disjoint and ascending. One commit per topic; the flusher's concurrent appends never conflict
+with it. Topics with the default `cleanup_policy=delete` are refused by name and skipped otherwise.
+The retention job VACUUMs.
 """
 
 from __future__ import annotations
@@ -35,11 +37,12 @@ from lakebroker.spark_pipeline.jobs.common import (
     topic_job_main,
 )
 from lakebroker.spark_pipeline.results import JobName, JobResult, Outcome, Run, TableResult
+from lakebroker.tables import delta
 from lakebroker.tables.errors import InvalidRequest
 from lakebroker.tables.layout import Layout
 from lakebroker.tables.logs import exit_without_teardown
 from lakebroker.tables.settings import Settings
-from lakebroker.tables.topics import CleanupPolicy, TopicConfig
+from lakebroker.tables.topics import CleanupPolicy, TopicConfig, ensure_topic_table
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -57,6 +60,10 @@ def run(spark: SparkSession, settings: Settings, topic: str | None = None, *, tr
         now: datetime | None = None) -> JobResult:
     layout = Layout.of(settings, for_spark=True)
     topics = compact_topics(layout, topic)
+    tables = Layout.of(settings)  # delta-rs's URIs
+    for t in topics:  # a table compacted before it was marked (an older broker's) is marked here first
+        if delta.exists(tables.topic_table(t.name)):
+            ensure_topic_table(tables.topic_table(t.name), key_compacted=True)
     job = Run(JobName.KEY_COMPACTION, trigger)
     now_us = int((now or datetime.now(UTC)).timestamp() * 1_000_000)
     for t in topics:
