@@ -30,6 +30,9 @@ from lakebroker.tables.message_format import from_base64, from_json_value
 from lakebroker.tables.topics import MAX_PARTITIONS
 
 MAX_BATCH = 100_000
+# Blank lines are allowed between messages, but not without bound: counted in C before anything is
+# split, so a body of millions of newlines is refused without a list of millions of lines.
+MAX_NDJSON_LINES = 2 * MAX_BATCH
 MAX_KEY_CHARS = 64 * 1024
 _FIELDS = frozenset({"key", "value", "value_b64", "headers", "partition", "id", "producer_id", "sequence"})
 RAW_QUERY_FIELDS = ("key", "id", "partition", "producer_id", "sequence")  # of an application/octet-stream body
@@ -118,7 +121,7 @@ def fast_batch_items(kind: str, body: bytes) -> BatchItems:
                 if type(items) is list and 1 <= len(items) <= MAX_BATCH:
                     return BatchItems(items, False, body, kind)
         elif kind in NDJSON_TYPES:
-            lines = [line for line in body.split(b"\n") if line.strip()]
+            lines = ndjson_lines(body)
             if 1 <= len(lines) <= MAX_BATCH:
                 return BatchItems([orjson.loads(line) for line in lines], True, body, kind)
     except orjson.JSONDecodeError:
@@ -136,7 +139,7 @@ def batch_items(kind: str, body: bytes) -> BatchItems:
             raise InvalidShape(f"invalid batch: messages must be a list of 1 to {MAX_BATCH} messages")
         return BatchItems(items, ndjson=False)
     if kind in NDJSON_TYPES:
-        lines = [line for line in body.split(b"\n") if line.strip()]
+        lines = ndjson_lines(body)
         if not lines:
             raise InvalidRequest("the NDJSON body holds no messages")
         if len(lines) > MAX_BATCH:
@@ -151,6 +154,14 @@ def batch_items(kind: str, body: bytes) -> BatchItems:
         f"content type {kind or '(none)'!r} is not accepted here: send application/json "
         '({"messages": [...]}) or application/x-ndjson (one message per line)'
     )
+
+
+def ndjson_lines(body: bytes) -> list[bytes]:
+    """The body's lines that are not blank; InvalidShape for a body of over MAX_NDJSON_LINES lines."""
+    if body.count(b"\n") >= MAX_NDJSON_LINES:
+        raise InvalidShape(f"an NDJSON body holds at most {MAX_NDJSON_LINES} lines (blank ones included) "
+                           f"and {MAX_BATCH} messages")
+    return [line for line in body.split(b"\n") if line.strip()]
 
 
 def message_from_json(m: Any, where: str = "") -> NewMessage:

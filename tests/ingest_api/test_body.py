@@ -4,6 +4,7 @@ fields, or refused."""
 
 from __future__ import annotations
 
+import tracemalloc
 from typing import Any
 
 import orjson
@@ -129,3 +130,24 @@ def test_batch_errors_name_the_message() -> None:
         parse_batch("application/x-ndjson", b'{"value": 1}\n{"value": 2, "bogus": 3}\n')
     with pytest.raises(LakebrokerError, match="1 to 100000"):
         parse_batch("application/json", b'{"messages": []}')
+
+
+@pytest.mark.parametrize("parse", [fast_batch_items, batch_items])
+def test_a_body_of_newlines_is_refused_without_a_list_of_its_lines(parse: Any) -> None:
+    """8 MiB of newlines once became a list of 8M empty lines (64 MB of pointers, and a second one
+    on the fallback path) before its 400; the lines are now counted in C first."""
+    body = b"\n" * (8 << 20)
+    tracemalloc.start()
+    try:
+        with pytest.raises(LakebrokerError, match="at most 200000 lines"):
+            parse("application/x-ndjson", body)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 1 << 20, f"{peak} bytes allocated to refuse it"
+
+
+def test_blank_lines_between_messages_are_still_allowed() -> None:
+    body = b'{"value": 1}\n\n \r\n{"value": 2}\r\n\n'
+    assert [m.value for m in batch_items("application/x-ndjson", body).messages()] == [b"1", b"2"]
+    assert [m.value for m in fast_batch_items("application/x-ndjson", body).messages()] == [b"1", b"2"]
