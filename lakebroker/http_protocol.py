@@ -121,7 +121,6 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
     _drain: asyncio.TimerHandle | None = None  # the deadline of a body left unread by an early answer
     fast: FastProduce | None = None  # serves single-message produce below ASGI
     _whole_body = False  # the request in progress declared a body of at most WHOLE_BODY_BYTES
-    _body_parts: list[bytes] | None = None  # its reads so far, joined once at its end (appending would copy each time)
     _fast: FastProduce | None = None  # on this connection
     cycle: RequestResponseCycle | FastCycle  # type: ignore[assignment]
 
@@ -253,11 +252,9 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
             return
         if self._whole_body and not cycle.response_complete and not self.parser.should_upgrade():
             # uvicorn's on_body, without its pause at 64 KiB and its wake-up of the app per read:
-            # the app's receive() wakes once, at on_message_complete, with the whole body
-            if self._body_parts is None:
-                self._body_parts = [body]
-            else:
-                self._body_parts.append(body)
+            # the app's receive() wakes once, at on_message_complete, with the whole body. The body
+            # is a bytearray, so each read appends in place (linear in the body, not quadratic).
+            cast(RequestResponseCycle, cycle).body += body
             return
         super().on_body(body)
 
@@ -268,10 +265,6 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
             if cycle.request is not None and not cycle.response_complete and not cycle.started:
                 self._fast_body(cycle)
         else:
-            parts = self._body_parts
-            if parts is not None:
-                self._body_parts = None
-                cast(RequestResponseCycle, cycle).body = parts[0] if len(parts) == 1 else b"".join(parts)
             super().on_message_complete()
         self._idle = True
         if self._drain is not None:  # the body an early answer left unread is in: the connection idles

@@ -65,3 +65,10 @@ def test_uvicorn_is_the_pinned_version() -> None:
 def test_the_uvicorn_code_the_fast_path_relies_on_is_unchanged() -> None:
     changed = {name: digest(code) for name, code in RELIED_ON.items() if DIGESTS.get(name) != digest(code)}
     assert not changed, f"uvicorn changed under lakebroker/http_protocol.py's fast produce path: re-read {changed}"
+
+
+def test_a_cycle_gathers_its_body_in_a_bytearray() -> None:
+    """The protocol appends each read of a whole body to the cycle's `body` (on_body): linear only
+    because uvicorn makes it a bytearray, which grows in place; bytes would be copied at each read."""
+    source = inspect.getsource(RequestResponseCycle.__init__)
+    assert "self.body = bytearray()" in source
