@@ -85,7 +85,7 @@ class PartitionPipeline:
         dead_letters: DeadLetterTable,
         metrics: DeliveryMetrics,
         poll_s: float,
-        lease_valid: Callable[[], bool],
+        lease_left: Callable[[], float],
         fence: Fence,
         on_gone: Callable[[str], None],
         commits: CommitWatch | None = None,
@@ -99,7 +99,8 @@ class PartitionPipeline:
         self.dead_letters = dead_letters
         self.metrics = metrics
         self.poll_s = poll_s
-        self.lease_valid = lease_valid
+        self.lease_left = lease_left  # seconds this worker may still act on the partition (<= 0: none)
+        self._send_deadlines: set[asyncio.Timeout] = set()  # of the sends in progress: moved when the lease is
         self.fence = fence  # carried by every offset commit: a late commit of ours never beats a successor's
         self.on_gone = on_gone
         self.policy = RetryPolicy(sub.retry_schedule_ms, sub.max_attempts)
@@ -171,7 +172,7 @@ class PartitionPipeline:
         """The position to commit (None if unchanged or the lease is in doubt) and the dead letters
         to write first. Taken together, synchronously: a letter is queued before its offset counts
         as done, so every letter below the position is in the list."""
-        if not self.lease_valid():
+        if self.lease_left() <= 0:
             return None, []  # another worker may own the partition now: never move its offset
         position = self.status.position
         letters, self._dead = self._dead, []
@@ -281,7 +282,7 @@ class PartitionPipeline:
     # -- dispatching ----------------------------------------------------------------------
     def _fenced(self) -> bool:
         """True while the lease is in doubt: a send now could overlap the next owner's."""
-        if self.lease_valid():
+        if self.lease_left() > 0:
             if self.status.state == "fenced":
                 self.status.state = "healthy"
             return False
@@ -335,7 +336,11 @@ class PartitionPipeline:
                 while self._fenced():  # retries too: never send once the lease may have passed on
                     await asyncio.sleep(self.poll_s)
                 await self.endpoint.bucket.take(len(unit.rows))
-                outcome = await self._attempt(unit.rows)
+                outcome = await self._attempt_within_lease(unit.rows)
+                if outcome is None:  # the lease ended before or during the send: not an attempt of ours
+                    holding = False
+                    await window.release(False)
+                    continue
                 attempts += 1
                 self._record(outcome)
                 holding = False
@@ -366,6 +371,32 @@ class PartitionPipeline:
                 await window.release(False)
             self.status.in_flight -= 1
             self._in_flight.dec()
+
+    async def _attempt_within_lease(self, rows: list[dict[str, Any]]) -> Outcome | None:
+        """`_attempt`, started only while the lease holds and cut off when it ends (as renewed
+        meanwhile: `lease_renewed`), so no send overlaps the next owner's; None if cut off or not begun.
+        The receiver may have got a cut-off request: the next owner sends it again, with the same
+        webhook-id."""
+        left = self.lease_left()  # checked after the rate limiter's wait, right before the send
+        if left <= 0:
+            return None
+        try:
+            async with asyncio.timeout(left) as deadline:
+                self._send_deadlines.add(deadline)
+                try:
+                    return await self._attempt(rows)
+                finally:
+                    self._send_deadlines.discard(deadline)
+        except TimeoutError:
+            self.status.last_error = "a send was cut off: the partition's lease ended while it ran"
+            return None
+
+    def lease_renewed(self) -> None:
+        """The worker renewed the lease: sends in progress may run until its new end."""
+        if self._send_deadlines:
+            when = asyncio.get_running_loop().time() + self.lease_left()
+            for deadline in self._send_deadlines:
+                deadline.reschedule(when)
 
     async def _attempt(self, rows: list[dict[str, Any]]) -> Outcome:
         """One POST. Whatever goes wrong ends the attempt as a failure, retried by the policy: an
@@ -426,7 +457,9 @@ class PartitionPipeline:
             if self._fenced():
                 break  # the rest stay requested, for whoever holds the lease next
             await self.endpoint.bucket.take()
-            outcome = await self._attempt([row])
+            outcome = await self._attempt_within_lease([row])
+            if outcome is None:
+                break  # the lease ended: the rest stay requested, for whoever holds it next
             self._record(outcome)
             if outcome.gone:
                 raise Gone("endpoint answered 410 Gone during a dead-letter replay")

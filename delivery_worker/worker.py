@@ -148,6 +148,8 @@ class DeliveryWorker:
                             *pair)
                 stale.add(pair)
         await self._stop(lost | stale, commit=False)  # the next holder, or the seek, may have moved on
+        for running in self._running.values():
+            running.pipeline.lease_renewed()  # its sends in progress may run until the renewed lease's end
 
         self._tails.retain({(r.pipeline.source.uri, r.pipeline.fence.topic_id) for r in self._running.values()})
         starts = [(active[n], p, lease) for (n, p), lease in self._held.items()
@@ -185,7 +187,7 @@ class DeliveryWorker:
             sub, partition, start, source=source, sender=self._sender, endpoint=self._endpoint(sub),
             offsets=self.offsets, dead_letters=self.dead_letters, metrics=self.metrics,
             poll_s=self.settings.delivery_poll_ms / 1000,
-            lease_valid=lambda: self._lease_valid(pair), fence=fence,
+            lease_left=lambda: self._lease_left(pair), fence=fence,
             on_gone=lambda reason: self._on_gone(sub.name, reason), commits=self._commits,
         )
         task = asyncio.create_task(pipeline.run(), name=f"deliver-{sub.name}-{partition}")
@@ -284,11 +286,14 @@ class DeliveryWorker:
         except Exception:
             log.exception("replay of %s partition %d failed", pipeline.sub.name, pipeline.partition)
 
-    def _lease_valid(self, pair: Pair) -> bool:
+    def _lease_left(self, pair: Pair) -> float:
+        """Seconds this worker may still send and commit for `pair` (<= 0: not at all). It stops a
+        little before the lease ends, so a successor never overlaps it."""
         lease = self._held.get(pair)
-        # Stop committing a little before the lease ends, so a successor never overlaps us.
+        if lease is None:
+            return 0.0
         margin = timedelta(seconds=min(2.0, self.settings.lease_ttl_s / 4))
-        return lease is not None and lease.expires_at - margin > datetime.now(UTC)
+        return (lease.expires_at - margin - datetime.now(UTC)).total_seconds()
 
     def _on_gone(self, name: str, reason: str) -> None:
         self._gone[name] = reason

@@ -16,6 +16,7 @@ from lakebroker.tables.layout import Layout
 from lakebroker.tables.offsets import Fence, OffsetReason, OffsetsTable
 from lakebroker.tables.schemas import LEASES_SCHEMA, LEASES_SCHEMA_VERSION
 from lakebroker.tables.state_table import StateTable
+from lakebroker.tables.subscriptions import Ordering, Subscription, SubscriptionStore, new_secret
 from lakebroker.tables.topics import TopicStore
 from tests.delivery_worker.inproc import subscribe, until, worker, worker_settings
 from tests.receivers import Receiver
@@ -179,3 +180,43 @@ async def test_taking_over_many_partitions_reads_and_commits_offsets_once(
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
+
+
+async def test_a_send_in_progress_is_cut_off_when_the_lease_ends(tmp_path: Path) -> None:
+    """Worker A's first POST hangs at the receiver (the subscription allows 60 s) while A's heartbeats
+    stall. The send may not outlive the lease it started under: it is cut off before worker B, the
+    next owner, sends the partition, so no two workers are ever posting it at once."""
+    seen_by_b: list[str | None] = []  # worker A's state when B's first request arrives
+    a_status: list[Any] = []
+
+    def behaviour(n: int, body: Any) -> tuple[int, dict[str, str], float]:
+        if n == 1:
+            seen_by_b.append(a_status[0].last_error)
+        return 200, {}, 30.0 if n == 0 else 0.0
+
+    receiver = Receiver(behaviour=behaviour)
+    data = tmp_path / "data"
+    settings = worker_settings(data)
+    create_topic(settings, "t", partitions=1)
+    SubscriptionStore(Layout(data)).create(Subscription(
+        name="hooks", topic="t", url=receiver.url, ordering=Ordering.PARTITION, retry_schedule_ms=(50,),
+        timeout_ms=60_000, secrets=(new_secret(),)))
+    produce(settings, "t", 0, 3)
+    stalled = worker(worker_settings(data, heartbeat_s=3600), "worker-a")
+    healthy = worker(settings, "worker-b")
+    tasks = [asyncio.create_task(stalled.run())]
+    try:
+        await until(lambda: len(receiver.answers) == 1, "worker A's first POST reaches the receiver")
+        a_status.append(stalled.status("hooks")[0])
+        tasks.append(asyncio.create_task(healthy.run()))
+        await until(lambda: sorted(m["offset"] for m in receiver.messages()) == [0, 1, 2], "B delivers all three")
+        assert seen_by_b and "lease ended" in (seen_by_b[0] or ""), \
+            f"worker A's send was still running when worker B began: {seen_by_b}"
+        assert {r.headers["lakebroker-worker"] for r in list(receiver.received)} == {"worker-b"}
+        assert a_status[0].delivered == 0
+    finally:
+        for task in tasks:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        receiver.close()
