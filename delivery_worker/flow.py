@@ -6,6 +6,18 @@ import asyncio
 import time
 
 
+class ByteBudget:
+    """Bytes of messages read ahead and not yet done, shared by every pipeline of a process (on
+    its event loop): what `delivery_read_ahead_total_bytes` bounds."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.used = 0
+
+    def room(self) -> int:
+        return self.limit - self.used
+
+
 class TokenBucket:
     """At most `rate` sends per second on average, with bursts of at most `burst`."""
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from lakebroker.delivery_worker.commit_watch import CommitWatch, Following
-from lakebroker.delivery_worker.flow import AdaptiveWindow, TokenBucket
+from lakebroker.delivery_worker.flow import AdaptiveWindow, ByteBudget, TokenBucket
 from lakebroker.delivery_worker.metrics import DeliveryMetrics
 from lakebroker.delivery_worker.ordering import DispatchQueue, Unit
 from lakebroker.delivery_worker.retry import RetryPolicy
@@ -34,7 +34,14 @@ from lakebroker.tables.offsets import Fence, OffsetReason, OffsetsTable
 from lakebroker.tables.subscriptions import Subscription
 
 log = logging.getLogger(__name__)
-READ_AHEAD = 1000
+READ_AHEAD = 1000  # messages a pipeline reads ahead at most (and bytes: delivery_read_ahead_bytes)
+FIRST_READ = 8  # messages in a pipeline's first read, before it knows how large they are
+
+
+def row_bytes(row: dict[str, Any]) -> int:
+    """What a read-ahead row holds in memory, as the read-ahead bounds count it: its value and key."""
+    value, key = row["value"], row["key"]
+    return 64 + (0 if value is None else len(value)) + (0 if key is None else len(key))
 
 
 @dataclass
@@ -89,6 +96,8 @@ class PartitionPipeline:
         fence: Fence,
         on_gone: Callable[[str], None],
         commits: CommitWatch | None = None,
+        read_ahead_bytes: int = 16 * 1024 * 1024,
+        budget: ByteBudget | None = None,
     ) -> None:
         self.sub = sub
         self.partition = partition
@@ -113,6 +122,12 @@ class PartitionPipeline:
         self._running_sends: set[asyncio.Task[None]] = set()  # sends whose body has started
         self._give_backs: set[asyncio.Task[None]] = set()  # window slots of sends that never started
         self._reader: asyncio.Task[bool] | None = None
+        # Read ahead is bounded in bytes too, per pipeline and per process (`budget`): 1,000 messages
+        # of 1 MiB each would be a GiB a partition.
+        self._read_ahead_bytes = read_ahead_bytes
+        self._budget = budget or ByteBudget(read_ahead_bytes)
+        self._held_bytes = 0  # of the rows read and not yet done (queued, in flight or backing off)
+        self._row_bytes = 0.0  # the average row_bytes of the rows read so far (0: none yet)
         self._stopping = False
         self._dead: list[DeadLetter] = []
         self._wake = asyncio.Event()
@@ -165,6 +180,8 @@ class PartitionPipeline:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        self._budget.used -= self._held_bytes  # what it held is dropped with it
+        self._held_bytes = 0
         if self._following is not None:
             self._following.close()
 
@@ -202,7 +219,7 @@ class PartitionPipeline:
             if not self._gap and self.source.known_log_end(self.poll_s) == self.status.log_end:
                 self._follow()
                 return  # a pipeline sharing this table's tail looked within the interval: nothing new here
-        if len(self._queue) < READ_AHEAD // 2:
+        if len(self._queue) < READ_AHEAD // 2 and (self._room() > 0 or not self._held_bytes):
             self._reader = asyncio.create_task(self._fill())
             self._reader.add_done_callback(self._read_done)
 
@@ -224,7 +241,9 @@ class PartitionPipeline:
             return False
         if self._read_pos == self.status.position:
             await self._skip_expired(log_end)
-        end = min(self._read_pos + READ_AHEAD, log_end)
+        room = self._room()
+        count = FIRST_READ if not self._row_bytes else max(1, min(READ_AHEAD, int(room // self._row_bytes)))
+        end = min(self._read_pos + count, log_end)
         try:
             rows, end = await asyncio.to_thread(self.source.read, self._read_pos, end)
         except OffsetGap as gap:
@@ -234,6 +253,7 @@ class PartitionPipeline:
             self._last_poll = time.monotonic()
             return False  # read again after the poll interval; never skip what is missing
         self._gap = False
+        rows, end = self._within(rows, end, room)
         present = {r["offset"] for r in rows}
         # Offsets in the range with no row were removed by key compaction: nothing to deliver.
         self._done.update(o for o in range(self._read_pos, end) if o not in present)
@@ -241,6 +261,32 @@ class PartitionPipeline:
         self._read_pos = end
         self._advance()
         return True
+
+    def _room(self) -> int:
+        """Bytes this pipeline may still read ahead: its own bound and the process's."""
+        return min(self._read_ahead_bytes - self._held_bytes, self._budget.room())
+
+    def _within(self, rows: list[dict[str, Any]], end: int, room: int) -> tuple[list[dict[str, Any]], int]:
+        """The rows that fit in `room` bytes (at least one, so a partition always moves) and the
+        end of the range they cover; taken from the budget."""
+        kept, size = 0, 0
+        for row in rows:
+            grown = size + row_bytes(row)
+            if kept and grown > room:
+                break
+            kept, size = kept + 1, grown
+        if kept < len(rows):
+            rows, end = rows[:kept], rows[kept]["offset"]  # the rest is read again when there is room
+        if rows:
+            self._row_bytes = size / kept if not self._row_bytes else 0.5 * self._row_bytes + 0.5 * size / kept
+        self._held_bytes += size
+        self._budget.used += size
+        return rows, end
+
+    def _release(self, rows: list[dict[str, Any]]) -> None:
+        size = sum(map(row_bytes, rows))
+        self._held_bytes -= size
+        self._budget.used -= size
 
     def _follow(self) -> None:
         if self._commits is not None and (self._following is None or not self._following.active):
@@ -396,7 +442,8 @@ class PartitionPipeline:
         if self._send_deadlines:
             when = asyncio.get_running_loop().time() + self.lease_left()
             for deadline in self._send_deadlines:
-                deadline.reschedule(when)
+                if not deadline.expired():  # one that fired is cutting its send off already
+                    deadline.reschedule(when)
 
     async def _attempt(self, rows: list[dict[str, Any]]) -> Outcome:
         """One POST. Whatever goes wrong ends the attempt as a failure, retried by the policy: an
@@ -426,6 +473,7 @@ class PartitionPipeline:
 
     def _complete(self, unit: Unit, *, delivered: bool) -> None:
         self._queue.release(unit)
+        self._release(unit.rows)
         now = time.time()
         for row in unit.rows:
             self._done.add(row["offset"])

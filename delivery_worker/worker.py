@@ -18,6 +18,7 @@ from typing import Any
 import orjson
 
 from lakebroker.delivery_worker.commit_watch import CommitWatch
+from lakebroker.delivery_worker.flow import ByteBudget
 from lakebroker.delivery_worker.http1 import LeanTransport
 from lakebroker.delivery_worker.leases import Lease, LeaseTable, Pair
 from lakebroker.delivery_worker.metrics import DeliveryMetrics
@@ -65,6 +66,7 @@ class DeliveryWorker:
         self._sender: Sender | None = None
         self._commits = CommitWatch()
         self._tails = LogTails()  # one per topic table, shared by its pipelines (source.py)
+        self._read_ahead = ByteBudget(settings.delivery_read_ahead_total_bytes)  # shared by its pipelines
         self._gone: dict[str, str] = {}
         self._commit_lock = asyncio.Lock()  # a pipeline's final commit and the batch commit never interleave
         self._replays: dict[Pair, asyncio.Task[None]] = {}
@@ -189,6 +191,7 @@ class DeliveryWorker:
             poll_s=self.settings.delivery_poll_ms / 1000,
             lease_left=lambda: self._lease_left(pair), fence=fence,
             on_gone=lambda reason: self._on_gone(sub.name, reason), commits=self._commits,
+            read_ahead_bytes=self.settings.delivery_read_ahead_bytes, budget=self._read_ahead,
         )
         task = asyncio.create_task(pipeline.run(), name=f"deliver-{sub.name}-{partition}")
         self._running[pair] = _Running(pipeline, task, _config(sub), sub.seek_epoch)

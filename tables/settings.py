@@ -113,6 +113,14 @@ class Settings(BaseSettings):
         False, description="Allow webhook URLs on private, loopback or link-local addresses (SSRF guard off)."
     )
     delivery_poll_ms: int = Field(50, gt=0, description="How often a delivery worker looks for new commits.")
+    delivery_read_ahead_bytes: int = Field(
+        16 * 1024 * 1024, ge=1, description="Message bytes a delivery worker reads ahead and holds for one partition "
+        "of one subscription (up to 1,000 messages; always at least one message)."
+    )
+    delivery_read_ahead_total_bytes: int = Field(
+        256 * 1024 * 1024, ge=1, description="Message bytes a delivery worker process holds read ahead for all its "
+        "partitions together; a partition with nothing held may still read one message."
+    )
     offset_commit_interval_ms: int = Field(
         1000, gt=0, description="How often delivered offsets are committed; bounds redelivery after a crash."
     )
