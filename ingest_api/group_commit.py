@@ -12,15 +12,21 @@ the last one is being written, and the answer costs one loop pass, not three (ex
 task wake-up, each request's future callback), each of which waits behind every connection's
 reads on a busy loop.
 
-Except when nothing is in flight and the group is only single messages (at most
-INLINE_GROUP_BYTES): then the loop writes and fdatasyncs the group itself, and answers it in the
-same pass. A busy loop holds the GIL between its callbacks, so a writer thread woken for such a
-group waited 0.1-0.9 ms for the GIL before its write, and its report waited for the next pass;
-meanwhile every connection whose message was in the group was idle (measured with 32 producers:
-the cycle of read, hand-off, write, answer took 3.5 ms, of which the loop was idle a third).
-The fdatasync releases the GIL, and with nothing in flight there is nothing the loop could overlap
-with it but new requests, which join the next group. Batches, and anything behind a write in
-flight, still go to the thread, so a large frame never stalls the loop.
+Except when nothing is in flight, the group is only single messages (at most
+INLINE_GROUP_BYTES), and the disk has proven fast: then the loop writes and fdatasyncs the group
+itself, and answers it in the same pass. A busy loop holds the GIL between its callbacks, so a
+writer thread woken for such a group waited 0.1-0.9 ms for the GIL before its write, and its report
+waited for the next pass; meanwhile every connection whose message was in the group was idle
+(measured with 32 producers: the cycle of read, hand-off, write, answer took 3.5 ms, of which the
+loop was idle a third). The fdatasync releases the GIL, and with nothing in flight there is nothing
+the loop could overlap with it but new requests, which join the next group. Batches, and anything
+behind a write in flight, still go to the thread, so a large frame never stalls the loop.
+
+"Proven fast" means the last INLINE_TRUST_WRITES writes of that size each took at most
+INLINE_WRITE_S; one slower write sends the groups back to the thread until the disk proves fast
+again. So an fdatasync that takes 100 ms (a busy or failing disk, a network volume) stalls the loop
+at most once, not on every produce, and a disk slow from the start never does: /healthz, other
+topics and timers keep answering.
 
 Offsets are assigned on the loop only, in hand-off order, and the thread writes in that order.
 A write that fails (disk full) fails its groups and every group handed after them, and the offsets
@@ -52,6 +58,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 INLINE_GROUP_BYTES = 256 * 1024  # a group the loop writes itself: about a millisecond of page-cache copy at most
+INLINE_WRITE_S = 0.002  # a write of at most INLINE_GROUP_BYTES this fast (fdatasync included) counts as fast
+INLINE_TRUST_WRITES = 16  # fast writes in a row before the loop writes a group itself
 
 
 @dataclass(slots=True)
@@ -90,7 +98,8 @@ class _Writer(threading.Thread):
     heard of the failure: their offsets follow the failed ones), and the loop fails those."""
 
     def __init__(self, wal: Wal, loop: asyncio.AbstractEventLoop,
-                 written: Callable[[list[_Group], BaseException | None], None], stopped: Callable[[], None]) -> None:
+                 written: Callable[[list[_Group], BaseException | None, float], None],
+                 stopped: Callable[[], None]) -> None:
         super().__init__(name="wal-writer", daemon=True)
         self.groups: queue.SimpleQueue[_Group | None] = queue.SimpleQueue()  # None: stop
         self._wal, self._loop, self._written, self._stopped = wal, loop, written, stopped
@@ -107,11 +116,12 @@ class _Writer(threading.Thread):
             if not groups:
                 continue
             error: BaseException | None = None
+            started = time.perf_counter()
             try:
                 self._wal.append(_pieces(f for g in groups for f in g.frames), [r for g in groups for r in g.records])
             except BaseException as exc:  # noqa: BLE001 - any failure means: not durable, roll back
                 error, failed_epoch = exc, groups[-1].epoch
-            if not self._report(self._written, groups, error):
+            if not self._report(self._written, groups, error, time.perf_counter() - started):
                 return
         self._report(self._stopped)
 
@@ -147,6 +157,7 @@ class GroupCommitter:
         self._epoch = 0
         self._last_ts = 0
         self.queued_bytes = 0
+        self.fast_writes = 0  # writes of an inline group's size in a row that took at most INLINE_WRITE_S
 
     def submit(self, items: list[Pending] | list[PendingChunk]) -> None:
         self._queue.extend(items)
@@ -225,24 +236,27 @@ class GroupCommitter:
         while self._queue:
             group = self._hand(self._take())
             error: BaseException | None = None
+            started = time.perf_counter()
             try:
                 await asyncio.to_thread(self._wal.append, _pieces(group.frames), group.records)
             except BaseException as exc:  # noqa: BLE001 - as the writer thread reports it
                 error = exc
-            self._written([group], error)
+            self._written([group], error, time.perf_counter() - started)
 
     # -- on the loop --------------------------------------------------------------------
     def _hand_off(self) -> None:
         self._scheduled = False
         writer = self._writer
-        if writer is not None and not self._unwritten and _inline(self._queue):
+        if writer is not None and self.fast_writes >= INLINE_TRUST_WRITES and not self._unwritten \
+                and _inline(self._queue):
             group = self._hand(self._take())
             error: BaseException | None = None
+            started = time.perf_counter()
             try:
                 self._wal.append(_pieces(group.frames), group.records)
             except BaseException as exc:  # noqa: BLE001 - as the writer thread reports it
                 error = exc
-            self._written([group], error)
+            self._written([group], error, time.perf_counter() - started)
             return
         # A bound on rows handed but not written: behind it, single messages queue here and move ahead
         # of batches at the next _take, rather than wait behind every batch already handed.
@@ -278,8 +292,12 @@ class GroupCommitter:
             offsets[key] = nxt + (1 if isinstance(r, Record) else r.rows)
         return saved
 
-    def _written(self, groups: list[_Group], error: BaseException | None) -> None:
+    def _written(self, groups: list[_Group], error: BaseException | None, took_s: float) -> None:
         """The writer's report of one write: answer its groups, or fail them and everything after them."""
+        if error is not None or took_s > INLINE_WRITE_S:
+            self.fast_writes = 0
+        elif sum(g.size for g in groups) <= INLINE_GROUP_BYTES:  # larger writes say nothing of the inline size
+            self.fast_writes += 1
         if error is not None:
             if groups[0].epoch == self._epoch:  # the first failure of this epoch: later reports of it are moot
                 self._fail(error, len(groups))

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from pathlib import Path
 
 import pyarrow as pa
 from prometheus_client import CollectorRegistry
 
 from lakebroker.ingest_api.chunks import CHUNK_SCHEMA, Chunk, chunk_bytes
-from lakebroker.ingest_api.group_commit import GroupCommitter, Pending, PendingChunk
+from lakebroker.ingest_api.group_commit import INLINE_TRUST_WRITES, GroupCommitter, Pending, PendingChunk
 from lakebroker.ingest_api.metrics import IngestMetrics
 from lakebroker.ingest_api.records import Record
 from lakebroker.ingest_api.wal import Wal
@@ -68,6 +69,7 @@ async def test_single_messages_with_nothing_in_flight_are_written_by_the_loop_it
 
     wal.append = traced  # type: ignore[method-assign,assignment]
     committer = GroupCommitter(wal, {}, lambda records: None, IngestMetrics(CollectorRegistry()), max_group=GROUP)
+    committer.fast_writes = INLINE_TRUST_WRITES  # a disk that has proven fast (see the slow-disk test below)
     running = asyncio.create_task(committer.run())
     await asyncio.sleep(0.05)  # the writer thread is up
     loop_thread = threading.get_ident()
@@ -100,3 +102,46 @@ async def test_single_messages_with_nothing_in_flight_are_written_by_the_loop_it
     committer.close()
     await running
     wal.close()
+
+
+async def test_a_slow_disk_never_writes_on_the_loop_and_a_slowing_one_at_most_once(tmp_path: Path) -> None:
+    """The loop writes a small group itself only while the disk has proven fast. With WAL writes
+    that take 100 ms, a write on the loop's thread would stall /healthz, other topics and timers
+    for that long on every produce."""
+    from lakebroker.ingest_api.broker import Broker
+    from lakebroker.ingest_api.messages import AckMode, NewMessage
+    from lakebroker.tables.settings import Settings
+    from lakebroker.tables.topics import new_topic
+
+    broker = Broker(Settings(data_dir=tmp_path / "data", wal_fsync=True), IngestMetrics(CollectorRegistry()))
+    await broker.start()
+    loop_thread = threading.current_thread()
+    real_append = broker.wal.append
+    slow = True
+    on_loop: list[tuple[bool, bool]] = []  # (slow, written on the loop's thread), per WAL write
+
+    def append(frames: list[object], records: list[object]) -> None:
+        on_loop.append((slow, threading.current_thread() is loop_thread))
+        if slow:
+            time.sleep(0.1)  # an fdatasync of 100 ms
+        real_append(frames, records)  # type: ignore[arg-type]
+
+    broker.wal.append = append  # type: ignore[method-assign]
+    try:
+        await broker.create_topic(new_topic("t", 1))
+
+        async def produce(n: int) -> None:
+            for i in range(n):
+                await broker.produce("t", [NewMessage(value=b"m%d" % i)], AckMode.WAL)
+
+        await produce(20)
+        assert on_loop and not any(loop for _, loop in on_loop), "a disk slow from the start was written on the loop"
+        slow = False
+        await produce(40)
+        assert any(loop for was_slow, loop in on_loop if not was_slow), "a fast disk never got the inline path"
+        slow = True
+        on_loop.clear()
+        await produce(10)
+        assert sum(loop for _, loop in on_loop) <= 1, f"a slowing disk was written on the loop {on_loop}"
+    finally:
+        await broker.stop()
