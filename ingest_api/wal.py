@@ -12,8 +12,8 @@ record in it is committed to Delta.
 
 A frame holds one record (records.py) or one columnar chunk of a batch (chunks.py); recovery
 reads both, so a WAL written before chunks existed stays readable. Each write (one group, or
-several handed over together) starts with a group frame that holds the length of the frames
-after it, so recovery knows where the last write began.
+several handed over together) starts with a group frame that holds the byte length of the frames
+after it: recovery tells by it whether a bad frame is followed by a later write.
 
 Recovery reads every segment in order, to its last frame (zeros after it are unused room), and
 hands back what it read in log order, which is offset order within each partition:
