@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from lakebroker.spark_pipeline.plans import FileEntry
 from lakebroker.tables import delta, storage
+from lakebroker.tables.errors import LakebrokerError
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -47,6 +48,14 @@ _CONFLICTS = (
 
 class DeltaConflict(Exception):
     """A concurrent commit invalidated this transaction's plan; re-plan from a fresh snapshot."""
+
+
+class TableReplaced(LakebrokerError):
+    """The table was deleted (and perhaps created again) while this transaction ran: nothing of it
+    may land there. Not retried: the topic it was planned for is gone."""
+
+    status = 409
+    code = "table_replaced"
 
 
 def is_conflict(exc: BaseException) -> bool:
@@ -85,6 +94,7 @@ class DeltaTxn:
         self._log = self._delta.DeltaLog.forTable(spark._jsparkSession, uri)
         self._txn = self._log.startTransaction()
         self._snapshot = self._txn.snapshot()
+        self._table_id = str(self._snapshot.metadata().id())  # a table created again gets a new one
         self._java_files: dict[str, Any] = {}
 
     # -- reading the snapshot ------------------------------------------------------------------
@@ -186,12 +196,28 @@ class DeltaTxn:
                 app_id, version, self._jvm.scala.Option.apply(self._jvm.java.lang.Long(int(time.time() * 1000)))))
         jtags = self._jvm.org.apache.spark.api.python.PythonUtils.toScalaMap(
             self._jvm.java.util.HashMap(dict(tags or {})))
+        self._check_same_table()
         try:
             return int(self._txn.commit(self._seq(all_actions), operation, jtags))
         except Exception as exc:
             if is_conflict(exc):
                 raise DeltaConflict(str(exc).splitlines()[0][:500]) from exc
             raise
+
+    def _check_same_table(self) -> None:
+        """Raise TableReplaced if the table was deleted since this transaction began. Delta looks for
+        conflicts in the commits after the one it read, but a table created again starts its log at
+        version 0, where it finds none of them: the commit would land in the new table, past its end."""
+        none = self._jvm.scala.Option.empty()
+        try:
+            latest = self._log.update(False, none, none)
+            table_id, version = str(latest.metadata().id()), int(latest.version())
+        except Exception as exc:  # a log that cannot be read now is no table to commit to
+            raise TableReplaced(f"{self.uri}: the table can no longer be read ({type(exc).__name__}); "
+                                "its topic was deleted while the job ran") from exc
+        if table_id != self._table_id or version < self.read_version:
+            raise TableReplaced(f"{self.uri}: the table was deleted and created again while the job ran "
+                                "(its topic is a new log now); nothing of this run is committed")
 
     def _register_metrics(self, actions: Sequence[Any], given: Mapping[str, int]) -> None:
         adds = [a for a in actions if str(a.getClass().getSimpleName()) == "AddFile"]

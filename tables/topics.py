@@ -7,6 +7,7 @@ topic configuration.
 
 from __future__ import annotations
 
+import logging
 import uuid
 from dataclasses import asdict, dataclass, replace
 from datetime import UTC, datetime
@@ -29,6 +30,7 @@ from lakebroker.tables.schemas import (
 )
 from lakebroker.tables.state_table import Rows, StateTable
 
+log = logging.getLogger(__name__)
 MAX_PARTITIONS = 1024
 WEEK_MS = 7 * 24 * 3600 * 1000
 DAY_MS = 24 * 3600 * 1000
@@ -119,8 +121,16 @@ class TopicStore:
         return topic
 
     def create(self, topic: TopicConfig) -> TopicConfig:
-        compact = topic.cleanup_policy is CleanupPolicy.COMPACT
-        ensure_topic_table(self.layout.topic_table(topic.name), key_compacted=compact)
+        uri = self.layout.topic_table(topic.name)
+        if topic.name in self.load():
+            raise AlreadyExists(f"topic {topic.name!r} already exists")
+        if delta.exists(uri):
+            # No topic owns it: a deleted incarnation's table, written again by a job that committed
+            # after the delete. A new topic is a new log: it never inherits those rows or log ends.
+            log.warning("removing the table a deleted topic %r left at %s before creating the topic again",
+                        topic.name, uri)
+            storage.remove_tree(uri)
+        ensure_topic_table(uri, key_compacted=topic.cleanup_policy is CleanupPolicy.COMPACT)
 
         def change(rows: Rows) -> tuple[Rows, TopicConfig]:
             if any(r["name"] == topic.name for r in rows):

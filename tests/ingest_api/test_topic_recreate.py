@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import time
 
+from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from fastapi.testclient import TestClient
 
 from lakebroker.ingest_api import create_app
+from lakebroker.tables import delta
+from lakebroker.tables.layout import Layout
 from lakebroker.tables.settings import Settings
 
 
@@ -75,3 +78,22 @@ def test_a_restart_does_not_resurrect_the_deleted_topics_ids(settings: Settings)
         assert _values(c, "t") == ["new"]
         again = c.post("/v1/topics/t/messages", json={"value": "new", "id": "abc"}).json()
         assert again == {**new, "duplicate": True}
+
+
+def test_a_table_written_after_its_topic_was_deleted_is_not_inherited(client: TestClient, settings: Settings) -> None:
+    """A maintenance job that commits after the topic was deleted writes its table again (rows and
+    log ends of the old incarnation). Creating the topic again must start a new log, not adopt it:
+    adopted, its log end (3) made the flusher drop the new topic's offsets 0-2 as already committed."""
+    client.post("/v1/topics", json={"name": "t", "partitions": 1})
+    for i in range(3):
+        assert client.post("/v1/topics/t/messages?ack=table", json={"value": f"old{i}"}).status_code == 200
+    uri = Layout(settings.data_dir).topic_table("t")
+    old_rows = DeltaTable(uri).to_pyarrow_table()
+    assert client.delete("/v1/topics/t").status_code == 204
+    write_deltalake(uri, old_rows, mode="append", partition_by=["partition"], commit_properties=CommitProperties(
+        app_transactions=[Transaction(app_id=delta.partition_app_id(0), version=3)]))  # the late job's commit
+    r = client.post("/v1/topics", json={"name": "t", "partitions": 1})
+    assert r.status_code == 201, r.text
+    new = client.post("/v1/topics/t/messages?ack=table", json={"value": "new"})
+    assert new.status_code == 200 and new.json()["offset"] == 0, new.text
+    assert _values(client, "t") == ["new"]

@@ -247,3 +247,32 @@ def test_checkpoints_appear_only_whole_to_a_concurrent_delta_rs_reader(spark: An
     assert reads, "the reader must have loaded the table while Spark wrote"
     assert DeltaTable(uri).to_pyarrow_table().num_rows == 1 + rounds
     assert not [p.name for p in (table / "_delta_log").iterdir() if p.name.endswith(".tmp")]
+
+
+@pytest.mark.parametrize("created_again", [True, False])
+def test_a_job_commit_never_lands_in_a_table_deleted_while_it_ran(spark: Any, tmp_path: Path,
+                                                                 created_again: bool) -> None:
+    """A job's transaction reads the table; the topic is deleted (and maybe created again, a new log
+    from version 0). Delta finds no conflicting commit after the one it read, so without a check the
+    job's commit would land past the new table's end, or rebuild the deleted one."""
+    from lakebroker.spark_pipeline.delta_txn import DeltaTxn, TableReplaced
+    from lakebroker.tables.layout import Layout
+    from lakebroker.tables.settings import Settings
+    from lakebroker.tables.storage import remove_tree
+    from lakebroker.tables.topics import ensure_topic_table
+    from tests.spark_pipeline.topics import create_topic, produce
+
+    settings = Settings(data_dir=tmp_path / "data")
+    create_topic(settings, "t", partitions=1)
+    for _ in range(3):
+        produce(settings, "t", 0, 2)
+    table = Path(Layout(settings.data_dir).topic_table("t"))
+    txn = DeltaTxn(spark, str(table))
+    removes = txn.removes(txn.files(), data_change=False)  # what a compaction would remove
+    remove_tree(str(table))
+    if created_again:
+        ensure_topic_table(str(table))
+    before = _log_versions(table) if created_again else []
+    with pytest.raises(TableReplaced, match="deleted"):
+        txn.commit(removes, txn.optimize_op([]))
+    assert (_log_versions(table) if (table / "_delta_log").exists() else []) == before
