@@ -270,7 +270,8 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         if self._drain is not None:  # the body an early answer left unread is in: the connection idles
             self._drain.cancel()
             self._drain = None
-            self._idle_now()
+            if self.cycle.response_complete and not self.pipeline:  # (not if this is a later request's body)
+                self._idle_now()
 
     # -- fast produce ---------------------------------------------------------------------
     def _fast_head(self, fast: FastProduce) -> bool:
