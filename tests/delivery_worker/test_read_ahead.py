@@ -23,8 +23,11 @@ async def test_large_messages_to_a_lagging_subscription_are_read_ahead_within_th
     message a partition may always hold so that it moves."""
     receiver = Receiver(behaviour=lambda n, body: (200, {}, 0.05))  # a slow endpoint: the subscription lags
     data = tmp_path / "data"
+    # The default lease TTL (10 s), not the 2 s of the other in-process tests: reading MiB rows keeps
+    # a busy host's ticks slow enough to lose 2 s leases, and then every send is cut off.
     settings = worker_settings(data).model_copy(update={"delivery_read_ahead_bytes": 4 * MIB,
-                                                        "delivery_read_ahead_total_bytes": 6 * MIB})
+                                                        "delivery_read_ahead_total_bytes": 6 * MIB,
+                                                        "lease_ttl_s": 10.0})
     create_topic(settings, "t", partitions=2)
     for partition in (0, 1):
         produce(settings, "t", partition, 20, values=[bytes([i]) * MIB for i in range(20)])
