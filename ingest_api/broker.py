@@ -39,7 +39,7 @@ from lakebroker.tables.errors import (
 )
 from lakebroker.tables.layout import Layout
 from lakebroker.tables.settings import Settings
-from lakebroker.tables.topics import CleanupPolicy, TopicConfig, TopicStore, ensure_topic_table, may_have_holes
+from lakebroker.tables.topics import CleanupPolicy, TopicConfig, TopicStore, mark_key_compacted
 
 log = logging.getLogger(__name__)
 _NEVER = 2**63
@@ -149,10 +149,8 @@ class Broker:
         ends: dict[PartitionKey, int] = {}
         for topic in self.topics.values():
             uri = self.layout.topic_table(topic.name)
-            table = delta.open_table(uri)
-            if table is not None and topic.cleanup_policy is CleanupPolicy.COMPACT \
-                    and not may_have_holes(table.metadata().configuration):
-                table = ensure_topic_table(uri, key_compacted=True)  # a table an older broker left unmarked
+            compact = topic.cleanup_policy is CleanupPolicy.COMPACT
+            table = mark_key_compacted(uri) if compact else delta.open_table(uri)
             for p in range(topic.partitions):
                 end = 0 if table is None else delta.txn_version(table, delta.partition_app_id(p)) or 0
                 ends[(bytes.fromhex(topic.topic_id), p)] = end

@@ -99,6 +99,16 @@ def ensure_topic_table(uri: str, *, key_compacted: bool = False) -> DeltaTable:
                               properties=properties)
 
 
+def mark_key_compacted(uri: str) -> DeltaTable | None:
+    """Mark an existing topic table as one whose offsets may have holes (its topic is compact), if it
+    is not yet: before key compaction can run on it, and on a table an older broker left unmarked.
+    The table as it is then; None if there is no table."""
+    table = delta.open_table(uri)
+    if table is None or may_have_holes(table.metadata().configuration):
+        return table
+    return ensure_topic_table(uri, key_compacted=True)
+
+
 def may_have_holes(configuration: dict[str, str]) -> bool:
     """Whether a topic table, by its own properties, may lack offsets below its log end: only key
     compaction removes rows and keeps offsets, and only on a table marked for it."""
@@ -147,7 +157,7 @@ class TopicStore:
                 raise InvalidRequest("cleanup_policy must be 'delete' or 'compact'") from None
             if changes["cleanup_policy"] is CleanupPolicy.COMPACT:  # marked before key compaction can see it
                 self.get(name)
-                ensure_topic_table(self.layout.topic_table(name), key_compacted=True)
+                mark_key_compacted(self.layout.topic_table(name))
 
         def change(rows: Rows) -> tuple[Rows, TopicConfig]:
             current = _find(rows, name)

@@ -37,12 +37,11 @@ from lakebroker.spark_pipeline.jobs.common import (
     topic_job_main,
 )
 from lakebroker.spark_pipeline.results import JobName, JobResult, Outcome, Run, TableResult
-from lakebroker.tables import delta
 from lakebroker.tables.errors import InvalidRequest
 from lakebroker.tables.layout import Layout
 from lakebroker.tables.logs import exit_without_teardown
 from lakebroker.tables.settings import Settings
-from lakebroker.tables.topics import CleanupPolicy, TopicConfig, ensure_topic_table
+from lakebroker.tables.topics import CleanupPolicy, TopicConfig, mark_key_compacted
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -62,8 +61,7 @@ def run(spark: SparkSession, settings: Settings, topic: str | None = None, *, tr
     topics = compact_topics(layout, topic)
     tables = Layout.of(settings)  # delta-rs's URIs
     for t in topics:  # a table compacted before it was marked (an older broker's) is marked here first
-        if delta.exists(tables.topic_table(t.name)):
-            ensure_topic_table(tables.topic_table(t.name), key_compacted=True)
+        mark_key_compacted(tables.topic_table(t.name))
     job = Run(JobName.KEY_COMPACTION, trigger)
     now_us = int((now or datetime.now(UTC)).timestamp() * 1_000_000)
     for t in topics:

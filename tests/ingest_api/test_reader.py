@@ -46,3 +46,31 @@ async def test_a_retention_commit_during_a_read_gives_no_false_gap(tmp_path: Pat
         assert after["log_start_offset"] == 5 and [m["offset"] for m in after["messages"]] == list(range(5, 10))
     finally:
         await broker.stop()
+
+
+async def test_serve_marks_a_compact_topics_table_an_older_broker_left_unmarked(tmp_path: Path) -> None:
+    """Tables of compact topics made before the keyCompacted mark hold key compaction's holes without
+    it: serve's start marks them, so a pull read passes those holes instead of answering 500."""
+    from dataclasses import replace
+
+    from lakebroker.tables.topics import CleanupPolicy, TopicStore, _to_row
+
+    settings = Settings(data_dir=tmp_path / "data", flush_interval_ms=20)
+    broker = Broker(settings, IngestMetrics(CollectorRegistry()))
+    await broker.start()
+    await broker.create_topic(new_topic("t", 1))  # an unmarked table, as an older broker made them
+    await broker.produce("t", [NewMessage(value=b"v%d" % i, partition=0) for i in range(6)], AckMode.TABLE)
+    await broker.stop()
+    store = TopicStore(broker.layout)
+    topic = replace(store.get("t"), cleanup_policy=CleanupPolicy.COMPACT)
+    store._table.mutate(lambda rows: ([_to_row(topic)], topic))  # compact in the older broker's config
+    table = delta.open_table(broker.layout.topic_table("t"))
+    assert table is not None
+    table.delete("\"partition\" = 0 AND \"offset\" IN (2, 3)")  # key compaction's removals
+    again = Broker(settings, IngestMetrics(CollectorRegistry()))
+    await again.start()
+    try:
+        read = reader.read_messages(again.layout, topic, 0, 0, 100, committed_end=6)
+        assert [m["offset"] for m in read["messages"]] == [0, 1, 4, 5]
+    finally:
+        await again.stop()
