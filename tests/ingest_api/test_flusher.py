@@ -16,6 +16,7 @@ from lakebroker.tables import delta
 from lakebroker.tables.layout import Layout
 from lakebroker.tables.settings import Settings
 from lakebroker.tables.topics import TopicConfig, new_topic
+from tests.dir_events import DirEvents
 
 ROUND_ROWS = 1_000  # flush_max_records: the most rows one round commits per topic
 
@@ -141,17 +142,33 @@ async def test_a_commit_that_lands_but_reports_failure_is_not_committed_again(tm
 async def test_a_topic_table_checkpoints_every_10_commits(tmp_path: Path) -> None:
     """TOPIC_TABLE_PROPERTIES: delta-rs replays the log from the last checkpoint to write the next
     one, a blocking thread per commit file, so a busy topic's table checkpoints at Delta's own
-    default interval rather than delta-rs's 100; the log cleanup stays at one per 100 commits."""
+    default interval rather than delta-rs's 100; the log cleanup stays at one per 100 commits.
+
+    Each checkpoint and `_last_checkpoint` arrive whole: object_store's local put writes a staging
+    file (`name#n`) and renames it into place, so a reader (or Spark) never opens a torn one. On S3
+    a PUT is visible only once complete (tests/spark_pipeline/test_s3.py)."""
     probe = new_topic("probe", 1)
     flusher = flusher_for(tmp_path, probe)
     uri = Layout(tmp_path).topic_table("probe")
-    offset = 0
-    while (table := delta.open_table(uri)) is None or table.version() < 19:
-        flusher.add([probe_record(probe, offset)])
-        assert await flusher.flush_once()
-        offset += 1
-    assert table.metadata().configuration["delta.checkpointInterval"] == "10"
     log = Path(uri) / "_delta_log"
+    flusher.add([probe_record(probe, 0)])
+    assert await flusher.flush_once()  # creates the table: versions 0-2, before any checkpoint
+    events = DirEvents(log)
+    offset = 1
+    try:
+        while (table := delta.open_table(uri)) is None or table.version() < 19:
+            flusher.add([probe_record(probe, offset)])
+            assert await flusher.flush_once()
+            offset += 1
+    finally:
+        events.drain()
+        events.close()
+    assert table.metadata().configuration["delta.checkpointInterval"] == "10"
     assert sorted(int(p.name[:20]) for p in log.glob("*.checkpoint.parquet")) == [9, 19]
+    checkpoints = [f"{v:020d}.checkpoint.parquet" for v in (9, 19)]
+    assert [n for n in events.renamed_in if n.endswith(".checkpoint.parquet")] == checkpoints
+    assert events.renamed_in.count("_last_checkpoint") == 2
+    in_place = set(events.created + events.written) & {*checkpoints, "_last_checkpoint"}
+    assert not in_place, f"written in place (visible half-written): {in_place}"
     assert not delta.commit_hooks(table).cleanup_expired_logs  # version 20 writes no checkpoint
     assert sorted(table.to_pyarrow_table().column("offset").to_pylist()) == list(range(offset))

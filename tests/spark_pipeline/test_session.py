@@ -20,6 +20,7 @@ from lakebroker.spark_pipeline.session import (
     LOGSTORE_CLASS,
     jar_paths,
 )
+from tests.dir_events import DirEvents
 
 pytestmark = pytest.mark.spark
 
@@ -153,49 +154,6 @@ def test_spark_and_delta_rs_commit_concurrently(spark: Any, tmp_path: Path) -> N
     assert sorted(rs_rows) == expected
 
 
-class _DirEvents:
-    """inotify on one directory: which names were created or written in place, which arrived by a rename.
-
-    The kernel queues every event, so what it reports does not depend on timing."""
-
-    IN_CLOSE_WRITE, IN_MOVED_TO, IN_CREATE = 0x8, 0x80, 0x100
-
-    def __init__(self, directory: Path) -> None:
-        import ctypes
-        import os
-
-        self._os = os
-        libc = ctypes.CDLL(None, use_errno=True)
-        self._fd = libc.inotify_init1(os.O_NONBLOCK | os.O_CLOEXEC)
-        if self._fd < 0 or libc.inotify_add_watch(self._fd, str(directory).encode(),
-                                                  self.IN_CREATE | self.IN_MOVED_TO | self.IN_CLOSE_WRITE) < 0:
-            raise OSError(ctypes.get_errno(), "inotify")
-        self.created: list[str] = []
-        self.renamed_in: list[str] = []
-        self.written: list[str] = []  # closed after a write under this name: rewritten in place
-
-    def drain(self) -> None:
-        import struct
-
-        while True:
-            try:
-                buf = self._os.read(self._fd, 1 << 16)
-            except BlockingIOError:
-                return
-            i = 0
-            while i < len(buf):
-                _wd, mask, _cookie, length = struct.unpack_from("iIII", buf, i)
-                name = buf[i + 16:i + 16 + length].rstrip(b"\0").decode()
-                if mask & self.IN_CLOSE_WRITE:
-                    self.written.append(name)
-                else:
-                    (self.created if mask & self.IN_CREATE else self.renamed_in).append(name)
-                i += 16 + length
-
-    def close(self) -> None:
-        self._os.close(self._fd)
-
-
 def test_checkpoints_appear_only_whole_to_a_concurrent_delta_rs_reader(spark: Any, tmp_path: Path) -> None:
     """Spark writes `N.checkpoint.parquet` and `_last_checkpoint` as temp files renamed into place.
 
@@ -210,7 +168,7 @@ def test_checkpoints_appear_only_whole_to_a_concurrent_delta_rs_reader(spark: An
     uri = str(table)
     write_deltalake(uri, pa.table({"id": [0], "src": ["seed"]}, schema=SCHEMA))
     spark.sql(f"ALTER TABLE delta.`{uri}` SET TBLPROPERTIES ('delta.checkpointInterval' = '1')")
-    events = _DirEvents(table / "_delta_log")
+    events = DirEvents(table / "_delta_log")
 
     stop = threading.Event()
     reads: list[int] = []
