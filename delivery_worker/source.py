@@ -7,6 +7,7 @@ subscription (24 idle pipelines on 8 tables had cost a fifth of a core at a 50 m
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from typing import Any
@@ -20,7 +21,9 @@ from lakebroker.tables.layout import Layout
 from lakebroker.tables.log_start import check_dense, log_start
 from lakebroker.tables.log_tail import TopicLogTail
 from lakebroker.tables.schemas import TOPIC_SCHEMA
-from lakebroker.tables.topics import TopicConfig
+from lakebroker.tables.topics import Holes, TopicConfig
+
+log = logging.getLogger(__name__)
 
 
 class SharedLogTail:
@@ -58,10 +61,10 @@ class SharedLogTail:
         with self._lock:
             return log_start((f.min_offset for f in self._tail.files(partition)), log_end)
 
-    def may_have_holes(self) -> bool:
-        """Whether the table, as of the last refresh, is marked key-compacted (tables.topics.may_have_holes)."""
+    def holes(self) -> Holes:
+        """Where the table, as of the last refresh, may legitimately lack offsets (tables.topics.Holes)."""
         with self._lock:
-            return self._tail.key_compacted
+            return self._tail.holes
 
     def read(self, partition: int, start: int, end: int) -> pa.Table | None:
         """The tail's read (None: no table yet)."""
@@ -115,21 +118,44 @@ class PartitionSource:
     def read(self, start: int, end: int) -> tuple[list[dict[str, Any]], int]:
         """Rows with start <= offset < end in offset order, and the end of the range they cover.
 
-        Only key compaction makes holes. In any other topic the rows stop at a hole, and a hole at
-        `start` raises OffsetGap (retention's removals lie below the log start, which the pipeline
-        moves to, with a retention-skip commit, before it reads)."""
+        Key compaction makes holes, and so does a recorded WAL loss (the range the table's
+        lost-offsets property names, read past here). In any other topic the rows stop at a hole,
+        and a hole at `start` raises OffsetGap (retention's removals lie below the log start, which
+        the pipeline moves to, with a retention-skip commit, before it reads)."""
         if start >= end:
             return [], start
         rows = self.tail.read(self.partition, start, end)
         if rows is None:  # no table yet
             return [], start
         out: list[dict[str, Any]] = rows.sort_by("offset").to_pylist()
-        if self.tail.may_have_holes():
+        holes = self.tail.holes()
+        if holes.anywhere:
             return out, end
+        if holes.lost.get(self.partition):
+            return self._past_lost(out, start, end, holes)
         dense = next((i for i, r in enumerate(out) if r["offset"] != start + i), len(out))
         if dense == 0:  # a hole right at the start: the error to report (the rest waits behind it)
             check_dense(self.topic, self.partition, [r["offset"] for r in out], start, end)
         return out[:dense], start + dense  # up to the first hole, if any
+
+    def _past_lost(self, out: list[dict[str, Any]], start: int, end: int,
+                   holes: Holes) -> tuple[list[dict[str, Any]], int]:
+        """As `read`, where the partition has recorded lost offsets: those are stepped over."""
+        covered, kept = start, 0
+        for row in out:
+            covered = holes.past_lost(self.partition, covered)
+            if row["offset"] != covered:
+                break
+            kept += 1
+            covered += 1
+        else:
+            covered = min(holes.past_lost(self.partition, covered), end)
+        if covered == start:
+            check_dense(self.topic, self.partition, [r["offset"] for r in out], start, end, holes)
+        for first, last in holes.lost_between(self.partition, start, covered):
+            log.warning("partition %d of %r: offsets %d-%d were lost to WAL damage and skipped by an operator "
+                        "(_system/lost_offsets); moving past them", self.partition, self.topic.name, first, last)
+        return out[:kept], covered
 
     def read_offsets(self, offsets: list[int]) -> list[dict[str, Any]]:
         """Scattered offsets (dead-letter replays): rare, so the full delta-rs read is fine."""

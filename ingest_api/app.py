@@ -37,6 +37,7 @@ from lakebroker.ingest_api.routes import (
     rest_proxy,
     subscriptions,
     topics,
+    wal,
 )
 from lakebroker.tables.errors import LakebrokerError
 from lakebroker.tables.layout import Layout
@@ -126,6 +127,7 @@ def create_app(
     app.include_router(consumer_groups.router, responses=AUTH_ERRORS, dependencies=[require(Scope.CONSUME)])
     app.include_router(subscriptions.router, responses=AUTH_ERRORS, dependencies=[require(
         Scope.ADMIN, read=Scope.CONSUME, paths={"/v1/subscriptions/{name}/dead-letters": Scope.ADMIN})])
+    app.include_router(wal.router, responses=AUTH_ERRORS, dependencies=[require(Scope.ADMIN)])
     # The page is a static shell (no data); its JSON lists everything and drives replay: admin.
     app.include_router(dashboard.page_router, dependencies=[public()])
     app.include_router(dashboard.router, responses=AUTH_ERRORS, dependencies=[

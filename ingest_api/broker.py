@@ -13,6 +13,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 
 import numpy as np
 import pyarrow as pa
@@ -28,6 +29,7 @@ from lakebroker.ingest_api.partitioner import KeyCache, RoundRobin, partition_fo
 from lakebroker.ingest_api.records import Record, message_bytes
 from lakebroker.ingest_api.turns import Turns
 from lakebroker.ingest_api.wal import PartitionKey, Wal
+from lakebroker.ingest_api.wal_damage import Damage, find_damage
 from lakebroker.tables import delta
 from lakebroker.tables.errors import (
     Backpressure,
@@ -38,6 +40,7 @@ from lakebroker.tables.errors import (
     TooLarge,
 )
 from lakebroker.tables.layout import Layout
+from lakebroker.tables.lost_offsets import LostOffsets, record_loss
 from lakebroker.tables.settings import Settings
 from lakebroker.tables.topics import CleanupPolicy, TopicConfig, TopicStore, mark_key_compacted
 
@@ -93,6 +96,7 @@ class Broker:
         self.committer = GroupCommitter(self.wal, {}, self._durable, metrics)
         self.batch_turns = Turns()  # batch requests' CPU, one per loop pass (fairness to single messages)
         self._tasks: list[asyncio.Task[None]] = []
+        self.damage: dict[PartitionKey, list[Damage]] = {}  # partitions held at WAL damage, until skipped
         self.started = False
 
     # -- lifecycle ----------------------------------------------------------------------
@@ -105,6 +109,8 @@ class Broker:
             self.metrics.wal_corrupt.inc()
             log.error("WAL corruption in %s bytes %d-%d was skipped", span.segment, span.start, span.end)
         live = {bytes.fromhex(t.topic_id): t for t in self.topics.values()}
+        for damage in find_damage(report.items, committed, {k: t.name for k, t in live.items()}, report.corrupt):
+            self._hold_damaged(damage)
         next_offsets = dict(committed)
         unflushed: list[Record | Chunk] = []
         pending = 0  # messages not yet in Delta
@@ -131,6 +137,39 @@ class Broker:
         self._release_wal()
         self._tasks = [asyncio.create_task(self.committer.run()), asyncio.create_task(self.flusher.run())]
         self.started = True
+
+    # -- WAL damage ---------------------------------------------------------------------
+    def _hold_damaged(self, damage: Damage) -> None:
+        log.error("%s; the partition is held there until an operator runs `lakebroker wal skip %s %d`",
+                  damage.describe(), damage.topic, damage.partition)
+        held = self.damage.setdefault(damage.key, [])
+        held.append(damage)
+        if len(held) == 1:
+            self.flusher.hold(damage.key, damage.first)
+        self.metrics.wal_lost_offsets.labels(damage.topic, str(damage.partition)).set(
+            sum(d.count for d in held))
+
+    async def skip_lost(self, topic_name: str, partition: int, by: str) -> LostOffsets:
+        """Let a partition held at WAL damage move on: record its first lost range in
+        `_system/lost_offsets`, then commit its log end past it (Flusher.skip_lost)."""
+        topic = self.topic(topic_name)
+        key = (bytes.fromhex(topic.topic_id), partition)
+        held = self.damage.get(key)
+        if not held:
+            raise NotFound(f"partition {partition} of {topic_name!r} has no WAL damage to skip")
+        damage = held[0]
+        loss = LostOffsets(topic.name, topic.topic_id, partition, damage.first, damage.last, damage.spans,
+                           datetime.now(UTC), by)
+        await asyncio.to_thread(record_loss, self.layout, loss)
+        await self.flusher.skip_lost(topic, partition, damage.last, {"lakebroker.skippedBy": by})
+        log.warning("skipped %s (by %s)", damage.describe(), by)
+        held.pop(0)
+        if held:
+            self.flusher.hold(key, held[0].first)  # its items past the next hole, once they come back
+        else:
+            del self.damage[key]
+        self.metrics.wal_lost_offsets.labels(topic.name, str(partition)).set(sum(d.count for d in held))
+        return loss
 
     async def stop(self) -> None:
         # The tasks stop first, each between two groups or flushes, so the drain below is the
@@ -217,6 +256,8 @@ class Broker:
         self._key_caches.pop(topic.topic_id, None)
         self._topic_ids.pop(topic.topic_id, None)
         await self.flusher.forget(topic.topic_id)
+        for key in [k for k, held in self.damage.items() if held[0].topic == name]:
+            del self.damage[key]
 
     def log_end(self, topic: TopicConfig, partition: int) -> int:
         return self.committer.next_offsets.get((bytes.fromhex(topic.topic_id), partition), 0)

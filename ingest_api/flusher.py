@@ -19,6 +19,12 @@ rest pending for the next flush, which starts at once; and it commits the topics
 rows first. So a topic with a few records waits behind at most one bounded commit of a flooded
 topic, never behind its whole backlog.
 
+A partition whose WAL lost records to damage (a checksum failure found at recovery) has a hole
+that must not be committed around: its items past the hole are held, not retried, until an
+operator skips the lost offsets (`skip_lost`: one commit that moves the partition's log end past
+them and records them in the table's `lakebroker.lostOffsets`). Its other partitions and every
+other topic keep committing.
+
 One flush runs at a time (`commit_lock`); deleting a topic takes the same lock, so no commit
 lands in a table after it is deleted. Tables are cached by topic id, not name: a re-created
 topic is a new table.
@@ -43,11 +49,11 @@ from lakebroker.ingest_api.metrics import IngestMetrics
 from lakebroker.ingest_api.records import Record
 from lakebroker.ingest_api.wal import PartitionKey
 from lakebroker.tables import delta
-from lakebroker.tables.errors import NotFound, OffsetGap
+from lakebroker.tables.errors import NotFound, OffsetGap, StorageUnavailable
 from lakebroker.tables.layout import Layout
-from lakebroker.tables.schemas import TOPIC_SCHEMA
+from lakebroker.tables.schemas import LOST_OFFSETS_PROPERTY, TOPIC_SCHEMA
 from lakebroker.tables.settings import Settings
-from lakebroker.tables.topics import TopicConfig, ensure_topic_table
+from lakebroker.tables.topics import TopicConfig, ensure_topic_table, with_lost
 
 log = logging.getLogger(__name__)
 
@@ -103,12 +109,25 @@ class Flusher:
         self.committed: dict[PartitionKey, int] = {}  # log-end offsets known to be in Delta
         self._waiters: dict[PartitionKey, list[tuple[int, asyncio.Future[None]]]] = defaultdict(list)
         self.healthy = True
+        self._held_from: dict[PartitionKey, int] = {}  # a damaged partition's first lost offset
+        self._held: dict[PartitionKey, list[Record | Chunk]] = {}  # its items past the hole
+        self._held_bytes = 0
 
     @property
     def pending_bytes(self) -> int:
-        return self._pending_bytes
+        return self._pending_bytes + self._held_bytes
+
+    def hold(self, key: PartitionKey, first_lost: int) -> None:
+        """Keep `key`'s items from `first_lost` on out of every flush until `skip_lost`."""
+        self._held_from[key] = first_lost
+        self._held.setdefault(key, [])
+
+    def held_items(self, key: PartitionKey) -> int:
+        return len(self._held.get(key, ()))
 
     def add(self, records: Sequence[Record | Chunk]) -> None:
+        if self._held_from:
+            records = self._hold_back(records)
         if not records:
             return
         self._pending.extend(records)
@@ -120,6 +139,54 @@ class Flusher:
             self._pending_bytes >= self._settings.flush_max_bytes
         ):
             self._wake.set()
+
+    def _hold_back(self, records: Sequence[Record | Chunk]) -> list[Record | Chunk]:
+        out: list[Record | Chunk] = []
+        for r in records:
+            first = self._held_from.get((r.topic_id, r.partition))
+            if first is not None and r.offset >= first:
+                self._held[(r.topic_id, r.partition)].append(r)
+                self._held_bytes += r.size
+            else:
+                out.append(r)
+        return out
+
+    async def skip_lost(self, topic: TopicConfig, partition: int, last: int, metadata: dict[str, str]) -> None:
+        """Commit the partition's log end past its lost offsets (first lost to `last`), naming them
+        in the table's lost-offsets property, then flush its held items. Every item before the
+        hole is committed first, so the skip covers exactly the lost offsets."""
+        key = (bytes.fromhex(topic.topic_id), partition)
+        first = self._held_from[key]
+        while self._pending and self.committed.get(key, 0) < first:
+            if not await self.flush_round():
+                raise StorageUnavailable(f"partition {partition} of {topic.name!r}: the commits before its lost "
+                                         "offsets are failing (see the log); retry the skip once they succeed")
+        async with self.commit_lock:
+            end = await asyncio.to_thread(self._commit_skip, topic, partition, first, last, metadata)
+            self._mark_committed(topic, {partition: end})
+            del self._held_from[key]
+            held = self._held.pop(key)
+            self._held_bytes -= sum(r.size for r in held)
+        self.add(held)
+        self._wake.set()
+
+    def _commit_skip(self, topic: TopicConfig, partition: int, first: int, last: int,
+                     metadata: dict[str, str]) -> int:
+        app_id = delta.partition_app_id(partition)
+        try:
+            table = self._table(topic)
+            end = delta.txn_version(table, app_id) or 0
+            if end > last:
+                return end  # skipped already (a skip redone after a crash): nothing more to commit
+            if end != first:
+                raise OffsetGap(f"partition {partition} of {topic.name!r} ends at {end} in Delta, not at its first "
+                                f"lost offset {first}: nothing skipped")
+            config = table.metadata().configuration
+            delta.set_properties(table, {LOST_OFFSETS_PROPERTY: with_lost(config, partition, first, last)},
+                                 txns={app_id: last + 1}, metadata={"lakebroker.operation": "wal-skip", **metadata})
+        finally:
+            self._ends.pop(topic.topic_id, None)  # read the partition ends again at the next flush
+        return last + 1
 
     def wait_committed(self, key: PartitionKey, offset: int) -> asyncio.Future[None]:
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -165,6 +232,9 @@ class Flusher:
                         future.set_exception(NotFound("the topic was deleted before the message was committed"))
             for key in [k for k in self.committed if k[0] == key_id]:
                 del self.committed[key]
+            for key in [k for k in self._held_from if k[0] == key_id]:
+                del self._held_from[key]
+                self._held_bytes -= sum(r.size for r in self._held.pop(key))
 
     async def flush_once(self) -> bool:
         """Commit everything pending, in bounded rounds; on failure keep it pending and report False.

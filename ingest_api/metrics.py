@@ -122,6 +122,11 @@ class IngestMetrics:
             "lakebroker_wal_corrupt_spans", "Corrupt WAL spans found at recovery and not replayed.",
             registry=registry,
         )
+        self.wal_lost_offsets = Gauge(
+            "lakebroker_wal_lost_offsets",
+            "Offsets lost to WAL damage whose partition is held until `lakebroker wal skip`.",
+            ["topic", "partition"], registry=registry,
+        )
         self.flush_latency = Histogram(
             "lakebroker_flush_latency_seconds", "Duration of one Delta commit of the flusher.",
             buckets=_LATENCY_BUCKETS, registry=registry,

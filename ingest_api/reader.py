@@ -12,7 +12,7 @@ from lakebroker.tables.layout import Layout
 from lakebroker.tables.log_start import PartitionLog, check_dense, partition_logs
 from lakebroker.tables.message_format import message_json
 from lakebroker.tables.schemas import TOPIC_SCHEMA
-from lakebroker.tables.topics import TopicConfig, may_have_holes
+from lakebroker.tables.topics import Holes, TopicConfig
 
 _COLUMNS = TOPIC_SCHEMA.names
 
@@ -59,6 +59,7 @@ def read_messages(
             f"valid offsets are {start} to {committed_end} (log start to committed end)"
         )
     messages: list[dict[str, Any]] = []
+    lost: list[dict[str, int]] = []
     next_offset = offset
     if offset < committed_end:
         stop = min(offset + limit, committed_end)
@@ -68,11 +69,14 @@ def read_messages(
             (pc.field("partition") == partition) & (pc.field("offset") >= offset) & (pc.field("offset") < stop),
             columns=_COLUMNS,
         ).sort_by("offset")
-        if not may_have_holes(table.metadata().configuration):
-            check_dense(topic, partition, rows["offset"].to_pylist(), offset, stop)
+        holes = Holes.of(table.metadata().configuration)
+        if not holes.anywhere:
+            check_dense(topic, partition, rows["offset"].to_pylist(), offset, stop, holes)
         for row in rows.to_pylist():
             messages.append(message_json(row))
-        # Key compaction can leave holes: past a hole, or an empty range, the next read starts after it.
+        lost = [{"first_offset": a, "last_offset": b} for a, b in holes.lost_between(partition, offset, stop)]
+        # Key compaction and recorded losses leave holes: past a hole, or an empty range, the next read
+        # starts after it.
         next_offset = messages[-1]["offset"] + 1 if messages else stop
     return {"messages": messages, "next_offset": next_offset, "log_start_offset": start,
-            "committed_offset": committed_end}
+            "committed_offset": committed_end, "lost_offsets": lost}

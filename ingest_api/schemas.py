@@ -123,11 +123,45 @@ class MessagePublic(BaseModel):
     sequence: int | None = None
 
 
+class LostRangePublic(BaseModel):
+    first_offset: int
+    last_offset: int
+
+
 class MessagesPublic(BaseModel):
     messages: list[MessagePublic]
     next_offset: int
     log_start_offset: int
     committed_offset: int
+    lost_offsets: list[LostRangePublic] = Field(
+        default_factory=list,
+        description="Offsets in the range read that were lost to WAL damage and skipped by an operator "
+                    "(`lakebroker wal skip`): an explicit gap, never a silent one.")
+
+
+class WalSkip(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    topic: str = Field(min_length=1, max_length=128)
+    partition: int = Field(ge=0)
+
+
+class WalDamagePublic(BaseModel):
+    topic: str
+    partition: int
+    first_offset: int
+    last_offset: int
+    lost: int
+    wal_damage: str
+
+
+class LostOffsetsPublic(BaseModel):
+    topic: str
+    partition: int
+    first_offset: int
+    last_offset: int
+    wal_damage: str
+    skipped_at: str
+    skipped_by: str
 
 
 class ErrorBody(BaseModel):

@@ -76,10 +76,19 @@ class CorruptSpan:
 
 
 @dataclass
+class SegmentSummary:
+    segment: str
+    size: int
+    records: int  # single-message records and the messages in batch chunks
+    chunks: int
+
+
+@dataclass
 class RecoveryReport:
     items: list[Record | Chunk] = field(default_factory=list)  # in log order: offset order per partition
     torn_bytes: int = 0
     corrupt: list[CorruptSpan] = field(default_factory=list)
+    segments: list[SegmentSummary] = field(default_factory=list)
 
     @property
     def records(self) -> list[Record]:
@@ -101,6 +110,10 @@ class _Segment:
             last = r.end - 1 if isinstance(r, Chunk) else r.offset
             if last > self.max_offsets.get(key, -1):
                 self.max_offsets[key] = last
+
+
+def _rows(item: Record | Chunk) -> int:
+    return item.rows if isinstance(item, Chunk) else 1
 
 
 def group_head(size: int) -> bytes:
@@ -167,7 +180,17 @@ class Wal:
         self._roll(int(paths[-1].stem) + 1 if paths else 1)
         return report
 
-    def _read_segment(self, path: Path, *, newest: bool, report: RecoveryReport) -> list[Record | Chunk]:
+    def inspect(self) -> RecoveryReport:
+        """What recovery would read, without changing anything: no truncation, no quarantine.
+        A server may be appending meanwhile: its newest write may then read as torn."""
+        report = RecoveryReport()
+        paths = sorted(self.directory.glob(f"*{_SUFFIX}"))
+        for i, path in enumerate(paths):
+            report.items.extend(self._read_segment(path, newest=i == len(paths) - 1, report=report, repair=False))
+        return report
+
+    def _read_segment(self, path: Path, *, newest: bool, report: RecoveryReport,
+                      repair: bool = True) -> list[Record | Chunk]:
         data = path.read_bytes()
         items: list[Record | Chunk] = []
         grouped = data[: len(FRAME_MAGIC)] not in (FRAME_MAGIC, CHUNK_MAGIC)  # else written before group frames
@@ -183,8 +206,9 @@ class Wal:
                     try:
                         items.append(decode_chunk(body))
                     except ChunkFrameError as exc:  # its checksum holds, its contents do not: never replay it
-                        self._quarantine(path)
-                        log.error("WAL %s: bytes %d-%d: %s; not replayed", path.name, pos, end, exc)
+                        if repair:
+                            self._quarantine(path)
+                            log.error("WAL %s: bytes %d-%d: %s; not replayed", path.name, pos, end, exc)
                         report.corrupt.append(CorruptSpan(path.name, pos, end))
                 pos = end
                 continue
@@ -194,17 +218,21 @@ class Wal:
             later_write = _next_valid_frame(data, pos + 1, (GROUP_MAGIC,)) if grouped else resume
             if newest and later_write is None:
                 torn = len(data[pos:].rstrip(b"\0"))  # what was written of it, not the zeroed room
-                log.warning("WAL %s: truncating a torn last write: %d bytes at %d", path.name, torn, pos)
                 report.torn_bytes += torn
-                with path.open("r+b") as f:
-                    f.truncate(pos)
-                    os.fsync(f.fileno())
+                if repair:
+                    log.warning("WAL %s: truncating a torn last write: %d bytes at %d", path.name, torn, pos)
+                    with path.open("r+b") as f:
+                        f.truncate(pos)
+                        os.fsync(f.fileno())
                 break
-            stop = len(data) if resume is None else resume
-            self._quarantine(path)
-            log.error("WAL %s: corrupt bytes %d-%d fail their checksum; not replayed", path.name, pos, stop)
+            stop = pos + len(data[pos:].rstrip(b"\0")) if resume is None else resume  # not the zeroed room
+            if repair:
+                self._quarantine(path)
+                log.error("WAL %s: corrupt bytes %d-%d fail their checksum; not replayed", path.name, pos, stop)
             report.corrupt.append(CorruptSpan(path.name, pos, stop))
             pos = stop
+        report.segments.append(SegmentSummary(path.name, len(data), sum(_rows(i) for i in items),
+                                              sum(isinstance(i, Chunk) for i in items)))
         return items
 
     def _quarantine(self, path: Path) -> None:

@@ -42,6 +42,7 @@ class BrokerAccess(Protocol):
     def create_topic(self, name: str, partitions: int, config: dict[str, Any]) -> dict[str, Any]: ...
     def produce(self, topic: str, message: NewMessage, ack: AckMode) -> dict[str, Any]: ...
     def delete_topic(self, name: str) -> None: ...
+    def skip_lost(self, topic: str, partition: int) -> dict[str, Any]: ...
 
 
 class EmbeddedAccess:
@@ -82,6 +83,14 @@ class EmbeddedAccess:
             # The embedded broker stops right after, committing to Delta: answer as for ack=table.
             (result,) = await broker.produce(topic, [message], AckMode.TABLE if ack is AckMode.NONE else ack)
             return asdict(result)
+
+        out: dict[str, Any] = self._run(work)
+        return out
+
+    def skip_lost(self, topic: str, partition: int) -> dict[str, Any]:
+        async def work(broker: Broker) -> dict[str, Any]:
+            loss = await broker.skip_lost(topic, partition, "cli")
+            return {**asdict(loss), "skipped_at": loss.skipped_at.isoformat()}
 
         out: dict[str, Any] = self._run(work)
         return out
@@ -132,6 +141,10 @@ class RemoteAccess:
             body["value"] = None if message.value is None else message.value.decode()
         out: dict[str, Any] = self._call("POST", f"/v1/topics/{topic}/messages", params={"ack": ack.value},
                                          json={k: v for k, v in body.items() if v is not None or k == "value"})
+        return out
+
+    def skip_lost(self, topic: str, partition: int) -> dict[str, Any]:
+        out: dict[str, Any] = self._call("POST", "/v1/wal/damage/skip", json={"topic": topic, "partition": partition})
         return out
 
 

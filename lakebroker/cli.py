@@ -271,10 +271,11 @@ def sql(
 @functools.cache  # once per process, however often main() (or a test) asks
 def _register_plugins() -> None:
     """Command groups owned by other modules add themselves here."""
-    from lakebroker import jobs_cli, tokens_cli
+    from lakebroker import jobs_cli, tokens_cli, wal_cli
 
     jobs_cli.register(app, settings, fail)
     tokens_cli.register(app, settings, fail)
+    wal_cli.register(app, settings, fail)
 
 
 def main() -> None:

@@ -236,6 +236,23 @@ def append(
     write_deltalake(table, data, mode="append", commit_properties=props, post_commithook_properties=commit_hooks(table))
 
 
+def set_properties(
+    table: DeltaTable,
+    properties: Mapping[str, str],
+    *,
+    txns: Mapping[str, int] | None = None,
+    metadata: Mapping[str, Any] | None = None,
+) -> None:
+    """Set table properties, and in the same commit record each txn appId at its version. No
+    retries: a concurrent commit fails this one, so the caller decides again on a fresh snapshot."""
+    props = CommitProperties(
+        app_transactions=[Transaction(app_id, version) for app_id, version in (txns or {}).items()],
+        custom_metadata=dict(metadata) if metadata else None,
+        max_commit_retries=0,
+    )
+    table.alter.set_table_properties(dict(properties), raise_if_not_exists=False, commit_properties=props)
+
+
 CLEANUP_EVERY_VERSIONS = 100
 
 

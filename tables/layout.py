@@ -106,6 +106,11 @@ class Layout:
         return self.system_table("retention_skips")
 
     @property
+    def lost_offsets_table(self) -> str:
+        """Offsets lost to WAL damage that an operator skipped (`lakebroker wal skip`)."""
+        return self.system_table("lost_offsets")
+
+    @property
     def subscriptions_table(self) -> str:
         return self.system_table("subscriptions")
 

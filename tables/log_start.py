@@ -18,7 +18,7 @@ from deltalake import DeltaTable
 
 from lakebroker.tables import delta
 from lakebroker.tables.errors import OffsetGap
-from lakebroker.tables.topics import TopicConfig
+from lakebroker.tables.topics import Holes, TopicConfig
 
 
 def log_start(min_offsets: Iterable[int | None], log_end: int) -> int:
@@ -58,12 +58,18 @@ def log_starts(table: DeltaTable, partitions: int) -> dict[int, int]:
     return {p: log.log_start for p, log in partition_logs(table, partitions).items()}
 
 
-def check_dense(topic: TopicConfig, partition: int, offsets: list[int], start: int, end: int) -> None:
-    """Raise OffsetGap unless `offsets` (sorted) are exactly start..end-1: a topic that is not
-    key-compacted has no holes between its log start and its log end."""
+def check_dense(topic: TopicConfig, partition: int, offsets: list[int], start: int, end: int,
+                holes: Holes | None = None) -> None:
+    """Raise OffsetGap unless `offsets` (sorted) are exactly start..end-1, but for the lost ranges
+    `holes` names: a topic that is not key-compacted has no other holes between its log start and
+    its log end."""
     if offsets == list(range(start, end)):
         return
-    missing = sorted(set(range(start, end)) - set(offsets))
+    lost = {o for first, last in (holes.lost_between(partition, start, end) if holes else ()) for o in
+            range(first, last + 1)}
+    if lost and offsets == sorted(set(range(start, end)) - lost):
+        return
+    missing = sorted(set(range(start, end)) - set(offsets) - lost)
     what = f"is missing offsets {missing[0]}-{missing[-1]}" if missing else "holds an offset twice"
     raise OffsetGap(
         f"partition {partition} of {topic.name!r} {what} in {start}-{end - 1}, below its committed end, "

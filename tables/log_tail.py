@@ -29,7 +29,7 @@ from deltalake import DeltaTable
 
 from lakebroker.tables import delta, storage
 from lakebroker.tables.schemas import TOPIC_SCHEMA
-from lakebroker.tables.topics import may_have_holes
+from lakebroker.tables.topics import Holes
 
 CHECKPOINT_RECHECK_S = 30.0
 FILE_SCHEMA = pa.schema([f for f in TOPIC_SCHEMA if f.name != "partition"])  # Hive-style: not in the files
@@ -58,7 +58,7 @@ class TopicLogTail:
         self._snapshot: DeltaTable | None = None  # answers txns no commit since the rebuild touched
         self._unset: set[str] = set()  # txns the snapshot does not have
         self._exact = True  # False once deletion vectors appear: then every read goes through delta-rs
-        self.key_compacted = False  # the table's mark that holes are legitimate (tables.topics.may_have_holes)
+        self.holes = Holes()  # where the table's own properties make holes legitimate (tables.topics.Holes)
         self._clock = clock
         self._checkpoint_checked_at = -float("inf")  # when _fell_behind_a_checkpoint last ran
 
@@ -150,7 +150,7 @@ class TopicLogTail:
             elif "txn" in action:
                 self._txns[action["txn"]["appId"]] = int(action["txn"]["version"])
             elif "metaData" in action:
-                self.key_compacted = may_have_holes(action["metaData"].get("configuration") or {})
+                self.holes = Holes.of(action["metaData"].get("configuration") or {})
         return True
 
     def _rebuild(self) -> int:
@@ -172,7 +172,7 @@ class TopicLogTail:
         self._txns = {}
         self._unset = set()
         self._snapshot = table
-        self.key_compacted = may_have_holes(table.metadata().configuration)
+        self.holes = Holes.of(table.metadata().configuration)
         self.version = table.version()
         return self.version
 

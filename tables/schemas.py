@@ -47,6 +47,10 @@ TOPIC_TABLE_PROPERTIES: dict[str, str] = {"delta.checkpointInterval": "10"}
 # removed rows, so a hole between offsets is legitimate there. Set before any key compaction can run
 # and never unset, so a reader decides from the snapshot it reads, not from a topic config it loaded.
 KEY_COMPACTED_PROPERTY = "lakebroker.keyCompacted"
+# JSON {"<partition>": [[first, last], ...]} on a topic table: offsets an operator declared lost to
+# WAL damage (`lakebroker wal skip`). Set in the same commit that moves the partition's log end
+# past them, so a reader of any snapshot knows those holes are the recorded loss, not damage.
+LOST_OFFSETS_PROPERTY = "lakebroker.lostOffsets"
 
 TOPICS_SCHEMA_VERSION = 1
 TOPICS_SCHEMA = pa.schema(
@@ -175,6 +179,21 @@ JOB_RUNS_SCHEMA = pa.schema(
         pa.field("bytes_after", pa.int64()),
         pa.field("error", pa.string()),
         pa.field("details", pa.string()),  # JSON: per-job figures (bins, log starts, lag, skips, ...)
+    ]
+)
+
+# Offsets lost to WAL damage and skipped by an operator (tables/lost_offsets.py).
+LOST_OFFSETS_SCHEMA_VERSION = 1
+LOST_OFFSETS_SCHEMA = pa.schema(
+    [
+        pa.field("topic", pa.string(), nullable=False),
+        pa.field("topic_id", pa.string(), nullable=False),
+        pa.field("partition", pa.int32(), nullable=False),
+        pa.field("first_offset", pa.int64(), nullable=False),
+        pa.field("last_offset", pa.int64(), nullable=False),  # inclusive
+        pa.field("wal_damage", pa.string(), nullable=False),  # the corrupt spans found at recovery
+        pa.field("skipped_at", pa.timestamp("us", tz="UTC"), nullable=False),
+        pa.field("skipped_by", pa.string(), nullable=False),  # the token (name) or "cli"
     ]
 )
 

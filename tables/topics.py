@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import logging
 import uuid
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
 
+import orjson
 from deltalake import DeltaTable
 
 from lakebroker.tables import delta, storage
@@ -21,6 +22,7 @@ from lakebroker.tables.errors import AlreadyExists, InvalidRequest, NotFound
 from lakebroker.tables.layout import Layout, validate_name
 from lakebroker.tables.schemas import (
     KEY_COMPACTED_PROPERTY,
+    LOST_OFFSETS_PROPERTY,
     TOPIC_PARTITION_COLUMNS,
     TOPIC_SCHEMA,
     TOPIC_SCHEMA_VERSION,
@@ -110,9 +112,52 @@ def mark_key_compacted(uri: str) -> DeltaTable | None:
 
 
 def may_have_holes(configuration: dict[str, str]) -> bool:
-    """Whether a topic table, by its own properties, may lack offsets below its log end: only key
-    compaction removes rows and keeps offsets, and only on a table marked for it."""
+    """Whether a topic table, by its own properties, may lack offsets anywhere below its log end:
+    only key compaction removes rows and keeps offsets, and only on a table marked for it."""
     return configuration.get(KEY_COMPACTED_PROPERTY) == "true"
+
+
+LostRanges = dict[int, tuple[tuple[int, int], ...]]  # partition -> (first, last) offsets, sorted
+
+
+@dataclass(frozen=True)
+class Holes:
+    """Where a topic table may lack offsets below its log end, by its own properties: anywhere
+    (key-compacted), or in the ranges an operator declared lost to WAL damage. Any other hole is
+    damage to the table."""
+
+    anywhere: bool = False
+    lost: LostRanges = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, configuration: dict[str, str]) -> Holes:
+        raw = configuration.get(LOST_OFFSETS_PROPERTY)
+        lost = {int(p): tuple((int(a), int(b)) for a, b in ranges)
+                for p, ranges in orjson.loads(raw).items()} if raw else {}
+        return cls(may_have_holes(configuration), lost)
+
+    def past_lost(self, partition: int, offset: int) -> int:
+        """The first offset at or after `offset` that is not in a lost range."""
+        for first, last in self.lost.get(partition, ()):
+            if first <= offset <= last:
+                offset = last + 1
+        return offset
+
+    def lost_between(self, partition: int, start: int, end: int) -> list[tuple[int, int]]:
+        """The lost ranges that meet [start, end), clipped to it."""
+        return [(max(first, start), min(last, end - 1)) for first, last in self.lost.get(partition, ())
+                if first < end and last >= start]
+
+
+def with_lost(configuration: dict[str, str], partition: int, first: int, last: int) -> str:
+    """The lost-offsets property's new value once [first, last] of `partition` is added."""
+    raw = configuration.get(LOST_OFFSETS_PROPERTY)
+    lost: dict[str, list[list[int]]] = orjson.loads(raw) if raw else {}
+    ranges = lost.setdefault(str(partition), [])
+    if [first, last] not in ranges:
+        ranges.append([first, last])
+        ranges.sort()
+    return orjson.dumps(lost, option=orjson.OPT_SORT_KEYS).decode()
 
 
 class TopicStore:

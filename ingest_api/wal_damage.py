@@ -1,0 +1,73 @@
+"""WAL damage: which offsets a corrupt WAL span cost, found at recovery.
+
+A frame that fails its checksum cannot say whose records it held. The records around it can:
+within one partition the WAL holds offsets in order, so after the records Delta already has,
+any offset that no recovered record or chunk holds was in the damaged bytes. Each such hole is a
+`Damage`; the flusher holds the partition at it (never committing around a hole) until an
+operator skips it (`lakebroker wal skip`), which records the loss.
+
+A hole is found from the records alone, so it is found again after a restart that released the
+damaged segment itself. A hole can be seen only below a later record of the same partition. Records lost at the very end
+of a partition's WAL leave no trace in what survives, so their offsets are assigned again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from lakebroker.ingest_api.chunks import Chunk
+from lakebroker.ingest_api.records import Record
+from lakebroker.ingest_api.wal import CorruptSpan, PartitionKey
+
+
+@dataclass(frozen=True)
+class Damage:
+    topic: str
+    topic_id: bytes
+    partition: int
+    first: int  # the first lost offset
+    last: int  # the last one, inclusive
+    spans: str  # the corrupt WAL bytes that held them (one of them, at least)
+
+    @property
+    def key(self) -> PartitionKey:
+        return (self.topic_id, self.partition)
+
+    @property
+    def count(self) -> int:
+        return self.last - self.first + 1
+
+    def public(self) -> dict[str, object]:
+        return {"topic": self.topic, "partition": self.partition, "first_offset": self.first,
+                "last_offset": self.last, "lost": self.count, "wal_damage": self.spans}
+
+    def describe(self) -> str:
+        return (f"partition {self.partition} of {self.topic!r}: offsets {self.first}-{self.last} "
+                f"({self.count}) were lost to WAL damage ({self.spans})")
+
+
+def describe_spans(spans: Iterable[CorruptSpan]) -> str:
+    return ", ".join(f"{s.segment} bytes {s.start}-{s.end}" for s in spans)
+
+
+def find_damage(items: Iterable[Record | Chunk], committed: Mapping[PartitionKey, int],
+                topics: Mapping[bytes, str], corrupt: list[CorruptSpan]) -> list[Damage]:
+    """Every hole in each partition's recovered items past what Delta holds, in offset order.
+    `items` are in log order; `topics` names the live topics by id (others are skipped)."""
+    # With no corrupt span left to name, the damaged segment was released by an earlier run
+    # (its readable records were committed); the hole behind it is the same loss.
+    spans = describe_spans(corrupt) or "a segment since released; its copy is in wal/quarantine/"
+    expected: dict[PartitionKey, int] = {}
+    found: list[Damage] = []
+    for r in items:
+        key = (r.topic_id, r.partition)
+        name = topics.get(r.topic_id)
+        if name is None:
+            continue
+        at = expected.get(key, committed.get(key, 0))
+        end = r.end if isinstance(r, Chunk) else r.offset + 1
+        if r.offset > at:
+            found.append(Damage(name, r.topic_id, r.partition, at, r.offset - 1, spans))
+        expected[key] = max(at, end)
+    return found

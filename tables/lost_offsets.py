@@ -1,0 +1,57 @@
+"""Lost offsets: the `_system/lost_offsets` table.
+
+A record in a WAL segment that fails its checksum can never be replayed. If it had not reached
+Delta, its partition's table would have a hole there, and the flusher never commits past a hole,
+so the partition stops. An operator moves it on with `lakebroker wal skip`: the loss is recorded
+here first, then one commit to the topic table moves the partition's log end past the lost
+offsets and names them in the table's `lakebroker.lostOffsets` property (tables/topics.py
+`Holes`), which is how readers tell the recorded loss from damage. A skip that crashed in between
+is done again by the next `wal skip`, and `lost_offsets` returns its record once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+import pyarrow as pa
+
+from lakebroker.tables import delta
+from lakebroker.tables.layout import Layout
+from lakebroker.tables.schemas import LOST_OFFSETS_SCHEMA, LOST_OFFSETS_SCHEMA_VERSION
+
+
+@dataclass(frozen=True)
+class LostOffsets:
+    topic: str
+    topic_id: str
+    partition: int
+    first_offset: int
+    last_offset: int  # inclusive
+    wal_damage: str  # which WAL bytes were unreadable: "<segment> bytes <start>-<end>", comma-separated
+    skipped_at: datetime
+    skipped_by: str
+
+    @property
+    def count(self) -> int:
+        return self.last_offset - self.first_offset + 1
+
+
+def record_loss(layout: Layout, loss: LostOffsets) -> None:
+    table = delta.ensure_table(layout.lost_offsets_table, LOST_OFFSETS_SCHEMA, partition_by=None,
+                               version=LOST_OFFSETS_SCHEMA_VERSION)
+    row = {name: getattr(loss, name) for name in LOST_OFFSETS_SCHEMA.names}
+    delta.append(table, pa.Table.from_pylist([row], schema=LOST_OFFSETS_SCHEMA),
+                 metadata={"lakebroker.operation": "wal-skip"})
+
+
+def lost_offsets(layout: Layout, *, topic: str | None = None) -> list[LostOffsets]:
+    """Every recorded loss, oldest first; one recorded twice (a skip redone) is returned once."""
+    table = delta.open_table(layout.lost_offsets_table)
+    if table is None:
+        return []
+    seen: dict[tuple[str, int, int, int], LostOffsets] = {}
+    for r in delta.read_rows(table, delta.matching({"topic": topic})).sort_by("skipped_at").to_pylist():
+        loss = LostOffsets(**r)
+        seen.setdefault((loss.topic_id, loss.partition, loss.first_offset, loss.last_offset), loss)
+    return list(seen.values())
