@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from lakebroker.spark_pipeline import s3a
+from lakebroker.tables.row_groups import ROW_GROUP_BYTES
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -55,6 +56,9 @@ _BASE_CONF: dict[str, str] = {
     "spark.sql.shuffle.partitions": "4",
     # Delta's snapshot state reconstruction defaults to 50 partitions: pure overhead here.
     "spark.databricks.delta.snapshotPartitions": "4",
+    # Row groups a delivery read can skip (tables/row_groups.py), not Parquet's 128 MB: every file
+    # the jobs rewrite (compaction, key compaction, retention, replicas) is read by offset range.
+    "spark.hadoop.parquet.block.size": str(ROW_GROUP_BYTES),
     "spark.sql.session.timeZone": "UTC",
     # Python workers must use this interpreter (the venv), not whatever python3 is on PATH.
     "spark.pyspark.python": sys.executable,

@@ -15,6 +15,7 @@ from lakebroker.spark_pipeline.jobs import compaction
 from lakebroker.spark_pipeline.results import Outcome
 from lakebroker.tables import delta
 from lakebroker.tables.layout import Layout
+from lakebroker.tables.row_groups import ROW_GROUP_BYTES
 from tests.spark_pipeline.topics import (
     ConcurrentFlusher,
     commit_infos,
@@ -161,3 +162,22 @@ def test_a_concurrent_job_on_the_same_files_conflicts_and_compaction_replans(spa
     result = compaction.run(spark, settings, "t")
     assert result.outcome is Outcome.OK and result.table("t").files_after == 1
     assert offsets_by_partition(settings, "t") == {0: list(range(10, 50))}
+
+
+def test_compacted_files_are_written_in_row_groups_a_reader_can_skip(spark: Any, tmp_path: Path) -> None:
+    """Spark's default row group is 128 MB: a compacted file would be one, and a delivery read of
+    1,000 rows would decode all of it."""
+    import pyarrow.parquet as pq
+
+    settings = settings_for(tmp_path / "data")
+    create_topic(settings, "t", partitions=1)
+    for _ in range(3):  # ~4 MB each, of values that do not compress
+        produce(settings, "t", 0, 16_000, values=[os.urandom(256) for _ in range(16_000)])
+    result = compaction.run(spark, settings, "t")
+    assert result.table("t").files_after == 1
+    t = table(settings, "t")
+    path = Path(t.table_uri.removeprefix("file://")) / t.file_uris()[0].split("/t/", 1)[1]
+    metadata = pq.ParquetFile(path).metadata
+    sizes = [metadata.row_group(i).total_byte_size for i in range(metadata.num_row_groups)]
+    assert len(sizes) >= 3 and max(sizes) <= 1.1 * ROW_GROUP_BYTES, sizes
+    assert pq.read_table(path, columns=["offset"]).column("offset").to_pylist() == list(range(48_000))
