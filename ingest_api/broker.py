@@ -149,6 +149,10 @@ class Broker:
         self.metrics.wal_lost_offsets.labels(damage.topic, str(damage.partition)).set(
             sum(d.count for d in held))
 
+    def lost_offsets(self, topic: TopicConfig, partition: int) -> int:
+        """Offsets WAL damage cost the partition that no skip has recorded yet."""
+        return sum(d.count for d in self.damage.get((bytes.fromhex(topic.topic_id), partition), ()))
+
     async def skip_lost(self, topic_name: str, partition: int, by: str) -> LostOffsets:
         """Let a partition held at WAL damage move on: record its first lost range in
         `_system/lost_offsets`, then commit its log end past it (Flusher.skip_lost)."""
