@@ -67,15 +67,19 @@ class SharedLogTail:
             return self._tail.holes
 
     def read(self, partition: int, start: int, end: int) -> pa.Table | None:
-        """The tail's read (None: no table yet)."""
+        """The tail's read (None: no table yet). Only planning it holds the tail: the files are
+        read and decoded outside, while the other pipelines on the table keep polling."""
         with self._lock:
             if self._tail.version < 0:
                 return None
-            try:
-                return self._tail.read(partition, start, end)
-            except FileNotFoundError:  # a file vacuumed after a rewrite we have not seen yet
+            planned = self._tail.plan(partition, start, end)
+        try:
+            return planned.run()
+        except FileNotFoundError:  # a file vacuumed after a rewrite we have not seen yet
+            with self._lock:
                 self._tail.refresh()
-                return self._tail.read(partition, start, end)
+                planned = self._tail.plan(partition, start, end)
+            return planned.run()
 
 
 class LogTails:

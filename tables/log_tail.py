@@ -43,6 +43,35 @@ class DataFile:
     max_offset: int | None
 
 
+@dataclass(frozen=True)
+class RangeRead:
+    """One partition's rows in [start, end), planned from the index: the files that may hold them,
+    or the delta-rs snapshot when the index cannot tell. Running it needs nothing of the index, so
+    a tail shared by threads plans under its lock and reads and decodes outside it."""
+
+    partition: int
+    start: int
+    end: int
+    fs: pafs.FileSystem
+    paths: tuple[str, ...]
+    snapshot: DeltaTable | None  # set when the table has deletion vectors: read through delta-rs
+
+    def run(self) -> pa.Table:
+        """The rows, in TOPIC_SCHEMA's column order, not yet sorted. The offset filter reaches the
+        Parquet reader, which skips every row group whose offset statistics miss the range before
+        decoding it (writers keep row groups small: tables/row_groups.py)."""
+        if self.snapshot is not None:
+            return delta.read_offset_range(self.snapshot, self.partition, self.start, self.end, TOPIC_SCHEMA.names)
+        if not self.paths:
+            return TOPIC_SCHEMA.empty_table()
+        import pyarrow.dataset as pads  # here, not at import: it imports pandas (CLI start-up)
+
+        rows = pads.dataset(list(self.paths), schema=FILE_SCHEMA, format="parquet", filesystem=self.fs).to_table(
+            filter=(pc.field("offset") >= self.start) & (pc.field("offset") < self.end))
+        column = pa.array([self.partition] * rows.num_rows, pa.int32())
+        return rows.add_column(0, TOPIC_SCHEMA.field("partition"), column).select(TOPIC_SCHEMA.names)
+
+
 class TopicLogTail:
     """The live data files and txn versions of one topic table, at `version`. Blocking I/O."""
 
@@ -111,17 +140,13 @@ class TopicLogTail:
 
     def read(self, partition: int, start: int, end: int) -> pa.Table:
         """Rows with start <= offset < end, in TOPIC_SCHEMA's column order, not yet sorted."""
-        if not self._exact and self._snapshot is not None:
-            return delta.read_offset_range(self._snapshot, partition, start, end, TOPIC_SCHEMA.names)
-        paths = [f.path for f in self.files(partition, start, end)]
-        if not paths:
-            return TOPIC_SCHEMA.empty_table()
-        import pyarrow.dataset as pads  # here, not at import: it imports pandas (CLI start-up)
+        return self.plan(partition, start, end).run()
 
-        rows = pads.dataset(paths, schema=FILE_SCHEMA, format="parquet", filesystem=self.fs).to_table(
-            filter=(pc.field("offset") >= start) & (pc.field("offset") < end))
-        column = pa.array([partition] * rows.num_rows, pa.int32())
-        return rows.add_column(0, TOPIC_SCHEMA.field("partition"), column).select(TOPIC_SCHEMA.names)
+    def plan(self, partition: int, start: int, end: int) -> RangeRead:
+        """What `read` reads, taken from the index as it is now."""
+        paths = tuple(f.path for f in self.files(partition, start, end))
+        snapshot = self._snapshot if not self._exact else None
+        return RangeRead(partition, start, end, self.fs, paths, snapshot)
 
     # -- internals --------------------------------------------------------------------------
     def _fell_behind_a_checkpoint(self) -> bool:

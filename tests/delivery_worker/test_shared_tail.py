@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from pathlib import Path
+from typing import Any
 
 from lakebroker.delivery_worker.source import LogTails, PartitionSource
 from lakebroker.tables.layout import Layout
+from tests.file_reads import ReadRecorder
 from tests.spark_pipeline.topics import create_topic, produce, settings_for
 
 
@@ -37,3 +40,32 @@ def test_partitions_share_one_tail_and_see_each_others_refreshes_without_io(tmp_
     tails.retain({(uri, topic.topic_id)})
     assert tails.get(uri, topic.topic_id) is p0.tail
     assert time.monotonic() - p0.tail.refreshed_at < 60
+
+
+def test_a_read_decodes_without_holding_the_tail(tmp_path: Path) -> None:
+    """The other pipelines on the table look for new commits while one pipeline's read decodes."""
+    settings = settings_for(tmp_path)
+    layout = Layout.of(settings)
+    topic = create_topic(settings, "t", partitions=1)
+    produce(settings, "t", 0, 50)
+    source = PartitionSource(layout, topic, 0, LogTails().get(layout.topic_table("t"), topic.topic_id))
+    assert source.log_end() == 50
+    reading, go_on = threading.Event(), threading.Event()
+
+    def pause() -> None:
+        reading.set()
+        assert go_on.wait(30)
+
+    recorder = ReadRecorder(source.tail._tail.fs, before_read=pause)
+    source.tail._tail.fs = recorder.filesystem()
+    result: list[tuple[list[dict[str, Any]], int]] = []
+    reader = threading.Thread(target=lambda: result.append(source.read(10, 20)))
+    reader.start()
+    try:
+        assert reading.wait(30)
+        assert source.known_log_end(within_s=60) == 50  # None while the read held the tail
+    finally:
+        go_on.set()
+        reader.join(30)
+    [(rows, end)] = result
+    assert [r["offset"] for r in rows] == list(range(10, 20)) and end == 20
