@@ -38,6 +38,7 @@ from lakebroker.spark_pipeline.results import JobName
 from lakebroker.tables.dead_letters import DeadLetterTable
 from lakebroker.tables.layout import Layout
 from lakebroker.tables.log_start import PartitionLog
+from lakebroker.tables.lost_offsets import LostOffsets, lost_offsets
 from lakebroker.tables.offsets import OffsetsTable
 from lakebroker.tables.subscriptions import Subscription, SubscriptionStore
 from lakebroker.tables.tokens import ApiToken
@@ -86,6 +87,7 @@ class _TableReads:
     groups: GroupTables
     dead_letters: dict[str, list[dict[str, Any]]]
     runs: dict[str, list[dict[str, Any]]]
+    losses: list[LostOffsets]
 
 
 def _read_tables(layout: Layout, topics: list[TopicConfig], offsets: OffsetsTable) -> _TableReads:
@@ -95,7 +97,7 @@ def _read_tables(layout: Layout, topics: list[TopicConfig], offsets: OffsetsTabl
     groups = read_groups(layout, offsets=offsets, dead_letters={g: n for g, (n, _) in unreplayed.items()})
     letters = {name: unreplayed[name][1] for name in sorted(subs) if name in unreplayed}
     runs = {job.value: last_runs(layout, job=job.value, limit=200) for job in JOBS}
-    return _TableReads(files, subs, groups, letters, runs)
+    return _TableReads(files, subs, groups, letters, runs, lost_offsets(layout))
 
 
 def _iso(value: datetime | None) -> str | None:
@@ -194,7 +196,18 @@ class Dashboard:
             "subscriptions": subs,
             "jobs": {job: summarize_runs(rows) for job, rows in reads.runs.items()},
             "dead_letters": letters,
+            "lost_offsets": self._lost(reads.losses),
         }
+
+    def _lost(self, losses: list[LostOffsets]) -> list[dict[str, Any]]:
+        """Offsets WAL damage lost: held partitions first (they wait for `wal skip`), then the
+        losses already skipped, newest first."""
+        held = [{**d.public(), "state": "held", "skipped_at": None, "skipped_by": None}
+                for damage in self.broker.damage.values() for d in damage]
+        skipped = [{"topic": s.topic, "partition": s.partition, "first_offset": s.first_offset,
+                    "last_offset": s.last_offset, "lost": s.count, "wal_damage": s.wal_damage, "state": "skipped",
+                    "skipped_at": _iso(s.skipped_at), "skipped_by": s.skipped_by} for s in reversed(losses)]
+        return held + skipped
 
     def _topic(self, topic: TopicConfig, files: dict[int, PartitionLog], now: float) -> dict[str, Any]:
         partitions = []
@@ -245,6 +258,7 @@ def for_principal(snapshot: dict[str, Any], principal: ApiToken) -> dict[str, An
         "topics": [t for t in snapshot["topics"] if allowed(t["name"])],
         "subscriptions": [s for s in snapshot["subscriptions"] if allowed(s["topic"])],
         "dead_letters": [d for d in snapshot["dead_letters"] if allowed(d["topic"])],
+        "lost_offsets": [d for d in snapshot["lost_offsets"] if allowed(d["topic"])],
         "jobs": {job: [r for r in runs if r["topics"] and all(allowed(t) for t in r["topics"])]
                  for job, runs in snapshot["jobs"].items()},
     }

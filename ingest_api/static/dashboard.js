@@ -408,6 +408,37 @@
     badge.classList.toggle("hot", letters.length > 0);
   }
 
+  // ---- offsets lost to WAL damage -----------------------------------------------------------
+  const lostKey = (d) => `${d.topic}-${d.partition}-${d.first_offset}`;
+
+  function createLost(d) {
+    return h("tr", { "data-testid": `lost-${lostKey(d)}` },
+      h("td", { text: d.topic }), h("td", { class: "num", text: String(d.partition) }),
+      h("td", { class: "num", text: `${n(d.first_offset)}–${n(d.last_offset)}` }),
+      h("td", { class: "num", text: n(d.lost) }),
+      h("td", {}, h("span", { "data-ref": "state" })),
+      h("td", {}, h("div", { class: "error-text", text: d.wal_damage, title: d.wal_damage })),
+      h("td", { "data-ref": "skipped" }));
+  }
+
+  function updateLost(row, d) {
+    const state = ref(row, "state");
+    setText(state, d.state === "held" ? "held: run wal skip" : "skipped");
+    setClass(state, "pill", d.state === "held" ? "failed" : "ok");
+    setText(ref(row, "skipped"), d.skipped_at ? `${ago(d.skipped_at)} by ${d.skipped_by}` : "–");
+  }
+
+  function renderLost(lost) {
+    const body = $("lost-offsets").tBodies[0];
+    const empty = body.querySelector(".empty-row");
+    empty.hidden = lost.length > 0;
+    sync(body, lost, lostKey, createLost, updateLost, empty);
+    const badge = $("lost-count");
+    const held = lost.filter((d) => d.state === "held").length;
+    setText(badge, n(lost.length));
+    badge.classList.toggle("hot", held > 0);
+  }
+
   // ---- the whole page ----------------------------------------------------------------------
   let last = null;
 
@@ -417,6 +448,7 @@
     renderSubs(data.subscriptions);
     renderJobs(data.jobs);
     renderLetters(data.dead_letters);
+    renderLost(data.lost_offsets);
     const rates = data.topics.map((t) => t.produce_rate).filter((r) => r !== null);
     setText(document.querySelector('[data-testid="kpi-topics"]'), n(data.topics.length));
     setText(document.querySelector('[data-testid="kpi-produced"]'),

@@ -51,6 +51,7 @@ def receiver() -> Iterator[Receiver]:
 def test_empty_broker(client: TestClient) -> None:
     snap = snapshot(client)
     assert snap["topics"] == [] and snap["subscriptions"] == [] and snap["dead_letters"] == []
+    assert snap["lost_offsets"] == []
     assert snap["jobs"] == {"compaction": [], "retention": [], "replication": []}
     assert datetime.fromisoformat(snap["generated_at"]).tzinfo is not None
 

@@ -186,6 +186,8 @@ async def test_the_api_names_the_damage_and_skips_it(tmp_path: Path) -> None:
         assert "partition 0 of 't': offsets 7-7 (1) were lost to WAL damage" in problem
         assert "lakebroker wal skip t 0" in problem
         damage = client.get("/v1/wal/damage").json()
+        [held] = client.get("/v1/dashboard").json()["lost_offsets"]
+        assert (held["topic"], held["partition"], held["first_offset"], held["state"]) == ("t", 0, 7, "held")
         assert [(d["topic"], d["partition"], d["first_offset"], d["last_offset"]) for d in damage] == [("t", 0, 7, 7)]
         assert client.post("/v1/wal/damage/skip", json={"topic": "t", "partition": "0"}).status_code == 422
         missing = client.post("/v1/wal/damage/skip", json={"topic": "nope", "partition": 0})
@@ -195,6 +197,8 @@ async def test_the_api_names_the_damage_and_skips_it(tmp_path: Path) -> None:
         assert (skipped.json()["first_offset"], skipped.json()["last_offset"]) == (7, 7)
         assert client.get("/v1/wal/damage").json() == []
         assert [loss["first_offset"] for loss in client.get("/v1/wal/lost").json()] == [7]
+        await until(lambda: [(d["first_offset"], d["state"]) for d in client.get("/v1/dashboard").json()[
+            "lost_offsets"]] == [(7, "skipped")], "the dashboard shows the skipped loss", timeout=10)
         await until(lambda: client.get("/readyz").status_code == 200, "ready once skipped", timeout=20)
         page = client.get("/v1/topics/t/partitions/0/messages", params={"offset": 5, "limit": 5}).json()
         assert [m["offset"] for m in page["messages"]] == [5, 6, 8, 9]
