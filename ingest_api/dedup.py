@@ -17,6 +17,7 @@ import hashlib
 import struct
 import time
 from array import array
+from collections.abc import Iterable
 
 import numpy as np
 import pyarrow as pa
@@ -40,8 +41,8 @@ def dedup_id(message_id: str | None, producer_id: str | None, sequence: int | No
     return None
 
 
-def dedup_ids(message_id: pa.ChunkedArray, producer_id: pa.ChunkedArray | None = None,
-              sequence: pa.ChunkedArray | None = None) -> pa.ChunkedArray:
+def dedup_ids(message_id: pa.Array | pa.ChunkedArray, producer_id: pa.Array | pa.ChunkedArray | None = None,
+              sequence: pa.Array | pa.ChunkedArray | None = None) -> pa.Array | pa.ChunkedArray:
     """`dedup_id` over columns: null in a row that has none."""
     by_message = pc.binary_join_element_wise("m", message_id, ":")
     if producer_id is None or sequence is None:
@@ -58,6 +59,12 @@ def key_hash(key: DedupKey) -> tuple[int, int]:
     data = f"{key[0]}\x00{key[1]}".encode("utf-8", "surrogatepass")
     # The full digest's first 16 bytes: as good as blake2b(digest_size=16), and quicker to call.
     return _HALVES.unpack_from(_blake2b(data).digest())  # type: ignore[return-value]
+
+
+def key_hashes(keys: Iterable[DedupKey]) -> np.ndarray:
+    """`key_hash` of each key, as rows of an (n, 2) int64 array."""
+    digests = b"".join(_blake2b(f"{t}\x00{i}".encode("utf-8", "surrogatepass")).digest()[:16] for t, i in keys)
+    return np.frombuffer(digests, "<i8").reshape(-1, 2)
 
 
 class DedupIndex:
@@ -108,20 +115,30 @@ class DedupIndex:
         """`placed`'s log-append time also dates the entry for the window."""
         self._inflight.pop(key, None)
         hashed = self._hashes.pop(key, None)
-        h0, h1 = hashed or key_hash(key)
-        # A hash handed over by begin is of an id that missed and has been in flight since: only
-        # this remember can have placed it, so it is not looked for.
-        if hashed is None and (pos := self._find(h0, h1)) != _EMPTY:
+        if hashed is None:
+            self.restore(*key_hash(key), placed)
+            return
+        # The hash begin took over is of an id that missed and has been in flight since: only this
+        # remember can have placed it, so it is not looked for.
+        self._make_room()
+        self._add(*hashed, placed)
+        self._evict()
+
+    def restore(self, h0: int, h1: int, placed: Placed) -> None:
+        """`remember` by the key's `key_hash`: the rebuild at start hashes its ids in bulk."""
+        if (pos := self._find(h0, h1)) != _EMPTY:
             at = pos * _WIDTH
             self._partition[pos], self._entries[at + 2], self._entries[at + 3] = placed
         else:
-            if self._count == self._capacity:
-                if self._capacity < self.max_entries:
-                    self._grow()
-                else:
-                    self._drop_oldest()
+            self._make_room()
             self._add(h0, h1, placed)
         self._evict()
+
+    def reserve(self, entries: int) -> None:
+        """Room for this many ids at once, up to max_entries (the rebuild at start knows how many it
+        brings): growing step by step would copy the arrays at each step and hold two at the last."""
+        if min(entries, self.max_entries) > self._capacity:
+            self._grow(min(entries, self.max_entries))
 
     # -- storage ------------------------------------------------------------------------
     def _allocate(self, capacity: int) -> None:
@@ -143,6 +160,13 @@ class DedupIndex:
                 return pos
             i = (i + 1) & mask
         return _EMPTY
+
+    def _make_room(self) -> None:
+        if self._count == self._capacity:
+            if self._capacity < self.max_entries:
+                self._grow()
+            else:
+                self._drop_oldest()
 
     def _add(self, h0: int, h1: int, placed: Placed) -> None:
         """Put a hash known to be absent at the ring's head, with room there."""
@@ -182,16 +206,18 @@ class DedupIndex:
         self._tail = (tail + 1) % self._capacity
         self._count -= 1
 
-    def _grow(self) -> None:
-        """Double the capacity (up to max_entries). The ring is full: its entries are copied oldest
-        first to the new arrays' start, and the slot table is built anew with numpy: a per-entry
-        loop would hold the event loop for about a second at a million ids, this a tenth of that."""
+    def _grow(self, capacity: int = 0) -> None:
+        """Enlarge the arrays to `capacity` ids, by default double (up to max_entries). The ring's
+        entries are copied oldest first to the new arrays' start, and the slot table is built anew
+        with numpy: a per-entry loop would hold the event loop for about a second at a million
+        ids, this a tenth of that."""
         entries, partition, tail, count = self._entries, self._partition, self._tail, self._count
-        self._allocate(min(2 * self._capacity, self.max_entries))
-        self._entries[:_WIDTH * (count - tail)] = entries[_WIDTH * tail:]
-        self._entries[_WIDTH * (count - tail):_WIDTH * count] = entries[:_WIDTH * tail]
-        self._partition[:count - tail] = partition[tail:]
-        self._partition[count - tail:count] = partition[:tail]
+        first = min(count, self._capacity - tail)  # those from the tail to the arrays' end; then from the start
+        self._allocate(capacity or min(2 * self._capacity, self.max_entries))
+        self._entries[:_WIDTH * first] = entries[_WIDTH * tail:_WIDTH * (tail + first)]
+        self._entries[_WIDTH * first:_WIDTH * count] = entries[:_WIDTH * (count - first)]
+        self._partition[:first] = partition[tail:tail + first]
+        self._partition[first:count] = partition[:count - first]
         self._tail = 0
         self._place_all(count)
 

@@ -13,7 +13,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from lakebroker.ingest_api import create_app
-from lakebroker.ingest_api.dedup import DedupIndex, DedupKey, Placed, dedup_id, dedup_ids, key_hash
+from lakebroker.ingest_api.dedup import DedupIndex, DedupKey, Placed, dedup_id, dedup_ids, key_hash, key_hashes
 from lakebroker.tables.settings import Settings
 
 TOPIC = "5f1d0c2a9b8e4f7c8a6b3d2e1f0a9b8c"  # a topic id as the broker keys it (hex)
@@ -111,6 +111,22 @@ def test_the_index_grows_and_wraps_around_over_many_inserts() -> None:
     assert all(index.lookup(k) is not None for k in keys(5_000, 55_000))
 
 
+def test_reserving_room_keeps_a_ring_that_wraps_around() -> None:
+    index = DedupIndex(window_s=60, max_entries=100_000)
+    for i, k in enumerate(keys(300, 1_000_000)):  # each expired as it comes: the ring's tail moves on
+        index.remember(k, (0, i, now_us() - 120_000_000))
+    at = now_us()
+    for i, k in enumerate(keys(1_000)):  # ring positions 300..1023 then 0..275
+        index.remember(k, (0, i, at))
+    index.reserve(5_000)
+    index.reserve(10)  # never shrinks
+    assert len(index) == 1_000
+    assert all(index.lookup(k) == (0, i, at) for i, k in enumerate(keys(1_000)))
+    for i, k in enumerate(keys(4_500, 1_000)):
+        index.remember(k, (0, 1_000 + i, at))
+    assert all(index.lookup(k) == (0, i, at) for i, k in enumerate(keys(5_500)))
+
+
 def test_ids_whose_probe_runs_wrap_past_the_slot_tables_end_survive_growth_and_eviction() -> None:
     """Five ids homed in the last slot, before and after the growth from 1,024 ids (2,048 slots)
     to 2,048 (4,096 slots): their run wraps to the table's start, and they are evicted first."""
@@ -186,6 +202,16 @@ def test_ids_over_columns_are_the_ids_of_each_row() -> None:
     assert dedup_ids(message_id, producer_id.cast(pa.string()), sequence.cast(pa.int64())).to_pylist() == [
         dedup_id(*row) for row in rows]
     assert dedup_ids(message_id).to_pylist() == [None if m is None else "m:" + m for m, _, _ in rows]
+
+
+def test_keys_hashed_in_bulk_are_the_keys_remembered_one_by_one() -> None:
+    sent = [(TOPIC, "m:a"), ("0" * 32, "m:a"), (TOPIC, "p:x:1"), (TOPIC, "m:ü\ud800")]
+    assert [tuple(row) for row in key_hashes(sent).tolist()] == [key_hash(k) for k in sent]
+    index = DedupIndex(window_s=3600, max_entries=100)
+    at = now_us()
+    for i, (h0, h1) in enumerate(key_hashes(sent).tolist()):
+        index.restore(h0, h1, (0, i, at))
+    assert [index.lookup(k) for k in sent] == [(0, i, at) for i in range(4)]
 
 
 def test_a_restart_rebuilds_every_kind_of_id_and_skips_those_past_the_window(settings: Settings) -> None:
