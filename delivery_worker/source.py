@@ -26,9 +26,16 @@ from lakebroker.tables.topics import Holes, TopicConfig
 log = logging.getLogger(__name__)
 
 
+def _ascending(offsets: pa.ChunkedArray) -> bool:
+    """Whether the offsets already come in order (then the rows need no sorted copy)."""
+    flat = offsets.combine_chunks()
+    return len(flat) < 2 or bool(pc.all(pc.less(flat.slice(0, len(flat) - 1), flat.slice(1))).as_py())
+
+
 class SharedLogTail:
     """One topic table's log tail, shared by the pipelines (threads) that read it: every use
-    holds the lock, since a refresh rewrites the file index that reads walk."""
+    holds the lock, since a refresh rewrites the file index that reads walk (a read holds it
+    only while it plans from the index)."""
 
     def __init__(self, uri: str) -> None:
         self.uri = uri
@@ -128,10 +135,9 @@ class PartitionSource:
         the pipeline moves to, with a retention-skip commit, before it reads)."""
         if start >= end:
             return [], start
-        rows = self.tail.read(self.partition, start, end)
-        if rows is None:  # no table yet
+        out = self._rows(start, end)
+        if out is None:  # no table yet
             return [], start
-        out: list[dict[str, Any]] = rows.sort_by("offset").to_pylist()
         holes = self.tail.holes()
         if holes.anywhere:
             return out, end
@@ -141,6 +147,30 @@ class PartitionSource:
         if dense == 0:  # a hole right at the start: the error to report (the rest waits behind it)
             check_dense(self.topic, self.partition, [r["offset"] for r in out], start, end)
         return out[:dense], start + dense  # up to the first hole, if any
+
+    def _rows(self, start: int, end: int) -> list[dict[str, Any]] | None:
+        """The rows in [start, end) as dicts in offset order (None: no table yet).
+
+        The values are copied into Python one decoded chunk at a time (a row group's rows at most:
+        tables/row_groups.py), each chunk let go before the next, so a read of large values holds
+        about one copy of them at once, not the decoded table, a sorted copy and every row's copy
+        together. The rows own their values: none keeps the read's buffers alive, so what the
+        read-ahead's byte bounds count is what it holds, whenever each row is done."""
+        table = self.tail.read(self.partition, start, end)
+        if table is None:
+            return None
+        if not _ascending(table.column("offset")):
+            table = table.sort_by("offset")  # files read out of offset order
+        index = table.schema.get_field_index("value")
+        values = table.column(index).chunks
+        out: list[dict[str, Any]] = table.set_column(index, "value", pa.nulls(table.num_rows, pa.binary())).to_pylist()
+        del table  # the values' buffers are now held by `values` alone
+        row = 0
+        while values:
+            for value in values.pop(0).to_pylist():
+                out[row]["value"] = value
+                row += 1
+        return out
 
     def _past_lost(self, out: list[dict[str, Any]], start: int, end: int,
                    holes: Holes) -> tuple[list[dict[str, Any]], int]:

@@ -143,8 +143,11 @@ class TopicLogTail:
         return self.plan(partition, start, end).run()
 
     def plan(self, partition: int, start: int, end: int) -> RangeRead:
-        """What `read` reads, taken from the index as it is now."""
-        paths = tuple(f.path for f in self.files(partition, start, end))
+        """What `read` reads, taken from the index as it is now. The files go in offset order, so
+        their rows come out in offset order (the index keeps no order: a rebuild lists the newest
+        file first, and a rewrite's file joins after newer ones)."""
+        files = sorted(self.files(partition, start, end), key=lambda f: -1 if f.min_offset is None else f.min_offset)
+        paths = tuple(f.path for f in files)
         snapshot = self._snapshot if not self._exact else None
         return RangeRead(partition, start, end, self.fs, paths, snapshot)
 

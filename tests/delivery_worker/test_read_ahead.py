@@ -6,13 +6,24 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
+import sys
+import tracemalloc
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from types import FrameType
+from typing import Any, TypeVar
+
+import pyarrow as pa
 
 from lakebroker.delivery_worker.flow import ByteBudget
+from lakebroker.delivery_worker.source import PartitionSource
+from lakebroker.tables.layout import Layout
 from tests.delivery_worker.inproc import subscribe, until, worker, worker_settings
 from tests.receivers import Receiver
-from tests.spark_pipeline.topics import create_topic, produce
+from tests.spark_pipeline.topics import create_topic, produce, settings_for
+
+T = TypeVar("T")
 
 MIB = 1 << 20
 
@@ -56,3 +67,49 @@ async def test_large_messages_to_a_lagging_subscription_are_read_ahead_within_th
         with contextlib.suppress(asyncio.CancelledError):
             await task
         receiver.close()
+
+
+def held_at_most(fn: Callable[[], T]) -> tuple[T, int]:
+    """fn's result, and the most bytes it held at once in Arrow buffers (Arrow's memory pool, which
+    the Parquet reader and compute both allocate from) and Python objects (tracemalloc) together,
+    sampled each time one of its calls returns. The garbage collector waits meanwhile: freeing
+    something older than fn would hide as much of what fn holds."""
+    gc.collect()
+    gc.disable()
+    tracemalloc.start()
+    arrow_before, python_before = pa.total_allocated_bytes(), tracemalloc.get_traced_memory()[0]
+    peak = 0
+
+    def sample(frame: FrameType, event: str, arg: object) -> None:
+        nonlocal peak
+        if event in ("c_return", "return"):
+            held = pa.total_allocated_bytes() - arrow_before + tracemalloc.get_traced_memory()[0] - python_before
+            peak = max(peak, held)
+
+    sys.setprofile(sample)
+    try:
+        result = fn()
+    finally:
+        sys.setprofile(None)
+        tracemalloc.stop()
+        gc.enable()
+    return result, peak
+
+
+def test_a_read_of_large_values_holds_about_one_copy_of_them(tmp_path: Path) -> None:
+    """A read of 48 MiB hands its rows over holding well under two copies of its values at any
+    moment: not the decoded table, a sorted copy of it and the rows' Python copies all at once.
+    (Arrow's scan frees some of its buffers from its own threads, a little after it returns, so
+    the bound leaves room above one copy.)"""
+    settings = settings_for(tmp_path)
+    topic = create_topic(settings, "t", partitions=1)
+    for first in (0, 24):
+        produce(settings, "t", 0, 24, values=[bytes([first + i]) * MIB for i in range(24)])
+    source = PartitionSource(Layout.of(settings), topic, 0)
+    assert source.log_end() == 48
+    source.read(0, 1)  # first use: imports and the table's footers, not what is measured
+
+    (rows, end), held = held_at_most(lambda: source.read(0, 48))
+    assert end == 48 and [r["offset"] for r in rows] == list(range(48))
+    assert [r["value"] for r in rows] == [bytes([i]) * MIB for i in range(48)]
+    assert held < 72 * MIB, f"{held / MIB:.1f} MiB held at once to read 48 MiB"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from pathlib import Path
@@ -9,6 +10,7 @@ from typing import Any
 
 from lakebroker.delivery_worker.source import LogTails, PartitionSource
 from lakebroker.tables.layout import Layout
+from lakebroker.tables.schemas import TOPIC_SCHEMA
 from tests.file_reads import ReadRecorder
 from tests.spark_pipeline.topics import create_topic, produce, settings_for
 
@@ -69,3 +71,21 @@ def test_a_read_decodes_without_holding_the_tail(tmp_path: Path) -> None:
         reader.join(30)
     [(rows, end)] = result
     assert [r["offset"] for r in rows] == list(range(10, 20)) and end == 20
+
+
+def test_rows_come_in_offset_order_whatever_order_the_index_holds_the_files_in(tmp_path: Path) -> None:
+    """A rewrite's file joins the index after newer files: the read still hands rows over in order."""
+    settings = settings_for(tmp_path)
+    layout = Layout.of(settings)
+    topic = create_topic(settings, "t", partitions=1)
+    for _ in range(3):
+        produce(settings, "t", 0, 10, values=[os.urandom(64) for _ in range(10)])
+    source = PartitionSource(layout, topic, 0)
+    assert source.log_end() == 30
+    index = source.tail._tail
+    index._files = dict(sorted(index._files.items(), key=lambda item: -(item[1].min_offset or 0)))  # newest first
+    assert [f.min_offset for f in index.files(0)] == [20, 10, 0]
+    rows, end = source.read(0, 30)
+    assert [r["offset"] for r in rows] == list(range(30)) and end == 30
+    assert [r["value"] for r in rows] == [r["value"] for r in sorted(rows, key=lambda r: r["offset"])]
+    assert list(rows[0]) == TOPIC_SCHEMA.names  # the columns in the table's order, as before
