@@ -120,19 +120,16 @@ class DedupIndex:
             return
         # The hash begin took over is of an id that missed and has been in flight since: only this
         # remember can have placed it, so it is not looked for.
-        self._make_room()
-        self._add(*hashed, placed)
-        self._evict()
+        self._insert(*hashed, placed)
 
     def restore(self, h0: int, h1: int, placed: Placed) -> None:
         """`remember` by the key's `key_hash`: the rebuild at start hashes its ids in bulk."""
         if (pos := self._find(h0, h1)) != _EMPTY:
             at = pos * _WIDTH
             self._partition[pos], self._entries[at + 2], self._entries[at + 3] = placed
+            self._evict()
         else:
-            self._make_room()
-            self._add(h0, h1, placed)
-        self._evict()
+            self._insert(h0, h1, placed)
 
     def reserve(self, entries: int) -> None:
         """Room for this many ids at once, up to max_entries (the rebuild at start knows how many it
@@ -161,26 +158,24 @@ class DedupIndex:
             i = (i + 1) & mask
         return _EMPTY
 
-    def _make_room(self) -> None:
+    def _insert(self, h0: int, h1: int, placed: Placed) -> None:
+        """Put a hash known to be absent at the ring's head, after making room there."""
         if self._count == self._capacity:
             if self._capacity < self.max_entries:
                 self._grow()
             else:
                 self._drop_oldest()
-
-    def _add(self, h0: int, h1: int, placed: Placed) -> None:
-        """Put a hash known to be absent at the ring's head, with room there."""
-        slots, mask = self._slots, self._mask
+        slots, mask, entries = self._slots, self._mask, self._entries
         i = h0 & mask
         while slots[i] != _EMPTY:
             i = (i + 1) & mask
         pos = (self._tail + self._count) % self._capacity
         slots[i] = pos
         at = pos * _WIDTH
-        entries = self._entries
         entries[at], entries[at + 1] = h0, h1
         self._partition[pos], entries[at + 2], entries[at + 3] = placed
         self._count += 1
+        self._evict()
 
     def _evict(self) -> None:
         horizon_us = (time.time() - self.window_s) * 1_000_000
