@@ -4,12 +4,12 @@
     python -m bench.run --quick    # under 3 minutes in all
     python -m bench.run --tiny --out /tmp/b.md --img-dir /tmp/img --no-external   # the smoke test's run
 
-Other engineers' benchmark modules join the report: for bench.big_bodies, bench.spark_jobs,
-bench.delivery and bench.read_amplification, when the module exists and has `run(quick: bool) -> str`,
-it runs in a child process (bounded in time) and its markdown is included; otherwise, or if it fails,
-the fragment file it leaves (docs/benchmarks-big-bodies.md, docs/benchmarks-spark.md,
-docs/benchmarks-delivery.md, docs/benchmarks-reads.md, docs/benchmarks-faults.md,
-docs/benchmarks-s3.md) is included when present.
+Other engineers' benchmark modules join the report: for bench.big_bodies, bench.dedup_memory,
+bench.spark_jobs, bench.delivery and bench.read_amplification, when the module exists and has
+`run(quick: bool) -> str`, it runs in a child process (bounded in time) and its markdown is included;
+otherwise, or if it fails, the fragment file it leaves (docs/benchmarks-big-bodies.md,
+docs/benchmarks-dedup.md, docs/benchmarks-spark.md, docs/benchmarks-delivery.md,
+docs/benchmarks-reads.md, docs/benchmarks-faults.md, docs/benchmarks-s3.md) is included when present.
 The soak (bench.soak, `make soak`) is never run from here: only its fragment file is included.
 """
 
@@ -53,6 +53,7 @@ class External:
 
 EXTERNAL = (
     External("bench.big_bodies", "benchmarks-big-bodies.md", "Large bodies"),
+    External("bench.dedup_memory", "benchmarks-dedup.md", "Dedup index"),
     External("bench.spark_jobs", "benchmarks-spark.md", "Spark jobs"),
     External("bench.delivery", "benchmarks-delivery.md", "Webhook delivery"),
     External("bench.read_amplification", "benchmarks-reads.md", "Delivery reads from compacted files"),

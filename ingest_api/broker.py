@@ -210,8 +210,10 @@ class Broker:
         at a time into Arrow columns of numbers (36 bytes an id): 2M ids as Python tuples of
         strings would take well over a gigabyte."""
         placed = self._recent_ids(wal_records, wal_chunks)
+        # Arrow's pool may keep freed pages (jemalloc for its decay, mimalloc until asked): the reads'
+        # go back before the index takes its room, and the sort's at the end.
         arrow = pa.default_memory_pool()
-        arrow.release_unused()  # mimalloc keeps freed pages until asked: the reads' go back before the index grows
+        arrow.release_unused()
         self.dedup.reserve(len(self.dedup) + placed.num_rows)
         order = pc.sort_indices(placed["timestamp"])
         for start in range(0, len(order), _REBUILD_SLICE):
