@@ -11,7 +11,15 @@ the faults; bench/soak_checks.py holds the checks, bench/soak_report.py the repo
   gets its turn between kills), and two `lakebroker deliver` workers;
 * a webhook receiver on loopback that fails 30 % of requests, with odd headers, and is slow at times;
 * every `kill_every_s`: SIGKILL of serve (then restarted), and half a period later SIGKILL of one
-  worker (then restarted); every `recreate_every_s`: the topic `churn` deleted and created again.
+  worker (then restarted); every `recreate_every_s`: the topic `churn` deleted and created again;
+* `big` gets messages of just under 1 MiB, and its subscription lags: paused until half the load
+  is done, so the delivery workers then catch up through large rows (their peak RSS is reported);
+* `profiles` (compact) is PATCHed to `cleanup_policy=delete` at 40 % of the load and back at 60 %;
+* after the first restart of serve, clients that get an early answer (404 from the request head)
+  and then go silent, half with their body sent whole and half with part of it: the server must
+  close each within its timeouts;
+* before each restart of serve, its WAL is read (`Wal.inspect`): restarts whose WAL held batch
+  chunks and single records of one partition are counted.
 
 Then the load stops, serve restarts gracefully with its schedule off while delivery drains (the
 jobs had their turns under load; on two cores their JVMs would only slow the drain), the workers
@@ -39,6 +47,7 @@ import os
 import random
 import re
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -54,6 +63,7 @@ import httpx
 import orjson
 from deltalake import DeltaTable
 
+from bench.memory import peak_rss_mb
 from bench.procs import REPO, BenchError
 from bench.run import nest
 from bench.soak_checks import TopicSpec, check_all, check_jobs
@@ -65,13 +75,18 @@ from tests.servers import ServerProcess, free_port
 # `events` keeps messages for the plan's retention_ms, the others forever; `profiles` is key-compacted;
 # `churn` is deleted and re-created, with no subscription.
 SPECS = {"orders": TopicSpec(4, subscribed=True), "events": TopicSpec(3, retention=True, subscribed=True),
-         "profiles": TopicSpec(2, compact=True, subscribed=True), "churn": TopicSpec(2)}
+         "profiles": TopicSpec(2, compact=True, subscribed=True), "churn": TopicSpec(2),
+         "big": TopicSpec(1, subscribed=True)}
 SUBSCRIBED = {"orders": {"ordering": "partition", "batch_size": 10},
               "events": {"ordering": "none", "batch_size": 10},
-              "profiles": {"ordering": "key", "batch_size": 5}}
+              "profiles": {"ordering": "key", "batch_size": 5},
+              "big": {"ordering": "partition", "batch_size": 1}}
+SILENT_CLIENTS = 20  # of each kind: body sent whole, body sent in part
+SILENT_CLOSE_S = 15.0  # within this the server must have closed each (its timeouts: 5 s keep-alive, 5 s body)
 JOBS = ("compaction", "retention", "key-compaction", "replication")
 FAST = {"LAKEBROKER_LEASE_TTL_S": "3", "LAKEBROKER_HEARTBEAT_S": "0.5", "LAKEBROKER_OFFSET_COMMIT_INTERVAL_MS": "200",
-        "LAKEBROKER_ALLOW_PRIVATE_WEBHOOKS": "1", "LAKEBROKER_FLUSH_INTERVAL_MS": "100"}
+        "LAKEBROKER_ALLOW_PRIVATE_WEBHOOKS": "1", "LAKEBROKER_FLUSH_INTERVAL_MS": "100",
+        "LAKEBROKER_BODY_READ_TIMEOUT_S": "5"}
 
 
 @dataclass
@@ -164,6 +179,7 @@ class Soak:
         self.acks_file = work / "acks.jsonl"
         self.churn_since = 0.0  # time.time() when the current `churn` topic was created
         self._dead: dict[str, set[tuple[int, int]]] = {}  # topic -> dead-lettered (partition, offset)
+        self._silent: threading.Thread | None = None
 
     def _server_env(self, rotation: int, drain: bool = False, jobs: bool = True) -> dict[str, str]:
         intervals = self.plan.job_interval_s[rotation % len(JOBS):] + self.plan.job_interval_s[:rotation % len(JOBS)]
@@ -216,6 +232,9 @@ class Soak:
                     "max_attempts": 4, "retry_schedule_s": [0.05, 0.2, 0.5], "timeout_s": 3.0, **options})
                 if r.status_code != 201:
                     raise BenchError(f"subscribing to {topic}: {r.status_code} {r.text}")
+            r = client.post("/v1/subscriptions/big-hooks/pause")
+            if r.status_code != 200:
+                raise BenchError(f"pausing big-hooks: {r.status_code} {r.text}")
 
     def _topic(self, name: str) -> dict[str, Any]:
         spec = SPECS[name]
@@ -233,7 +252,9 @@ class Soak:
         events = sorted([(begin + every * (k + 0.5), "serve") for k in range(int(seconds / every))]
                         + [(begin + every * (k + 1), "worker") for k in range(int(seconds / every))]
                         + [(begin + self.plan.recreate_every_s * (k + 1), "recreate")
-                           for k in range(int(seconds / self.plan.recreate_every_s))])
+                           for k in range(int(seconds / self.plan.recreate_every_s))]
+                        + [(begin + seconds * 0.4, "to_delete"), (begin + seconds * 0.5, "resume_big"),
+                           (begin + seconds * 0.6, "to_compact")])
         try:
             for at, what in events:
                 if at > begin + seconds - 3:
@@ -250,11 +271,77 @@ class Soak:
     def _serve(self) -> None:
         self.server.kill()
         self.report.serve_kills += 1
+        self._read_wal()
         self.server.env.update(self._server_env(self.report.serve_kills))
-        self.server.start(timeout=120)
+        url = self.server.start(timeout=120)
+        if self._silent is None:
+            self._silent = threading.Thread(target=self._silent_clients, args=(url,), daemon=True)
+            self._silent.start()
+
+    def _read_wal(self) -> None:
+        """Whether the WAL a restart recovers holds batch chunks and single records of one partition."""
+        from lakebroker.ingest_api.chunks import Chunk
+        from lakebroker.ingest_api.wal import Wal
+
+        report = Wal(Layout(self.data).wal_dir, segment_bytes=1 << 30, fsync=False).inspect()
+        kinds: dict[tuple[bytes, int], set[bool]] = {}
+        for item in report.items:
+            kinds.setdefault((item.topic_id, item.partition), set()).add(isinstance(item, Chunk))
+        if any(len(k) == 2 for k in kinds.values()):
+            self.report.mixed_wal_restarts += 1
+
+    def _silent_clients(self, url: str) -> None:
+        """Clients that get an early answer (404: an unknown topic, from the request head) and go
+        silent; each socket's time until the server closes it is recorded."""
+        host, port = url.removeprefix("http://").split(":")
+        body = b'{"value": "' + b"x" * 4000 + b'"}'
+        socks: list[tuple[socket.socket, bytes]] = []
+        for i in range(2 * SILENT_CLIENTS):
+            sock = socket.create_connection((host, int(port)), timeout=SILENT_CLOSE_S + 5)
+            head = (f"POST /v1/topics/silent-{i}/messages HTTP/1.1\r\nHost: {host}\r\n"
+                    f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n").encode()
+            sock.sendall(head)
+            socks.append((sock, body if i % 2 == 0 else body[: len(body) // 2]))
+        started = time.monotonic()
+        for sock, part in socks:
+            with contextlib.suppress(OSError):
+                sock.sendall(part)  # after the head: the answer may already be on its way
+        for sock, _ in socks:
+            closed_after = None
+            with contextlib.suppress(OSError), sock:
+                while time.monotonic() - started < SILENT_CLOSE_S:
+                    if not sock.recv(65536):
+                        closed_after = time.monotonic() - started
+                        break
+            self.report.silent_clients.append(closed_after)
+
+    def _to_delete(self) -> None:
+        self._patch_profiles("delete")
+
+    def _to_compact(self) -> None:
+        self._patch_profiles("compact")
+
+    def _patch_profiles(self, policy: str) -> None:
+        with httpx.Client(base_url=self.server.url, timeout=60) as client:
+            r = client.patch("/v1/topics/profiles", json={"cleanup_policy": policy})
+            if r.status_code != 200:
+                raise BenchError(f"PATCH profiles cleanup_policy={policy}: {r.status_code} {r.text}")
+        self.report.policy_patches += 1
+
+    def _resume_big(self) -> None:
+        with httpx.Client(base_url=self.server.url, timeout=60) as client:
+            r = client.post("/v1/subscriptions/big-hooks/resume")
+            if r.status_code != 200:
+                raise BenchError(f"resuming big-hooks: {r.status_code} {r.text}")
+
+    def _note_worker_rss(self, name: str) -> None:
+        peak = peak_rss_mb(self.workers[name].pid)
+        if peak is not None:
+            self.report.delivery_peak_rss_mb = max(self.report.delivery_peak_rss_mb, peak)
 
     def _worker(self) -> None:
         name = ("worker-a", "worker-b")[self.report.worker_kills % 2]
+        self._note_worker_rss(name)
         self.workers[name].send_signal(signal.SIGKILL)
         self.workers[name].wait(timeout=30)
         self.report.worker_kills += 1
@@ -297,7 +384,8 @@ class Soak:
             self.report.retention_skips += sum(p["retention_skips"]["messages"] for p in status["partitions"])
             letters = client.get(f"/v1/subscriptions/{topic}-hooks/dead-letters", params={"limit": 10_000}).json()
             self._dead[topic] = {(d["partition"], d["offset"]) for d in letters["dead_letters"]}
-        for proc in self.workers.values():
+        for name, proc in self.workers.items():
+            self._note_worker_rss(name)
             stop_process(proc)  # graceful: offsets committed, leases released
         client.close()
         # A graceful restart (SIGTERM) whose schedule puts retention, key compaction and replication
@@ -381,6 +469,16 @@ class Soak:
         starts = re.findall(r"lakebroker\.spark_pipeline\.scheduler: starting ([a-z-]+):", self.server.log.read_text())
         self.report.job_starts = dict(sorted(Counter(starts).items()))
         check_all(self.report, self.data, SPECS, acks, self.receiver.messages(), self._dead)
+        if self._silent is not None:
+            self._silent.join(timeout=SILENT_CLOSE_S + 10)
+        open_ = sum(1 for t in self.report.silent_clients if t is None)
+        if open_ or len(self.report.silent_clients) != 2 * SILENT_CLIENTS:
+            self.report.problems.append(f"{open_} of {2 * SILENT_CLIENTS} silent clients were still open after "
+                                        f"{SILENT_CLOSE_S:.0f} s ({len(self.report.silent_clients)} measured)")
+        if self.report.mixed_wal_restarts == 0:
+            self.report.problems.append("no restart of serve recovered batch chunks and singles of one partition")
+        if self.report.policy_patches != 2:
+            self.report.problems.append(f"{self.report.policy_patches} of 2 cleanup_policy PATCHes of profiles ran")
         required = JOBS if self._need_compaction else JOBS[1:]
         check_jobs(self.report, job_runs.last_runs(Layout(self.data), limit=100_000), required)
 

@@ -25,17 +25,19 @@ from typing import IO, Any
 import httpx
 import orjson
 
-# (topic, kind, requests per second, messages per request, keys): the soak's topics are made
-# to match (bench/soak.py). Keys on the compacted topic come from a small set, so keys repeat.
-STREAMS: tuple[tuple[str, str, float, int, int], ...] = (
-    ("orders", "single", 12.0, 1, 0),
-    ("orders", "batch", 1.5, 20, 0),
-    ("orders", "v2", 1.0, 10, 0),
-    ("events", "single", 8.0, 1, 0),
-    ("events", "batch", 1.0, 10, 0),
-    ("profiles", "single", 8.0, 1, 40),
-    ("profiles", "v2", 0.5, 5, 40),
-    ("churn", "single", 5.0, 1, 0),
+# (topic, kind, requests per second, messages per request, keys, padding bytes per value): the
+# soak's topics are made to match (bench/soak.py). Keys on the compacted topic come from a small
+# set, so keys repeat. `big`'s values are just under the default 1 MiB message limit.
+STREAMS: tuple[tuple[str, str, float, int, int, int], ...] = (
+    ("orders", "single", 12.0, 1, 0, 0),
+    ("orders", "batch", 1.5, 20, 0, 0),
+    ("orders", "v2", 1.0, 10, 0, 0),
+    ("events", "single", 8.0, 1, 0, 0),
+    ("events", "batch", 1.0, 10, 0, 0),
+    ("profiles", "single", 8.0, 1, 40, 0),
+    ("profiles", "v2", 0.5, 5, 40, 0),
+    ("churn", "single", 5.0, 1, 0, 0),
+    ("big", "single", 0.25, 1, 0, 1_000_000),
 )
 RETRY_PAUSE_S = 0.2
 V2_JSON = "application/vnd.kafka.json.v2+json"
@@ -88,7 +90,7 @@ class Producers:
             await asyncio.sleep(RETRY_PAUSE_S)
 
     async def stream(self, client: httpx.AsyncClient, topic: str, kind: str, rate: float, size: int,
-                     keys: int) -> None:
+                     keys: int, pad: int) -> None:
         name = f"{topic}-{kind}"
         next_at = time.monotonic()
         while time.monotonic() < self.end and (n := self._take(size)) > 0:
@@ -104,7 +106,11 @@ class Producers:
                 elif r is not None:
                     self.counts["refused"] += 1
             else:
-                messages = [{"id": i, "key": k, "value": {"id": i}} for i, k in zip(ids, key_of, strict=True)]
+                # A batch's values are strings, so it takes the columnar path and the WAL holds
+                # batch chunks beside single records (a message's id still names it in the table).
+                messages = [{"id": i, "key": k, "value": orjson.dumps({"id": i}).decode() if kind == "batch"
+                             else {"id": i, **({"pad": "x" * pad} if pad else {})}}
+                            for i, k in zip(ids, key_of, strict=True)]
                 payload: Any = messages[0]
                 if kind == "single":
                     path = f"/v1/topics/{topic}/messages?ack={ack}"

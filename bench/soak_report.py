@@ -39,6 +39,10 @@ class SoakReport:
     serve_kills: int = 0
     worker_kills: int = 0
     recreates: int = 0
+    policy_patches: int = 0  # cleanup_policy PATCHes of `profiles` under load
+    mixed_wal_restarts: int = 0  # restarts of serve whose WAL held batch chunks and singles of one partition
+    silent_clients: list[float | None] = field(default_factory=list)  # s until the server closed each; None: open
+    delivery_peak_rss_mb: float = 0.0  # the largest peak RSS of a delivery worker process
     receiver_answers: dict[str, int] = field(default_factory=dict)
     producer: dict[str, int] = field(default_factory=dict)
     job_starts: dict[str, int] = field(default_factory=dict)  # job -> runs the scheduler started
@@ -74,6 +78,15 @@ class SoakReport:
             ("deliveries whose body differs from the table", f"**{self.wrong_content}**"),
             ("SIGKILLs of serve / of a worker", f"{self.serve_kills} / {self.worker_kills}"),
             ("topic re-creates", f"{self.recreates}"),
+            ("cleanup_policy PATCHes of `profiles` under load (compact → delete → compact)", f"{self.policy_patches}"),
+            ("restarts of serve whose WAL held batch chunks and singles of one partition",
+             f"{self.mixed_wal_restarts} of {self.serve_kills}"),
+            ("silent clients after an early answer closed by the server / slowest",
+             f"{sum(t is not None for t in self.silent_clients)} of {len(self.silent_clients)} / "
+             + (f"{max(t for t in self.silent_clients if t is not None):.1f} s"
+                if any(t is not None for t in self.silent_clients) else "none")),
+            ("delivery worker peak RSS (1 MiB messages to a lagging subscription)",
+             f"{self.delivery_peak_rss_mb:.0f} MB"),
             ("job runs (scheduler; a run cut short by a SIGKILL of serve records no outcome)", jobs or "none"),
             ("replica verified", "yes" if self.replica_verified else "**no**"),
             ("receiver answers", ", ".join(f"{k}: {v:,}" for k, v in sorted(self.receiver_answers.items()))),
