@@ -155,11 +155,17 @@ class TopicLogTail:
     def _fell_behind_a_checkpoint(self) -> bool:
         """Log cleanup removes only commits older than a checkpoint: if the newest checkpoint is
         past us, the next commit file may be gone for good and the log can't be followed."""
-        try:
-            last = orjson.loads(self._read("_delta_log/_last_checkpoint"))
-        except (FileNotFoundError, orjson.JSONDecodeError):
-            return False
-        return bool(last.get("version", -1) > self.version)
+        # On S3 pyarrow reads an object as a HEAD (its size) and a ranged GET: a `_last_checkpoint`
+        # overwritten in between reads cut short or padded with NULs. Such a read is read again.
+        for _ in range(3):
+            try:
+                last = orjson.loads(self._read("_delta_log/_last_checkpoint"))
+            except FileNotFoundError:
+                return False
+            except orjson.JSONDecodeError:
+                continue
+            return bool(last.get("version", -1) > self.version)
+        return False
 
     def _apply(self, commit: bytes) -> bool:
         """Apply one commit's actions; False if it holds something this index can't follow."""
