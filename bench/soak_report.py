@@ -7,8 +7,9 @@ from datetime import UTC, datetime
 
 ABOUT = ("`lakebroker serve` (delivery off; its scheduler running compaction, retention, key compaction and "
          "replication every few seconds, replicating to a second directory) and two `lakebroker deliver` workers "
-         "take single, batch and REST v2 produce on four topics from a separate producer process, which records "
-         "every acknowledgement. Serve and a worker are SIGKILLed every kill period (60 s for `make soak`), the "
+         "take single, batch and REST v2 produce on five topics from a separate producer process, which records "
+         "every acknowledgement (one topic gets messages of just under 1 MiB, and its subscription is paused for "
+         "half the load). Serve and a worker are SIGKILLed every kill period (60 s for `make soak`), the "
          "topic `churn` is deleted and re-created, and the webhook receiver fails 30 % of requests (429, 500, 503) "
          "with odd headers (`Retry-After: ²`, a huge or garbage Retry-After, a past date, non-ASCII and 6 kB "
          "values) and answers slowly at times. Once the load stops and delivery drains, every acknowledged message "
