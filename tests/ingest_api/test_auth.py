@@ -64,6 +64,10 @@ ACCESS: dict[tuple[str, str], str] = {
     ("GET", "/v1/subscriptions/{name}/dead-letters"): "admin",
     ("POST", "/v1/subscriptions/{name}/dead-letters/replay"): "admin",
     ("GET", "/v1/dashboard"): "admin",
+    # WAL damage: which partitions are held, the skip that records a loss, and the losses recorded.
+    ("GET", "/v1/wal/damage"): "admin",
+    ("POST", "/v1/wal/damage/skip"): "admin",
+    ("GET", "/v1/wal/lost"): "admin",
     # The dashboard page and its static files hold no data (the JSON at /v1/dashboard does).
     ("GET", "/"): "public",
     ("GET", "/dashboard/{asset}"): "public",
