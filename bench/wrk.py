@@ -67,11 +67,13 @@ def have_wrk() -> bool:
     return shutil.which("wrk") is not None
 
 
-def write_script(work: Path, name: str, body: bytes, content_type: str) -> Path:
+def write_script(work: Path, name: str, body: bytes, content_type: str, template: str = _LUA) -> Path:
+    """A wrk script that POSTs `body` (kept in a file beside it); `template` is formatted with
+    `body` (the file's path) and `content_type`."""
     body_file = work / f"{name}.body"
     body_file.write_bytes(body)
     script = work / f"{name}.lua"
-    script.write_text(_LUA.format(body=body_file, content_type=content_type))
+    script.write_text(template.format(body=body_file, content_type=content_type))
     return script
 
 

@@ -11,6 +11,7 @@ from deltalake import DeltaTable
 from lakebroker.tables import delta
 from lakebroker.tables.log_tail import CHECKPOINT_RECHECK_S, TopicLogTail
 from lakebroker.tables.schemas import TOPIC_SCHEMA
+from lakebroker.tables.settings import Settings
 from tests.spark_pipeline.topics import create_topic, produce, settings_for, table
 
 
@@ -70,14 +71,14 @@ def test_a_rewrite_replaces_files_without_duplicating_rows(tmp_path: Path) -> No
     assert rows == delta_rs_rows(t, 0, 0, 105)
 
 
-def test_falling_behind_a_checkpoint_and_log_cleanup_rebuilds_from_delta(tmp_path: Path) -> None:
+def fallen_behind_a_cleaned_checkpoint(tmp_path: Path) -> tuple[Settings, TopicLogTail]:
+    """A tail at 10 rows, then 30 more, a checkpoint and a log cleanup: the commit it needs next is gone."""
     settings = settings_for(tmp_path)
     create_topic(settings, "t", partitions=1)
     uri = str(table(settings, "t").table_uri)
     produce(settings, "t", 0, 10)
     tail = TopicLogTail(uri)
     behind = tail.refresh()
-
     for _ in range(3):
         produce(settings, "t", 0, 10)
     t = table(settings, "t")
@@ -85,8 +86,13 @@ def test_falling_behind_a_checkpoint_and_log_cleanup_rebuilds_from_delta(tmp_pat
     t.update_incremental()
     t.create_checkpoint()
     t.cleanup_metadata()
+    assert not (Path(uri) / "_delta_log" / f"{behind + 1:020d}.json").exists()
+    return settings, tail
+
+
+def test_falling_behind_a_checkpoint_and_log_cleanup_rebuilds_from_delta(tmp_path: Path) -> None:
+    settings, tail = fallen_behind_a_cleaned_checkpoint(tmp_path)
     produce(settings, "t", 0, 10)
-    assert not (Path(uri) / "_delta_log" / f"{behind + 1:020d}.json").exists()  # the commit we need is gone
 
     assert tail.refresh() == table(settings, "t").version()
     assert tail.txn(delta.partition_app_id(0)) == 50
@@ -125,20 +131,7 @@ def test_a_torn_read_of_last_checkpoint_is_read_again(tmp_path: Path, monkeypatc
     """On S3, pyarrow reads `_last_checkpoint` as a HEAD and a ranged GET: an overwrite in between
     gives its new bytes cut to the old size (seen on the local S3 server). Taken for "not behind",
     a tail whose next commit the log cleanup removed would notice only at the next look, 30 s on."""
-    settings = settings_for(tmp_path)
-    create_topic(settings, "t", partitions=1)
-    uri = str(table(settings, "t").table_uri)
-    produce(settings, "t", 0, 10)
-    tail = TopicLogTail(uri)
-    behind = tail.refresh()
-    for _ in range(3):
-        produce(settings, "t", 0, 10)
-    t = table(settings, "t")
-    t.alter.set_table_properties({"delta.logRetentionDuration": "interval 0 seconds"})
-    t.update_incremental()
-    t.create_checkpoint()
-    t.cleanup_metadata()
-    assert not (Path(uri) / "_delta_log" / f"{behind + 1:020d}.json").exists()
+    settings, tail = fallen_behind_a_cleaned_checkpoint(tmp_path)
     original = tail._read
     torn = [1]
 
