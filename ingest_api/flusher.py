@@ -51,9 +51,10 @@ from lakebroker.ingest_api.wal import PartitionKey
 from lakebroker.tables import delta
 from lakebroker.tables.errors import NotFound, OffsetGap, StorageUnavailable
 from lakebroker.tables.layout import Layout
-from lakebroker.tables.schemas import LOST_OFFSETS_PROPERTY, TOPIC_SCHEMA
+from lakebroker.tables.lost_offsets import skip_in_table
+from lakebroker.tables.schemas import TOPIC_SCHEMA
 from lakebroker.tables.settings import Settings
-from lakebroker.tables.topics import TopicConfig, ensure_topic_table, with_lost
+from lakebroker.tables.topics import TopicConfig, ensure_topic_table
 
 log = logging.getLogger(__name__)
 
@@ -172,21 +173,10 @@ class Flusher:
 
     def _commit_skip(self, topic: TopicConfig, partition: int, first: int, last: int,
                      metadata: dict[str, str]) -> int:
-        app_id = delta.partition_app_id(partition)
         try:
-            table = self._table(topic)
-            end = delta.txn_version(table, app_id) or 0
-            if end > last:
-                return end  # skipped already (a skip redone after a crash): nothing more to commit
-            if end != first:
-                raise OffsetGap(f"partition {partition} of {topic.name!r} ends at {end} in Delta, not at its first "
-                                f"lost offset {first}: nothing skipped")
-            config = table.metadata().configuration
-            delta.set_properties(table, {LOST_OFFSETS_PROPERTY: with_lost(config, partition, first, last)},
-                                 txns={app_id: last + 1}, metadata={"lakebroker.operation": "wal-skip", **metadata})
+            return skip_in_table(self._table(topic), topic.name, partition, first, last, metadata)
         finally:
             self._ends.pop(topic.topic_id, None)  # read the partition ends again at the next flush
-        return last + 1
 
     def wait_committed(self, key: PartitionKey, offset: int) -> asyncio.Future[None]:
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()

@@ -166,6 +166,18 @@ class DeltaTxn:
                         add.clusteringProvider(), getattr(add, "copy$default$12")(),
                         getattr(add, "copy$default$13")())
 
+    def set_properties(self, properties: Mapping[str, str]) -> None:
+        """Set table properties in this transaction's commit (the schema and partitioning stay)."""
+        m = self._snapshot.metadata()
+        conf = self._jvm.org.apache.spark.api.python.PythonUtils.toScalaMap(
+            self._jvm.java.util.HashMap({**self.configuration, **properties}))
+        self._txn.updateMetadata(m.copy(m.id(), m.name(), m.description(), m.format(), m.schemaString(),
+                                        m.partitionColumns(), conf, m.createdTime()), False)
+
+    def set_properties_op(self, properties: Mapping[str, str]) -> Any:
+        return getattr(self._delta, "DeltaOperations$SetTableProperties")(
+            self._jvm.org.apache.spark.api.python.PythonUtils.toScalaMap(self._jvm.java.util.HashMap(dict(properties))))
+
     def removes(self, files: Sequence[FileEntry], *, data_change: bool) -> list[Any]:
         adds = self._adds(files)
         self._txn.trackFilesRead(self._seq(adds))

@@ -15,10 +15,13 @@ from dataclasses import dataclass
 from datetime import datetime
 
 import pyarrow as pa
+from deltalake import DeltaTable
 
 from lakebroker.tables import delta
+from lakebroker.tables.errors import OffsetGap
 from lakebroker.tables.layout import Layout
-from lakebroker.tables.schemas import LOST_OFFSETS_SCHEMA, LOST_OFFSETS_SCHEMA_VERSION
+from lakebroker.tables.schemas import LOST_OFFSETS_PROPERTY, LOST_OFFSETS_SCHEMA, LOST_OFFSETS_SCHEMA_VERSION
+from lakebroker.tables.topics import with_lost
 
 
 @dataclass(frozen=True)
@@ -43,6 +46,24 @@ def record_loss(layout: Layout, loss: LostOffsets) -> None:
     row = {name: getattr(loss, name) for name in LOST_OFFSETS_SCHEMA.names}
     delta.append(table, pa.Table.from_pylist([row], schema=LOST_OFFSETS_SCHEMA),
                  metadata={"lakebroker.operation": "wal-skip"})
+
+
+def skip_in_table(table: DeltaTable, topic: str, partition: int, first: int, last: int,
+                  metadata: dict[str, str]) -> int:
+    """Move a partition's log end from `first` past `last` in one commit that names the range in
+    the table's lost-offsets property; returns the new log end. Done already (a skip redone after
+    a crash): nothing is committed. Raises OffsetGap if the log end is anywhere else."""
+    app_id = delta.partition_app_id(partition)
+    end = delta.txn_version(table, app_id) or 0
+    if end > last:
+        return end
+    if end != first:
+        raise OffsetGap(f"partition {partition} of {topic!r} ends at {end} in Delta, not at its first "
+                        f"lost offset {first}: nothing skipped")
+    config = table.metadata().configuration
+    delta.set_properties(table, {LOST_OFFSETS_PROPERTY: with_lost(config, partition, first, last)},
+                         txns={app_id: last + 1}, metadata={"lakebroker.operation": "wal-skip", **metadata})
+    return last + 1
 
 
 def lost_offsets(layout: Layout, *, topic: str | None = None) -> list[LostOffsets]:

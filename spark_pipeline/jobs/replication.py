@@ -19,7 +19,9 @@ copies what was appended since the last run, then stops:
   even a lost checkpoint, which restarts the stream from scratch, cannot duplicate a row.
 
 The replica's retention follows the primary's: after copying, each replica partition is advanced
-to the primary's log-start offset (whole files, plus a trim of the one straddling file), rows that
+to the primary's log-start offset (whole files, plus a trim of the one straddling file), the
+primary's hole properties (`lakebroker.keyCompacted`, `lakebroker.lostOffsets`) are set on the
+replica and its log ends moved past offsets lost to WAL damage, rows that
 key compaction removed on the primary are removed on the replica (compact topics), the replica's
 offsets table is compacted like the primary's, and replica tables are VACUUMed.
 
@@ -28,7 +30,7 @@ replica is still at the version that run left, is skipped: no stream, no trim, n
 VACUUM runs). Those two versions are kept beside the stream checkpoint (`CAUGHT_UP`).
 
 The small, updated-in-place system tables (`topics`, `subscriptions`, `tokens`, `dead_letters`,
-`retention_skips`) are copied whole whenever their version changed (txnAppId/txnVersion = source
+`retention_skips`, `lost_offsets`) are copied whole whenever their version changed (txnAppId/txnVersion = source
 version, so a replay is skipped). Tokens go with them so that a promoted replica accepts the
 clients' tokens (the table holds only their SHA-256 hashes, while subscriptions carry their
 signing secrets in the clear); a token revoked after the last run still works on the replica.
@@ -70,15 +72,16 @@ from lakebroker.tables.errors import InvalidRequest
 from lakebroker.tables.layout import Layout
 from lakebroker.tables.log_start import log_starts
 from lakebroker.tables.logs import exit_without_teardown
+from lakebroker.tables.schemas import KEY_COMPACTED_PROPERTY, LOST_OFFSETS_PROPERTY
 from lakebroker.tables.settings import Settings
-from lakebroker.tables.topics import CleanupPolicy, TopicConfig
+from lakebroker.tables.topics import CleanupPolicy, Holes, TopicConfig
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
 REPLICATION_APP_PREFIX = "lakebroker.replicate."
 SNAPSHOT_APP_ID = "lakebroker.replicate.snapshot"
-SNAPSHOT_TABLES = ("topics", "subscriptions", "tokens", "dead_letters", "retention_skips")
+SNAPSHOT_TABLES = ("topics", "subscriptions", "tokens", "dead_letters", "retention_skips", "lost_offsets")
 STREAM_TIMEOUT_S = 6 * 3600  # one table's catch-up; bounded so a stuck stream cannot hang the scheduler
 MAX_FILES_PER_BATCH = 1000
 
@@ -190,6 +193,7 @@ def replicate_topic(spark: SparkSession, layout: Layout, replica: Replica, topic
         result.details.update(batches=0, batches_skipped=0, rows_copied=0, checkpoint=checkpoint, caught_up=True)
     else:
         result.details.update(stream_copy(spark, source, target, checkpoint, topic=topic, run_id=run_id))
+        result.details.update(follow_holes(spark, source, target, topic.partitions, run_id=run_id))
         result.details["log_starts"] = starts = primary_log_starts(source, topic.partitions)
         applied = follow_log_starts(spark, target, topic.partitions, starts, run_id=run_id)
         removed = applied.rows_removed
@@ -247,6 +251,36 @@ def _file_totals(spark: SparkSession, uri: str) -> tuple[int, int]:
         return sum(p.files for p in partitions), sum(p.size_bytes for p in partitions)
     files = DeltaTxn(spark, uri).files()
     return len(files), sum(f.size for f in files)
+
+
+# The properties that tell a reader which holes below a partition's log end are legitimate
+# (tables/topics.py Holes). A replica without them would read a key-compacted partition, or one
+# past offsets lost to WAL damage, as a damaged table.
+HOLE_PROPERTIES = (KEY_COMPACTED_PROPERTY, LOST_OFFSETS_PROPERTY)
+
+
+def follow_holes(spark: SparkSession, source: str, target: str, partitions: int, *, run_id: str) -> dict[str, Any]:
+    """Give the replica the primary's hole properties, and move each replica partition's log end
+    past a lost range it has reached, as the primary's `wal skip` did (that commit has no rows, so
+    the stream does not carry it). A range the replica has not reached yet is passed by a later run."""
+    wanted = {k: v for k, v in delta.load(source).metadata().configuration.items() if k in HOLE_PROPERTIES}
+
+    def once() -> dict[str, Any]:
+        txn = DeltaTxn(spark, target)
+        changed = {k: v for k, v in wanted.items() if txn.configuration.get(k) != v}
+        holes = Holes.of({**txn.configuration, **changed})
+        ends: dict[str, int] = {}
+        for p in range(partitions):
+            end = txn.app_version(delta.partition_app_id(p)) or 0
+            if holes.past_lost(p, end) != end:
+                ends[delta.partition_app_id(p)] = holes.past_lost(p, end)
+        if changed or ends:
+            txn.set_properties(changed)
+            txn.commit([], txn.set_properties_op(changed), tags=job_tags(JobName.REPLICATION, run_id),
+                       app_versions=ends)
+        return {"properties_followed": sorted(changed), "log_ends_moved_past_lost": len(ends)}
+
+    return with_retries(f"hole properties of {target}", CONFLICT_ATTEMPTS, once)
 
 
 def primary_log_starts(source: str, partitions: int) -> dict[int, int]:

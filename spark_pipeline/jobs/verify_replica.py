@@ -21,9 +21,10 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from lakebroker.spark_pipeline.delta_txn import app_version, table_exists
+from lakebroker.spark_pipeline.delta_txn import DeltaTxn, app_version, table_exists
 from lakebroker.spark_pipeline.jobs.common import parser, select_topics, settings_from
 from lakebroker.spark_pipeline.jobs.replication import (
+    HOLE_PROPERTIES,
     SNAPSHOT_APP_ID,
     SNAPSHOT_TABLES,
     check_filesystem,
@@ -90,6 +91,7 @@ def verify(spark: SparkSession, settings: Settings, to: str | None = None, *, to
         if table_exists(spark, source):
             if table_exists(spark, target):
                 checks = _check_topic(spark, t, source, target)
+                out.problems += _hole_property_problems(spark, t.name, source, target)
             else:
                 out.problems.append(f"topic {t.name!r} has no replica table at {target}")
         out.partitions += checks
@@ -209,6 +211,14 @@ def _check_offsets(spark: SparkSession, source: str, target: str, out: Verificat
     for key in replica.keys() - primary.keys():
         out.problems.append(f"offsets of {key}: the replica has a position the primary does not")
     out.tables.append({"table": "_system/consumer_offsets", "positions": len(primary), "behind": behind})
+
+
+def _hole_property_problems(spark: SparkSession, topic: str, source: str, target: str) -> list[str]:
+    """A replica that lacks the primary's hole properties would read its legitimate holes as damage."""
+    primary, copied = (DeltaTxn(spark, uri).configuration for uri in (source, target))
+    return [f"topic {topic!r}: the replica's {name} is {copied.get(name)!r}, the primary's {primary.get(name)!r} "
+            "(the next replicate copies it)"
+            for name in HOLE_PROPERTIES if primary.get(name) is not None and copied.get(name) != primary.get(name)]
 
 
 def _check_snapshot(spark: SparkSession, source: str, target: str, name: str, out: Verification) -> None:

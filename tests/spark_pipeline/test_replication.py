@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -17,8 +18,11 @@ from lakebroker.tables import delta
 from lakebroker.tables.dead_letters import DeadLetter, DeadLetterTable
 from lakebroker.tables.errors import InvalidRequest, Unauthenticated
 from lakebroker.tables.layout import Layout
+from lakebroker.tables.lost_offsets import LostOffsets, lost_offsets, record_loss, skip_in_table
 from lakebroker.tables.offsets import OffsetReason, OffsetsTable
+from lakebroker.tables.schemas import KEY_COMPACTED_PROPERTY, LOST_OFFSETS_PROPERTY
 from lakebroker.tables.tokens import TokenStore
+from lakebroker.tables.topics import Holes, TopicStore
 from tests.spark_pipeline.topics import NOW_US, create_topic, log_ends, offsets_by_partition, produce, settings_for
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
@@ -154,3 +158,45 @@ def test_replica_uri_validation(tmp_path: Path) -> None:
         replication.resolve_replica(None, data)
     assert replication.resolve_replica(f"file://{tmp_path}/r", data).root == str(tmp_path / "r")
     assert replication.resolve_replica("s3a://bucket/lake/", data).root == "s3a://bucket/lake"
+
+
+def test_replica_follows_hole_properties(spark: Any, tmp_path: Path) -> None:
+    """Offsets skipped after WAL damage, and a topic turned compact after its replica was made: the
+    replica gets the primary's hole properties and its log ends, so it reads (and, promoted, assigns
+    offsets) as the primary does, and verify-replica holds it to that."""
+    settings = settings_for(tmp_path / "data")
+    layout = Layout(settings.data_dir)
+    replica = tmp_path / "replica"
+    create_topic(settings, "events", partitions=2)
+    for p in (0, 1):
+        produce(settings, "events", p, 5)
+    assert replication.run(spark, settings, to=str(replica)).outcome is Outcome.OK
+
+    # Offsets 5-7 of partition 0 lost to WAL damage and skipped, as `lakebroker wal skip` does.
+    record_loss(layout, LostOffsets("events", "t", 0, 5, 7, "00000000.wal bytes 0-10", datetime.now(UTC), "test"))
+    assert skip_in_table(delta.load(layout.topic_table("events")), "events", 0, 5, 7, {}) == 8
+    lagging = verify(spark, settings, str(replica), max_lag_messages=0)
+    assert any("lakebroker.lostOffsets" in p for p in lagging.problems), lagging.problems
+    result = replication.run(spark, settings, to=str(replica))
+    assert result.table("events").details["properties_followed"] == [LOST_OFFSETS_PROPERTY]
+    assert result.table("events").details["log_ends_moved_past_lost"] == 1
+    copy = DeltaTable(str(replica / "topics" / "events"))
+    assert copy.transaction_version(delta.partition_app_id(0)) == 8
+    assert Holes.of(copy.metadata().configuration).lost == {0: ((5, 7),)}
+    assert [(x.first_offset, x.last_offset) for x in lost_offsets(Layout(replica))] == [(5, 7)]
+    after = verify(spark, settings, str(replica), max_lag_messages=0)
+    assert after.ok, after.problems
+    # Rows after the hole copy as any others; an idle run changes nothing.
+    produce(settings, "events", 0, 3)
+    replication.run(spark, settings, to=str(replica))
+    assert _replica_offsets(replica, "events")[0] == [0, 1, 2, 3, 4, 8, 9, 10]
+    assert DeltaTable(str(replica / "topics" / "events")).transaction_version(delta.partition_app_id(0)) == 11
+
+    # The topic turns compact: its primary table is marked, and so is the replica's.
+    TopicStore(layout).update("events", cleanup_policy="compact")
+    assert KEY_COMPACTED_PROPERTY in delta.load(layout.topic_table("events")).metadata().configuration
+    produce(settings, "events", 1, 2)
+    result = replication.run(spark, settings, to=str(replica))
+    assert result.table("events").details["properties_followed"] == [KEY_COMPACTED_PROPERTY]
+    assert Holes.of(DeltaTable(str(replica / "topics" / "events")).metadata().configuration).anywhere
+    assert verify(spark, settings, str(replica), max_lag_messages=0).ok
