@@ -14,14 +14,14 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import TypeAlias
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from lakebroker.ingest_api.chunks import BatchResults, Chunk, ColumnarBatch, chunk_bytes, message_sizes, split_by_bytes
-from lakebroker.ingest_api.dedup import DedupIndex, DedupKey, Placed, dedup_id, dedup_ids, key_hashes
+from lakebroker.ingest_api.dedup import DedupIndex, DedupKey, Placed, dedup_id
+from lakebroker.ingest_api.dedup_rebuild import rebuild as rebuild_dedup
 from lakebroker.ingest_api.flusher import Flusher
 from lakebroker.ingest_api.group_commit import GroupCommitter, Pending, PendingChunk
 from lakebroker.ingest_api.messages import AckMode, NewMessage
@@ -49,10 +49,6 @@ log = logging.getLogger(__name__)
 _NEVER = 2**63
 
 
-_REBUILD_SLICE = 65_536  # ids made Python objects at a time while the dedup index is rebuilt
-_PLACED = pa.schema([("timestamp", pa.int64()), ("hash0", pa.int64()), ("hash1", pa.int64()),
-                     ("partition", pa.int32()), ("offset", pa.int64())])  # an id at its key's hash (dedup.key_hash)
-Arrow: TypeAlias = pa.Array | pa.ChunkedArray
 
 _NONE, _TABLE = AckMode.NONE, AckMode.TABLE  # a member lookup costs the hot path ~0.3 µs on Python 3.11
 
@@ -93,7 +89,7 @@ class Broker:
         self.metrics = metrics
         self.store = TopicStore(self.layout)
         self.topics: dict[str, TopicConfig] = {}
-        self.dedup = DedupIndex(window_s=settings.dedup_window_s, max_entries=settings.dedup_max_entries)
+        self.dedup: DedupIndex  # at start: its ring file is the data dir's, so only the lock's holder opens it
         self._round_robin: dict[str, RoundRobin] = {}
         self._key_caches: dict[str, KeyCache] = {}  # by topic id: the columnar path's key → partition
         self._topic_ids: dict[str, bytes] = {}  # a topic id's bytes, for the single-message path
@@ -108,6 +104,8 @@ class Broker:
     # -- lifecycle ----------------------------------------------------------------------
     async def start(self) -> None:
         self.layout.data_dir.mkdir(parents=True, exist_ok=True)
+        self.dedup = DedupIndex(window_s=self.settings.dedup_window_s, max_entries=self.settings.dedup_max_entries,
+                                directory=self.layout.dedup_dir)
         self.topics = await asyncio.to_thread(self.store.load)
         committed = await asyncio.to_thread(self._read_committed_ends)
         report = await asyncio.to_thread(self.wal.recover)
@@ -133,7 +131,8 @@ class Broker:
                 pending += end - max(r.offset, committed.get(key, 0))
         self.committer.next_offsets = next_offsets
         self.flusher.committed = dict(committed)
-        await asyncio.to_thread(self._rebuild_dedup, report.records, report.chunks)
+        await asyncio.to_thread(rebuild_dedup, self.dedup, self.layout, list(self.topics.values()), report.records,
+                                report.chunks, committed, window_s=self.settings.dedup_window_s)
         log.info("recovered: %d WAL records, %d not yet in Delta, %d torn bytes (%d of the records in %d batch "
                  "chunks)", len(report.records) + sum(c.rows for c in report.chunks), pending, report.torn_bytes,
                  sum(c.rows for c in report.chunks), len(report.chunks))
@@ -192,6 +191,7 @@ class Broker:
         if self.flusher.pending_bytes:
             await self.flusher.flush_once()
         self.wal.close()
+        self.dedup.close()
         self.started = False
 
     def _read_committed_ends(self) -> dict[PartitionKey, int]:
@@ -204,65 +204,6 @@ class Broker:
                 end = 0 if table is None else delta.txn_version(table, delta.partition_app_id(p)) or 0
                 ends[(bytes.fromhex(topic.topic_id), p)] = end
         return ends
-
-    def _rebuild_dedup(self, wal_records: list[Record], wal_chunks: list[Chunk]) -> None:
-        """Remember the ids placed within the window, oldest first. They are read and hashed a slice
-        at a time into Arrow columns of numbers (36 bytes an id): 2M ids as Python tuples of
-        strings would take well over a gigabyte."""
-        placed = self._recent_ids(wal_records, wal_chunks)
-        # Arrow's pool may keep freed pages (jemalloc for its decay, mimalloc until asked): the reads'
-        # go back before the index takes its room, and the sort's at the end.
-        arrow = pa.default_memory_pool()
-        arrow.release_unused()
-        self.dedup.reserve(len(self.dedup) + placed.num_rows)
-        order = pc.sort_indices(placed["timestamp"])
-        for start in range(0, len(order), _REBUILD_SLICE):
-            columns = (c.to_pylist() for c in placed.take(order.slice(start, _REBUILD_SLICE)).columns)
-            for ts, h0, h1, partition, offset in zip(*columns, strict=True):
-                self.dedup.restore(h0, h1, (partition, offset, ts))
-        del placed, order
-        arrow.release_unused()
-
-    def _recent_ids(self, wal_records: list[Record], wal_chunks: list[Chunk]) -> pa.Table:
-        """The ids placed within the window (`_PLACED`), from the tables' rows and the WAL: a message
-        in both comes twice, with one placement. A deleted topic's WAL items are left out."""
-        horizon_us = int((time.time() - self.settings.dedup_window_s) * 1_000_000)
-        live = {bytes.fromhex(t.topic_id) for t in self.topics.values()}
-        seen: list[pa.Table] = [_PLACED.empty_table()]
-        for topic in self.topics.values():
-            table = delta.open_table(self.layout.topic_table(topic.name))
-            if table is None:
-                continue
-            rows = delta.read_rows(
-                table,
-                (pc.field("timestamp") >= delta.timestamp_literal(horizon_us))
-                & (pc.field("message_id").is_valid() | pc.field("producer_id").is_valid()),
-                columns=["partition", "offset", "timestamp", "message_id", "producer_id", "sequence"],
-            )
-            for batch in rows.to_batches(max_chunksize=_REBUILD_SLICE):
-                ids = dedup_ids(batch["message_id"], batch["producer_id"], batch["sequence"])
-                seen.append(_placed_ids([topic.topic_id] * len(ids), batch["timestamp"].cast(pa.int64()), ids,
-                                        batch["partition"], batch["offset"]))
-        for start in range(0, len(wal_records), _REBUILD_SLICE):
-            some = [r for r in wal_records[start:start + _REBUILD_SLICE] if r.timestamp_us >= horizon_us
-                    and r.topic_id in live and (r.message_id is not None or r.producer_id is not None)]
-            if some:
-                ids = dedup_ids(pa.array([r.message_id for r in some], pa.string()),
-                                pa.array([r.producer_id for r in some], pa.string()),
-                                pa.array([r.sequence for r in some], pa.int64()))
-                seen.append(_placed_ids([r.topic_id.hex() for r in some],
-                                        pa.array([r.timestamp_us for r in some], pa.int64()), ids,
-                                        pa.array([r.partition for r in some], pa.int32()),
-                                        pa.array([r.offset for r in some], pa.int64())))
-        for c in wal_chunks:
-            ids = c.columns.column("message_id")  # the columnar path carries message ids only
-            if c.timestamp_us < horizon_us or c.topic_id not in live or ids.null_count == len(ids):
-                continue
-            n = len(ids)
-            seen.append(_placed_ids([c.topic_id.hex()] * n, pa.array(np.full(n, c.timestamp_us, np.int64)),
-                                    dedup_ids(ids), pa.array(np.full(n, c.partition, np.int32)),
-                                    pa.array(np.arange(c.offset, c.offset + n, dtype=np.int64))))
-        return pa.concat_tables(seen)
 
     # -- topics -------------------------------------------------------------------------
     def topic(self, name: str) -> TopicConfig:
@@ -623,15 +564,6 @@ class Broker:
         self.wal.release(committed_below)
         self.metrics.wal_segments.set(self.wal.segment_count())
         self.metrics.wal_backlog_bytes.set(self.backlog_bytes)
-
-
-def _placed_ids(topic_ids: list[str], timestamp_us: Arrow, ids: Arrow, partition: Arrow, offset: Arrow) -> pa.Table:
-    """The rows that carry an id, as `_PLACED`: each (topic id, id) by its hash."""
-    valid = pc.is_valid(ids)
-    keys = [(t, i) for t, i in zip(topic_ids, ids.to_pylist(), strict=True) if i is not None]
-    hashes = key_hashes(keys)
-    return pa.table([pc.filter(timestamp_us, valid), hashes[:, 0], hashes[:, 1], pc.filter(partition, valid),
-                     pc.filter(offset, valid)], schema=_PLACED)
 
 
 def _grouped(parts: np.ndarray, columns: pa.Table) -> tuple[np.ndarray, pa.Table]:

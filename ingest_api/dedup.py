@@ -5,19 +5,23 @@ is bounded by a time window and an entry count, and is rebuilt at start from the
 Delta table, so a retry after a restart still gets the original answer.
 
 At the default of 2M ids a dict of tuples and strings would take about 0.8 GB, so a placed id
-is kept as fixed-width numbers in arrays (44 bytes an id when full): a 128-bit hash of the key
-and its placement, an open-addressing slot table over them, and a ring in insertion order that
-eviction takes from.
+is kept as fixed-width numbers (`DedupIndex`): about 9 bytes an id in memory, and its 128-bit
+hash and placement in a ring file beside the WAL.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
+import mmap
+import os
 import struct
+import tempfile
 import time
 from array import array
 from collections.abc import Iterable
+from pathlib import Path
+from typing import Literal
 
 import numpy as np
 import pyarrow as pa
@@ -26,10 +30,12 @@ import pyarrow.compute as pc
 DedupKey = tuple[str, str]  # (topic id, not name: a re-created topic is a new log; dedup id)
 Placed = tuple[int, int, int]  # where a message went: partition, offset, log-append time (epoch µs)
 
-_EMPTY = -1
-_FIRST_CAPACITY = 1024
-_WIDTH = 4  # int64s per id in `_entries`: hash, hash, offset, time; one cache line for a lookup to read
 _HALVES = struct.Struct("<qq")
+_RECORD = struct.Struct("=5q")  # a ring file record: hash, hash, partition, offset, log-append time (µs)
+_WIDTH = 5
+_BLOCK = 1024  # records a ring file block holds; the head's and the tail's blocks are kept in memory
+_BLOCK_BYTES = _BLOCK * _RECORD.size
+_TAG_MASK = 0xFFFF_FFFF
 _blake2b = hashlib.blake2b
 
 
@@ -68,34 +74,57 @@ def key_hashes(keys: Iterable[DedupKey]) -> np.ndarray:
 
 
 class DedupIndex:
-    """Placed ids live at ring positions [tail, tail + count) modulo the capacity, oldest first;
-    `_slots` maps a hash's home slot, by linear probing, to a ring position. Remembering an id
-    again updates it in place: its age stays that of its first placement."""
+    """Placed ids live at ring positions [tail, tail + count) modulo max_entries, oldest first.
 
-    def __init__(self, *, window_s: float, max_entries: int) -> None:
+    In memory, per id: its tag (the low 32 bits of the hash) at its ring position, and that
+    position in an open-addressing slot table at most 3/4 full, whose home slot is a function of
+    the tag, so an entry can be moved or deleted without its full hash (about 9 bytes an id).
+    The full hash and the placement (40 bytes) are records in a ring file at the same position,
+    read only when a tag matches: a retried send, about one in 4 billion others. The file's pages
+    sit in the page cache, not in the process. The newest block of records is kept in memory and
+    written as it fills; the oldest block is kept in memory while eviction walks it. The file is
+    scratch: the index is rebuilt at every start, so the file is truncated at open.
+
+    Remembering an id again updates it in place: its age stays that of its first placement."""
+
+    def __init__(self, *, window_s: float, max_entries: int, directory: Path | None = None) -> None:
         self.window_s = window_s
         self.max_entries = max_entries
         self._inflight: dict[DedupKey, asyncio.Future[Placed]] = {}  # few: only sends not yet durable
         # A new id is hashed once: lookup's miss hands its hash to begin, and remember takes it.
         self._missed: tuple[DedupKey | None, int, int] = (None, 0, 0)
         self._hashes: dict[DedupKey, tuple[int, int]] = {}
-        self._position = "i" if max_entries < 2**31 else "q"  # a ring position, in the slot table
         self._count = 0
         self._tail = 0
-        self._allocate(min(_FIRST_CAPACITY, max_entries))
+        # Zero-filled anonymous maps: their pages become resident only as ids reach them, so an
+        # idle broker holds little, and nothing is ever copied to grow.
+        self._size = max(8, 2 * max_entries)
+        self._slots = _zeros(self._size, "I" if max_entries < 2**32 - 1 else "Q")  # ring position + 1; 0 empty
+        self._tags = _zeros(max_entries, "I")
+        # open for the index's life (close() ends it)
+        if directory is None:
+            self._file = tempfile.TemporaryFile(prefix="lakebroker-dedup-")  # noqa: SIM115
+        else:
+            directory.mkdir(parents=True, exist_ok=True)
+            self._file = (directory / "dedup.ring").open("w+b")
+        self._fd = self._file.fileno()
+        os.ftruncate(self._fd, 0)
+        os.ftruncate(self._fd, max_entries * _RECORD.size)
+        self._head_block = 0
+        self._head = array("q", bytes(_BLOCK_BYTES))  # the block the next id is written to
+        self._tail_block = -1
+        self._tail_records = array("q")  # the block eviction walks, when it is not the head's
+
+    def close(self) -> None:
+        self._file.close()
 
     def __len__(self) -> int:
         return self._count
 
     def lookup(self, key: DedupKey) -> Placed | asyncio.Future[Placed] | None:
         h0, h1 = key_hash(key)
-        slots, mask, entries = self._slots, self._mask, self._entries
-        i = h0 & mask
-        while (pos := slots[i]) != _EMPTY:
-            at = pos * _WIDTH
-            if entries[at] == h0 and entries[at + 1] == h1:
-                return self._partition[pos], entries[at + 2], entries[at + 3]
-            i = (i + 1) & mask
+        if (pos := self._find(h0, h1)) >= 0:
+            return self._placed(pos)
         self._missed = (key, h0, h1)
         return self._inflight.get(key)
 
@@ -124,62 +153,46 @@ class DedupIndex:
 
     def restore(self, h0: int, h1: int, placed: Placed) -> None:
         """`remember` by the key's `key_hash`: the rebuild at start hashes its ids in bulk."""
-        if (pos := self._find(h0, h1)) != _EMPTY:
-            at = pos * _WIDTH
-            self._partition[pos], self._entries[at + 2], self._entries[at + 3] = placed
+        if (pos := self._find(h0, h1)) >= 0:
+            self._write(pos, h0, h1, placed)
             self._evict()
         else:
             self._insert(h0, h1, placed)
 
-    def reserve(self, entries: int) -> None:
-        """Room for this many ids at once, up to max_entries (the rebuild at start knows how many it
-        brings): growing step by step would copy the arrays at each step and hold two at the last."""
-        if min(entries, self.max_entries) > self._capacity:
-            self._grow(min(entries, self.max_entries))
-
-    # -- storage ------------------------------------------------------------------------
-    def _allocate(self, capacity: int) -> None:
-        """Empty arrays for `capacity` ids, and a slot table at most half full."""
-        self._capacity = capacity
-        self._entries = array("q", [0]) * (_WIDTH * capacity)  # repetition allocates exactly; append does not
-        self._partition = array("i", [0]) * capacity
-        size = 1 << (2 * capacity - 1).bit_length()
-        self._slots = array(self._position, [_EMPTY]) * size
-        self._mask = size - 1
+    # -- the slot table -----------------------------------------------------------------
+    def _home(self, tag: int) -> int:
+        return tag * self._size >> 32
 
     def _find(self, h0: int, h1: int) -> int:
-        """The ring position of this hash, or _EMPTY."""
-        slots, mask, entries = self._slots, self._mask, self._entries
-        i = h0 & mask
-        while (pos := slots[i]) != _EMPTY:
-            at = pos * _WIDTH
-            if entries[at] == h0 and entries[at + 1] == h1:
-                return pos
-            i = (i + 1) & mask
-        return _EMPTY
+        """The ring position of this hash, or -1."""
+        slots, tags, size = self._slots, self._tags, self._size
+        tag = h0 & _TAG_MASK
+        i = tag * size >> 32
+        while pos := slots[i]:
+            if tags[pos - 1] == tag and self._record(pos - 1)[:2] == (h0, h1):
+                return pos - 1
+            i = i + 1 if i + 1 < size else 0
+        return -1
 
     def _insert(self, h0: int, h1: int, placed: Placed) -> None:
         """Put a hash known to be absent at the ring's head, after making room there."""
-        if self._count == self._capacity:
-            if self._capacity < self.max_entries:
-                self._grow()
-            else:
-                self._drop_oldest()
-        slots, mask, entries = self._slots, self._mask, self._entries
-        i = h0 & mask
-        while slots[i] != _EMPTY:
-            i = (i + 1) & mask
-        pos = (self._tail + self._count) % self._capacity
-        slots[i] = pos
-        at = pos * _WIDTH
-        entries[at], entries[at + 1] = h0, h1
-        self._partition[pos], entries[at + 2], entries[at + 3] = placed
+        if self._count == self.max_entries:
+            self._drop_oldest()
+        slots, size = self._slots, self._size
+        tag = h0 & _TAG_MASK
+        i = tag * size >> 32
+        while slots[i]:
+            i = i + 1 if i + 1 < size else 0
+        pos = (self._tail + self._count) % self.max_entries
+        slots[i] = pos + 1
+        self._tags[pos] = tag
+        self._write(pos, h0, h1, placed)
         self._count += 1
         self._evict()
 
     def _evict(self) -> None:
         horizon_us = (time.time() - self.window_s) * 1_000_000
-        while self._count and self._entries[self._tail * _WIDTH + 3] < horizon_us:
+        while self._count and self._record(self._tail)[4] < horizon_us:
             self._drop_oldest()
 
     def _drop_oldest(self) -> None:
@@ -187,49 +200,70 @@ class DedupIndex:
         probe run moves back into the gap unless that would put it before its home slot, so a
         lookup's probe never meets a hole (no tombstones)."""
         tail = self._tail
-        slots, mask, entries = self._slots, self._mask, self._entries
-        gap = entries[tail * _WIDTH] & mask
-        while slots[gap] != tail:
-            gap = (gap + 1) & mask
+        slots, tags, size = self._slots, self._tags, self._size
+        gap = tags[tail] * size >> 32
+        while slots[gap] != tail + 1:
+            gap = gap + 1 if gap + 1 < size else 0
         j = gap
-        while (pos := slots[j := (j + 1) & mask]) != _EMPTY:
-            home = entries[pos * _WIDTH] & mask
-            if (j - home) & mask >= (j - gap) & mask:  # its home is at or before the gap (cyclically)
+        while True:
+            j = j + 1 if j + 1 < size else 0
+            if not (pos := slots[j]):
+                break
+            home = tags[pos - 1] * size >> 32
+            if (j - home) % size >= (j - gap) % size:  # its home is at or before the gap (cyclically)
                 slots[gap] = pos
                 gap = j
-        slots[gap] = _EMPTY
-        self._tail = (tail + 1) % self._capacity
+        slots[gap] = 0
+        self._tail = (tail + 1) % self.max_entries
         self._count -= 1
 
-    def _grow(self, capacity: int = 0) -> None:
-        """Enlarge the arrays to `capacity` ids, by default double (up to max_entries). The ring's
-        entries are copied oldest first to the new arrays' start, and the slot table is built anew
-        with numpy: a per-entry loop would hold the event loop for about a second at a million
-        ids, this a tenth of that."""
-        entries, partition, tail, count = self._entries, self._partition, self._tail, self._count
-        first = min(count, self._capacity - tail)  # those from the tail to the arrays' end; then from the start
-        self._allocate(capacity or min(2 * self._capacity, self.max_entries))
-        self._entries[:_WIDTH * first] = entries[_WIDTH * tail:_WIDTH * (tail + first)]
-        self._entries[_WIDTH * first:_WIDTH * count] = entries[:_WIDTH * (count - first)]
-        self._partition[:first] = partition[tail:tail + first]
-        self._partition[first:count] = partition[:count - first]
-        self._tail = 0
-        self._place_all(count)
+    # -- the ring file --------------------------------------------------------------------
+    def _placed(self, pos: int) -> Placed:
+        _, _, partition, offset, at_us = self._record(pos)
+        return partition, offset, at_us
 
-    def _place_all(self, count: int) -> None:
-        """Fill the empty slot table with ring positions 0..count-1. Sorted by home slot, linear
-        probing puts the i-th entry at max(home_i, slot of entry i-1 + 1): a running maximum. The
-        few whose run passes the table's end wrap around and are probed one by one."""
-        mask = self._mask
-        homes = np.frombuffer(self._entries, np.int64, _WIDTH * count)[::_WIDTH] & mask
-        order = np.argsort(homes)  # any order within a home is a valid table
-        rank = np.arange(count, dtype=np.int64)
-        slot = np.maximum.accumulate(homes[order] - rank) + rank
-        fits = slot <= mask
-        np.frombuffer(self._slots, self._slots.typecode)[slot[fits]] = order[fits]
-        slots = self._slots
-        for pos in order[~fits].tolist():
-            i = 0
-            while slots[i] != _EMPTY:
-                i = (i + 1) & mask
-            slots[i] = pos
+    def _record(self, pos: int) -> tuple[int, int, int, int, int]:
+        """(h0, h1, partition, offset, time) at a ring position."""
+        block, at = divmod(pos, _BLOCK)
+        if block == self._head_block:
+            records = self._head
+        elif block == self._tail_block:
+            records = self._tail_records
+        elif pos == self._tail:  # eviction reached a new block: keep it while eviction walks it
+            self._tail_block, self._tail_records = block, self._read_block(block)
+            records = self._tail_records
+        else:
+            return _RECORD.unpack(os.pread(self._fd, _RECORD.size, pos * _RECORD.size))  # type: ignore[return-value]
+        i = at * _WIDTH
+        return records[i], records[i + 1], records[i + 2], records[i + 3], records[i + 4]
+
+    def _write(self, pos: int, h0: int, h1: int, placed: Placed) -> None:
+        block, at = divmod(pos, _BLOCK)
+        if block != self._head_block and pos == (self._tail + self._count) % self.max_entries:
+            # The head moves on to a new block: write the full one out, and read the new one
+            # (older ids may still live in it, past the head)
+            os.pwrite(self._fd, self._head.tobytes(), self._head_block * _BLOCK_BYTES)
+            self._head_block, self._head = block, self._read_block(block)
+            if block == self._tail_block:
+                self._tail_block = -1
+        if block == self._head_block:
+            records = self._head
+        else:
+            os.pwrite(self._fd, _RECORD.pack(h0, h1, *placed), pos * _RECORD.size)
+            if block != self._tail_block:
+                return
+            records = self._tail_records
+        i = at * _WIDTH
+        records[i], records[i + 1] = h0, h1
+        records[i + 2], records[i + 3], records[i + 4] = placed
+
+    def _read_block(self, block: int) -> array[int]:
+        records = array("q")
+        records.frombytes(os.pread(self._fd, _BLOCK_BYTES, block * _BLOCK_BYTES).ljust(_BLOCK_BYTES, b"\0"))
+        return records
+
+
+def _zeros(n: int, typecode: Literal["I", "Q"]) -> memoryview[int]:
+    """n zeroed unsigned numbers (32 or 64 bits), in an anonymous map."""
+    width = array(typecode).itemsize
+    return memoryview(mmap.mmap(-1, max(n, 1) * width, flags=mmap.MAP_PRIVATE)).cast(typecode)

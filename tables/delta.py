@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -344,6 +344,20 @@ def read_offset_range(table: DeltaTable, partition: int, start: int, end: int,
     predicate = f'partition = {int(partition)} AND "offset" >= {int(start)} AND "offset" < {int(end)}'
     dataset: pads.Dataset = table.to_pyarrow_dataset(file_pruning_predicate=predicate)
     return dataset.to_table(filter=(pc.field("offset") >= start) & (pc.field("offset") < end), columns=columns)
+
+
+_BATCH_ROWS = 65_536
+
+
+def read_batches(table: DeltaTable, filter_expr: pc.Expression, columns: list[str]) -> Iterator[pa.RecordBatch]:
+    """`read_rows` a record batch at a time: a scan of a large table holds a batch or two, not the
+    whole result (pyarrow's default read-ahead alone decodes up to 16 batches of 128k rows)."""
+    dataset: pads.Dataset = table.to_pyarrow_dataset()
+    try:
+        yield from dataset.to_batches(filter=filter_expr, columns=columns, batch_size=_BATCH_ROWS,
+                                      batch_readahead=1, fragment_readahead=1)
+    except (pa.ArrowNotImplementedError, pa.ArrowTypeError):  # as in read_rows: small system tables only
+        yield from dataset.to_table().filter(filter_expr).select(columns).to_batches()
 
 
 def read_rows(table: DeltaTable, filter_expr: pc.Expression, columns: list[str] | None = None) -> pa.Table:

@@ -48,6 +48,11 @@ class Layout:
         return self.data_dir / "wal"
 
     @property
+    def dedup_dir(self) -> Path:
+        """The dedup index's ring file: scratch, rebuilt at every start (ingest_api/dedup.py)."""
+        return self.data_dir / "dedup"
+
+    @property
     def lock_file(self) -> Path:
         return self.data_dir / ".lakebroker.lock"
 
