@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -148,6 +149,7 @@ def _memory_row(results: Results) -> list[str] | None:
     runs = [r for r in results.visibility or [] if r.peak_rss_mb is not None]
     if runs:
         peaks.append(("produce→visible with its flood", max(r.peak_rss_mb or 0.0 for r in runs)))
+    peaks += _dedup_peaks(results)
     if not peaks:
         return None
     ok = all(mb <= TARGET_INGEST_RSS_MB for _, mb in peaks)
@@ -156,6 +158,16 @@ def _memory_row(results: Results) -> list[str] | None:
             "" if ok else "about 120 MB are mapped library pages; delta-rs's jemalloc keeps some native memory "
             "from each flush commit, and the batch path's Arrow buffers and large flush commits add transient "
             "peaks (docs/operations.md, \"Memory\")"]
+
+
+def _dedup_peaks(results: Results) -> list[tuple[str, float]]:
+    """serve's peaks with a full dedup index and after its restart's rebuild (bench.dedup_memory),
+    when that module ran in this run (a fragment from an earlier run starts with its date)."""
+    for title, fragment in results.fragments:
+        found = re.search(r"<!-- serve-peak-rss-mb: full-index=([\d.]+) restart=([\d.]+) -->", fragment)
+        if title == "Dedup index" and found and not fragment.startswith("_"):
+            return [("a full dedup index", float(found[1])), ("its restart's rebuild", float(found[2]))]
+    return []
 
 
 def summary(results: Results) -> str:
