@@ -11,6 +11,8 @@ from typing import Any
 
 import orjson
 
+from tests.waiting import eventually
+
 
 @dataclass
 class Received:
@@ -90,11 +92,7 @@ class Receiver:
         return out
 
     def wait_for(self, predicate: Callable[[], bool], timeout: float = 30) -> None:
-        deadline = time.monotonic() + timeout
-        while not predicate():
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"receiver: condition not met in {timeout}s; got {len(self.received)} messages")
-            time.sleep(0.05)
+        eventually(predicate, timeout, what=f"the receiver's condition ({len(self.received)} messages at the start)")
 
     def close(self) -> None:
         self.server.shutdown()

@@ -5,7 +5,6 @@ from __future__ import annotations
 import re
 import shlex
 import subprocess
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +19,7 @@ from lakebroker.ingest_api.partitioner import partition_for_key
 from scripts.settings_table import rows
 from tests.receivers import Receiver
 from tests.servers import ServerProcess
+from tests.waiting import eventually
 
 README = (Path(__file__).resolve().parent.parent / "README.md").read_text()
 
@@ -37,23 +37,20 @@ def test_every_metric_in_the_readme_appears_after_produce_and_deliver(client: Te
     assert len(names) >= 20
     receiver = Receiver(behaviour=lambda n, body: (500, {}, 0.0) if body["offset"] == 0 else (200, {}, 0.0))
     try:
-        client.post("/v1/subscriptions", json={"name": "hooks", "topic": "orders", "url": receiver.url,
-                                               "start": "earliest", "max_attempts": 1})
-        client.post("/v1/topics/orders/batch?ack=table",
-                    json={"messages": [{"value": i, "partition": 0, "id": f"m{i}"} for i in range(5)]})
-        client.post("/v1/topics/orders/messages", json={"value": 0, "partition": 0, "id": "m0"})  # a duplicate
-        client.post("/v1/topics/orders/messages", json={"value": 1, "partition": 7})  # rejected
+        assert client.post("/v1/subscriptions", json={"name": "hooks", "topic": "orders", "url": receiver.url,
+                                                      "start": "earliest", "max_attempts": 1}).status_code == 201
+        assert client.post("/v1/topics/orders/batch?ack=table", json={
+            "messages": [{"value": i, "partition": 0, "id": f"m{i}"} for i in range(5)]}).status_code == 200
+        duplicate = client.post("/v1/topics/orders/messages", json={"value": 0, "partition": 0, "id": "m0"})
+        assert duplicate.json()["duplicate"] is True
+        rejected = client.post("/v1/topics/orders/messages", json={"value": 1, "partition": 7})
+        assert rejected.status_code == 422, rejected.text
         receiver.wait_for(lambda: len(receiver.messages()) == 4)
         # The receiver records a message before its 2xx reaches the worker, which counts it then.
         settled = ('lakebroker_dead_lettered_messages_total{subscription="hooks"} 1.0',
                    'lakebroker_delivered_messages_total{subscription="hooks"} 4.0')
-        deadline = time.monotonic() + 10
-        text = ""
-        while time.monotonic() < deadline:
-            text = client.get("/metrics").text
-            if all(sample in text for sample in settled):
-                break
-            time.sleep(0.1)
+        text = eventually(lambda: (t := client.get("/metrics").text) and all(s in t for s in settled) and t, 10,
+                          what=f"the settled samples {settled}", interval=0.1)
     finally:
         receiver.close()
     samples = {line.split("{")[0].split(" ")[0] for line in text.splitlines() if line and not line.startswith("#")}

@@ -19,5 +19,5 @@ def test_both_servers_take_the_issues_body_and_their_cpu_is_read(tmp_path: Path,
 
     assert bare.load.requests > 0 and bare.load.errors == 0
     assert lake.load.requests > 0 and lake.load.errors == 0  # wrk counts any non-2xx answer as an error
-    assert lake.cpu_s > 0 and lake.threads and lake.children_cpu_s >= 0
+    assert lake.cpu_s > 0 and lake.threads
     assert "ratio" in capsys.readouterr().out

@@ -7,16 +7,17 @@ import contextlib
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
+import pytest
 from fastapi.testclient import TestClient
 
 from lakebroker.ingest_api import create_app
 from lakebroker.tables.settings import Settings
 from tests.receivers import Receiver
 from tests.servers import REPO, free_port
+from tests.waiting import eventually
 
 
 def test_a_standalone_worker_serves_the_delivery_metrics(tmp_path: Path) -> None:
@@ -38,13 +39,15 @@ def test_a_standalone_worker_serves_the_delivery_metrics(tmp_path: Path) -> None
     try:
         receiver.wait_for(lambda: len(receiver.messages()) == 3, timeout=60)
         wanted = 'lakebroker_delivered_messages_total{subscription="hooks"} 3.0'
-        deadline, text = time.monotonic() + 30, ""
-        while wanted not in text and time.monotonic() < deadline:
-            assert worker.poll() is None, (tmp_path / "deliver.log").read_text()[-2000:]
+        def scraped() -> str:
+            if worker.poll() is not None:
+                pytest.fail((tmp_path / "deliver.log").read_text()[-2000:])
             with contextlib.suppress(httpx.TransportError):  # not listening yet
                 text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
-            time.sleep(0.05)
-        assert wanted in text, text[-2000:]
+                return text if wanted in text else ""
+            return ""
+
+        text = eventually(scraped, 30, what=wanted)
         assert "lakebroker_delivery_latency_seconds_bucket" in text and "lakebroker_consumer_lag" in text
     finally:
         worker.terminate()

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import base64
 import os
-import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -20,6 +19,7 @@ from lakebroker.delivery_worker.signer import Signer
 from lakebroker_client import Delivery, InvalidDelivery, Producer, SignatureInvalid, WebhookVerifier
 from tests.client.conftest import Broker
 from tests.servers import AppThread
+from tests.waiting import eventually
 
 
 def secret() -> str:
@@ -129,10 +129,7 @@ def deliveries(receiver: AppThread) -> list[Delivery]:
 
 
 def wait_for(predicate: Any, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.1)
+    eventually(predicate, timeout, interval=0.1)
 
 
 def test_real_deliveries_verify_and_forgeries_get_401(broker: Broker, receivers: tuple[AppThread, AppThread]) -> None:

@@ -3,8 +3,6 @@ topic is appended as the flusher appends (tests/spark_pipeline/topics.py)."""
 
 from __future__ import annotations
 
-import asyncio
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -16,13 +14,11 @@ from lakebroker.delivery_worker.worker import DeliveryWorker
 from lakebroker.tables.layout import Layout
 from lakebroker.tables.settings import Settings
 from lakebroker.tables.subscriptions import Ordering, Subscription, SubscriptionStore, new_secret
+from tests.waiting import eventually_async
 
 
 async def until(predicate: Callable[[], bool], what: str, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"not met in {timeout}s: {what}"
-        await asyncio.sleep(0.02)
+    await eventually_async(predicate, timeout, what=what)
 
 
 def worker_settings(data: Path, heartbeat_s: float = 0.2) -> Settings:

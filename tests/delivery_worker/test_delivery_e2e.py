@@ -11,6 +11,7 @@ from fastapi.testclient import TestClient
 from standardwebhooks import Webhook
 
 from tests.receivers import Receiver
+from tests.waiting import eventually
 
 FAST_RETRY = {"retry_schedule_s": [0.05, 0.1], "timeout_s": 2}
 
@@ -59,11 +60,8 @@ def test_order_within_partition_and_signatures_verify(client: TestClient, orders
         assert payload["topic"] == "orders"
         assert r.headers["lakebroker-offset"] == str(payload["offset"])
         assert r.headers["webhook-id"] == f"msg_orders_{payload['partition']}_{payload['offset']}"
-    status = client.get("/v1/subscriptions/hooks").json()
-    deadline = time.monotonic() + 10
-    while any(p["lag"] for p in status["partitions"]) and time.monotonic() < deadline:
-        time.sleep(0.1)
-        status = client.get("/v1/subscriptions/hooks").json()
+    status = eventually(lambda: (s := client.get("/v1/subscriptions/hooks").json())
+                        and not any(p["lag"] for p in s["partitions"]) and s, 10, what="no lag")
     assert sum(p["committed_offset"] for p in status["partitions"]) == 60
     assert all(p["lag"] == 0 for p in status["partitions"])
 
@@ -82,11 +80,8 @@ def test_retries_then_dead_letter_then_replay(client: TestClient, orders: str, r
     receiver.wait_for(lambda: len(receiver.messages()) >= 5)
     assert [m["offset"] for m in receiver.messages()] == [0, 1, 2, 4, 5]  # in order, 3 dead-lettered
     assert receiver.answers.count(500) == 3  # attempts 1..3
-    letters: list[dict[str, Any]] = []
-    deadline = time.monotonic() + 10
-    while not letters and time.monotonic() < deadline:
-        letters = client.get("/v1/subscriptions/hooks/dead-letters").json()["dead_letters"]
-        time.sleep(0.1)
+    letters = eventually(lambda: client.get("/v1/subscriptions/hooks/dead-letters").json()["dead_letters"], 10,
+                         what="a dead letter")
     assert [(d["partition"], d["offset"], d["attempts"], d["last_status"]) for d in letters] == [(0, 3, 3, 500)]
     failing["on"] = False
     r = client.post("/v1/subscriptions/hooks/dead-letters/replay", json={"partition": 0, "from_offset": 3,
@@ -94,10 +89,8 @@ def test_retries_then_dead_letter_then_replay(client: TestClient, orders: str, r
     assert r.json() == {"requested": 1}
     receiver.wait_for(lambda: len(receiver.messages()) >= 6)
     assert receiver.messages()[-1]["offset"] == 3
-    deadline = time.monotonic() + 10
-    while client.get("/v1/subscriptions/hooks/dead-letters").json()["dead_letters"] and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert client.get("/v1/subscriptions/hooks/dead-letters").json()["dead_letters"] == []
+    eventually(lambda: client.get("/v1/subscriptions/hooks/dead-letters").json()["dead_letters"] == [], 10,
+               what="the replayed dead letter gone")
 
 
 def test_retry_after_is_honoured(client: TestClient, orders: str, receiver: Receiver) -> None:
@@ -128,14 +121,8 @@ def test_410_disables_the_endpoint_visibly(client: TestClient, orders: str, rece
     receiver.behaviour = lambda n, body: (410, {}, 0.0)
     subscribe(client, receiver, **FAST_RETRY)
     produce(client, 3, partition=0)
-    deadline = time.monotonic() + 15
-    state = {}
-    while time.monotonic() < deadline:
-        state = client.get("/v1/subscriptions/hooks").json()
-        if state["endpoint_state"] == "disabled":
-            break
-        time.sleep(0.1)
-    assert state["endpoint_state"] == "disabled"
+    state = eventually(lambda: (s := client.get("/v1/subscriptions/hooks").json())["endpoint_state"] == "disabled"
+                       and s, 15, what="the endpoint disabled")
     assert "410" in state["disabled_reason"]
     assert receiver.answers == [410]  # nothing more is sent
     assert state["partitions"][0]["committed_offset"] == 0  # nothing skipped

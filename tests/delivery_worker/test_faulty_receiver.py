@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import random
 import threading
-import time
 from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
 
 from tests.receivers import Receiver
+from tests.waiting import eventually
 
 pytestmark = pytest.mark.fault
 
@@ -44,14 +44,11 @@ def test_flapping_slow_and_timing_out_receiver_loses_nothing(client: TestClient,
             "max_in_flight": 16, "max_attempts": 4, "retry_schedule_s": [0.05, 0.1, 0.2], "timeout_s": 0.5})
         assert r.status_code == 201, r.text
         client.post("/v1/topics/orders/batch?ack=table", json={"messages": [{"value": i} for i in range(MESSAGES)]})
-        deadline = time.monotonic() + 120
-        status: dict[str, Any] = {}
-        while time.monotonic() < deadline:
-            status = client.get("/v1/subscriptions/hooks").json()
-            if sum(p["committed_offset"] for p in status["partitions"]) == MESSAGES:
-                break
-            time.sleep(0.2)
-        assert sum(p["committed_offset"] for p in status["partitions"]) == MESSAGES
+        def settled() -> dict[str, Any] | None:
+            status: dict[str, Any] = client.get("/v1/subscriptions/hooks").json()
+            return status if sum(p["committed_offset"] for p in status["partitions"]) == MESSAGES else None
+
+        status = eventually(settled, 120, what=f"{MESSAGES} messages committed", interval=0.2)
         delivered = {(m["partition"], m["offset"]) for m in receiver.messages()}
         letters = client.get("/v1/subscriptions/hooks/dead-letters?limit=1000").json()["dead_letters"]
         dead = {(d["partition"], d["offset"]) for d in letters}

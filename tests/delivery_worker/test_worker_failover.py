@@ -17,6 +17,7 @@ import pytest
 
 from tests.receivers import Receiver
 from tests.servers import REPO, ServerProcess
+from tests.waiting import eventually
 
 pytestmark = pytest.mark.fault
 
@@ -51,13 +52,11 @@ def test_sigkill_one_of_two_workers_loses_nothing(tmp_path: Path, receiver: Rece
             assert r.status_code == 200
             produced += n
 
-        deadline = time.monotonic() + 60
-        owners: set[str] = set()
-        while len(owners) < 2 and time.monotonic() < deadline:  # until both workers deliver
+        def owners() -> set[str]:
             produce(20)
-            time.sleep(0.2)
-            owners = {r.headers["lakebroker-worker"] for r in list(receiver.received)}
-        assert owners == {"worker-a", "worker-b"}, "both workers should own partitions"
+            return {r.headers["lakebroker-worker"] for r in list(receiver.received)}
+
+        eventually(lambda: owners() == {"worker-a", "worker-b"}, 60, what="both workers delivering", interval=0.2)
         for _ in range(10):
             produce(20)
         workers[0].send_signal(signal.SIGKILL)  # mid-stream
@@ -101,11 +100,8 @@ def test_sigkill_one_of_two_workers_loses_nothing(tmp_path: Path, receiver: Rece
             assert seq[-1][0] == "worker-b", f"partition {p} was still delivered by the killed worker at the end"
         del killed_at
         # Every partition ends fully committed on the survivor.
-        deadline = time.monotonic() + 20
-        status = client.get("/v1/subscriptions/hooks").json()
-        while any(p["lag"] for p in status["partitions"]) and time.monotonic() < deadline:
-            time.sleep(0.2)
-            status = client.get("/v1/subscriptions/hooks").json()
+        status = eventually(lambda: (s := client.get("/v1/subscriptions/hooks").json())
+                            and not any(p["lag"] for p in s["partitions"]) and s, 20, what="no lag", interval=0.2)
         assert [p["lag"] for p in status["partitions"]] == [0] * PARTITIONS
         assert {p["owner"] for p in status["partitions"]} == {"worker-b"}
         # SIGTERM stops the survivor gracefully: offsets committed, leases released at once.

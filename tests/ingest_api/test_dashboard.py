@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
@@ -20,6 +19,7 @@ from lakebroker.tables.layout import Layout
 from lakebroker.tables.settings import Settings
 from lakebroker.tables.tokens import TokenStore
 from tests.receivers import Receiver
+from tests.waiting import eventually
 
 
 def snapshot(client: TestClient, **headers: str) -> dict[str, Any]:
@@ -30,14 +30,11 @@ def snapshot(client: TestClient, **headers: str) -> dict[str, Any]:
 
 
 def wait_for(client: TestClient, predicate: Callable[[dict[str, Any]], bool], timeout: float = 20) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    while True:
+    def shown() -> dict[str, Any] | None:
         snap = snapshot(client)
-        if predicate(snap):
-            return snap
-        if time.monotonic() > deadline:
-            raise AssertionError(f"dashboard never showed the expected state: {snap}")
-        time.sleep(0.2)
+        return snap if predicate(snap) else None
+
+    return eventually(shown, timeout, what="the dashboard's expected state", interval=0.2)
 
 
 @pytest.fixture

@@ -27,6 +27,7 @@ from lakebroker.tables.layout import Layout
 from lakebroker.tables.tokens import TokenStore
 from tests.receivers import Receiver
 from tests.servers import REPO, ServerProcess
+from tests.waiting import eventually
 
 CHROMIUM = Path("/usr/bin/chromium")
 ARTIFACTS = REPO / "test-artifacts"
@@ -122,11 +123,7 @@ def rate_of(page: Page, topic: str) -> float:
 
 
 def wait_until(predicate: Callable[[], bool], what: str, timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"the page never showed {what} within {timeout}s")
-        time.sleep(0.1)
+    eventually(predicate, timeout, what=f"the page showing {what}", interval=0.1)
 
 
 def produce(api: httpx.Client, topic: str, numbers: range) -> list[dict[str, Any]]:

@@ -18,6 +18,7 @@ from lakebroker.ingest_api.records import Record
 from lakebroker.ingest_api.wal import ZERO_AHEAD, Wal
 from lakebroker.tables.errors import StorageUnavailable
 from lakebroker.tables.settings import Settings
+from tests.waiting import eventually
 
 pytestmark = pytest.mark.fault
 
@@ -71,7 +72,6 @@ def test_disk_full_gives_507_then_recovers(small_disk: Path) -> None:
 
 
 def test_delta_commit_on_full_disk_is_retried_and_nothing_is_lost(small_disk: Path) -> None:
-    import time
 
     settings = Settings(data_dir=small_disk / "data", flush_interval_ms=1500)
     with TestClient(create_app(settings)) as client:
@@ -80,18 +80,13 @@ def test_delta_commit_on_full_disk_is_retried_and_nothing_is_lost(small_disk: Pa
         assert acked.status_code == 200
         ballast = small_disk / "ballast"
         fill(ballast)  # before the flusher's first commit
-        deadline = time.monotonic() + 20
-        while client.get("/readyz").status_code == 200 and time.monotonic() < deadline:
-            time.sleep(0.1)
-        not_ready = client.get("/readyz")
-        assert not_ready.status_code == 503
+        not_ready = eventually(lambda: (r := client.get("/readyz")).status_code == 503 and r, 20,
+                               what="/readyz answering 503")
         assert "Delta commits are failing" in " ".join(not_ready.json()["problems"])
         ballast.unlink()
-        while time.monotonic() < deadline:
-            body = client.get("/v1/topics/orders/partitions/0/messages", params={"offset": 0}).json()
-            if body["messages"]:
-                break
-            time.sleep(0.1)
+        body = eventually(lambda: (b := client.get("/v1/topics/orders/partitions/0/messages",
+                                                   params={"offset": 0}).json())["messages"] and b, 20,
+                          what="the WAL's message in the table")
         assert [m["value"] for m in body["messages"]] == ["in the WAL"]
         assert client.get("/readyz").status_code == 200
 

@@ -26,6 +26,7 @@ from lakebroker.tables.layout import Layout
 from lakebroker.tables.settings import Settings
 from lakebroker.tables.tokens import TokenStore
 from tests.servers import AppThread
+from tests.waiting import eventually
 
 Address = tuple[str, int]
 BODY = b'{"key":"user-1","value":"hello world 0123456789 0123456789 0123456789 0123456789"}'
@@ -411,10 +412,7 @@ def test_shutdown_lets_a_fast_request_finish(tmp_path: Path) -> None:
 
 
 def wait_for(condition: Callable[[], bool], timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "condition not met"
-        time.sleep(0.01)
+    eventually(condition, timeout, interval=0.01)
 
 
 def test_delta_rows_match(pair: Pair) -> None:

@@ -17,6 +17,7 @@ from lakebroker.ingest_api.group_commit import INLINE_TRUST_WRITES, GroupCommitt
 from lakebroker.ingest_api.metrics import IngestMetrics
 from lakebroker.ingest_api.records import Record
 from lakebroker.ingest_api.wal import Wal
+from tests.waiting import eventually_async
 
 TOPIC_ID = bytes(range(16))
 GROUP = 1_000  # max_group: messages per WAL group
@@ -72,7 +73,8 @@ async def test_single_messages_with_nothing_in_flight_are_written_by_the_loop_it
     committer = GroupCommitter(wal, {}, lambda records: None, IngestMetrics(CollectorRegistry()), max_group=GROUP)
     committer.fast_writes = INLINE_TRUST_WRITES  # a disk that has proven fast (see the slow-disk test below)
     running = asyncio.create_task(committer.run())
-    await asyncio.sleep(0.05)  # the writer thread is up
+    await eventually_async(lambda: committer._writer is not None and committer._writer.is_alive(), 10,
+                           what="the writer thread up")
     loop_thread = threading.get_ident()
     answered: list[str] = []
 

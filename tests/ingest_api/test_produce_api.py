@@ -1,26 +1,25 @@
 from __future__ import annotations
 
 import base64
-import time
 from datetime import datetime
 
 import orjson
 from fastapi.testclient import TestClient
 
 from lakebroker.ingest_api.partitioner import partition_for_key
+from tests.waiting import eventually
 
 
 def read_all(client: TestClient, topic: str, partition: int) -> list[dict]:
-    deadline = time.monotonic() + 10
-    while True:
+    """Every message of a partition, once all it was sent is committed to its table."""
+    def committed() -> list[dict] | None:
         r = client.get(f"/v1/topics/{topic}/partitions/{partition}/messages", params={"offset": 0, "limit": 10000})
         assert r.status_code == 200, r.text
         body = r.json()
-        if body["committed_offset"] == client.get(f"/v1/topics/{topic}").json()["partition_offsets"][partition][
-            "log_end_offset"
-        ] or time.monotonic() > deadline:
-            return body["messages"]
-        time.sleep(0.02)
+        end = client.get(f"/v1/topics/{topic}").json()["partition_offsets"][partition]["log_end_offset"]
+        return body["messages"] if body["committed_offset"] == end else None
+
+    return eventually(committed, 10, what=f"{topic}[{partition}] committed", interval=0.02)
 
 
 def test_topic_admin_round_trip(client: TestClient) -> None:
@@ -72,9 +71,9 @@ def test_batch_json_and_ndjson_answer_in_request_order(client: TestClient, order
 
 def test_values_keep_their_format(client: TestClient, orders: str) -> None:
     raw = bytes(range(256))
-    client.post(f"/v1/topics/{orders}/messages", json={"value": "text", "partition": 1, "headers": {"a": "b"}})
-    client.post(f"/v1/topics/{orders}/messages", json={"value": [1, {"x": None}], "partition": 1})
-    client.post(f"/v1/topics/{orders}/messages", json={"value_b64": base64.b64encode(raw).decode(), "partition": 1})
+    for body in ({"value": "text", "partition": 1, "headers": {"a": "b"}}, {"value": [1, {"x": None}], "partition": 1},
+                 {"value_b64": base64.b64encode(raw).decode(), "partition": 1}):
+        assert client.post(f"/v1/topics/{orders}/messages", json=body).status_code == 200
     r = client.post(f"/v1/topics/{orders}/messages?partition=1&key=bin", content=raw,
                     headers={"content-type": "application/octet-stream"})
     assert r.status_code == 200 and r.json()["offset"] == 3

@@ -6,8 +6,6 @@ handle on the deleted table, and not its WAL records after a restart.
 
 from __future__ import annotations
 
-import time
-
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from fastapi.testclient import TestClient
 
@@ -15,6 +13,7 @@ from lakebroker.ingest_api import create_app
 from lakebroker.tables import delta
 from lakebroker.tables.layout import Layout
 from lakebroker.tables.settings import Settings
+from tests.waiting import eventually
 
 
 def _recreate(client: TestClient, name: str) -> None:
@@ -28,10 +27,9 @@ def _committed(client: TestClient, name: str) -> int:
 
 
 def _wait_committed(client: TestClient, name: str, at_least: int, within_s: float = 20.0) -> int:
-    deadline = time.monotonic() + within_s
-    while (seen := _committed(client, name)) < at_least and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return seen
+    """The messages committed to the topic's table, once there are at least `at_least`."""
+    return eventually(lambda: (seen := _committed(client, name)) >= at_least and seen, within_s,
+                      what=f"{at_least} message(s) committed to {name!r}")
 
 
 def _values(client: TestClient, name: str) -> list[object]:

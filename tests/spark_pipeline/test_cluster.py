@@ -11,7 +11,6 @@ import os
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,6 +21,7 @@ from lakebroker.spark_pipeline.results import JobName
 from lakebroker.spark_pipeline.scheduler import job_env, spark_home, spark_submit_command
 from lakebroker.tables.layout import Layout
 from tests.spark_pipeline.topics import create_topic, file_count, log_ends, offsets_by_partition, produce, settings_for
+from tests.waiting import eventually
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 REPO = Path(__file__).resolve().parents[2]
@@ -34,14 +34,12 @@ def _free_port() -> int:
 
 
 def _wait_for(log: Path, needle: str, proc: subprocess.Popen[bytes], timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    def logged() -> bool:
         if proc.poll() is not None:
             raise RuntimeError(f"exited with {proc.returncode}: {log.read_text()[-3000:]}")
-        if log.exists() and needle in log.read_text():
-            return
-        time.sleep(0.5)
-    raise TimeoutError(f"{needle!r} not in {log} after {timeout}s: {log.read_text()[-3000:]}")
+        return log.exists() and needle in log.read_text()
+
+    eventually(logged, timeout, what=f"{needle!r} in {log}", interval=0.5)
 
 
 @pytest.fixture

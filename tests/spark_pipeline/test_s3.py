@@ -43,6 +43,7 @@ from tests.spark_pipeline.topics import (
     rows,
     settings_for,
 )
+from tests.waiting import eventually
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 HOUR_US = 3_600_000_000
@@ -224,9 +225,9 @@ class _LogWatch:
 
     def settle(self) -> None:
         """Wait for a whole listing pass that started after the last write."""
-        target, deadline = self.passes + 2, time.monotonic() + 10
-        while self.passes < target and self._thread.is_alive() and time.monotonic() < deadline:
-            time.sleep(0.02)
+        target = self.passes + 2
+        eventually(lambda: self.passes >= target or not self._thread.is_alive(), 10, what="a whole listing pass",
+                   interval=0.02)
 
     def __enter__(self) -> _LogWatch:
         self._thread.start()

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import sys
-import time
 from pathlib import Path
 
 import httpx
@@ -24,6 +23,7 @@ from lakebroker.spark_pipeline.scheduler import (
 from lakebroker.tables.layout import Layout
 from lakebroker.tables.settings import Settings
 from tests.servers import ServerProcess
+from tests.waiting import eventually
 
 pytestmark = pytest.mark.spark
 
@@ -106,14 +106,14 @@ def test_serve_runs_scheduled_compaction_in_a_child_process(tmp_path: Path) -> N
         for i in range(12):  # twelve flushes: twelve small files
             r = httpx.post(url + "/v1/topics/ticks/messages?ack=table", json={"value": i})
             assert r.status_code == 200, r.text
-        deadline = time.monotonic() + 300
-        rows: list[dict[str, object]] = []
-        while time.monotonic() < deadline:
-            rows = [r for r in job_runs.last_runs(Layout(data), job="compaction") if r["target"] == "ticks"]
-            if rows:
-                break
-            time.sleep(2)
-        assert rows, (data / "_jobs" / "compaction.log").read_text()[-3000:] if (data / "_jobs").exists() else ""
+        def compacted() -> list[dict[str, object]]:
+            return [r for r in job_runs.last_runs(Layout(data), job="compaction") if r["target"] == "ticks"]
+
+        try:
+            rows = eventually(compacted, 300, what="a scheduled compaction of 'ticks'", interval=2)
+        except AssertionError:
+            log = data / "_jobs" / "compaction.log"
+            raise AssertionError(log.read_text()[-3000:] if log.exists() else "no compaction log") from None
         run = rows[-1]
         assert run["outcome"] == "ok" and run["trigger"] == "scheduler"
         assert run["files_before"] == 12 and run["files_after"] == 1

@@ -21,6 +21,7 @@ from lakebroker.tables.layout import Layout
 from lakebroker.tables.schemas import TOPIC_SCHEMA
 from lakebroker.tables.settings import Settings
 from lakebroker.tables.topics import TopicConfig, TopicStore, new_topic
+from tests.waiting import eventually
 
 NOW_US = lambda: int(time.time() * 1_000_000)  # noqa: E731
 
@@ -143,9 +144,9 @@ class ConcurrentFlusher:
         except Exception as exc:  # noqa: BLE001 - surfaced by the test's assertion
             self.errors.append(exc)
 
-    def wait_for_commits(self, n: int) -> None:
-        while len(self.appended) < n and self._thread.is_alive():
-            time.sleep(0.05)
+    def wait_for_commits(self, n: int, timeout: float = 120) -> None:
+        eventually(lambda: len(self.appended) >= n or not self._thread.is_alive(), timeout,
+                   what=f"{n} concurrent commits")
 
     @property
     def alive(self) -> bool:
