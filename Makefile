@@ -55,6 +55,7 @@ s3-server:
 
 lint: setup
 	$(VENV)/bin/ruff check .
+	bash scripts/import_contracts.sh
 	bash scripts/mypy.sh
 
 bench: setup

@@ -80,16 +80,16 @@ def _runner(params: dict[str, Any]) -> str:
 
 def _command(job: str, target: str, params: dict[str, Any]) -> str:
     """The python runner's command line."""
-    from lakebroker.spark_pipeline.results import JobName
     from lakebroker.spark_pipeline.scheduler import job_command
+    from lakebroker.tables.job_runs import JobName
 
     return shlex.join(job_command(JobName(job), _settings(params), topic=target or None, trigger=TRIGGER))
 
 
 def _submission(job: str, target: str, params: dict[str, Any]) -> dict[str, Any]:
     """The spark-submit runner's SparkSubmitOperator arguments for one target."""
-    from lakebroker.spark_pipeline.results import JobName
     from lakebroker.spark_pipeline.scheduler import spark_submit_run
+    from lakebroker.tables.job_runs import JobName
 
     run = spark_submit_run(JobName(job), _settings(params), topic=target or None, trigger=TRIGGER)
     return run.operator_kwargs()
@@ -98,7 +98,7 @@ def _submission(job: str, target: str, params: dict[str, Any]) -> dict[str, Any]
 def _summary(job: str, targets: list[str], params: dict[str, Any], since: datetime) -> dict[str, Any]:
     """What this DAG run's job runs recorded: one run per target (max_active_runs=1, so the runs
     with this trigger since the DAG run started are its own), none failed."""
-    from lakebroker.spark_pipeline import job_runs
+    from lakebroker.tables import job_runs
     from lakebroker.tables.layout import Layout
 
     rows = [r for r in job_runs.last_runs(Layout.of(_settings(params)), job=job, since=since, limit=10_000)

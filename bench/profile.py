@@ -41,6 +41,8 @@ FRAMEWORK = ("FastAPI", "Starlette", "anyio (thread handoff)")
 LAKEBROKER = ("lakebroker ingest_api", "lakebroker tables")
 
 PACKAGES = (
+    ("ingest_api/http_limits.py", HTTP),
+    ("ingest_api/http_fast_produce.py", HTTP),
     ("ingest_api/", "lakebroker ingest_api"),
     ("tables/", "lakebroker tables"),
     ("fastapi/", "FastAPI"),
@@ -49,7 +51,6 @@ PACKAGES = (
     ("uvicorn/", HTTP),
     ("h11/", HTTP),
     ("httptools/", HTTP),
-    ("lakebroker/http_protocol.py", HTTP),
     ("anyio/", "anyio (thread handoff)"),
     ("sniffio/", "anyio (thread handoff)"),
     ("<string>", "generated dataclass __init__/__eq__"),

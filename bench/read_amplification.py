@@ -49,7 +49,7 @@ from tests.file_reads import ReadRecorder
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-READ = 1000  # rows a delivery read takes at most (delivery_worker/pipeline.py READ_AHEAD)
+READ = 1000  # rows a delivery read takes at most (delivery_worker/reader.py READ_AHEAD)
 SPARK_DEFAULT_BLOCK = 128 * 1024 * 1024
 FRAGMENT = Path(__file__).resolve().parent.parent / "docs" / "benchmarks-reads.md"
 
@@ -109,7 +109,7 @@ def write_by_compaction(block_size: int | None) -> Callable[[str, pa.Table], Non
 
     def write(uri: str, data: pa.Table) -> None:
         from lakebroker.spark_pipeline.jobs.compaction import compact_table
-        from lakebroker.spark_pipeline.results import TableResult
+        from lakebroker.tables.job_runs import TableResult
 
         spark = _spark()
         table = ensure_topic_table(uri)

@@ -394,7 +394,7 @@ class Soak:
         self.server.env.update(self._server_env(0, drain=True))
         self.server.start(timeout=120)
         restarted = datetime.now(UTC)
-        from lakebroker.spark_pipeline import job_runs
+        from lakebroker.tables import job_runs
         from lakebroker.tables.layout import Layout
 
         layout = Layout(self.data)
@@ -460,7 +460,7 @@ class Soak:
                                         + " ".join(self.report.replica_output.splitlines()[-3:]))
 
     def _check(self) -> None:
-        from lakebroker.spark_pipeline import job_runs
+        from lakebroker.tables import job_runs
         from lakebroker.tables.layout import Layout
 
         acks = [orjson.loads(line) for line in self.acks_file.read_bytes().splitlines() if line.strip()]

@@ -71,12 +71,12 @@ def check_table(report: SoakReport, topic: str, spec: TopicSpec, stored: Stored,
     for p, log in stored.logs.items():
         offsets = sorted(o for q, o in stored.ids if q == p)
         if spec.compact:
-            ok = all(log.log_start <= o < log.log_end for o in offsets)
+            ok = all(log.log_start <= o < log.committed_end for o in offsets)
         else:
-            ok = offsets == list(range(log.log_start, log.log_end))
+            ok = offsets == list(range(log.log_start, log.committed_end))
         if not ok:
             report.gaps += 1
-            report.problems.append(f"{topic}[{p}]: offsets not dense in {log.log_start}-{log.log_end - 1} "
+            report.problems.append(f"{topic}[{p}]: offsets not dense in {log.log_start}-{log.committed_end - 1} "
                                    f"({len(offsets)} rows)")
         if log.log_start > 0 and not (spec.retention or spec.compact):
             report.problems.append(f"{topic}[{p}]: log start {log.log_start} on a topic without retention")
@@ -89,12 +89,12 @@ def check_table(report: SoakReport, topic: str, spec: TopicSpec, stored: Stored,
                 _note(report, report.lost, f"{topic}{list(where)}: acknowledged {a['id']}, stored {stored.ids[where]}")
         elif spec.retention and a["offset"] < log.log_start:
             report.removed_by_retention += 1
-        elif spec.compact and a["offset"] < log.log_end and stored.superseded(*where, a["key"]):
+        elif spec.compact and a["offset"] < log.committed_end and stored.superseded(*where, a["key"]):
             report.compacted_away += 1
         else:
             report.lost += 1
             _note(report, report.lost, f"{topic}{list(where)}: acknowledged {a['id']} is not in the table "
-                  f"(log {log.log_start}-{log.log_end})")
+                  f"(log {log.log_start}-{log.committed_end})")
 
 
 def check_delivery(report: SoakReport, topic: str, spec: TopicSpec, stored: Stored,
@@ -103,7 +103,7 @@ def check_delivery(report: SoakReport, topic: str, spec: TopicSpec, stored: Stor
     compacted away before delivery is counted apart. A delivery must carry the stored message."""
     report.dead_lettered += len(dead)
     for p, log in stored.logs.items():
-        for o in range(log.log_end):
+        for o in range(log.committed_end):
             report.expected_deliveries += 1
             body = delivered.get((p, o))
             if body is not None:

@@ -22,7 +22,7 @@ from typing import Any, cast
 import httptools
 import httpx
 
-from lakebroker.delivery_worker.ssrf import private_address
+from lakebroker.tables.webhook_urls import private_address
 
 MAX_RESPONSE_BODY = 64 * 1024  # we read a receiver's answer only to show it in errors
 Origin = tuple[str, str, int]

@@ -43,16 +43,16 @@ class SharedLogTail:
         self._lock = threading.Lock()
         self.refreshed_at = -float("inf")  # time.monotonic() of the last refresh begun
 
-    def log_end(self, partition: int) -> int:
-        """Catch up with the newest commit; the partition's log end (0: no table or no rows yet)."""
+    def committed_end(self, partition: int) -> int:
+        """Catch up with the newest commit; the partition's committed end (0: no table or no rows yet)."""
         with self._lock:
             self.refreshed_at = time.monotonic()
             if self._tail.refresh() < 0:
                 return 0
-            return self._tail.txn(delta.partition_app_id(partition)) or 0
+            return self._tail.committed_end(partition)
 
-    def known_log_end(self, partition: int, within_s: float) -> int | None:
-        """The partition's log end as of a refresh begun less than `within_s` ago, without I/O;
+    def known_committed_end(self, partition: int, within_s: float) -> int | None:
+        """The partition's committed end as of a refresh begun less than `within_s` ago, without I/O;
         None if the last refresh is older, if the answer would take I/O (no table yet, or a txn
         not read yet), or if another thread holds the tail."""
         if not self._lock.acquire(blocking=False):
@@ -60,13 +60,13 @@ class SharedLogTail:
         try:
             if self._tail.version < 0 or time.monotonic() - self.refreshed_at >= within_s:
                 return None
-            return self._tail.known_txn(delta.partition_app_id(partition))
+            return self._tail.known_committed_end(partition)
         finally:
             self._lock.release()
 
-    def log_start(self, partition: int, log_end: int) -> int:
+    def log_start(self, partition: int, committed_end: int) -> int:
         with self._lock:
-            return log_start((f.min_offset for f in self._tail.files(partition)), log_end)
+            return log_start((f.min_offset for f in self._tail.files(partition)), committed_end)
 
     def holes(self) -> Holes:
         """Where the table, as of the last refresh, may legitimately lack offsets (tables.topics.Holes)."""
@@ -114,17 +114,17 @@ class PartitionSource:
         self.tail = tail or SharedLogTail(self.uri)
         self._table: DeltaTable | None = None
 
-    def log_end(self) -> int:
+    def committed_end(self) -> int:
         """Offsets below this are committed to the table (the flusher's txn version)."""
-        return self.tail.log_end(self.partition)
+        return self.tail.committed_end(self.partition)
 
-    def known_log_end(self, within_s: float) -> int | None:
-        """The log end another pipeline on this table saw less than `within_s` ago, without I/O."""
-        return self.tail.known_log_end(self.partition, within_s)
+    def known_committed_end(self, within_s: float) -> int | None:
+        """The committed end another pipeline on this table saw less than `within_s` ago, without I/O."""
+        return self.tail.known_committed_end(self.partition, within_s)
 
-    def log_start(self, log_end: int) -> int:
+    def log_start(self, committed_end: int) -> int:
         """The lowest offset still in the table (retention moves it up), as of the last refresh."""
-        return self.tail.log_start(self.partition, log_end)
+        return self.tail.log_start(self.partition, committed_end)
 
     def read(self, start: int, end: int) -> tuple[list[dict[str, Any]], int]:
         """Rows with start <= offset < end in offset order, and the end of the range they cover.

@@ -20,13 +20,14 @@ import orjson
 from lakebroker.delivery_worker.commit_watch import CommitWatch
 from lakebroker.delivery_worker.flow import ByteBudget
 from lakebroker.delivery_worker.http1 import LeanTransport
-from lakebroker.delivery_worker.leases import Lease, LeaseTable, Pair
 from lakebroker.delivery_worker.metrics import DeliveryMetrics
-from lakebroker.delivery_worker.pipeline import Endpoint, Gone, PartitionPipeline, PipelineStatus
+from lakebroker.delivery_worker.pipeline import PartitionPipeline, PipelineStatus
 from lakebroker.delivery_worker.sender import Sender
+from lakebroker.delivery_worker.sending import Endpoint, Gone
 from lakebroker.delivery_worker.source import LogTails, PartitionSource
 from lakebroker.tables.dead_letters import DeadLetterTable
 from lakebroker.tables.layout import Layout
+from lakebroker.tables.leases import Lease, LeaseTable, Pair
 from lakebroker.tables.offsets import Committed, Fence, OffsetReason, OffsetsTable, Position
 from lakebroker.tables.settings import Settings
 from lakebroker.tables.subscriptions import Subscription, SubscriptionStore
@@ -212,7 +213,7 @@ class DeliveryWorker:
             return target
         # A partition added after the subscription began: start at its beginning.
         source = PartitionSource(self.layout, topic, partition)
-        return await asyncio.to_thread(lambda: source.log_start(source.log_end()))
+        return await asyncio.to_thread(lambda: source.log_start(source.committed_end()))
 
     async def _stop(self, pairs: set[Pair], *, commit: bool) -> None:
         """Stop the pipelines of `pairs` together and, with `commit`, commit what they delivered in

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import gc
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import FastAPI
 from prometheus_client import CollectorRegistry
 
-from lakebroker.delivery_worker.embedded import embedded_delivery
 from lakebroker.ingest_api.asgi_route import FrontDoor
 from lakebroker.ingest_api.auth import (
     AUTH_ERRORS,
@@ -27,6 +26,7 @@ from lakebroker.ingest_api.broker import Broker
 from lakebroker.ingest_api.dashboard import Dashboard
 from lakebroker.ingest_api.errors import V2ErrorShape, install_error_handlers
 from lakebroker.ingest_api.limits import BodyLimit, HeaderLimit
+from lakebroker.ingest_api.live_status import LiveStatus, Service
 from lakebroker.ingest_api.metrics import IngestMetrics
 from lakebroker.ingest_api.routes import (
     consume,
@@ -56,12 +56,16 @@ def create_app(
     settings: Settings,
     registry: CollectorRegistry | None = None,
     on_started: Callable[[], None] | None = None,
+    *,
+    services: Sequence[Service] = (),
+    live_status: LiveStatus | None = None,
 ) -> FastAPI:
-    """Build the app. `on_started` runs once the data-dir lock is held and recovery is done."""
+    """Build the app. `services` start, in order, once the data-dir lock is held and recovery is
+    done, and stop in reverse at shutdown; then `on_started` runs. `live_status` is what the
+    subscription status and the dashboard show of the delivery pipelines running beside the app."""
     registry = registry or CollectorRegistry()
     metrics = IngestMetrics(registry)
     broker = Broker(settings, metrics)
-    delivery = embedded_delivery(settings, registry)  # setting delivery_mode: a child process or a task here
     lock = DataDirLock(Layout.of(settings).lock_file)
     auth = Authenticator(TokenStore(Layout.of(settings)), auth_enforced(settings),
                          max_age_s=settings.auth_cache_ms / 1000)
@@ -74,8 +78,8 @@ def create_app(
         try:
             await auth.start()
             await broker.start()
-            if delivery is not None:
-                await delivery.start()
+            for service in services:
+                await service.start()
             if on_started is not None:
                 on_started()
             # What start-up made (modules, the app, recovered state) lives as long as the process:
@@ -91,8 +95,8 @@ def create_app(
             gc.unfreeze()  # collectable again once this app is done (several apps share a test process)
             if gc.get_threshold()[0] == YOUNG_GC_THRESHOLD:
                 gc.set_threshold(*thresholds)
-            if delivery is not None:
-                await delivery.stop()  # safe if it never started
+            for service in reversed(services):
+                await service.stop()  # safe if it never started
             if broker.started:
                 await broker.stop()
             lock.release()
@@ -109,8 +113,8 @@ def create_app(
     app.state.broker = broker
     app.state.settings = settings
     app.state.auth = auth
-    app.state.delivery = delivery
-    app.state.dashboard = Dashboard(broker, delivery)
+    app.state.live_status = live_status
+    app.state.dashboard = Dashboard(broker, live_status)
     install_error_handlers(app)
     # Who may call what. Every router states it here; the app refuses to build with one that does not.
     app.include_router(ops.router, dependencies=[public()])  # /healthz, /readyz

@@ -1,8 +1,10 @@
 """The broker: one object that owns a data dir's WAL, offsets, dedup index and flusher.
 
-Data flows one way: `produce` validates and partitions → GroupCommitter (WAL, fsync,
-offsets) → Flusher (Delta) → WAL segments released. The HTTP routes and the embedded CLI
-both drive this class; it knows nothing of HTTP.
+Data flows one way: `produce` admits (admission.py: the rules every front door shares), picks
+partitions (partitioner.py), deduplicates (dedup.py) → GroupCommitter (WAL, fsync, offsets) →
+Flusher (Delta) → WAL segments released. At start, recovery.py rebuilds the partitions' ends and
+the dedup index from the WAL and the tables. The HTTP routes, the fast path and the embedded CLI
+all drive this class; it knows nothing of HTTP.
 """
 
 from __future__ import annotations
@@ -11,39 +13,34 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
-from lakebroker.ingest_api.chunks import BatchResults, Chunk, ColumnarBatch, chunk_bytes, message_sizes, split_by_bytes
+from lakebroker.ingest_api.admission import Admission
+from lakebroker.ingest_api.chunks import BatchResults, Chunk, ColumnarBatch, chunk_bytes, split_by_bytes
 from lakebroker.ingest_api.dedup import DedupIndex, DedupKey, Placed, dedup_id
-from lakebroker.ingest_api.dedup_rebuild import rebuild as rebuild_dedup
 from lakebroker.ingest_api.flusher import Flusher
 from lakebroker.ingest_api.group_commit import GroupCommitter, Pending, PendingChunk
 from lakebroker.ingest_api.messages import AckMode, NewMessage
 from lakebroker.ingest_api.metrics import IngestMetrics
-from lakebroker.ingest_api.partitioner import KeyCache, RoundRobin, partition_for_key, partitions_for
-from lakebroker.ingest_api.records import Record, message_bytes
+from lakebroker.ingest_api.partitioner import Partitioner
+from lakebroker.ingest_api.records import Record
+from lakebroker.ingest_api.recovery import recover
 from lakebroker.ingest_api.turns import Turns
 from lakebroker.ingest_api.wal import PartitionKey, Wal
-from lakebroker.ingest_api.wal_damage import Damage, find_damage
-from lakebroker.tables import delta
+from lakebroker.ingest_api.wal_damage import HeldPartitions
 from lakebroker.tables.errors import (
-    Backpressure,
-    InvalidRequest,
-    LakebrokerError,
     NotFound,
     StorageUnavailable,
-    TooLarge,
 )
 from lakebroker.tables.layout import Layout
 from lakebroker.tables.lost_offsets import LostOffsets, record_loss
 from lakebroker.tables.settings import Settings
-from lakebroker.tables.topics import CleanupPolicy, TopicConfig, TopicStore, mark_key_compacted
+from lakebroker.tables.topics import TopicConfig, TopicStore
 
 log = logging.getLogger(__name__)
 _NEVER = 2**63
@@ -90,15 +87,15 @@ class Broker:
         self.store = TopicStore(self.layout)
         self.topics: dict[str, TopicConfig] = {}
         self.dedup: DedupIndex  # at start: its ring file is the data dir's, so only the lock's holder opens it
-        self._round_robin: dict[str, RoundRobin] = {}
-        self._key_caches: dict[str, KeyCache] = {}  # by topic id: the columnar path's key → partition
+        self.partitioner = Partitioner()
+        self.admission = Admission(settings.max_backlog_bytes, lambda: self.backlog_bytes, metrics)
         self._topic_ids: dict[str, bytes] = {}  # a topic id's bytes, for the single-message path
         self.wal = Wal(self.layout.wal_dir, segment_bytes=settings.wal_segment_bytes, fsync=settings.wal_fsync)
         self.flusher = Flusher(settings, self.layout, lambda: self.topics, metrics, self._release_wal)
         self.committer = GroupCommitter(self.wal, {}, self._durable, metrics)
         self.batch_turns = Turns()  # batch requests' CPU, one per loop pass (fairness to single messages)
         self._tasks: list[asyncio.Task[None]] = []
-        self.damage: dict[PartitionKey, list[Damage]] = {}  # partitions held at WAL damage, until skipped
+        self.damage = HeldPartitions(self.flusher.hold, metrics)  # partitions WAL damage holds, until skipped
         self.started = False
 
     # -- lifecycle ----------------------------------------------------------------------
@@ -107,35 +104,13 @@ class Broker:
         self.dedup = DedupIndex(window_s=self.settings.dedup_window_s, max_entries=self.settings.dedup_max_entries,
                                 directory=self.layout.dedup_dir)
         self.topics = await asyncio.to_thread(self.store.load)
-        committed = await asyncio.to_thread(self._read_committed_ends)
-        report = await asyncio.to_thread(self.wal.recover)
-        for span in report.corrupt:
-            self.metrics.wal_corrupt.inc()
-            log.error("WAL corruption in %s bytes %d-%d was skipped", span.segment, span.start, span.end)
-        live = {bytes.fromhex(t.topic_id): t for t in self.topics.values()}
-        for damage in find_damage(report.items, committed, {k: t.name for k, t in live.items()}, report.corrupt):
-            self._hold_damaged(damage)
-        next_offsets = dict(committed)
-        unflushed: list[Record | Chunk] = []
-        pending = 0  # messages not yet in Delta
-        # In log order, so each partition's items reach the flusher in offset order: any prefix
-        # that a bounded flush takes then continues the table with no gap.
-        for r in report.items:
-            key = (r.topic_id, r.partition)
-            if r.topic_id not in live:
-                continue
-            end = r.end if isinstance(r, Chunk) else r.offset + 1
-            next_offsets[key] = max(next_offsets.get(key, 0), end)
-            if end > committed.get(key, 0):
-                unflushed.append(r)  # the flusher drops a chunk's rows that are already in Delta
-                pending += end - max(r.offset, committed.get(key, 0))
-        self.committer.next_offsets = next_offsets
-        self.flusher.committed = dict(committed)
-        await asyncio.to_thread(rebuild_dedup, self.dedup, self.layout, list(self.topics.values()), report.records,
-                                report.chunks, committed, window_s=self.settings.dedup_window_s)
-        log.info("recovered: %d WAL records, %d not yet in Delta, %d torn bytes (%d of the records in %d batch "
-                 "chunks)", len(report.records) + sum(c.rows for c in report.chunks), pending, report.torn_bytes,
-                 sum(c.rows for c in report.chunks), len(report.chunks))
+        recovered = await asyncio.to_thread(recover, self.wal, self.layout, list(self.topics.values()), self.dedup,
+                                            self.metrics, dedup_window_s=self.settings.dedup_window_s)
+        for damage in recovered.damage:
+            self.damage.add(damage)
+        self.committer.next_offsets = recovered.assigned
+        self.flusher.committed = dict(recovered.committed)
+        unflushed = recovered.unflushed
         self.flusher.add(unflushed)
         if unflushed:
             await self.flusher.flush_once()
@@ -144,40 +119,24 @@ class Broker:
         self.started = True
 
     # -- WAL damage ---------------------------------------------------------------------
-    def _hold_damaged(self, damage: Damage) -> None:
-        log.error("%s; the partition is held there until an operator runs `lakebroker wal skip %s %d`",
-                  damage.describe(), damage.topic, damage.partition)
-        held = self.damage.setdefault(damage.key, [])
-        held.append(damage)
-        if len(held) == 1:
-            self.flusher.hold(damage.key, damage.first)
-        self.metrics.wal_lost_offsets.labels(damage.topic, str(damage.partition)).set(
-            sum(d.count for d in held))
-
     def lost_offsets(self, topic: TopicConfig, partition: int) -> int:
         """Offsets WAL damage cost the partition that no skip has recorded yet."""
-        return sum(d.count for d in self.damage.get((bytes.fromhex(topic.topic_id), partition), ()))
+        return self.damage.lost((bytes.fromhex(topic.topic_id), partition))
 
     async def skip_lost(self, topic_name: str, partition: int, by: str) -> LostOffsets:
         """Let a partition held at WAL damage move on: record its first lost range in
-        `_system/lost_offsets`, then commit its log end past it (Flusher.skip_lost)."""
+        `_system/lost_offsets`, then commit its committed end past it (Flusher.skip_lost)."""
         topic = self.topic(topic_name)
         key = (bytes.fromhex(topic.topic_id), partition)
-        held = self.damage.get(key)
-        if not held:
+        damage = self.damage.first(key)
+        if damage is None:
             raise NotFound(f"partition {partition} of {topic_name!r} has no WAL damage to skip")
-        damage = held[0]
         loss = LostOffsets(topic.name, topic.topic_id, partition, damage.first, damage.last, damage.spans,
                            datetime.now(UTC), by)
         await asyncio.to_thread(record_loss, self.layout, loss)
         await self.flusher.skip_lost(topic, partition, damage.last, {"lakebroker.skippedBy": by})
         log.warning("skipped %s (by %s)", damage.describe(), by)
-        held.pop(0)
-        if held:
-            self.flusher.hold(key, held[0].first)  # its items past the next hole, once they come back
-        else:
-            del self.damage[key]
-        self.metrics.wal_lost_offsets.labels(topic.name, str(partition)).set(sum(d.count for d in held))
+        self.damage.skipped(key)
         return loss
 
     async def stop(self) -> None:
@@ -193,17 +152,6 @@ class Broker:
         self.wal.close()
         self.dedup.close()
         self.started = False
-
-    def _read_committed_ends(self) -> dict[PartitionKey, int]:
-        ends: dict[PartitionKey, int] = {}
-        for topic in self.topics.values():
-            uri = self.layout.topic_table(topic.name)
-            compact = topic.cleanup_policy is CleanupPolicy.COMPACT
-            table = mark_key_compacted(uri) if compact else delta.open_table(uri)
-            for p in range(topic.partitions):
-                end = 0 if table is None else delta.txn_version(table, delta.partition_app_id(p)) or 0
-                ends[(bytes.fromhex(topic.topic_id), p)] = end
-        return ends
 
     # -- topics -------------------------------------------------------------------------
     def topic(self, name: str) -> TopicConfig:
@@ -229,14 +177,15 @@ class Broker:
         async with self.flusher.commit_lock:  # no flush may land in the table once it is gone
             await asyncio.to_thread(self.store.delete, name)
             self.topics = {k: v for k, v in self.topics.items() if k != name}
-        self._round_robin.pop(name, None)
-        self._key_caches.pop(topic.topic_id, None)
+        self.partitioner.forget(topic)
         self._topic_ids.pop(topic.topic_id, None)
         await self.flusher.forget(topic.topic_id)
-        for key in [k for k, held in self.damage.items() if held[0].topic == name]:
-            del self.damage[key]
+        self.damage.forget_topic(name)
 
-    def log_end(self, topic: TopicConfig, partition: int) -> int:
+    # A partition has two ends. The assigned end is the next offset produce will give (what the WAL
+    # holds); the committed end is the next offset the Delta table will hold (what readers see).
+    # The API calls the first `log_end_offset`, as Kafka does, and the second `committed_offset`.
+    def assigned_end(self, topic: TopicConfig, partition: int) -> int:
         return self.committer.next_offsets.get((bytes.fromhex(topic.topic_id), partition), 0)
 
     def committed_end(self, topic: TopicConfig, partition: int) -> int:
@@ -249,13 +198,13 @@ class Broker:
 
     async def produce(self, topic_name: str, messages: list[NewMessage], ack: AckMode) -> list[ProduceResult]:
         topic = self.topic(topic_name)
-        self._admit(topic, messages)
+        self.admission.check(topic, messages)
         started = time.perf_counter()
         topic_id = bytes.fromhex(topic.topic_id)
         results: list[ProduceResult] = []
         waits: list[tuple[int, asyncio.Future[Placed]]] = []
         pending: list[Pending] = []
-        partitions = self._partitions(topic, messages)
+        partitions = self.partitioner.each(topic, messages)
         for i, m in enumerate(messages):
             result, queued, original = self._place(topic, topic_id, m, partitions[i], awaited=ack is not _NONE)
             results.append(result)
@@ -313,15 +262,10 @@ class Broker:
         gives `then` has it called on the loop at that moment (no future, no task); others await
         `settle_one`, as ack=table must."""
         topic = self.topic(topic_name)
-        size = message_bytes(message.key, message.value, message.headers)
-        if size > topic.max_message_bytes or message.partition is not None or message.sequence is not None \
-                or message.producer_id is not None:
-            self._admit(topic, (message,))  # the rules, with their precise errors
-        else:
-            self._check_backlog()
+        size = self.admission.check_one(topic, message)
         started = time.perf_counter()
         topic_id = self._topic_ids.get(topic.topic_id) or self._topic_id(topic)
-        result, queued, original = self._place(topic, topic_id, message, self._partition(topic, message),
+        result, queued, original = self._place(topic, topic_id, message, self.partitioner.one(topic, message),
                                                awaited=then is None and ack is not _NONE, size=size)
         if queued is not None:
             queued.then = then
@@ -390,12 +334,7 @@ class Broker:
         """`produce` for a batch held as columns: the same answers, partitions, offsets and rows,
         with per-message Python only for messages that carry an id (the dedup index is per id)."""
         topic = self.topic(topic_name)
-        explicit = batch.partitions
-        sizes = message_sizes(batch.columns)
-        if (sizes > topic.max_message_bytes).any() or (
-                explicit.null_count < len(explicit) and pc.max(explicit).as_py() >= topic.partitions):
-            self._admit(topic, batch.messages())  # raises the per-message path's precise error
-        self._check_backlog()
+        sizes = self.admission.check_columns(topic, batch)
         started = time.perf_counter()
         n = batch.rows
         results = BatchResults(np.full(n, -1, np.int32), np.full(n, -1, np.int64), np.zeros(n, np.bool_),
@@ -408,12 +347,9 @@ class Broker:
             self._dedup_columns(topic, ids.to_pylist(), results, keep, waits, placing)
         kept = np.flatnonzero(keep)
         columns = batch.columns if len(kept) == n else batch.columns.take(pa.array(kept))
-        cache = self._key_caches.get(topic.topic_id)
-        if cache is None or cache.partitions != topic.partitions:
-            cache = self._key_caches[topic.topic_id] = KeyCache(topic.partitions)
         # Every message's partition, duplicates too (they take their turn in the keyless runs
         # as on the per-message path); then the kept ones'.
-        everyone = partitions_for(explicit, batch.columns.column("key").combine_chunks(), self._keyless(topic), cache)
+        everyone = self.partitioner.columns(topic, batch.partitions, batch.columns.column("key").combine_chunks())
         parts = everyone if len(kept) == n else everyone[kept]
         results.partition[kept] = parts
         loop = asyncio.get_running_loop()
@@ -482,64 +418,6 @@ class Broker:
                 results.partition[i], results.offset[i], results.timestamp_us[i] = hit
             else:
                 waits.append((i, hit))
-
-    def _admit(self, topic: TopicConfig, messages: Sequence[NewMessage]) -> None:
-        """Refuse messages that break a rule, or any message while the backlog is over its limit."""
-        try:
-            self._validate(topic, messages)
-        except LakebrokerError as exc:
-            self.metrics.rejected_for(exc.code).inc()
-            raise
-        self._check_backlog()
-
-    def _check_backlog(self) -> None:
-        if self.backlog_bytes > self.settings.max_backlog_bytes:
-            self.metrics.rejected_for("backpressure").inc()
-            raise Backpressure(
-                f"{self.backlog_bytes} bytes wait to be committed to Delta (limit "
-                f"{self.settings.max_backlog_bytes}); retry after the indicated delay",
-                retry_after_s=1.0,
-            )
-
-    def _validate(self, topic: TopicConfig, messages: Sequence[NewMessage]) -> None:
-        if not messages:
-            raise InvalidRequest("no messages to produce")
-        for i, m in enumerate(messages):
-            size = message_bytes(m.key, m.value, m.headers)
-            if size > topic.max_message_bytes:
-                raise TooLarge(
-                    f"message {i} is {size} bytes (key, value and headers), over topic {topic.name!r}'s "
-                    f"max_message_bytes {topic.max_message_bytes}"
-                )
-            if m.partition is not None:
-                topic.check_partition(m.partition)
-            if (m.producer_id is None) != (m.sequence is None) and m.message_id is None:
-                raise InvalidRequest(f"message {i}: producer_id and sequence must be given together")
-
-    def _partition(self, topic: TopicConfig, m: NewMessage) -> int:
-        """The partition of a request's only message."""
-        if m.partition is not None:
-            return m.partition
-        if m.key is not None:
-            return partition_for_key(m.key, topic.partitions)
-        return self._keyless(topic).next(topic.partitions)
-
-    def _partitions(self, topic: TopicConfig, messages: Sequence[NewMessage]) -> list[int]:
-        """The partitions of one request's messages, as `partitions_for` picks them for columns."""
-        if len(messages) == 1:
-            return [self._partition(topic, messages[0])]
-        keyless = [i for i, m in enumerate(messages) if m.partition is None and m.key is None]
-        runs = self._keyless(topic).take(len(keyless), topic.partitions).tolist() if keyless else []
-        spread = dict(zip(keyless, runs, strict=True))
-        return [m.partition if m.partition is not None else
-                partition_for_key(m.key, topic.partitions) if m.key is not None else spread[i]
-                for i, m in enumerate(messages)]
-
-    def _keyless(self, topic: TopicConfig) -> RoundRobin:
-        rr = self._round_robin.get(topic.name)
-        if rr is None:
-            rr = self._round_robin[topic.name] = RoundRobin()
-        return rr
 
     def _dedup_callback(self, key: DedupKey):  # type: ignore[no-untyped-def]
         def done(future: asyncio.Future[Placed]) -> None:

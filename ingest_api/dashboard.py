@@ -16,7 +16,7 @@ The figures and where they come from:
   (produced - pending - dead_lettered). Like a Kafka consumer's offset, it counts from offset
   0, so it includes messages a `start: latest` subscription passed over when it was created.
 * jobs: the newest runs of compaction, retention and replication from `_system/job_runs`
-  (spark_pipeline/job_runs.py), one entry per run with its tables summed.
+  (tables/job_runs.py), one entry per run with its tables summed.
 * dead letters: the first `DEAD_LETTERS_PER_SUBSCRIPTION` not yet replayed, per subscription.
 """
 
@@ -29,13 +29,12 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from lakebroker.delivery_worker.embedded import LiveStatus
 from lakebroker.ingest_api.broker import Broker
+from lakebroker.ingest_api.live_status import LiveStatus
 from lakebroker.ingest_api.reader import log_start, partition_files
 from lakebroker.ingest_api.subscription_status import GroupTables, read_groups, subscription_status
-from lakebroker.spark_pipeline.job_runs import last_runs
-from lakebroker.spark_pipeline.results import JobName
 from lakebroker.tables.dead_letters import DeadLetterTable
+from lakebroker.tables.job_runs import JobName, last_runs
 from lakebroker.tables.layout import Layout
 from lakebroker.tables.log_start import PartitionLog
 from lakebroker.tables.lost_offsets import LostOffsets, lost_offsets
@@ -59,19 +58,19 @@ class ProduceRates:
         self.min_spacing_s = min_spacing_s
         self._samples: dict[str, deque[tuple[float, int]]] = {}
 
-    def observe(self, topic: str, log_end: int, now: float) -> float | None:
+    def observe(self, topic: str, assigned_end: int, now: float) -> float | None:
         """Record the topic's summed log end at `now`; the rate over the window, None until two samples."""
         ring = self._samples.setdefault(topic, deque())
-        if ring and log_end < ring[-1][1]:  # the topic was deleted and made again
+        if ring and assigned_end < ring[-1][1]:  # the topic was deleted and made again
             ring.clear()
         if not ring or now - ring[-1][0] >= self.min_spacing_s:
-            ring.append((now, log_end))
+            ring.append((now, assigned_end))
         while len(ring) > 2 and now - ring[1][0] >= self.window_s:
             ring.popleft()
         first_t, first_end = ring[0]
         if len(ring) < 2 or now <= first_t:
             return None
-        return (log_end - first_end) / (now - first_t)
+        return (assigned_end - first_end) / (now - first_t)
 
     def forget_except(self, topics: set[str]) -> None:
         for name in set(self._samples) - topics:
@@ -203,7 +202,7 @@ class Dashboard:
         """Offsets WAL damage lost: held partitions first (they wait for `wal skip`), then the
         losses already skipped, newest first."""
         held = [{**d.public(), "state": "held", "skipped_at": None, "skipped_by": None}
-                for damage in self.broker.damage.values() for d in damage]
+                for d in self.broker.damage.all()]
         skipped = [{"topic": s.topic, "partition": s.partition, "first_offset": s.first_offset,
                     "last_offset": s.last_offset, "lost": s.count, "wal_damage": s.wal_damage, "state": "skipped",
                     "skipped_at": _iso(s.skipped_at), "skipped_by": s.skipped_by} for s in reversed(losses)]
@@ -216,18 +215,18 @@ class Dashboard:
             committed = self.broker.committed_end(topic, p)
             partitions.append({
                 "partition": p, "log_start_offset": log_start(f, committed),
-                "log_end_offset": self.broker.log_end(topic, p), "committed_offset": committed,
+                "log_end_offset": self.broker.assigned_end(topic, p), "committed_offset": committed,
                 "size_bytes": f.size_bytes if f else 0, "files": f.files if f else 0, "rows": f.rows if f else 0,
             })
-        log_end = sum(p["log_end_offset"] for p in partitions)
+        assigned = sum(p["log_end_offset"] for p in partitions)
         return {
             "name": topic.name,
             "partitions": partitions,
-            "log_end_offset": log_end,
+            "log_end_offset": assigned,
             "messages": sum(p["rows"] for p in partitions),
             "size_bytes": sum(p["size_bytes"] for p in partitions),
             "files": sum(p["files"] for p in partitions),
-            "produce_rate": self.rates.observe(topic.name, log_end, now),
+            "produce_rate": self.rates.observe(topic.name, assigned, now),
         }
 
     def _subscription(self, sub: Subscription, groups: GroupTables) -> dict[str, Any]:

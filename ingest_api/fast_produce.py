@@ -2,7 +2,7 @@
 
 `POST /v1/topics/{topic}/messages` is the request a producer sends most. Through ASGI it pays for
 a task, a scope, receive/send messages and every middleware layer; the HTTP protocol
-(lakebroker/http_protocol.py) can instead hand such a request here, as its head and then its body
+(ingest_api/http_fast_produce.py) can instead hand such a request here, as its head and then its body
 arrive, and write the `Answer` itself. The answers are the ASGI path's, from the same functions
 in the same order:
 

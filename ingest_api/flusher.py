@@ -312,7 +312,7 @@ class Flusher:
             known = self._ends.setdefault(topic.topic_id, {})
             partitions = {r.partition for r in records}
             for p in partitions - known.keys():
-                known[p] = delta.txn_version(table, delta.partition_app_id(p)) or 0
+                known[p] = delta.committed_end(table, p)
             ends = {p: known[p] for p in partitions}
             fresh = _contiguous_from(ends, _runs(records))
             if not fresh:

@@ -3,7 +3,7 @@ whole within the configured deadline a 408 (and the connection closed); too many
 headers a 431.
 
 The HTTP server bounds what it buffers of a request head before any of this runs
-(lakebroker/http_protocol.py), but only while the head is incomplete, and with room for a request
+(ingest_api/http_limits.py), but only while the head is incomplete, and with room for a request
 line: a head that arrives whole in one read passes. HeaderLimit makes the header bound exact."""
 
 from __future__ import annotations

@@ -138,12 +138,13 @@ class IngestMetrics:
         self.flush_errors = Counter(
             "lakebroker_flush_errors", "Failed Delta commits (retried).", ["topic"], registry=registry
         )
-        self.log_end = Gauge(
-            "lakebroker_partition_log_end_offset", "Next offset to be assigned.", ["topic", "partition"],
+        self.assigned_end = Gauge(
+            "lakebroker_partition_log_end_offset", "The assigned end: the next offset to be assigned.",
+            ["topic", "partition"],
             registry=registry,
         )
         self.committed_end = Gauge(
-            "lakebroker_partition_committed_offset", "Offsets below this are committed to Delta.",
+            "lakebroker_partition_committed_offset", "The committed end: offsets below it are in the Delta table.",
             ["topic", "partition"], registry=registry,
         )
         self.duplicates_to = Children(self.duplicates)

@@ -16,11 +16,15 @@ a per-topic cache by Arrow (a hash lookup in C), and the hash runs once per new 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from functools import lru_cache
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+
+from lakebroker.ingest_api.messages import NewMessage
+from lakebroker.tables.topics import TopicConfig
 
 _M = 0x5BD1E995
 _MASK = 0xFFFFFFFF
@@ -110,7 +114,7 @@ class KeyCache:
 
 
 def partitions_for(explicit: pa.Array, keys: pa.Array, round_robin: RoundRobin, cache: KeyCache) -> np.ndarray:
-    """Each message's partition, as the per-message path in broker.py picks it: the explicit
+    """Each message's partition, as `Partitioner.each` picks it per message: the explicit
     partition, else the key's, else its place in the request's keyless runs."""
     partitions = cache.partitions
     out: np.ndarray = pc.fill_null(explicit, -1).to_numpy(zero_copy_only=False).astype(np.int32)
@@ -124,3 +128,51 @@ def partitions_for(explicit: pa.Array, keys: pa.Array, round_robin: RoundRobin, 
     if keyless.any():
         out[keyless] = round_robin.take(int(keyless.sum()), partitions)
     return out
+
+
+class Partitioner:
+    """Partition choice for every produce shape, with each topic's keyless runs and key cache: the
+    explicit partition, else the key's (Kafka's murmur2), else the request's place in the keyless
+    runs. A duplicate is given a partition too, before the dedup check, so it takes its turn in
+    the keyless runs on every path alike."""
+
+    def __init__(self) -> None:
+        self._round_robin: dict[str, RoundRobin] = {}  # by topic name
+        self._key_caches: dict[str, KeyCache] = {}  # by topic id
+
+    def one(self, topic: TopicConfig, m: NewMessage) -> int:
+        """The partition of a request's only message."""
+        if m.partition is not None:
+            return m.partition
+        if m.key is not None:
+            return partition_for_key(m.key, topic.partitions)
+        return self._keyless(topic).next(topic.partitions)
+
+    def each(self, topic: TopicConfig, messages: Sequence[NewMessage]) -> list[int]:
+        """The partitions of one request's messages, as `columns` picks them."""
+        if len(messages) == 1:
+            return [self.one(topic, messages[0])]
+        keyless = [i for i, m in enumerate(messages) if m.partition is None and m.key is None]
+        runs = self._keyless(topic).take(len(keyless), topic.partitions).tolist() if keyless else []
+        spread = dict(zip(keyless, runs, strict=True))
+        return [m.partition if m.partition is not None else
+                partition_for_key(m.key, topic.partitions) if m.key is not None else spread[i]
+                for i, m in enumerate(messages)]
+
+    def columns(self, topic: TopicConfig, explicit: pa.Array, keys: pa.Array) -> np.ndarray:
+        """The partitions of a batch held as columns."""
+        cache = self._key_caches.get(topic.topic_id)
+        if cache is None or cache.partitions != topic.partitions:
+            cache = self._key_caches[topic.topic_id] = KeyCache(topic.partitions)
+        return partitions_for(explicit, keys, self._keyless(topic), cache)
+
+    def forget(self, topic: TopicConfig) -> None:
+        """The topic was deleted: a topic made again under its name starts afresh."""
+        self._round_robin.pop(topic.name, None)
+        self._key_caches.pop(topic.topic_id, None)
+
+    def _keyless(self, topic: TopicConfig) -> RoundRobin:
+        rr = self._round_robin.get(topic.name)
+        if rr is None:
+            rr = self._round_robin[topic.name] = RoundRobin()
+        return rr

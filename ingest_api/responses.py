@@ -1,7 +1,7 @@
 """HTTP answers rendered by orjson: hand-built bodies on the hot path skip pydantic.
 
 An `Answer` is a whole answer (status, headers, body) built once and sent either through ASGI
-(`send_answer`) or written by the HTTP protocol itself (lakebroker/http_protocol.py's fast
+(`send_answer`) or written by the HTTP protocol itself (ingest_api/http_fast_produce.py's fast
 produce path), so both paths answer the same bytes."""
 
 from __future__ import annotations

@@ -21,11 +21,11 @@ from typing import Any
 
 import orjson
 
-from lakebroker.delivery_worker.embedded import LiveStatus
-from lakebroker.delivery_worker.leases import Lease, LeaseTable, Pair
 from lakebroker.ingest_api.broker import Broker
+from lakebroker.ingest_api.live_status import LiveStatus
 from lakebroker.tables.dead_letters import DeadLetterTable
 from lakebroker.tables.layout import Layout
+from lakebroker.tables.leases import Lease, LeaseTable, Pair
 from lakebroker.tables.offsets import GroupPartition, OffsetsTable
 from lakebroker.tables.retention_skips import RetentionSkip, SkipSummary, retention_skips, summarize
 from lakebroker.tables.subscriptions import Subscription

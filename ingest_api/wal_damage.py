@@ -13,12 +13,16 @@ of a partition's WAL leave no trace in what survives, so their offsets are assig
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import logging
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from lakebroker.ingest_api.chunks import Chunk
+from lakebroker.ingest_api.metrics import IngestMetrics
 from lakebroker.ingest_api.records import Record
 from lakebroker.ingest_api.wal import CorruptSpan, PartitionKey
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -71,3 +75,50 @@ def find_damage(items: Iterable[Record | Chunk], committed: Mapping[PartitionKey
             found.append(Damage(name, r.topic_id, r.partition, at, r.offset - 1, spans))
         expected[key] = max(at, end)
     return found
+
+
+class HeldPartitions:
+    """The partitions WAL damage holds, each at its first lost offset until an operator skips the
+    loss (`lakebroker wal skip`); a partition with several holes is held again at the next."""
+
+    def __init__(self, hold: Callable[[PartitionKey, int], None], metrics: IngestMetrics) -> None:
+        self._hold = hold  # the flusher keeps the partition's items from that offset on aside
+        self._metrics = metrics
+        self._held: dict[PartitionKey, list[Damage]] = {}
+
+    def add(self, damage: Damage) -> None:
+        log.error("%s; the partition is held there until an operator runs `lakebroker wal skip %s %d`",
+                  damage.describe(), damage.topic, damage.partition)
+        held = self._held.setdefault(damage.key, [])
+        held.append(damage)
+        if len(held) == 1:
+            self._hold(damage.key, damage.first)
+        self._count(damage.topic, damage.partition, held)
+
+    def all(self) -> list[Damage]:
+        return [d for held in self._held.values() for d in held]
+
+    def lost(self, key: PartitionKey) -> int:
+        """Offsets WAL damage cost the partition that no skip has recorded yet."""
+        return sum(d.count for d in self._held.get(key, ()))
+
+    def first(self, key: PartitionKey) -> Damage | None:
+        held = self._held.get(key)
+        return held[0] if held else None
+
+    def skipped(self, key: PartitionKey) -> None:
+        """The first loss of the partition was recorded and its log end moved past it."""
+        held = self._held[key]
+        done = held.pop(0)
+        if held:
+            self._hold(key, held[0].first)  # its items past the next hole, once they come back
+        else:
+            del self._held[key]
+        self._count(done.topic, done.partition, held)
+
+    def forget_topic(self, name: str) -> None:
+        for key in [k for k, held in self._held.items() if held[0].topic == name]:
+            del self._held[key]
+
+    def _count(self, topic: str, partition: int, held: list[Damage]) -> None:
+        self._metrics.wal_lost_offsets.labels(topic, str(partition)).set(sum(d.count for d in held))

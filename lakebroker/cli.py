@@ -15,10 +15,9 @@ from typing import Annotated, Any
 
 import typer
 from pydantic import ValidationError
-from rich.console import Console
-from rich.table import Table
 
 from lakebroker.access import broker_access
+from lakebroker.console import err, out, print_rows
 from lakebroker.ingest_api.messages import AckMode, NewMessage
 from lakebroker.output import OutputFormat
 from lakebroker.spark_pipeline.extra import SPARK_MODULES, missing_spark_message
@@ -33,10 +32,6 @@ app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_
                   help="lakebroker: a message broker whose log is a Delta Lake table.")
 topics_app = typer.Typer(no_args_is_help=True, help="Create, list, describe and delete topics.")
 app.add_typer(topics_app, name="topics")
-
-# Piped output keeps every column whole instead of squeezing the table to 80 characters.
-out = Console() if sys.stdout.isatty() else Console(width=100_000, soft_wrap=True)
-err = Console(stderr=True)
 
 
 class _State:
@@ -78,13 +73,6 @@ def main_options(
 
 def settings() -> Settings:
     return state.settings
-
-
-def print_rows(columns: list[str], rows: list[list[Any]]) -> None:
-    table = Table(*columns, show_lines=False)
-    for row in rows:
-        table.add_row(*("NULL" if v is None else str(v) for v in row))
-    out.print(table)
 
 
 # -- topics ---------------------------------------------------------------------------------
@@ -135,7 +123,8 @@ def topics_describe(name: str) -> None:
     rows = []
     for p in range(topic.partitions):
         f = logs.get(p)
-        rows.append([p, f.log_start if f else 0, f.log_end if f else 0, f.size_bytes if f else 0, f.files if f else 0])
+        rows.append([p, f.log_start if f else 0, f.committed_end if f else 0, f.size_bytes if f else 0,
+                     f.files if f else 0])
     print_rows(["partition", "log_start_offset", "committed_offset", "size_bytes", "files"], rows)
 
 

@@ -16,7 +16,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from lakebroker.spark_pipeline.results import JobName
+from lakebroker.tables.job_runs import JobName
 from lakebroker.tables.layout import Layout
 from lakebroker.tables.settings import Settings
 
@@ -42,10 +42,10 @@ def _print_result(result: Any) -> None:
 
 def _run_job(settings: Settings, job: str, fail: Callable[[str, int], typer.Exit], **kwargs: Any) -> None:
     from lakebroker.job_progress import job_progress
-    from lakebroker.spark_pipeline import job_runs
     from lakebroker.spark_pipeline.jobs import compaction, key_compaction, offsets_compaction, replication, retention
-    from lakebroker.spark_pipeline.results import Outcome
     from lakebroker.spark_pipeline.sql import cli_jvm_log, spark_for
+    from lakebroker.tables import job_runs
+    from lakebroker.tables.job_runs import Outcome
 
     modules = {"compaction": compaction, "retention": retention, "key-compaction": key_compaction,
                "offsets-compaction": offsets_compaction, "replication": replication}
@@ -149,7 +149,7 @@ def register(app: typer.Typer, settings: Callable[[], Settings], fail: Callable[
         limit: Annotated[int, typer.Option(min=1, max=10_000)] = 20,
     ) -> None:
         """The last maintenance-job runs (from _system/job_runs), newest first."""
-        from lakebroker.spark_pipeline import job_runs
+        from lakebroker.tables import job_runs
 
         rows = job_runs.last_runs(Layout.of(settings()), job=job, topic=topic, limit=limit)
         table = Table("started", "job", "table", "trigger", "outcome", "files", "rows removed", "seconds", "error")

@@ -1,4 +1,6 @@
-"""`lakebroker serve`: the ingest API on uvicorn, plus the background workers."""
+"""`lakebroker serve`: the composition root. It builds the ingest app, the delivery that runs
+beside it (setting `delivery_mode`) and the Spark job scheduler, and serves the app on uvicorn.
+The service packages never import each other; only this module and the CLI see them all."""
 
 from __future__ import annotations
 
@@ -7,16 +9,21 @@ import logging
 import os
 import signal
 import socket
+from collections.abc import Callable
 from typing import Any
 
 import orjson
 import uvicorn
+from fastapi import FastAPI
+from prometheus_client import CollectorRegistry
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from lakebroker.http_protocol import BoundedHttpToolsProtocol, bounded_protocol
+from lakebroker.delivery_worker.embedded import embedded_delivery
 from lakebroker.ingest_api import create_app
 from lakebroker.ingest_api.auth import is_loopback
 from lakebroker.ingest_api.fast_produce import FastProduce
+from lakebroker.ingest_api.http_fast_produce import fast_protocol
+from lakebroker.ingest_api.http_limits import BoundedHttpToolsProtocol, bounded_protocol
 from lakebroker.tables.layout import Layout
 from lakebroker.tables.logs import configure_logging
 from lakebroker.tables.settings import Settings
@@ -34,6 +41,16 @@ UVICORN_LIMITS: dict[str, Any] = {
     "timeout_graceful_shutdown": 10,  # on SIGTERM, requests in flight get 10 s to finish
     "server_header": False,  # do not advertise the server software and version
 }
+
+
+def build_app(settings: Settings, registry: CollectorRegistry | None = None,
+              on_started: Callable[[], None] | None = None) -> FastAPI:
+    """The ingest app with the delivery that runs beside it, started once the app holds the
+    data-dir lock and shown through the app's subscription status and dashboard."""
+    registry = registry or CollectorRegistry()
+    delivery = embedded_delivery(settings, registry)  # a supervised child process, or a task on this loop
+    return create_app(settings, registry, on_started, services=[delivery] if delivery is not None else [],
+                      live_status=delivery)
 
 
 def _already_shut_down(signum: int, frame: object) -> None:
@@ -56,8 +73,6 @@ def run_server(settings: Settings) -> None:
 
     # Spark maintenance jobs (spark_pipeline/scheduler.py): child processes on the configured
     # intervals, started once this process holds the data-dir lock; their runs show in /metrics.
-    from prometheus_client import CollectorRegistry
-
     from lakebroker.spark_pipeline.metrics import JobMetricsCollector
     from lakebroker.spark_pipeline.scheduler import shutdown as stop_jobs
     from lakebroker.spark_pipeline.scheduler import start_scheduler
@@ -76,9 +91,11 @@ def run_server(settings: Settings) -> None:
         layout.server_file.write_bytes(orjson.dumps({"url": f"http://{host}:{port}", "pid": os.getpid()}))
         jobs.append(start_scheduler(settings))
 
-    app = create_app(settings, registry=registry, on_started=announce)
-    # single-message produce is answered by the HTTP protocol itself (ingest_api/fast_produce.py)
-    http = bounded_protocol(settings.header_read_timeout_s, FastProduce(app), settings.body_read_timeout_s)
+    app = build_app(settings, registry, on_started=announce)
+    # single-message produce is answered by the HTTP protocol itself (ingest_api/http_fast_produce.py)
+    deadlines = settings.header_read_timeout_s, settings.body_read_timeout_s
+    http = (fast_protocol(deadlines[0], FastProduce(app), deadlines[1]) if settings.fast_produce
+            else bounded_protocol(*deadlines))
     limits = {**UVICORN_LIMITS, "http": http}
 
     # log_config=None: uvicorn adds no handlers of its own; its records go through configure_logging's.

@@ -12,6 +12,7 @@ from typing import Annotated
 
 import typer
 
+from lakebroker.console import err, out, print_rows
 from lakebroker.tables.layout import Layout
 from lakebroker.tables.settings import Settings
 from lakebroker.tables.tokens import Scope, TokenStore
@@ -35,8 +36,6 @@ def register(app: typer.Typer, settings: Callable[[], Settings], fail: Callable[
         expires_in_days: Annotated[float | None, typer.Option(min=0.001, help="Expire after this many days.")] = None,
     ) -> None:
         """Create a token and print it on stdout. It is shown only this once; the table keeps a hash."""
-        from lakebroker.cli import err
-
         if not scope:
             raise fail("give at least one --scope (produce, consume, metrics or admin)", 2)
         expires = datetime.now(UTC) + timedelta(days=expires_in_days) if expires_in_days else None
@@ -50,8 +49,6 @@ def register(app: typer.Typer, settings: Callable[[], Settings], fail: Callable[
     @tokens_app.command("list")
     def list_tokens() -> None:
         """List tokens (never their secrets)."""
-        from lakebroker.cli import print_rows
-
         now = datetime.now(UTC)
         print_rows(
             ["id", "name", "scopes", "topics", "created_at", "expires_at", "status"],
@@ -63,7 +60,5 @@ def register(app: typer.Typer, settings: Callable[[], Settings], fail: Callable[
     @tokens_app.command("revoke")
     def revoke(token_id: Annotated[str, typer.Argument(help="The token id (or the whole token).")]) -> None:
         """Revoke a token; servers refuse it within auth_cache_ms."""
-        from lakebroker.cli import out
-
         token = store().revoke(token_id)
         out.print(f"revoked {token.label()}", highlight=False, markup=False)

@@ -14,6 +14,7 @@ from typing import Annotated, Any
 import orjson
 import typer
 
+from lakebroker.console import out, print_rows
 from lakebroker.tables.settings import Settings
 
 
@@ -28,8 +29,6 @@ def register(app: typer.Typer, settings: Callable[[], Settings], fail: Callable[
     ) -> None:
         """Read the WAL without changing it: segments, torn and corrupt bytes, the offsets each
         damaged partition lost (held until `wal skip`), and the losses already skipped."""
-        from lakebroker.cli import print_rows
-
         found = _inspect(settings())
         if json_out:
             sys.stdout.buffer.write(orjson.dumps(found, option=orjson.OPT_INDENT_2) + b"\n")
@@ -63,7 +62,6 @@ def register(app: typer.Typer, settings: Callable[[], Settings], fail: Callable[
         `_system/lost_offsets` and on the topic's table, and let the partition move on past them.
         Consumers see the range as an explicit gap. Run again for a further range."""
         from lakebroker.access import broker_access
-        from lakebroker.cli import out
         from lakebroker.tables.layout import validate_name
 
         validate_name(topic)
@@ -81,20 +79,14 @@ def _inspect(settings: Settings) -> dict[str, Any]:
 
     from lakebroker.ingest_api.wal import Wal
     from lakebroker.ingest_api.wal_damage import find_damage
-    from lakebroker.tables import delta
     from lakebroker.tables.layout import Layout
     from lakebroker.tables.lost_offsets import lost_offsets
-    from lakebroker.tables.topics import TopicStore
+    from lakebroker.tables.topics import TopicStore, committed_ends
 
     layout = Layout.of(settings)
     report = Wal(layout.wal_dir, segment_bytes=settings.wal_segment_bytes, fsync=False).inspect()
     topics = TopicStore(layout).load()
-    committed: dict[tuple[bytes, int], int] = {}
-    for topic in topics.values():
-        table = delta.open_table(layout.topic_table(topic.name))
-        for p in range(topic.partitions):
-            end = 0 if table is None else delta.txn_version(table, delta.partition_app_id(p)) or 0
-            committed[(bytes.fromhex(topic.topic_id), p)] = end
+    committed = committed_ends(layout, topics.values())  # read only: nothing is marked
     names = {bytes.fromhex(t.topic_id): t.name for t in topics.values()}
     damage = find_damage(report.items, committed, names, report.corrupt)
     return {

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# The whole test suite, as `make test` and CI run it: lint, types, then pytest.
+# The whole test suite, as `make test` and CI run it: lint, the layer contracts, types, then pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 .venv/bin/ruff check .
+scripts/import_contracts.sh
 mkdir -p test-artifacts
 # mypy (about 12 CPU-s on a fresh clone, one core) runs beside pytest's start-up; its verdict counts all the same.
 scripts/mypy.sh \

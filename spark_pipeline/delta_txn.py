@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from lakebroker.spark_pipeline.plans import FileEntry
 from lakebroker.tables import delta, storage
+from lakebroker.tables.conflicts import retry_conflicts
 from lakebroker.tables.errors import LakebrokerError
 
 if TYPE_CHECKING:
@@ -293,12 +294,4 @@ def maintain_log(uri: str) -> int:
 
 def with_retries(what: str, attempts: int, work: Callable[[], T]) -> T:
     """Run `work()` again (re-planning from a fresh snapshot) when a concurrent job conflicts."""
-    for attempt in range(1, attempts + 1):
-        try:
-            return work()
-        except DeltaConflict as exc:
-            if attempt == attempts:
-                raise
-            log.warning("%s: concurrent commit (%s); re-planning (attempt %d/%d)", what, exc, attempt + 1, attempts)
-            time.sleep(0.2 * attempt)
-    raise AssertionError("unreachable")
+    return retry_conflicts(work, what=what, attempts=attempts, pause_s=0.4, conflicts=(DeltaConflict,), warn=True)

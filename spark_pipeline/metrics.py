@@ -23,7 +23,7 @@ from typing import Any
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from lakebroker.spark_pipeline import job_runs
+from lakebroker.tables import job_runs
 from lakebroker.tables.layout import Layout
 from lakebroker.tables.retention_skips import retention_skips
 

@@ -163,9 +163,9 @@ class PartitionRetention:
     def bytes_dropped(self) -> int:
         return sum(f.size for f in self.drop)
 
-    def log_start(self, log_end: int) -> int:
-        """The partition's lowest offset after the whole-file drops (log_end when none remain)."""
-        return log_start((f.min_offset for f in self.keep), log_end)
+    def log_start(self, committed_end: int) -> int:
+        """The partition's lowest offset after the whole-file drops (committed_end when none remain)."""
+        return log_start((f.min_offset for f in self.keep), committed_end)
 
 
 def plan_retention(partition: int, files: Iterable[FileEntry], *, now_us: int, retention_ms: int | None,

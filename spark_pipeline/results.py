@@ -1,4 +1,5 @@
-"""What a maintenance-job run did, per table: the value every job returns and job_runs records."""
+"""A maintenance-job run as it goes: its progress events and the runner that times each table.
+What a run did is a `JobResult` (tables/job_runs.py)."""
 
 from __future__ import annotations
 
@@ -7,81 +8,17 @@ import time
 import traceback
 import uuid
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
-from enum import StrEnum
-from typing import Any
+
+from lakebroker.tables.job_runs import JobName, JobResult, Outcome, TableResult
 
 log = logging.getLogger(__name__)
-
-
-class JobName(StrEnum):
-    COMPACTION = "compaction"
-    RETENTION = "retention"
-    KEY_COMPACTION = "key-compaction"
-    OFFSETS_COMPACTION = "offsets-compaction"
-    REPLICATION = "replication"
-
-
-class Outcome(StrEnum):
-    OK = "ok"
-    FAILED = "failed"
-    SKIPPED = "skipped"  # nothing to do (no table yet, or not this job's kind of topic)
 
 
 def one_line(exc: BaseException) -> str:
     lines = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {lines[0] if lines else ''}"[:1000]
-
-
-@dataclass
-class TableResult:
-    target: str  # topic name, or "_system/<table>"
-    topic: str | None
-    outcome: Outcome = Outcome.OK
-    files_before: int | None = None
-    files_after: int | None = None
-    rows_removed: int | None = None
-    bytes_before: int | None = None
-    bytes_after: int | None = None
-    duration_ms: int = 0
-    error: str | None = None
-    details: dict[str, Any] = field(default_factory=dict)
-
-    def public(self) -> dict[str, Any]:
-        out = asdict(self)
-        out["outcome"] = self.outcome.value
-        return out
-
-
-@dataclass
-class JobResult:
-    job: JobName
-    run_id: str
-    trigger: str
-    started_at: datetime
-    duration_ms: int = 0
-    tables: list[TableResult] = field(default_factory=list)
-    error: str | None = None  # a failure of the run as a whole (before or beside any table)
-
-    @property
-    def outcome(self) -> Outcome:
-        if self.error or any(t.outcome is Outcome.FAILED for t in self.tables):
-            return Outcome.FAILED
-        if self.tables and all(t.outcome is Outcome.SKIPPED for t in self.tables):
-            return Outcome.SKIPPED
-        return Outcome.OK
-
-    def total(self, name: str) -> int:
-        return sum(getattr(t, name) or 0 for t in self.tables)
-
-    def table(self, target: str) -> TableResult:
-        return next(t for t in self.tables if t.target == target)
-
-    def public(self) -> dict[str, Any]:
-        return {"job": self.job.value, "run_id": self.run_id, "trigger": self.trigger,
-                "started_at": self.started_at.isoformat(), "duration_ms": self.duration_ms,
-                "outcome": self.outcome.value, "error": self.error, "tables": [t.public() for t in self.tables]}
 
 
 @dataclass(frozen=True)

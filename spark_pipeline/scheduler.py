@@ -36,9 +36,9 @@ from apscheduler.executors.pool import ThreadPoolExecutor
 from apscheduler.schedulers.background import BackgroundScheduler
 from apscheduler.triggers.interval import IntervalTrigger
 
-from lakebroker.spark_pipeline import job_runs
 from lakebroker.spark_pipeline.extra import missing_spark_message, spark_installed
-from lakebroker.spark_pipeline.results import JobName, JobResult
+from lakebroker.tables import job_runs
+from lakebroker.tables.job_runs import JobName, JobResult
 from lakebroker.tables.layout import Layout
 from lakebroker.tables.settings import Settings
 

@@ -282,6 +282,12 @@ def txn_version(table: DeltaTable, app_id: str) -> int | None:
     return table.transaction_version(app_id)
 
 
+def committed_end(table: DeltaTable | None, partition: int) -> int:
+    """A topic partition's committed end in this snapshot: the next offset the table will hold
+    (0 without a table or a commit). The WAL's next offset is the assigned end (ingest_api)."""
+    return 0 if table is None else table.transaction_version(partition_app_id(partition)) or 0
+
+
 @dataclass(frozen=True)
 class PartitionFiles:
     partition: int

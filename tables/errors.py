@@ -8,7 +8,7 @@
      ├── Forbidden               a valid token without the scope or the topic (403)
      ├── NotFound                an unknown topic, partition or subscription (404)
      ├── AlreadyExists           a create that names something that exists (409)
-     ├── OutOfRange              an offset outside [log_start, log_end] (416)
+     ├── OutOfRange              an offset outside [log start, log end] (416)
      ├── RequestTimeout          a request head or body that did not arrive in time (408)
      ├── TooLarge                a message or body over its limit (413)
      ├── HeadersTooLarge         a request head over the server's bound (431)

@@ -102,7 +102,7 @@ class Layout:
 
     @property
     def job_runs_table(self) -> str:
-        """One row per maintenance-job run and table (spark_pipeline/job_runs.py)."""
+        """One row per maintenance-job run and table (tables/job_runs.py)."""
         return self.system_table("job_runs")
 
     @property

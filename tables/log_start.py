@@ -21,11 +21,11 @@ from lakebroker.tables.errors import OffsetGap
 from lakebroker.tables.topics import Holes, TopicConfig
 
 
-def log_start(min_offsets: Iterable[int | None], log_end: int) -> int:
-    """The rule: `min_offsets` are the partition's files' lowest offsets, `log_end` its log end,
+def log_start(min_offsets: Iterable[int | None], committed_end: int) -> int:
+    """The rule: `min_offsets` are the partition's files' lowest offsets, `committed_end` its committed end,
     both from the same snapshot."""
     lows = [int(low) for low in min_offsets if low is not None]
-    return min(lows) if lows else log_end
+    return min(lows) if lows else committed_end
 
 
 @dataclass(frozen=True)
@@ -37,16 +37,16 @@ class PartitionLog:
     rows: int
     size_bytes: int
     log_start: int
-    log_end: int
+    committed_end: int
 
 
 def partition_logs(table: DeltaTable, partitions: int) -> dict[int, PartitionLog]:
-    """Every partition's files, log start and log end, from the table object's one snapshot."""
+    """Every partition's files, log start and committed end, from the table object's one snapshot."""
     files = delta.partition_files(table)
     out = {}
     for p in range(partitions):
         found = files.get(p)
-        end = delta.txn_version(table, delta.partition_app_id(p)) or 0
+        end = delta.committed_end(table, p)
         start = log_start([None if found is None else found.min_offset], end)
         out[p] = PartitionLog(p, found.files if found else 0, found.rows if found else 0,
                               found.size_bytes if found else 0, start, end)

@@ -130,6 +130,14 @@ class TopicLogTail:
             return 0
         return None
 
+    def committed_end(self, partition: int) -> int:
+        """The partition's committed end as of the last refresh (delta.committed_end)."""
+        return self.txn(delta.partition_app_id(partition)) or 0
+
+    def known_committed_end(self, partition: int) -> int | None:
+        """`committed_end` when that takes no I/O; None when it would ask delta-rs."""
+        return self.known_txn(delta.partition_app_id(partition))
+
     def files(self, partition: int, start: int = 0, end: int | None = None) -> list[DataFile]:
         """The partition's files that may hold offsets in [start, end)."""
         return [

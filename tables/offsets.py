@@ -8,7 +8,7 @@ Which row is a group's position (per group, topic and partition):
 - only rows of the topic's current incarnation count (`topic_id`), so a topic deleted and
   created again under its name starts its groups afresh instead of mid-log;
 - of those, the highest `epoch` wins, then the highest `seq`. The epoch is the writer's lease
-  epoch (delivery_worker/leases.py), a fencing token: a worker whose lease passed on can still
+  epoch (tables/leases.py), a fencing token: a worker whose lease passed on can still
   land a commit late, but never over its successor's. `seq` is commit order, taken from the
   table under optimistic concurrency, never from a wall clock.
 - rows from before schema version 2 have neither: epoch 0, ordered by `committed_at` below
@@ -18,8 +18,6 @@ Which row is a group's position (per group, topic and partition):
 from __future__ import annotations
 
 import functools
-import random
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -29,13 +27,12 @@ from typing import Any, NamedTuple
 import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import CommitProperties, DeltaTable, write_deltalake
-from deltalake.exceptions import CommitFailedError
 
 from lakebroker.tables import delta
-from lakebroker.tables.errors import StorageUnavailable
+from lakebroker.tables.conflicts import retry_conflicts
 from lakebroker.tables.layout import Layout
-from lakebroker.tables.schemas import LEASES_SCHEMA, LEASES_SCHEMA_VERSION, OFFSETS_SCHEMA, OFFSETS_SCHEMA_VERSION
-from lakebroker.tables.state_table import StateTable
+from lakebroker.tables.leases import lease_epochs
+from lakebroker.tables.schemas import OFFSETS_SCHEMA, OFFSETS_SCHEMA_VERSION
 from lakebroker.tables.topics import TopicConfig, TopicStore
 
 GroupPartition = tuple[str, str, int]  # (group, topic, partition)
@@ -80,7 +77,6 @@ class OffsetsTable:
     def __init__(self, layout: Layout) -> None:
         self.uri = layout.offsets_table
         self.layout = layout
-        self._leases = StateTable(layout.leases_table, LEASES_SCHEMA, LEASES_SCHEMA_VERSION)
         self._table = delta.KeptTable(self.uri, functools.partial(
             delta.ensure_table, self.uri, OFFSETS_SCHEMA, partition_by=None, version=OFFSETS_SCHEMA_VERSION))
 
@@ -107,14 +103,17 @@ class OffsetsTable:
         fences = [p.fence for p in ordered]
         if any(f is None for f in fences):
             fences = self._administrative(ordered)
-        wanted = list(zip(ordered, fences, strict=True))
-        for attempt in range(100):
+        candidates = list(zip(ordered, fences, strict=True))
+
+        def once() -> None:
             table = self._open()
             if reason is OffsetReason.RETENTION_SKIP:
                 now = self.positions(table=table)
-                wanted = [(p, f) for p, f in wanted if (c := now.get(p[:3])) is None or c.offset < p.offset]
+                wanted = [(p, f) for p, f in candidates if (c := now.get(p[:3])) is None or c.offset < p.offset]
                 if not wanted:
                     return
+            else:
+                wanted = candidates
             ordered, fences = [p for p, _ in wanted], [f for _, f in wanted]
             # The row's seq is above every seq and version the snapshot holds; a concurrent commit
             # makes this one fail (no retry inside delta-rs), so seq follows commit order.
@@ -133,18 +132,15 @@ class OffsetsTable:
                 },
                 schema=OFFSETS_SCHEMA,
             )
-            try:
-                write_deltalake(table, rows, mode="append", commit_properties=CommitProperties(
-                    custom_metadata={"lakebroker.operation": f"offsets-{reason.value}"}, max_commit_retries=0),
-                    post_commithook_properties=delta.commit_hooks(table))
-                return
-            except CommitFailedError:
-                time.sleep(random.uniform(0, 0.005 * (attempt + 1)))
-        raise StorageUnavailable(f"could not commit offsets to {self.uri}: 100 concurrent commits won in a row")
+            write_deltalake(table, rows, mode="append", commit_properties=CommitProperties(
+                custom_metadata={"lakebroker.operation": f"offsets-{reason.value}"}, max_commit_retries=0),
+                post_commithook_properties=delta.commit_hooks(table))
+
+        retry_conflicts(once, what=f"committing offsets to {self.uri}", attempts=100, pause_s=0.005)
 
     def _administrative(self, positions: Sequence[Position]) -> list[Fence | None]:
         topics = TopicStore(self.layout).load()
-        leases = {(r["group"], r["partition"]): r["epoch"] for r in self._leases.read() if r["kind"] == "lease"}
+        leases = lease_epochs(self.layout)
         current = self.positions(topics=topics)
         out: list[Fence | None] = []
         for p in positions:

@@ -160,7 +160,7 @@ LEASES_SCHEMA = pa.schema(
     ]
 )
 
-# Written by spark_pipeline/job_runs.py: one row per maintenance-job run and table.
+# Written by tables/job_runs.py: one row per maintenance-job run and table.
 JOB_RUNS_SCHEMA_VERSION = 1
 JOB_RUNS_SCHEMA = pa.schema(
     [

@@ -58,6 +58,11 @@ class Settings(BaseSettings):
         "connection opening (on a keep-alive connection: of the first read of the next request), or the answer is "
         "408 and the connection is closed (a slowloris client cannot hold a slot)."
     )
+    fast_produce: bool = Field(
+        True, description="Answer a plain single-message produce in the HTTP protocol itself, below ASGI, "
+        "without the framework's per-request work. It relies on uvicorn internals that tests pin; turn it off if "
+        "an upgraded uvicorn breaks it: every request then takes the ASGI path, with the same answers."
+    )
 
     # access control (ingest_api/auth.py, tables/tokens.py)
     auth: AuthMode = Field(

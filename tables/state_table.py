@@ -19,7 +19,6 @@ vacuums. A snapshot not confirmed for RECHECK_AFTER_S is reloaded whole rather t
 from __future__ import annotations
 
 import logging
-import random
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -27,10 +26,10 @@ from typing import Any, TypeVar
 
 import pyarrow as pa
 from deltalake import CommitProperties, DeltaTable, write_deltalake
-from deltalake.exceptions import CommitFailedError, DeltaError
+from deltalake.exceptions import DeltaError
 
 from lakebroker.tables import delta
-from lakebroker.tables.errors import StorageUnavailable
+from lakebroker.tables.conflicts import retry_conflicts
 from lakebroker.tables.schemas import STATE_TABLE_PROPERTIES
 
 Rows = list[dict[str, Any]]
@@ -62,7 +61,8 @@ class StateTable:
 
     def mutate(self, change: Callable[[Rows], tuple[Rows, T]], attempts: int = 50) -> T:
         """Apply `change(rows) -> (new_rows, result)` atomically; retried on a concurrent commit."""
-        for attempt in range(attempts):
+
+        def once() -> T:
             with self._lock:
                 data = self._current(create=True)
                 table = self._snapshot.table
@@ -77,15 +77,12 @@ class StateTable:
                     write_deltalake(table, pa.Table.from_pylist(new_rows, schema=self.schema), mode="overwrite",
                                     commit_properties=CommitProperties(max_commit_retries=0),
                                     post_commithook_properties=delta.commit_hooks(table))
-                except CommitFailedError:
-                    pass
-                else:
-                    self._maintain(table)
-                    return result
                 finally:
                     self._data = None  # whoever won, these rows are no longer the newest
-            time.sleep(random.uniform(0, 0.01 * (attempt + 1)))
-        raise StorageUnavailable(f"could not update {self.uri}: {attempts} concurrent writers won in a row")
+                self._maintain(table)
+                return result
+
+        return retry_conflicts(once, what=f"updating {self.uri}", attempts=attempts, pause_s=0.01)
 
     def _current(self, *, create: bool) -> pa.Table | None:
         """The newest rows (None: no table and not `create`). Under the lock."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import uuid
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
 from enum import StrEnum
@@ -115,6 +116,21 @@ def may_have_holes(configuration: dict[str, str]) -> bool:
     """Whether a topic table, by its own properties, may lack offsets anywhere below its log end:
     only key compaction removes rows and keeps offsets, and only on a table marked for it."""
     return configuration.get(KEY_COMPACTED_PROPERTY) == "true"
+
+
+def committed_ends(layout: Layout, topics: Iterable[TopicConfig], *,
+                   mark: bool = False) -> dict[tuple[bytes, int], int]:
+    """Every partition's committed end, keyed (topic id, partition) as the WAL keys them. With
+    `mark`, a compact topic's table is marked key-compacted first (the broker's start: a table an
+    older broker left unmarked)."""
+    ends: dict[tuple[bytes, int], int] = {}
+    for topic in topics:
+        uri = layout.topic_table(topic.name)
+        table = mark_key_compacted(uri) if mark and topic.cleanup_policy is CleanupPolicy.COMPACT \
+            else delta.open_table(uri)
+        for p in range(topic.partitions):
+            ends[(bytes.fromhex(topic.topic_id), p)] = delta.committed_end(table, p)
+    return ends
 
 
 LostRanges = dict[int, tuple[tuple[int, int], ...]]  # partition -> (first, last) offsets, sorted

@@ -7,21 +7,21 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from lakebroker.ingest_api import create_app
+from lakebroker.server import build_app
 from lakebroker.tables.settings import Settings
 from tests.s3 import s3_root, s3_server, s3_spark  # noqa: F401 - fixtures: one MinIO per test process
 
 
 @pytest.fixture
 def settings(tmp_path: Path) -> Settings:
-    # Delivery on the test's own event loop: tests read the worker's live state (app.state.delivery).
+    # Delivery on the test's own event loop: tests read the worker's live state (app.state.live_status).
     return Settings(data_dir=tmp_path / "data", flush_interval_ms=20, allow_private_webhooks=True, heartbeat_s=0.5,
                     offset_commit_interval_ms=200, delivery_mode="inprocess")
 
 
 @pytest.fixture
 def client(settings: Settings) -> Iterator[TestClient]:
-    with TestClient(create_app(settings)) as c:
+    with TestClient(build_app(settings)) as c:
         yield c
 
 

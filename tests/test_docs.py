@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from lakebroker.spark_pipeline.results import JobName
+from lakebroker.tables.job_runs import JobName
 from lakebroker.tables.offsets import OffsetReason
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"

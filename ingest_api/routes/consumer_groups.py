@@ -63,7 +63,7 @@ async def commit_group_offsets(topic: str, group: str, body: GroupOffsetsCommit,
     name = stored_group(group)
     for partition, offset in body.offsets.items():
         config.check_partition(partition)
-        end = broker.log_end(config, partition)
+        end = broker.assigned_end(config, partition)
         if not 0 <= offset <= end:
             raise OutOfRange(f"offset {offset} is outside partition {partition}: valid positions are 0 to {end}")
     await asyncio.to_thread(OffsetsTable(broker.layout).commit, name, topic, body.offsets, OffsetReason.ACK)

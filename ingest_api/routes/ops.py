@@ -49,7 +49,7 @@ async def metrics(broker: BrokerDep) -> Response:
     broker.metrics.wal_backlog_bytes.set(broker.backlog_bytes)
     for topic in broker.topics.values():
         for p in range(topic.partitions):
-            broker.metrics.log_end.labels(topic.name, str(p)).set(broker.log_end(topic, p))
+            broker.metrics.assigned_end.labels(topic.name, str(p)).set(broker.assigned_end(topic, p))
             broker.metrics.committed_end.labels(topic.name, str(p)).set(broker.committed_end(topic, p))
             broker.metrics.wal_lost_offsets.labels(topic.name, str(p)).set(broker.lost_offsets(topic, p))
     return Response(generate_latest(broker.metrics.registry), media_type=CONTENT_TYPE_LATEST)

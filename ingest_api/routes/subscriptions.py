@@ -8,8 +8,6 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Depends, Query, Request, Response
 from pydantic import BaseModel, ConfigDict, Field
 
-from lakebroker.delivery_worker.leases import LeaseTable
-from lakebroker.delivery_worker.ssrf import check_webhook_url
 from lakebroker.ingest_api.auth import PrincipalDep
 from lakebroker.ingest_api.broker import Broker
 from lakebroker.ingest_api.deps import BrokerDep
@@ -19,6 +17,7 @@ from lakebroker.ingest_api.schemas import MAX_INT, ErrorPublic
 from lakebroker.ingest_api.subscription_status import read_groups, subscription_status
 from lakebroker.tables.dead_letters import DeadLetterTable
 from lakebroker.tables.errors import InvalidRequest, OutOfRange
+from lakebroker.tables.leases import LeaseTable
 from lakebroker.tables.offsets import OffsetReason, OffsetsTable
 from lakebroker.tables.subscriptions import (
     DEFAULT_RETRY_SCHEDULE_MS,
@@ -31,6 +30,7 @@ from lakebroker.tables.subscriptions import (
 )
 from lakebroker.tables.tokens import Scope
 from lakebroker.tables.topics import MAX_PARTITIONS, TopicConfig
+from lakebroker.tables.webhook_urls import check_webhook_url
 
 router = APIRouter(prefix="/v1/subscriptions", tags=["subscriptions"])
 # Python's JSON parser takes NaN and Infinity, which no bound refuses: these models refuse them.
@@ -175,7 +175,7 @@ async def _targets(broker: Broker, topic: TopicConfig, how: str) -> dict[int, in
         if how == "earliest":
             out[p] = log_start(files.get(p), committed)
         elif how == "latest":
-            out[p] = broker.log_end(topic, p)
+            out[p] = broker.assigned_end(topic, p)
         else:
             found = await asyncio.to_thread(offset_for_timestamp, broker.layout, topic, p, parse_timestamp(how))
             out[p] = committed if found is None else found
@@ -184,7 +184,7 @@ async def _targets(broker: Broker, topic: TopicConfig, how: str) -> dict[int, in
 
 async def _status(request: Request, broker: Broker, sub: Subscription) -> SubscriptionStatusPublic:
     groups = await asyncio.to_thread(read_groups, broker.layout, sub.name, with_retention_skips=True)
-    return SubscriptionStatusPublic.model_validate(subscription_status(broker, request.app.state.delivery, sub,
+    return SubscriptionStatusPublic.model_validate(subscription_status(broker, request.app.state.live_status, sub,
                                                                        groups))
 
 
@@ -292,7 +292,7 @@ async def seek(name: str, body: SeekRequest, broker: BrokerDep, store: StoreDep)
                 raise InvalidRequest(f"offsets keys are partition numbers, got {key!r}")
             p = int(key)
             topic.check_partition(p)
-            low, high = log_start(files.get(p), broker.committed_end(topic, p)), broker.log_end(topic, p)
+            low, high = log_start(files.get(p), broker.committed_end(topic, p)), broker.assigned_end(topic, p)
             if not low <= offset <= high:
                 raise OutOfRange(f"offset {offset} is outside partition {p}: valid offsets are {low} to {high}")
             targets[p] = offset

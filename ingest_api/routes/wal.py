@@ -20,7 +20,7 @@ _ERRORS: dict[int | str, dict[str, Any]] = {code: {"model": ErrorPublic} for cod
 @router.get("/damage")
 async def list_damage(broker: BrokerDep) -> list[WalDamagePublic]:
     """Offsets lost to WAL damage, per partition held until it is skipped."""
-    return [WalDamagePublic.model_validate(d.public()) for held in broker.damage.values() for d in held]
+    return [WalDamagePublic.model_validate(d.public()) for d in broker.damage.all()]
 
 
 @router.get("/lost")

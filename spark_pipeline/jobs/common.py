@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING, Any
 
 from lakebroker.spark_pipeline.delta_txn import DeltaTxn
 from lakebroker.spark_pipeline.plans import FileEntry, by_partition
-from lakebroker.spark_pipeline.results import JobName, JobResult, Outcome
 from lakebroker.tables.errors import LakebrokerError
+from lakebroker.tables.job_runs import JobName, JobResult, Outcome
 from lakebroker.tables.layout import Layout
 from lakebroker.tables.logs import configure_logging
 from lakebroker.tables.settings import Settings
@@ -212,8 +212,8 @@ def default_trigger() -> str:
 def entry_main(job: JobName, run: RunFn, args: argparse.Namespace, settings: Settings,
                validate: Callable[[], None], **kwargs: Any) -> int:
     """Validate, run on a fresh Spark session, record the run, print it as JSON; 0 unless it failed."""
-    from lakebroker.spark_pipeline import job_runs
     from lakebroker.spark_pipeline.sql import spark_for
+    from lakebroker.tables import job_runs
 
     configure_logging(settings)
     try:

@@ -36,7 +36,8 @@ from lakebroker.spark_pipeline.jobs.common import (
     topic_job_main,
 )
 from lakebroker.spark_pipeline.plans import by_partition, plan_bins
-from lakebroker.spark_pipeline.results import JobName, JobResult, Outcome, Progress, Run, TableResult
+from lakebroker.spark_pipeline.results import Progress, Run
+from lakebroker.tables.job_runs import JobName, JobResult, Outcome, TableResult
 from lakebroker.tables.layout import Layout
 from lakebroker.tables.logs import exit_without_teardown
 from lakebroker.tables.settings import Settings

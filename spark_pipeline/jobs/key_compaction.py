@@ -36,8 +36,9 @@ from lakebroker.spark_pipeline.jobs.common import (
     table_stats,
     topic_job_main,
 )
-from lakebroker.spark_pipeline.results import JobName, JobResult, Outcome, Run, TableResult
+from lakebroker.spark_pipeline.results import Run
 from lakebroker.tables.errors import InvalidRequest
+from lakebroker.tables.job_runs import JobName, JobResult, Outcome, TableResult
 from lakebroker.tables.layout import Layout
 from lakebroker.tables.logs import exit_without_teardown
 from lakebroker.tables.settings import Settings

@@ -66,9 +66,10 @@ from lakebroker.spark_pipeline.jobs.common import (
 )
 from lakebroker.spark_pipeline.jobs.offsets_compaction import compact_offsets
 from lakebroker.spark_pipeline.jobs.retention import follow_log_starts
-from lakebroker.spark_pipeline.results import JobName, JobResult, Outcome, Progress, Run, TableResult
+from lakebroker.spark_pipeline.results import Progress, Run
 from lakebroker.tables import delta, storage
 from lakebroker.tables.errors import InvalidRequest
+from lakebroker.tables.job_runs import JobName, JobResult, Outcome, TableResult
 from lakebroker.tables.layout import Layout
 from lakebroker.tables.log_start import log_starts
 from lakebroker.tables.logs import exit_without_teardown

@@ -45,8 +45,9 @@ from lakebroker.spark_pipeline.jobs.common import (
     vacuum,
 )
 from lakebroker.spark_pipeline.plans import FileEntry, PartitionRetention, by_partition, plan_log_start, plan_retention
-from lakebroker.spark_pipeline.results import JobName, JobResult, Outcome, Progress, Run, TableResult
+from lakebroker.spark_pipeline.results import Progress, Run
 from lakebroker.tables import delta
+from lakebroker.tables.job_runs import JobName, JobResult, Outcome, TableResult
 from lakebroker.tables.layout import Layout
 from lakebroker.tables.log_start import log_starts
 from lakebroker.tables.logs import exit_without_teardown

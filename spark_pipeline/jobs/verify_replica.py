@@ -269,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def parser_for() -> Any:
-    from lakebroker.spark_pipeline.results import JobName
+    from lakebroker.tables.job_runs import JobName
 
     p = parser(JobName.REPLICATION, "Compare the primary and a replica; non-zero exit on unexplained differences.")
     p.prog = "python -m lakebroker.spark_pipeline.jobs.verify_replica"

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 from deltalake import DeltaTable
 
-from lakebroker.spark_pipeline import job_runs
 from lakebroker.spark_pipeline.session import use_class_archive
+from lakebroker.tables import job_runs
 from lakebroker.tables.layout import Layout
 from lakebroker.tables.offsets import OffsetReason, OffsetsTable
 from lakebroker.tables.settings import Settings

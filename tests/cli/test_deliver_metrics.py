@@ -13,7 +13,7 @@ import httpx
 import pytest
 from fastapi.testclient import TestClient
 
-from lakebroker.ingest_api import create_app
+from lakebroker.server import build_app
 from lakebroker.tables.settings import Settings
 from tests.receivers import Receiver
 from tests.servers import REPO, free_port
@@ -24,7 +24,7 @@ def test_a_standalone_worker_serves_the_delivery_metrics(tmp_path: Path) -> None
     data = tmp_path / "data"
     receiver = Receiver()
     settings = Settings(data_dir=data, deliver_in_serve=False, allow_private_webhooks=True, flush_interval_ms=20)
-    with TestClient(create_app(settings)) as client:  # the broker, without a worker of its own
+    with TestClient(build_app(settings)) as client:  # the broker, without a worker of its own
         assert client.post("/v1/topics", json={"name": "orders", "partitions": 2}).status_code == 201
         assert client.post("/v1/subscriptions", json={"name": "hooks", "topic": "orders", "url": receiver.url,
                                                       "start": "earliest"}).status_code == 201

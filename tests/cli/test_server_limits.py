@@ -151,7 +151,8 @@ def produce_request(value: str = "v", close: bool = False) -> bytes:
 
 def test_serve_runs_httptools_on_uvloop(served: tuple[ServerProcess, Address]) -> None:
     started = served[0].log.read_text()
-    assert "HTTP protocol lakebroker.http_protocol.BoundedHttpToolsProtocol (httptools)" in started, started[-2000:]
+    protocol = "HTTP protocol lakebroker.ingest_api.http_fast_produce.FastProduceProtocol (httptools)"
+    assert protocol in started, started[-2000:]
     assert "event loop uvloop.Loop" in started, started[-2000:]
 
 
@@ -367,3 +368,17 @@ def test_an_early_answer_whose_body_completes_keeps_the_connection_for_the_next_
         sock.sendall(b"y" * 20 + produce_request("after an early answer"))
         answer = read_response(sock)
     assert answer.startswith(b"HTTP/1.1 200"), answer[:200]
+
+
+def test_with_fast_produce_off_every_request_takes_the_asgi_path(tmp_path: Path) -> None:
+    """The setting that keeps `serve` working if an upgraded uvicorn breaks the fast path's pins:
+    the protocol is the plain bounded one, and a single produce is answered as before."""
+    proc, _ = start_server(tmp_path / "data", LAKEBROKER_FAST_PRODUCE="false")
+    try:
+        started = proc.log.read_text()
+        assert "HTTP protocol lakebroker.ingest_api.http_limits.BoundedHttpToolsProtocol (httptools)" in started, \
+            started[-2000:]
+        r = httpx.post(proc.url + "/v1/topics/t/messages", json={"value": 1})
+        assert r.status_code == 200 and r.json() == {"partition": 0, "offset": 0, "duplicate": False}
+    finally:
+        proc.stop()

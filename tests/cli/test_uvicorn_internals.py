@@ -1,4 +1,4 @@
-"""lakebroker/http_protocol.py's fast produce path stands in for uvicorn's RequestResponseCycle and
+"""ingest_api/http_fast_produce.py stands in for uvicorn's RequestResponseCycle and
 calls uvicorn's own pipeline code, so it depends on uvicorn internals that no API promises. This
 test pins them: after a uvicorn upgrade it fails until someone has re-read the code listed here
 against the protocol (see its docstring) and updated the digests."""
@@ -64,7 +64,7 @@ def test_uvicorn_is_the_pinned_version() -> None:
 
 def test_the_uvicorn_code_the_fast_path_relies_on_is_unchanged() -> None:
     changed = {name: digest(code) for name, code in RELIED_ON.items() if DIGESTS.get(name) != digest(code)}
-    assert not changed, f"uvicorn changed under lakebroker/http_protocol.py's fast produce path: re-read {changed}"
+    assert not changed, f"uvicorn changed under ingest_api/http_fast_produce.py: re-read {changed}"
 
 
 def test_a_cycle_gathers_its_body_in_a_bytearray() -> None:

@@ -26,7 +26,7 @@ def subscribe(client: TestClient, receiver: Receiver, **extra: Any) -> dict[str,
 def pause(client: TestClient, name: str = "hooks") -> None:
     """Pause, and wait until the worker has applied it: a tick begun after the pause has ended
     (the worker reads subscriptions once per tick) and none of the subscription's pipelines runs."""
-    worker = client.app.state.delivery.worker  # type: ignore[attr-defined]  # conftest: delivery in process
+    worker = client.app.state.live_status.worker  # type: ignore[attr-defined]  # conftest: delivery in process
     seen = worker.ticks
     assert client.post(f"/v1/subscriptions/{name}/pause").status_code == 200
     deadline = time.monotonic() + 60
@@ -200,7 +200,7 @@ def test_a_group_past_the_log_end_is_reset_to_it_not_left_to_skip(client: TestCl
     receiver.wait_for(lambda: len(receiver.messages()) == 8)
     assert [m["offset"] for m in receiver.messages()[5:]] == [5, 6, 7]
     status = client.get("/v1/subscriptions/hooks").json()["partitions"][1]
-    assert "past the log end" in (status["last_error"] or "")
+    assert "past the table's committed end" in (status["last_error"] or "")
 
 
 def test_messages_removed_before_delivery_are_skipped_visibly(client: TestClient, orders: str,

@@ -46,7 +46,7 @@ async def test_a_worker_whose_heartbeats_stall_stops_sending_before_the_next_own
 
         await until(lambda: set(range(5, 10)) <= set(by("worker-b")), "worker B delivers the new messages")
         a = stalled.status("hooks")[0]  # A's pipeline is still running: nothing told it to stop
-        await until(lambda: a.log_end == 10 and (a.state == "fenced" or a.delivered >= 10),
+        await until(lambda: a.committed_end == 10 and (a.state == "fenced" or a.delivered >= 10),
                     "worker A has read the new messages, and sent them or is fenced")
         order = [r.headers["lakebroker-worker"] for r in list(receiver.received)]
         first_b = order.index("worker-b")
@@ -127,9 +127,9 @@ async def test_a_send_cancelled_before_it_ran_gives_its_window_slot_back(tmp_pat
         await until(lambda: window.in_flight == 0, "the first sends are done")
         pipeline.endpoint.backing_off_until = time.monotonic() + 3600  # hold the next ones in the queue
         await asyncio.to_thread(produce, settings, "t", 0, 5)
-        await until(lambda: len(pipeline._queue) > 0, "the next messages are read and queued")
+        await until(lambda: len(pipeline.queue) > 0, "the next messages are read and queued")
         pipeline.endpoint.backing_off_until = 0.0
-        pipeline._dispatch()  # takes a slot, creates a send task that has not run yet
+        pipeline.sending.dispatch()  # takes a slot, creates a send task that has not run yet
         assert window.in_flight == 1 and pipeline.status.in_flight == 1
         await pipeline.stop()  # cancels it before its first step
         await until(lambda: window.in_flight == 0, "the unused slot comes back")

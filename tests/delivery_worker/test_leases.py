@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from lakebroker.delivery_worker.leases import LeaseTable
 from lakebroker.tables.layout import Layout
+from lakebroker.tables.leases import LeaseTable
 
 
 def test_a_lease_leaves_the_plan_and_goes_at_once_when_no_pipeline_runs_for_it(tmp_path: Path) -> None:

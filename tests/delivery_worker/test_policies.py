@@ -10,10 +10,10 @@ from email.utils import format_datetime
 import pytest
 
 from lakebroker.delivery_worker.flow import AdaptiveWindow, TokenBucket
-from lakebroker.delivery_worker.leases import assign
 from lakebroker.delivery_worker.retry import RetryPolicy, parse_retry_after
-from lakebroker.delivery_worker.ssrf import check_webhook_url, private_address
 from lakebroker.tables.errors import InvalidRequest
+from lakebroker.tables.leases import assign
+from lakebroker.tables.webhook_urls import check_webhook_url, private_address
 
 
 def test_retry_schedule_with_jitter_and_last_delay_repeating() -> None:

@@ -51,7 +51,7 @@ async def test_large_messages_to_a_lagging_subscription_are_read_ahead_within_th
             pipelines: list[Any] = [running._running[("hooks", p)].pipeline
                                     for p in (0, 1) if ("hooks", p) in running._running]
             if len(pipelines) == 2:
-                held.append((len(pipelines[0]._queue), len(pipelines[1]._queue)))
+                held.append((len(pipelines[0].queue), len(pipelines[1].queue)))
             return len({(m["partition"], m["offset"]) for m in receiver.messages()}) >= 40
 
         await until(sample, "all 40 messages are delivered", timeout=120)
@@ -106,7 +106,7 @@ def test_a_read_of_large_values_holds_about_one_copy_of_them(tmp_path: Path) -> 
     for first in (0, 24):
         produce(settings, "t", 0, 24, values=[bytes([first + i]) * MIB for i in range(24)])
     source = PartitionSource(Layout.of(settings), topic, 0)
-    assert source.log_end() == 48
+    assert source.committed_end() == 48
     source.read(0, 1)  # first use: imports and the table's footers, not what is measured
 
     (rows, end), held = held_at_most(lambda: source.read(0, 48))

@@ -25,17 +25,17 @@ def test_partitions_share_one_tail_and_see_each_others_refreshes_without_io(tmp_
     p1 = PartitionSource(layout, topic, 1, tails.get(uri, topic.topic_id))
     assert p0.tail is p1.tail
 
-    assert p0.log_end() == 0 and p1.log_end() == 0
+    assert p0.committed_end() == 0 and p1.committed_end() == 0
     produce(settings, "t", 0, 7)
     produce(settings, "t", 1, 3)
-    assert p0.log_end() == 7  # one refresh, by partition 0's pipeline, reads both new commits ...
-    assert p1.known_log_end(within_s=60) == 3  # ... and tells partition 1 its log end with no I/O
-    assert p1.known_log_end(within_s=0) is None  # older than the caller's poll interval: look again
+    assert p0.committed_end() == 7  # one refresh, by partition 0's pipeline, reads both new commits ...
+    assert p1.known_committed_end(within_s=60) == 3  # ... and tells partition 1 its log end with no I/O
+    assert p1.known_committed_end(within_s=0) is None  # older than the caller's poll interval: look again
     rows, end = p1.read(0, 3)
     assert [r["offset"] for r in rows] == [0, 1, 2] and end == 3
 
     produce(settings, "t", 1, 2)
-    assert p1.log_end() == 5 and p0.known_log_end(within_s=60) == 7
+    assert p1.committed_end() == 5 and p0.known_committed_end(within_s=60) == 7
 
     # A re-created topic (a new id) gets its own tail; tails no pipeline reads are dropped.
     assert tails.get(uri, "another-id") is not p0.tail
@@ -51,7 +51,7 @@ def test_a_read_decodes_without_holding_the_tail(tmp_path: Path) -> None:
     topic = create_topic(settings, "t", partitions=1)
     produce(settings, "t", 0, 50)
     source = PartitionSource(layout, topic, 0, LogTails().get(layout.topic_table("t"), topic.topic_id))
-    assert source.log_end() == 50
+    assert source.committed_end() == 50
     reading, go_on = threading.Event(), threading.Event()
 
     def pause() -> None:
@@ -65,7 +65,7 @@ def test_a_read_decodes_without_holding_the_tail(tmp_path: Path) -> None:
     reader.start()
     try:
         assert reading.wait(30)
-        assert source.known_log_end(within_s=60) == 50  # None while the read held the tail
+        assert source.known_committed_end(within_s=60) == 50  # None while the read held the tail
     finally:
         go_on.set()
         reader.join(30)
@@ -81,7 +81,7 @@ def test_rows_come_in_offset_order_whatever_order_the_index_holds_the_files_in(t
     for _ in range(3):
         produce(settings, "t", 0, 10, values=[os.urandom(64) for _ in range(10)])
     source = PartitionSource(layout, topic, 0)
-    assert source.log_end() == 30
+    assert source.committed_end() == 30
     index = source.tail._tail
     index._files = dict(sorted(index._files.items(), key=lambda item: -(item[1].min_offset or 0)))  # newest first
     assert [f.min_offset for f in index.files(0)] == [20, 10, 0]

@@ -25,8 +25,8 @@ from fastapi.testclient import TestClient
 from starlette.routing import Route
 
 from lakebroker.access import RemoteAccess, broker_access
-from lakebroker.ingest_api import create_app
 from lakebroker.ingest_api.auth import check_every_route_decided, is_loopback, require
+from lakebroker.server import build_app
 from lakebroker.tables.errors import Unauthenticated
 from lakebroker.tables.layout import Layout
 from lakebroker.tables.lock import DataDirLock
@@ -122,7 +122,7 @@ def admin(store: TokenStore) -> str:
 
 @pytest.fixture
 def app(data: Path, admin: str) -> FastAPI:
-    return create_app(settings_for(data))
+    return build_app(settings_for(data))
 
 
 @pytest.fixture
@@ -326,7 +326,7 @@ def test_token_validation_refuses_bad_input(store: TokenStore) -> None:
 def test_revoked_token_stops_working_within_the_cache_period(data: Path, store: TokenStore) -> None:
     _, admin = store.create(["admin"])
     _, token = store.create(["produce"])
-    with TestClient(create_app(settings_for(data, auth_cache_ms=300))) as client:
+    with TestClient(build_app(settings_for(data, auth_cache_ms=300))) as client:
         client.post("/v1/topics", json={"name": "orders", "partitions": 1}, headers=bearer(admin))
         assert client.post("/v1/topics/orders/messages", json={"value": 1}, headers=bearer(token)).status_code == 200
         store.revoke(token)  # as `lakebroker tokens revoke` does, from another process
@@ -361,7 +361,7 @@ def test_cli_tokens_create_prints_a_working_token(data: Path, store: TokenStore)
     assert bad.returncode == 2 and "'write' is not one of" in bad.stderr and "'produce'" in bad.stderr
 
     _, admin = store.create(["admin"])
-    with TestClient(create_app(settings_for(data))) as client:
+    with TestClient(build_app(settings_for(data))) as client:
         for name in ("orders", "other"):
             client.post("/v1/topics", json={"name": name, "partitions": 1}, headers=bearer(admin))
         assert client.post("/v1/topics/orders/messages", json={"value": 1}, headers=bearer(token)).status_code == 200
@@ -380,12 +380,12 @@ def test_auth_auto_is_required_unless_bound_to_loopback(tmp_path: Path) -> None:
         assert is_loopback(host), host
     for host in ("0.0.0.0", "::", "10.0.0.5", "broker.example.com", "192.168.1.1"):
         assert not is_loopback(host), host
-    with TestClient(create_app(Settings(data_dir=tmp_path / "a", deliver_in_serve=False))) as open_client:
+    with TestClient(build_app(Settings(data_dir=tmp_path / "a", deliver_in_serve=False))) as open_client:
         assert open_client.get("/v1/topics").status_code == 200  # auto on loopback: open
-    with TestClient(create_app(Settings(data_dir=tmp_path / "b", host="0.0.0.0", deliver_in_serve=False))) as c:
+    with TestClient(build_app(Settings(data_dir=tmp_path / "b", host="0.0.0.0", deliver_in_serve=False))) as c:
         assert_401(c.get("/v1/topics"))  # auto on every interface: required
         assert c.get("/healthz").status_code == 200
-    with TestClient(create_app(Settings(data_dir=tmp_path / "c", auth="off", host="0.0.0.0",
+    with TestClient(build_app(Settings(data_dir=tmp_path / "c", auth="off", host="0.0.0.0",
                                         deliver_in_serve=False))) as c:
         assert c.get("/v1/topics").status_code == 200
 
@@ -393,18 +393,18 @@ def test_auth_auto_is_required_unless_bound_to_loopback(tmp_path: Path) -> None:
 def test_metrics_public_setting(data: Path, store: TokenStore) -> None:
     _, scraper = store.create(["metrics"], name="prometheus")
     _, producer = store.create(["produce"])
-    with TestClient(create_app(settings_for(data))) as client:
+    with TestClient(build_app(settings_for(data))) as client:
         assert_401(client.get("/metrics"))
         assert_403(client.get("/metrics", headers=bearer(producer)))
         r = client.get("/metrics", headers=bearer(scraper))
         assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
-    with TestClient(create_app(settings_for(data, metrics_public=True))) as client:
+    with TestClient(build_app(settings_for(data, metrics_public=True))) as client:
         assert client.get("/metrics").status_code == 200
         assert_401(client.get("/v1/topics"))
 
 
 def test_docs_are_public_and_describe_the_auth_and_can_be_turned_off(data: Path) -> None:
-    with TestClient(create_app(settings_for(data))) as client:
+    with TestClient(build_app(settings_for(data))) as client:
         schema = client.get("/openapi.json").json()
         assert client.get("/docs").status_code == 200
         assert schema["components"]["securitySchemes"]["token"] == {
@@ -417,9 +417,9 @@ def test_docs_are_public_and_describe_the_auth_and_can_be_turned_off(data: Path)
                 else:
                     assert operation["security"] == [{"token": []}], (method, path)
                     assert {"401", "403"} <= set(operation["responses"]), (method, path)
-    with TestClient(create_app(settings_for(data, docs_public=False))) as client:
+    with TestClient(build_app(settings_for(data, docs_public=False))) as client:
         assert_401(client.get("/openapi.json"))  # gone, and unknown paths need a token too
-    with TestClient(create_app(settings_for(data, docs_public=False, auth="off"))) as client:
+    with TestClient(build_app(settings_for(data, docs_public=False, auth="off"))) as client:
         assert client.get("/openapi.json").status_code == 404
         assert client.get("/docs").status_code == 404
 

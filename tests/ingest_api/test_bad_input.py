@@ -10,7 +10,7 @@ import httpx
 import pytest
 from fastapi.testclient import TestClient
 
-from lakebroker.ingest_api import create_app
+from lakebroker.server import build_app
 from lakebroker.tables.dead_letters import DeadLetter, DeadLetterTable
 from lakebroker.tables.layout import Layout
 from lakebroker.tables.settings import Settings
@@ -61,7 +61,7 @@ def test_message_over_max_message_bytes_is_413(client: TestClient) -> None:
 
 def test_body_over_server_limit_is_413(tmp_path) -> None:  # type: ignore[no-untyped-def]
     settings = Settings(data_dir=tmp_path / "d", max_request_bytes=1000)
-    with TestClient(create_app(settings)) as client:
+    with TestClient(build_app(settings)) as client:
         client.post("/v1/topics", json={"name": "orders", "partitions": 1})
         big = b'{"value": "' + b"x" * 2000 + b'"}'
         assert_error(client.post("/v1/topics/orders/messages", content=big,
@@ -127,7 +127,7 @@ def test_bad_topic_config_is_refused(client: TestClient) -> None:
 def test_backlog_over_bound_is_429_with_retry_after(tmp_path) -> None:  # type: ignore[no-untyped-def]
     settings = Settings(data_dir=tmp_path / "d", max_backlog_bytes=1, flush_interval_ms=60_000,
                         flush_max_records=10**9, flush_max_bytes=10**9)
-    with TestClient(create_app(settings)) as client:
+    with TestClient(build_app(settings)) as client:
         client.post("/v1/topics", json={"name": "orders", "partitions": 1})
         assert client.post("/v1/topics/orders/messages", json={"value": "first"}).status_code == 200
         r = client.post("/v1/topics/orders/messages", json={"value": "second"})

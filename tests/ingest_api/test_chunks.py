@@ -156,7 +156,7 @@ def test_a_large_partition_run_is_cut_into_frames_of_bounded_size() -> None:
     assert [p.tolist() for p in split_by_bytes(rows, sizes, limit=1 << 30)] == [rows.tolist()]
 
 
-async def test_a_chunk_straddling_the_log_end_is_committed_from_the_log_end(tmp_path: Path) -> None:
+async def test_a_chunk_straddling_the_committed_end_is_committed_from_it(tmp_path: Path) -> None:
     """A crash after a Delta commit of offsets 0-4 but before the WAL released them: the replayed
     chunk 0-9 adds only 5-9, and a later chunk continues densely."""
     topic = new_topic("t", 3)

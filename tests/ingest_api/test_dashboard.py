@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from lakebroker.ingest_api import create_app
 from lakebroker.ingest_api.dashboard import ProduceRates, summarize_runs
-from lakebroker.spark_pipeline import job_runs
-from lakebroker.spark_pipeline.results import JobName, JobResult, Outcome, TableResult
+from lakebroker.server import build_app
+from lakebroker.tables import job_runs
+from lakebroker.tables.job_runs import JobName, JobResult, Outcome, TableResult
 from lakebroker.tables.layout import Layout
 from lakebroker.tables.settings import Settings
 from lakebroker.tables.tokens import TokenStore
@@ -176,7 +176,7 @@ def test_auth_page_is_public_and_data_needs_admin(tmp_path: Path) -> None:
     _, producer = tokens.create(["produce"], name="svc")
     _, orders_admin = tokens.create(["admin"], topics=["orders"], name="orders-ops")
     settings = Settings(data_dir=data, auth="required", flush_interval_ms=20, deliver_in_serve=False)
-    with TestClient(create_app(settings)) as client:
+    with TestClient(build_app(settings)) as client:
         assert client.get("/").status_code == 200
         assert client.get("/dashboard/dashboard.js").status_code == 200
         assert client.get("/v1/dashboard").status_code == 401

@@ -13,8 +13,9 @@ import pyarrow as pa
 import pytest
 from fastapi.testclient import TestClient
 
-from lakebroker.ingest_api import create_app, dedup_rebuild
+from lakebroker.ingest_api import dedup_rebuild
 from lakebroker.ingest_api.dedup import DedupIndex, DedupKey, Placed, dedup_id, dedup_ids, key_hash, key_hashes
+from lakebroker.server import build_app
 from lakebroker.tables.settings import Settings
 
 TOPIC = "5f1d0c2a9b8e4f7c8a6b3d2e1f0a9b8c"  # a topic id as the broker keys it (hex)
@@ -243,18 +244,18 @@ def test_keys_hashed_in_bulk_are_the_keys_remembered_one_by_one() -> None:
 def test_a_restart_rebuilds_every_kind_of_id_and_skips_those_past_the_window(settings: Settings) -> None:
     singles = [{"value": 1, "producer_id": "p", "sequence": 7}, {"value": 2, "id": "single"}]
     batch = {"messages": [{"value": i, "id": f"b{i}"} for i in range(3)] + [{"value": 9}]}
-    with TestClient(create_app(settings)) as c:
+    with TestClient(build_app(settings)) as c:
         c.post("/v1/topics", json={"name": "o", "partitions": 2})
         first = [c.post("/v1/topics/o/messages?ack=table", json=singles[0]).json(),
                  c.post("/v1/topics/o/messages", json=singles[1]).json()]
         placed = c.post("/v1/topics/o/batch", json=batch).json()["results"]
-    with TestClient(create_app(settings)) as c:
+    with TestClient(build_app(settings)) as c:
         assert [c.post("/v1/topics/o/messages", json=m).json() for m in singles] == [
             {**r, "duplicate": True} for r in first]
         again = c.post("/v1/topics/o/batch", json=batch).json()["results"]
         assert again[:3] == [{**r, "duplicate": True} for r in placed[:3]]
         assert not again[3]["duplicate"], "a message without an id is never a duplicate"
-    with TestClient(create_app(settings.model_copy(update={"dedup_window_s": 0}))) as c:
+    with TestClient(build_app(settings.model_copy(update={"dedup_window_s": 0}))) as c:
         assert not any(c.post("/v1/topics/o/messages", json=m).json()["duplicate"] for m in singles)
 
 
@@ -265,7 +266,7 @@ def test_a_restart_over_max_entries_keeps_exactly_the_newest_ids_in_age_order(
     monkeypatch.setattr(dedup_rebuild, "RANGE_IDS", 7)
     small = settings.model_copy(update={"dedup_max_entries": 40})
     sent: list[DedupKey] = []  # (topic name, id), in the order sent: the order of their log-append times
-    with TestClient(create_app(small)) as c:
+    with TestClient(build_app(small)) as c:
         for name in ("a", "b"):
             c.post("/v1/topics", json={"name": name, "partitions": 3})
         for i in range(30):
@@ -279,7 +280,7 @@ def test_a_restart_over_max_entries_keeps_exactly_the_newest_ids_in_age_order(
                 sent += [(name, m["id"]) for m in batch]
         topic_ids = {name: c.app.state.broker.topic(name).topic_id for name in "ab"}  # type: ignore[attr-defined]
     assert len(sent) == 50 and sent[10] == ("a", "b6-0")  # the 40 newest begin with a batch
-    with TestClient(create_app(small)) as c:
+    with TestClient(build_app(small)) as c:
         index = c.app.state.broker.dedup  # type: ignore[attr-defined]
         placed = {(n, i): index.lookup((topic_ids[n], "m:" + i)) for n, i in sent}
         assert {k for k, v in placed.items() if v is not None} == set(sent[10:])

@@ -11,11 +11,11 @@ import pytest
 from fastapi.testclient import TestClient
 from prometheus_client import CollectorRegistry
 
-from lakebroker.ingest_api import create_app
 from lakebroker.ingest_api.group_commit import GroupCommitter, Pending
 from lakebroker.ingest_api.metrics import IngestMetrics
 from lakebroker.ingest_api.records import Record
 from lakebroker.ingest_api.wal import ZERO_AHEAD, Wal
+from lakebroker.server import build_app
 from lakebroker.tables.errors import StorageUnavailable
 from lakebroker.tables.settings import Settings
 from tests.waiting import eventually
@@ -45,7 +45,7 @@ def fill(path: Path) -> None:
 
 def test_disk_full_gives_507_then_recovers(small_disk: Path) -> None:
     settings = Settings(data_dir=small_disk / "data", flush_interval_ms=20)
-    with TestClient(create_app(settings)) as client:
+    with TestClient(build_app(settings)) as client:
         client.post("/v1/topics", json={"name": "orders", "partitions": 1})
         before = client.post("/v1/topics/orders/messages?ack=table", json={"value": "before", "id": "a"})
         assert before.status_code == 200
@@ -74,7 +74,7 @@ def test_disk_full_gives_507_then_recovers(small_disk: Path) -> None:
 def test_delta_commit_on_full_disk_is_retried_and_nothing_is_lost(small_disk: Path) -> None:
 
     settings = Settings(data_dir=small_disk / "data", flush_interval_ms=1500)
-    with TestClient(create_app(settings)) as client:
+    with TestClient(build_app(settings)) as client:
         client.post("/v1/topics", json={"name": "orders", "partitions": 1})
         acked = client.post("/v1/topics/orders/messages", json={"value": "in the WAL"})
         assert acked.status_code == 200

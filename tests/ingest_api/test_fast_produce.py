@@ -1,4 +1,4 @@
-"""The fast produce path (ingest_api/fast_produce.py, answered by lakebroker/http_protocol.py) answers
+"""The fast produce path (ingest_api/fast_produce.py, answered by ingest_api/http_fast_produce.py) answers
 exactly as the ASGI path does: two servers on loopback, one with the fast path and one without,
 get the same raw requests in the same order and must answer the same bytes (the date aside) and
 hold the same rows in Delta."""
@@ -18,10 +18,11 @@ import pytest
 from deltalake import DeltaTable
 from fastapi import FastAPI
 
-from lakebroker.http_protocol import bounded_protocol
-from lakebroker.ingest_api import create_app
 from lakebroker.ingest_api.fast_produce import FastProduce
+from lakebroker.ingest_api.http_fast_produce import fast_protocol
+from lakebroker.ingest_api.http_limits import bounded_protocol
 from lakebroker.ingest_api.wal import ZERO_AHEAD
+from lakebroker.server import build_app
 from lakebroker.tables.layout import Layout
 from lakebroker.tables.settings import Settings
 from lakebroker.tables.tokens import TokenStore
@@ -36,15 +37,16 @@ _TOKEN_ID = re.compile(rb"\b[0-9a-f]{12}\b")  # each server has its own tokens, 
 
 
 class Server:
-    """`create_app` under uvicorn (httptools, uvloop) in a thread, with or without the fast path."""
+    """`build_app` under uvicorn (httptools, uvloop) in a thread, with or without the fast path."""
 
     def __init__(self, data: Path, fast: bool, timeout_keep_alive: float = 5, **overrides: object) -> None:
         self.settings = Settings(**{"data_dir": data, "flush_interval_ms": 20, "deliver_in_serve": False,
                                     "max_request_bytes": MAX_REQUEST, "body_read_timeout_s": 1, **overrides})
-        self.app: FastAPI = create_app(self.settings)
+        self.app: FastAPI = build_app(self.settings)
         self.fast = FastProduce(self.app) if fast else None
         # log_config=None, as `serve` runs it: uvicorn leaves logging alone, so its access log stays off
-        self.thread = AppThread(self.app, http=bounded_protocol(10.0, self.fast), loop="uvloop", lifespan="on",
+        http = fast_protocol(10.0, self.fast) if self.fast is not None else bounded_protocol(10.0)
+        self.thread = AppThread(self.app, http=http, loop="uvloop", lifespan="on",
                                 log_config=None, timeout_keep_alive=timeout_keep_alive)
 
     def start(self) -> Server:
@@ -60,7 +62,7 @@ class Server:
     def flushed(self, topic: str) -> bool:
         broker = self.app.state.broker
         config = broker.topics[topic]
-        return all(broker.committed_end(config, p) == broker.log_end(config, p) for p in range(config.partitions))
+        return all(broker.committed_end(config, p) == broker.assigned_end(config, p) for p in range(config.partitions))
 
     def rows(self, topic: str) -> list[tuple[object, ...]]:
         table = DeltaTable(str(Layout.of(self.settings).topic_table(topic))).to_pyarrow_table()

@@ -35,7 +35,7 @@ from schemathesis.python import asgi
 from schemathesis.specs.openapi.checks import positive_data_acceptance
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from lakebroker.ingest_api import create_app
+from lakebroker.server import build_app
 from lakebroker.tables.layout import Layout
 from lakebroker.tables.settings import Settings
 from lakebroker.tables.tokens import TokenStore
@@ -65,7 +65,7 @@ class CurrentApp:
 
 current = CurrentApp()
 # The schema does not depend on the data dir; building the app touches no disk.
-schema = schemathesis.openapi.from_dict(create_app(_settings(Path("unused"))).openapi())
+schema = schemathesis.openapi.from_dict(build_app(_settings(Path("unused"))).openapi())
 schema.app = current
 schemathesis.serializer.alias("application/x-ndjson", "text/plain")  # NDJSON batches are text
 
@@ -98,7 +98,7 @@ def api(tmp_path: Path) -> Iterator[tuple[asgi.ASGIClient, dict[str, str]]]:
     table, token = admin_token()
     shutil.copytree(table, Layout(data).tokens_table)
     headers = {"Authorization": f"Bearer {token}"}
-    current.app = create_app(_settings(data))
+    current.app = build_app(_settings(data))
     with asgi.get_client(current) as client:
         assert client.post("/v1/topics", json={"name": TOPIC, "partitions": 3}, headers=headers).status_code == 201
         for i in range(6):
@@ -152,7 +152,7 @@ def test_api_conforms_to_its_schema(case: Any, api: tuple[asgi.ASGIClient, dict[
 def plain(tmp_path: Path) -> Iterator[TestClient]:
     settings = Settings(data_dir=tmp_path / "data", wal_fsync=False, flush_interval_ms=20, deliver_in_serve=False,
                         allow_private_webhooks=True)
-    with TestClient(create_app(settings), raise_server_exceptions=False) as client:
+    with TestClient(build_app(settings), raise_server_exceptions=False) as client:
         assert client.post("/v1/topics", json={"name": TOPIC, "partitions": 3}).status_code == 201
         yield client
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from fastapi.testclient import TestClient
 
-from lakebroker.ingest_api import create_app
+from lakebroker.server import build_app
 from lakebroker.tables.settings import Settings
 
 
@@ -38,7 +38,7 @@ def test_headers_count_toward_the_backlog_bound(tmp_path: Path) -> None:
     # Nothing is flushed during the test, so every accepted byte stays in the backlog.
     settings = Settings(data_dir=tmp_path / "data", flush_interval_ms=600_000, max_backlog_bytes=20_000,
                         deliver_in_serve=False)
-    with TestClient(create_app(settings)) as client:
+    with TestClient(build_app(settings)) as client:
         client.post("/v1/topics", json={"name": "orders", "partitions": 1})
         statuses = [
             client.post("/v1/topics/orders/messages", json={"value": "v", "headers": {"h": "x" * 1000}}).status_code

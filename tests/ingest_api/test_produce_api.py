@@ -7,6 +7,7 @@ import orjson
 from fastapi.testclient import TestClient
 
 from lakebroker.ingest_api.partitioner import partition_for_key
+from lakebroker.server import build_app
 from tests.waiting import eventually
 
 
@@ -131,14 +132,12 @@ def test_batch_results_carry_the_stored_timestamp_and_a_duplicate_the_original(c
 
 
 def test_duplicates_are_detected_across_restarts(settings, tmp_path) -> None:  # type: ignore[no-untyped-def]
-    from lakebroker.ingest_api import create_app
-
-    with TestClient(create_app(settings)) as c:
+    with TestClient(build_app(settings)) as c:
         c.post("/v1/topics", json={"name": "o", "partitions": 2})
         flushed = c.post("/v1/topics/o/messages?ack=table", json={"value": 1, "id": "in-delta"}).json()
         in_wal = c.post("/v1/topics/o/messages", json={"value": 2, "id": "maybe-in-wal"}).json()
         stamped = c.post("/v1/topics/o/batch", json={"messages": [{"value": 3, "id": "b"}]}).json()["results"]
-    with TestClient(create_app(settings)) as c:
+    with TestClient(build_app(settings)) as c:
         assert c.post("/v1/topics/o/messages", json={"value": 1, "id": "in-delta"}).json() == {
             **flushed, "duplicate": True}
         assert c.post("/v1/topics/o/messages", json={"value": 2, "id": "maybe-in-wal"}).json() == {

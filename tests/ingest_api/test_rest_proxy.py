@@ -12,8 +12,8 @@ import orjson
 import pytest
 from fastapi.testclient import TestClient
 
-from lakebroker.ingest_api import create_app
 from lakebroker.ingest_api.partitioner import partition_for_key
+from lakebroker.server import build_app
 from lakebroker.tables.layout import Layout
 from lakebroker.tables.settings import Settings
 from lakebroker.tables.tokens import TokenStore
@@ -131,7 +131,7 @@ def test_request_errors_answer_in_the_proxys_shape(tmp_path: Path) -> None:
     # A flush interval no test waits out: the backlog stays above max_backlog_bytes after one produce.
     settings = Settings(data_dir=tmp_path / "data", flush_interval_ms=600_000, max_backlog_bytes=1,
                         max_request_bytes=4096, deliver_in_serve=False)
-    with TestClient(create_app(settings)) as client:
+    with TestClient(build_app(settings)) as client:
         client.post("/v1/topics", json={"name": "orders", "partitions": 1})
         assert_v2_error(client.post("/topics/orders", content=b'{"records": [', headers=JSON_V2), 400, 40001,
                         "malformed JSON")
@@ -162,7 +162,7 @@ def authed(tmp_path: Path) -> Iterator[tuple[TestClient, TokenStore]]:
     _, admin = store.create(["admin"])
     settings = Settings(data_dir=data, auth="required", auth_cache_ms=0, flush_interval_ms=20,
                         deliver_in_serve=False)
-    with TestClient(create_app(settings)) as client:
+    with TestClient(build_app(settings)) as client:
         for name in ("orders", "other"):
             r = client.post("/v1/topics", json={"name": name, "partitions": 2}, headers=bearer(admin))
             assert r.status_code == 201, r.text

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from lakebroker.ingest_api import create_app
+from lakebroker.server import build_app
 from lakebroker.tables import delta, storage
 from lakebroker.tables.layout import Layout
 from lakebroker.tables.settings import Settings
@@ -26,7 +26,7 @@ def s3_settings(tmp_path: Path, s3_root: str) -> Settings:
 
 @pytest.fixture
 def s3_client(s3_settings: Settings) -> Iterator[TestClient]:
-    with TestClient(create_app(s3_settings)) as c:
+    with TestClient(build_app(s3_settings)) as c:
         yield c
 
 

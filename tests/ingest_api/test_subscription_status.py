@@ -12,7 +12,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from lakebroker.spark_pipeline.jobs import retention
-from lakebroker.spark_pipeline.results import Outcome
+from lakebroker.tables.job_runs import Outcome
 from lakebroker.tables.settings import Settings
 from tests.spark_fixtures import spark
 
@@ -66,14 +66,14 @@ def test_the_status_reads_the_skips_without_pyspark() -> None:
 import json, pathlib, sys, tempfile
 from datetime import UTC, datetime, timedelta
 from fastapi.testclient import TestClient
-from lakebroker.ingest_api import create_app
+from lakebroker.server import build_app
 from lakebroker.tables.layout import Layout
 from lakebroker.tables.retention_skips import RetentionSkip, record_skips
 from lakebroker.tables.settings import Settings
 
 data = pathlib.Path(tempfile.mkdtemp()) / "data"
 settings = Settings(data_dir=data, deliver_in_serve=False, allow_private_webhooks=True)
-with TestClient(create_app(settings)) as c:
+with TestClient(build_app(settings)) as c:
     assert c.post("/v1/topics", json={"name": "t", "partitions": 1}).status_code == 201
     sub = {"name": "s", "topic": "t", "url": "http://127.0.0.1:9/"}
     assert c.post("/v1/subscriptions", json=sub).status_code == 201

@@ -47,7 +47,7 @@ def test_latest_never_delivers_history_if_start_offsets_are_missing(client: Test
         blocker.unlink()
     assert "hooks" in SubscriptionStore(Layout(settings.data_dir)).load()  # the first write happened
 
-    worker = client.app.state.delivery  # type: ignore[attr-defined]
+    worker = client.app.state.live_status  # type: ignore[attr-defined]
     deadline = time.monotonic() + 30
     while len(worker.status("hooks")) < 3:  # the worker leased and started every partition
         assert time.monotonic() < deadline, "the worker did not start the subscription"

@@ -9,7 +9,7 @@ from __future__ import annotations
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from fastapi.testclient import TestClient
 
-from lakebroker.ingest_api import create_app
+from lakebroker.server import build_app
 from lakebroker.tables import delta
 from lakebroker.tables.layout import Layout
 from lakebroker.tables.settings import Settings
@@ -64,12 +64,12 @@ def test_the_flusher_commits_to_a_recreated_table_and_keeps_serving_other_topics
 
 
 def test_a_restart_does_not_resurrect_the_deleted_topics_ids(settings: Settings) -> None:
-    with TestClient(create_app(settings)) as c:
+    with TestClient(build_app(settings)) as c:
         c.post("/v1/topics", json={"name": "t", "partitions": 1})
         # Still in the active WAL segment at the restart, and in the deleted table.
         assert c.post("/v1/topics/t/messages?ack=table", json={"value": "old", "id": "abc"}).status_code == 200
         _recreate(c, "t")
-    with TestClient(create_app(settings)) as c:
+    with TestClient(build_app(settings)) as c:
         new = c.post("/v1/topics/t/messages", json={"value": "new", "id": "abc"}).json()
         assert new == {"partition": 0, "offset": 0, "duplicate": False}
         assert _wait_committed(c, "t", 1) == 1

@@ -84,7 +84,7 @@ async def test_damage_holds_one_partition_names_it_and_a_skip_moves_it_on(tmp_pa
         assert placed.offset == 10
 
         # The damage is named: partition, offsets and the WAL bytes, in readiness and a metric.
-        [[damage]] = broker.damage.values()
+        [damage] = broker.damage.all()
         assert (damage.topic, damage.partition, damage.first, damage.last) == ("t", 0, 7, 7)
         assert segment in damage.spans
         lost_gauge = broker.metrics.registry.get_sample_value(
@@ -102,7 +102,7 @@ async def test_damage_holds_one_partition_names_it_and_a_skip_moves_it_on(tmp_pa
                     timeout=20)
         [placed] = await broker.produce("t", [NewMessage(value=b"after", partition=0)], AckMode.TABLE)
         assert placed.offset == 30, "offsets stay dense past the loss: none is assigned twice"
-        assert broker.damage == {}
+        assert broker.damage.all() == []
         assert broker.metrics.registry.get_sample_value(
             "lakebroker_wal_lost_offsets", {"topic": "t", "partition": "0"}) == 0
 
@@ -118,7 +118,7 @@ async def test_damage_holds_one_partition_names_it_and_a_skip_moves_it_on(tmp_pa
         assert [m["offset"] for m in page["messages"]] == [*range(7), *range(8, 31)]
         assert page["lost_offsets"] == [{"first_offset": 7, "last_offset": 7}]
         source = PartitionSource(broker.layout, topic, 0)
-        assert source.log_end() == 31
+        assert source.committed_end() == 31
         rows, covered = source.read(5, 31)
         assert [r["offset"] for r in rows] == [5, 6, *range(8, 31)] and covered == 31
         rows, covered = source.read(7, 8)
@@ -176,10 +176,10 @@ async def test_the_api_names_the_damage_and_skips_it(tmp_path: Path) -> None:
     records the loss; a pull read shows the gap as `lost_offsets`."""
     from fastapi.testclient import TestClient
 
-    from lakebroker.ingest_api import create_app
+    from lakebroker.server import build_app
 
     settings, _ = await damaged_broker(tmp_path)
-    with TestClient(create_app(settings)) as client:
+    with TestClient(build_app(settings)) as client:
         ready = client.get("/readyz")
         assert ready.status_code == 503
         [problem] = ready.json()["problems"]

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from lakebroker.spark_pipeline import job_runs
-from lakebroker.spark_pipeline.results import JobName
 from lakebroker.spark_pipeline.scheduler import job_env, spark_home, spark_submit_command
+from lakebroker.tables import job_runs
+from lakebroker.tables.job_runs import JobName
 from lakebroker.tables.layout import Layout
 from tests.spark_pipeline.topics import create_topic, file_count, log_ends, offsets_by_partition, produce, settings_for
 from tests.waiting import eventually

@@ -12,8 +12,8 @@ import pyarrow as pa
 import pytest
 
 from lakebroker.spark_pipeline.jobs import compaction
-from lakebroker.spark_pipeline.results import Outcome
 from lakebroker.tables import delta
+from lakebroker.tables.job_runs import Outcome
 from lakebroker.tables.layout import Layout
 from lakebroker.tables.row_groups import ROW_GROUP_BYTES
 from tests.spark_pipeline.topics import (

@@ -7,9 +7,10 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry, generate_latest
 
-from lakebroker.spark_pipeline import job_runs
 from lakebroker.spark_pipeline.metrics import JobMetricsCollector
-from lakebroker.spark_pipeline.results import JobName, Outcome, Run, TableResult
+from lakebroker.spark_pipeline.results import Run
+from lakebroker.tables import job_runs
+from lakebroker.tables.job_runs import JobName, Outcome, TableResult
 from lakebroker.tables.layout import Layout
 from lakebroker.tables.retention_skips import RetentionSkip, record_skips, retention_skips
 

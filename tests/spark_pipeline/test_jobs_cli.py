@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from deltalake import DeltaTable
 
-from lakebroker.spark_pipeline import job_runs
+from lakebroker.tables import job_runs
 from lakebroker.tables.layout import Layout
 from lakebroker.tables.offsets import OffsetReason, OffsetsTable
 from tests.spark_pipeline.topics import (

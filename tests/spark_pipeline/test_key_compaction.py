@@ -12,9 +12,9 @@ import pytest
 from deltalake import write_deltalake
 
 from lakebroker.spark_pipeline.jobs import key_compaction, offsets_compaction
-from lakebroker.spark_pipeline.results import Outcome
 from lakebroker.tables import delta
 from lakebroker.tables.errors import InvalidRequest
+from lakebroker.tables.job_runs import Outcome
 from lakebroker.tables.layout import Layout
 from lakebroker.tables.offsets import Fence, OffsetReason, OffsetsTable
 from lakebroker.tables.topics import TopicStore, new_topic

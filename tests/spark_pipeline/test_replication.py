@@ -13,10 +13,10 @@ from deltalake import DeltaTable, write_deltalake
 
 from lakebroker.spark_pipeline.jobs import key_compaction, replication, retention
 from lakebroker.spark_pipeline.jobs.verify_replica import verify
-from lakebroker.spark_pipeline.results import Outcome
 from lakebroker.tables import delta
 from lakebroker.tables.dead_letters import DeadLetter, DeadLetterTable
 from lakebroker.tables.errors import InvalidRequest, Unauthenticated
+from lakebroker.tables.job_runs import Outcome
 from lakebroker.tables.layout import Layout
 from lakebroker.tables.lost_offsets import LostOffsets, lost_offsets, record_loss, skip_in_table
 from lakebroker.tables.offsets import OffsetReason, OffsetsTable

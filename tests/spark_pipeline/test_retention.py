@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from lakebroker.spark_pipeline.jobs import retention
-from lakebroker.spark_pipeline.results import Outcome
+from lakebroker.tables.job_runs import Outcome
 from lakebroker.tables.layout import Layout
 from lakebroker.tables.offsets import OffsetReason, OffsetsTable
 from lakebroker.tables.retention_skips import retention_skips

@@ -17,7 +17,7 @@ import pyarrow.parquet as pq
 import pytest
 from fastapi.testclient import TestClient
 
-from lakebroker.ingest_api import create_app
+from lakebroker.server import build_app
 from lakebroker.spark_pipeline.jobs import (
     compaction,
     key_compaction,
@@ -26,9 +26,9 @@ from lakebroker.spark_pipeline.jobs import (
     retention,
     verify_replica,
 )
-from lakebroker.spark_pipeline.results import Outcome
 from lakebroker.tables import delta, storage
 from lakebroker.tables.errors import InvalidRequest
+from lakebroker.tables.job_runs import Outcome
 from lakebroker.tables.layout import Layout
 from lakebroker.tables.offsets import OffsetReason, OffsetsTable
 from tests.s3 import S3Server
@@ -152,7 +152,7 @@ def test_replicate_local_to_a_bucket_then_fail_over_onto_it(s3_spark: Any, s3_se
     copied = offsets_by_partition(promoted, "orders")
     for p in (0, 1):
         assert table.transaction_version(delta.partition_app_id(p)) == max(copied[p]) + 1
-    with TestClient(create_app(promoted)) as client:
+    with TestClient(build_app(promoted)) as client:
         assert [t["name"] for t in client.get("/v1/topics").json()] == ["orders"]
         r = client.post("/v1/topics/orders/messages?ack=table", json={"value": "after failover", "partition": 1})
         assert r.status_code == 200, r.text

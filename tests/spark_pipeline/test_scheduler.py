@@ -10,8 +10,6 @@ import httpx
 import pytest
 from pydantic import ValidationError
 
-from lakebroker.spark_pipeline import job_runs
-from lakebroker.spark_pipeline.results import JobName
 from lakebroker.spark_pipeline.scheduler import (
     JobRunner,
     job_command,
@@ -20,6 +18,8 @@ from lakebroker.spark_pipeline.scheduler import (
     spark_submit_run,
     start_scheduler,
 )
+from lakebroker.tables import job_runs
+from lakebroker.tables.job_runs import JobName
 from lakebroker.tables.layout import Layout
 from lakebroker.tables.settings import Settings
 from tests.servers import ServerProcess

@@ -1,4 +1,5 @@
-"""The durable record of maintenance jobs: `_system/job_runs`.
+"""The durable record of maintenance jobs: `_system/job_runs`, and what a run did per table
+(`JobResult`, `TableResult`): the value every job returns and this table records.
 
 Written and read with delta-rs only (no pyspark import), so the API, the dashboard, the
 scheduler and Prometheus can all read it from the ingest process:
@@ -16,15 +17,81 @@ silent: each is a row there, an `OffsetReason.RETENTION_SKIP` row in the offsets
 from __future__ import annotations
 
 import json
+from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
+from enum import StrEnum
 from typing import Any
 
 import pyarrow as pa
 
-from lakebroker.spark_pipeline.results import JobResult, Outcome
 from lakebroker.tables import delta
 from lakebroker.tables.layout import Layout
 from lakebroker.tables.schemas import JOB_RUNS_SCHEMA, JOB_RUNS_SCHEMA_VERSION
+
+
+class JobName(StrEnum):
+    COMPACTION = "compaction"
+    RETENTION = "retention"
+    KEY_COMPACTION = "key-compaction"
+    OFFSETS_COMPACTION = "offsets-compaction"
+    REPLICATION = "replication"
+
+
+class Outcome(StrEnum):
+    OK = "ok"
+    FAILED = "failed"
+    SKIPPED = "skipped"  # nothing to do (no table yet, or not this job's kind of topic)
+
+
+@dataclass
+class TableResult:
+    target: str  # topic name, or "_system/<table>"
+    topic: str | None
+    outcome: Outcome = Outcome.OK
+    files_before: int | None = None
+    files_after: int | None = None
+    rows_removed: int | None = None
+    bytes_before: int | None = None
+    bytes_after: int | None = None
+    duration_ms: int = 0
+    error: str | None = None
+    details: dict[str, Any] = field(default_factory=dict)
+
+    def public(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["outcome"] = self.outcome.value
+        return out
+
+
+@dataclass
+class JobResult:
+    job: JobName
+    run_id: str
+    trigger: str
+    started_at: datetime
+    duration_ms: int = 0
+    tables: list[TableResult] = field(default_factory=list)
+    error: str | None = None  # a failure of the run as a whole (before or beside any table)
+
+    @property
+    def outcome(self) -> Outcome:
+        if self.error or any(t.outcome is Outcome.FAILED for t in self.tables):
+            return Outcome.FAILED
+        if self.tables and all(t.outcome is Outcome.SKIPPED for t in self.tables):
+            return Outcome.SKIPPED
+        return Outcome.OK
+
+    def total(self, name: str) -> int:
+        return sum(getattr(t, name) or 0 for t in self.tables)
+
+    def table(self, target: str) -> TableResult:
+        return next(t for t in self.tables if t.target == target)
+
+    def public(self) -> dict[str, Any]:
+        return {"job": self.job.value, "run_id": self.run_id, "trigger": self.trigger,
+                "started_at": self.started_at.isoformat(), "duration_ms": self.duration_ms,
+                "outcome": self.outcome.value, "error": self.error, "tables": [t.public() for t in self.tables]}
+
 
 
 def record(layout: Layout, result: JobResult) -> None:

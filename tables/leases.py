@@ -45,6 +45,13 @@ def assign(pairs: list[Pair], members: list[str]) -> dict[Pair, str]:
     return {pair: ordered[i % len(ordered)] for i, pair in enumerate(sorted(pairs))} if ordered else {}
 
 
+def lease_epochs(layout: Layout) -> dict[Pair, int]:
+    """Each leased (group, partition)'s epoch, for a writer without a lease of its own (an
+    administrative offsets commit) to fence with."""
+    table = StateTable(layout.leases_table, LEASES_SCHEMA, LEASES_SCHEMA_VERSION)
+    return {(r["group"], r["partition"]): r["epoch"] for r in table.read() if r["kind"] == "lease"}
+
+
 class LeaseTable:
     def __init__(self, layout: Layout, worker_id: str, ttl_s: float) -> None:
         self.table = StateTable(layout.leases_table, LEASES_SCHEMA, LEASES_SCHEMA_VERSION)

@@ -1,0 +1,74 @@
+"""Recovery at start: from the WAL and the topic tables, each partition's assigned end, what the
+flusher still has to commit, the partitions WAL damage holds, and the dedup index rebuilt.
+
+The WAL's items are taken in log order, so each partition's items reach the flusher in offset
+order: any prefix that a bounded flush takes then continues the table with no gap. Items below a
+partition's committed end are in the table already (a crash between a Delta commit and the WAL's
+cleanup); a chunk that straddles it is handed over whole, and the flusher drops its rows below.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from lakebroker.ingest_api.chunks import Chunk
+from lakebroker.ingest_api.dedup import DedupIndex
+from lakebroker.ingest_api.dedup_rebuild import rebuild as rebuild_dedup
+from lakebroker.ingest_api.metrics import IngestMetrics
+from lakebroker.ingest_api.records import Record
+from lakebroker.ingest_api.wal import PartitionKey, Wal
+from lakebroker.ingest_api.wal_damage import Damage, find_damage
+from lakebroker.tables.layout import Layout
+from lakebroker.tables.topics import TopicConfig, committed_ends
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable, Mapping
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Recovered:
+    committed: dict[PartitionKey, int]  # each partition's committed end: the next offset its table holds
+    assigned: dict[PartitionKey, int]  # each partition's assigned end: the next offset produce gives
+    unflushed: list[Record | Chunk]  # in log order: what the flusher still has to commit
+    damage: list[Damage]  # offsets a corrupt WAL record cost, per partition
+
+
+def recover(wal: Wal, layout: Layout, topics: list[TopicConfig], dedup: DedupIndex, metrics: IngestMetrics, *,
+            dedup_window_s: float) -> Recovered:
+    """Blocking: run it in a thread."""
+    committed = committed_ends(layout, topics, mark=True)
+    report = wal.recover()
+    for span in report.corrupt:
+        metrics.wal_corrupt.inc()
+        log.error("WAL corruption in %s bytes %d-%d was skipped", span.segment, span.start, span.end)
+    names = {bytes.fromhex(t.topic_id): t.name for t in topics}
+    damage = find_damage(report.items, committed, names, report.corrupt)
+    assigned, unflushed, pending = replay_plan(report.items, committed, names)
+    rebuild_dedup(dedup, layout, topics, report.records, report.chunks, committed, window_s=dedup_window_s)
+    log.info("recovered: %d WAL records, %d not yet in Delta, %d torn bytes (%d of the records in %d batch "
+             "chunks)", len(report.records) + sum(c.rows for c in report.chunks), pending, report.torn_bytes,
+             sum(c.rows for c in report.chunks), len(report.chunks))
+    return Recovered(committed, assigned, unflushed, damage)
+
+
+def replay_plan(items: Iterable[Record | Chunk], committed: Mapping[PartitionKey, int],
+                live: Mapping[bytes, object]) -> tuple[dict[PartitionKey, int], list[Record | Chunk], int]:
+    """Each partition's assigned end, the items not yet in their tables (in log order), and how
+    many messages those hold. A deleted topic's items (its id not in `live`) are left out."""
+    assigned = dict(committed)
+    unflushed: list[Record | Chunk] = []
+    pending = 0
+    for r in items:
+        if r.topic_id not in live:
+            continue
+        key = (r.topic_id, r.partition)
+        end = r.end if isinstance(r, Chunk) else r.offset + 1
+        assigned[key] = max(assigned.get(key, 0), end)
+        if end > committed.get(key, 0):
+            unflushed.append(r)
+            pending += end - max(r.offset, committed.get(key, 0))
+    return assigned, unflushed, pending
