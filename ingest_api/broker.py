@@ -149,7 +149,7 @@ class Broker:
         await self.committer.drain()
         if self.flusher.pending_bytes:
             await self.flusher.flush_once()
-        self.wal.close()
+        self.wal.close(self._committed_below() if not self.flusher.pending_bytes else None)
         self.dedup.close()
         self.started = False
 
@@ -432,14 +432,19 @@ class Broker:
     def _durable(self, records: list[Record | Chunk]) -> None:
         self.flusher.add(records)
 
-    def _release_wal(self) -> None:
+    def _committed_below(self) -> Callable[[PartitionKey], int]:
+        """Each partition's committed end, as the WAL's release asks it; a deleted topic's items
+        are never needed again."""
         live = {bytes.fromhex(t.topic_id) for t in self.topics.values()}
         committed = self.flusher.committed
 
         def committed_below(key: PartitionKey) -> int:
             return committed.get(key, 0) if key[0] in live else _NEVER
 
-        self.wal.release(committed_below)
+        return committed_below
+
+    def _release_wal(self) -> None:
+        self.wal.release(self._committed_below())
         self.metrics.wal_segments.set(self.wal.segment_count())
         self.metrics.wal_backlog_bytes.set(self.backlog_bytes)
 

@@ -48,10 +48,12 @@ def recover(wal: Wal, layout: Layout, topics: list[TopicConfig], dedup: DedupInd
     names = {bytes.fromhex(t.topic_id): t.name for t in topics}
     damage = find_damage(report.items, committed, names, report.corrupt)
     assigned, unflushed, pending = replay_plan(report.items, committed, names)
-    rebuild_dedup(dedup, layout, topics, report.records, report.chunks, committed, window_s=dedup_window_s)
     log.info("recovered: %d WAL records, %d not yet in Delta, %d torn bytes (%d of the records in %d batch "
              "chunks)", len(report.records) + sum(c.rows for c in report.chunks), pending, report.torn_bytes,
              sum(c.rows for c in report.chunks), len(report.chunks))
+    del report  # what is in the tables already goes before the dedup index's rebuild reads them
+    rebuild_dedup(dedup, layout, topics, [r for r in unflushed if isinstance(r, Record)],
+                  [c for c in unflushed if isinstance(c, Chunk)], committed, window_s=dedup_window_s)
     return Recovered(committed, assigned, unflushed, damage)
 
 

@@ -339,11 +339,26 @@ class Wal:
         with self._sealed_lock:
             return len(self._sealed) + (1 if self._active else 0)
 
-    def close(self) -> None:
+    def close(self, committed_below: Callable[[PartitionKey], int] | None = None) -> None:
+        """Close the active segment. Given `committed_below` (a clean stop, with everything
+        flushed), first delete what is committed, and empty the active segment too when it is the
+        only one left and all of it is committed: the next start then reads nothing it would
+        only skip. (It stays, empty, so segment numbers keep growing.)"""
+        if committed_below is not None:
+            self.release(committed_below)
         with self._lock:
-            if self._fd >= 0:
-                os.close(self._fd)
-                self._fd = -1
+            if self._fd < 0:
+                return
+            active = self._active
+            with self._sealed_lock:
+                alone = not self._sealed
+            if committed_below is not None and active is not None and alone and all(
+                    offset < committed_below(key) for key, offset in active.max_offsets.items()):
+                os.ftruncate(self._fd, 0)
+                if self.fsync:
+                    os.fsync(self._fd)
+            os.close(self._fd)
+            self._fd = -1
 
 
 _IOV_MAX = 1024  # Linux's limit on the pieces of one pwritev
