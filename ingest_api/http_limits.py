@@ -26,10 +26,9 @@ takes a request before uvicorn's code does: `_begin_message`, `_take_head`, `_co
 from __future__ import annotations
 
 import asyncio
-from typing import cast
 
 import orjson
-from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol, RequestResponseCycle
+from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
 from lakebroker.ingest_api.limits import MAX_HEADER_BYTES
 from lakebroker.ingest_api.responses import Answer, json_answer
@@ -181,7 +180,7 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
             # uvicorn's on_body, without its pause at 64 KiB and its wake-up of the app per read:
             # the app's receive() wakes once, at on_message_complete, with the whole body. The body
             # is a bytearray, so each read appends in place (linear in the body, not quadratic).
-            cast(RequestResponseCycle, cycle).body += body
+            cycle.body += body
             return
         super().on_body(body)
 

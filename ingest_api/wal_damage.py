@@ -98,6 +98,10 @@ class HeldPartitions:
     def all(self) -> list[Damage]:
         return [d for held in self._held.values() for d in held]
 
+    def firsts(self) -> list[Damage]:
+        """Each held partition's first loss: where it is held."""
+        return [held[0] for held in self._held.values()]
+
     def lost(self, key: PartitionKey) -> int:
         """Offsets WAL damage cost the partition that no skip has recorded yet."""
         return sum(d.count for d in self._held.get(key, ()))

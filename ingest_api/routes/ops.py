@@ -30,8 +30,7 @@ async def readyz(broker: BrokerDep) -> JSONBytes:
         problems.append("Delta commits are failing (see logs); messages wait in the WAL")
     if broker.backlog_bytes > broker.settings.max_backlog_bytes:
         problems.append("WAL backlog is over max_backlog_bytes")
-    for held in broker.damage.values():
-        damage = held[0]
+    for damage in broker.damage.firsts():
         problems.append(f"{damage.describe()}: the partition is held until `lakebroker wal skip {damage.topic} "
                         f"{damage.partition}` records the loss and moves it on")
     if problems:

@@ -123,12 +123,12 @@ async def test_a_send_cancelled_before_it_ran_gives_its_window_slot_back(tmp_pat
     try:
         await until(lambda: len(receiver.messages()) >= 5, "the first messages are delivered")
         pipeline = w._running[("hooks", 0)].pipeline
-        window = pipeline.endpoint.window
+        window = pipeline.sending.endpoint.window
         await until(lambda: window.in_flight == 0, "the first sends are done")
-        pipeline.endpoint.backing_off_until = time.monotonic() + 3600  # hold the next ones in the queue
+        pipeline.sending.endpoint.backing_off_until = time.monotonic() + 3600  # hold the next ones in the queue
         await asyncio.to_thread(produce, settings, "t", 0, 5)
         await until(lambda: len(pipeline.queue) > 0, "the next messages are read and queued")
-        pipeline.endpoint.backing_off_until = 0.0
+        pipeline.sending.endpoint.backing_off_until = 0.0
         pipeline.sending.dispatch()  # takes a slot, creates a send task that has not run yet
         assert window.in_flight == 1 and pipeline.status.in_flight == 1
         await pipeline.stop()  # cancels it before its first step
