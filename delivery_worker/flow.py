@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Awaitable, Callable
 
 
 class ByteBudget:
@@ -19,13 +20,16 @@ class ByteBudget:
 
 
 class TokenBucket:
-    """At most `rate` sends per second on average, with bursts of at most `burst`."""
+    """At most `rate` sends per second on average, with bursts of at most `burst`. `clock` and
+    `sleep` are the event loop's own unless a test gives its schedule's."""
 
-    def __init__(self, rate: float | None, burst: float | None = None) -> None:
+    def __init__(self, rate: float | None, burst: float | None = None, *, clock: Callable[[], float] = time.monotonic,
+                 sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> None:
         self.rate = rate
         self.burst = max(1.0, burst if burst is not None else (rate or 1) / 10)
+        self._clock, self._sleep = clock, sleep
         self._tokens = self.burst
-        self._stamp = time.monotonic()
+        self._stamp = clock()
         self._lock = asyncio.Lock()
 
     async def take(self, n: int = 1) -> None:
@@ -33,13 +37,13 @@ class TokenBucket:
             return
         async with self._lock:  # first come, first served
             while True:
-                now = time.monotonic()
+                now = self._clock()
                 self._tokens = min(self.burst, self._tokens + (now - self._stamp) * self.rate)
                 self._stamp = now
                 if self._tokens >= n or (n > self.burst and self._tokens >= self.burst):
                     self._tokens -= n
                     return
-                await asyncio.sleep((min(n, self.burst) - self._tokens) / self.rate)
+                await self._sleep((min(n, self.burst) - self._tokens) / self.rate)
 
 
 class AdaptiveWindow:

@@ -22,7 +22,7 @@ import asyncio
 import ipaddress
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Annotated, Any, Final, Literal
@@ -79,13 +79,21 @@ def is_loopback(host: str) -> bool:
         return False  # another host name: it may resolve to anything
 
 
-class Authenticator:
-    """Checks bearer tokens against a cached read of the token table, refreshed every `max_age_s`."""
+def _utc_now() -> datetime:
+    return datetime.now(UTC)
 
-    def __init__(self, store: TokenStore, enforced: bool, max_age_s: float) -> None:
+
+class Authenticator:
+    """Checks bearer tokens against a cached read of the token table, refreshed every `max_age_s`.
+    `clock` times the cache and `now` judges expiry: the system's unless a test gives its own."""
+
+    def __init__(self, store: TokenStore, enforced: bool, max_age_s: float, *,
+                 clock: Callable[[], float] = time.monotonic, now: Callable[[], datetime] = _utc_now) -> None:
         self.store = store
         self.enforced = enforced
         self.max_age_s = max_age_s
+        self.clock = clock
+        self.now = now
         self._tokens = TokenSet({})
         self._loaded_at = -float("inf")
         self._lock = asyncio.Lock()
@@ -95,7 +103,7 @@ class Authenticator:
             log.warning("auth is off: every route answers without a token (setting auth)")
             return
         await self._refresh()
-        now = datetime.now(UTC)
+        now = self.now()
         active = sum(1 for t, _ in self._tokens.tokens.values() if t.status(now) == "active")
         if active == 0:
             log.warning("auth is required and no active token exists: every route but /healthz and /readyz "
@@ -107,7 +115,7 @@ class Authenticator:
         principal = self.authenticate_now(token)
         if principal is None:
             await self._refresh()
-            principal = self._tokens.authenticate(token or "")
+            principal = self._tokens.authenticate(token or "", self.now())
         return principal
 
     def authenticate_now(self, token: str | None) -> ApiToken | None:
@@ -116,15 +124,15 @@ class Authenticator:
             return OPEN_ACCESS
         if not token:
             raise Unauthenticated("this route needs an API token: send `Authorization: Bearer lbk_...`")
-        if time.monotonic() - self._loaded_at > self.max_age_s:
+        if self.clock() - self._loaded_at > self.max_age_s:
             return None
-        return self._tokens.authenticate(token)
+        return self._tokens.authenticate(token, self.now())
 
     async def _refresh(self) -> None:
         async with self._lock:
-            if time.monotonic() - self._loaded_at <= self.max_age_s:
+            if self.clock() - self._loaded_at <= self.max_age_s:
                 return  # another request refreshed while this one waited
-            started = time.monotonic()
+            started = self.clock()
             try:
                 version = await asyncio.to_thread(self.store.version)
                 if version is None or version != self._tokens.version:

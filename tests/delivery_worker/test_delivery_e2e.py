@@ -111,10 +111,11 @@ def test_rate_limit_is_respected(client: TestClient, orders: str, receiver: Rece
     produce(client, 120)
     receiver.wait_for(lambda: len(receiver.messages()) >= 120, timeout=30)
     times = sorted(r.at for r in receiver.received)
-    # Skip the initial burst allowance; the steady rate must be within 10 % of the limit.
+    # Past the initial burst allowance the limit holds end to end: never faster (a busy host may
+    # make it slower; the bucket's exact schedule is test_policies.py's).
     steady = times[10:]
     rate = (len(steady) - 1) / (steady[-1] - steady[0])
-    assert 36 <= rate <= 44, rate
+    assert rate <= 44, rate
 
 
 def test_410_disables_the_endpoint_visibly(client: TestClient, orders: str, receiver: Receiver) -> None:

@@ -7,10 +7,13 @@ import asyncio
 import contextlib
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
+import pytest
 from deltalake import DeltaTable
 
+from lakebroker.delivery_worker.source import PartitionSource
 from lakebroker.ingest_api.reader import read_messages
 from lakebroker.tables import delta
 from lakebroker.tables.layout import Layout
@@ -21,7 +24,16 @@ from tests.receivers import Receiver
 from tests.spark_pipeline.topics import create_topic, produce
 
 
-async def _deliver_around_a_hole(tmp_path: Path, receiver: Receiver, policy: str) -> tuple[list[int], str | None]:
+async def _deliver_around_a_hole(tmp_path: Path, receiver: Receiver, policy: str,
+                                 monkeypatch: pytest.MonkeyPatch) -> tuple[list[int], str | None]:
+    reads: list[int] = []  # the first offset of each read the pipeline makes
+    read = PartitionSource.read
+
+    def counted(source: PartitionSource, start: int, end: int) -> tuple[list[dict[str, Any]], int]:
+        reads.append(start)
+        return read(source, start, end)
+
+    monkeypatch.setattr(PartitionSource, "read", counted)
     data = tmp_path / "data"
     settings = worker_settings(data)
     create_topic(settings, "t", partitions=1, cleanup_policy=policy)
@@ -36,7 +48,9 @@ async def _deliver_around_a_hole(tmp_path: Path, receiver: Receiver, policy: str
         else:
             await until(lambda: "missing offsets" in (getattr(running.status("hooks").get(0), "last_error", None)
                                                       or ""), "the gap is reported in the partition's status")
-            await asyncio.sleep(0.3)  # several poll intervals: nothing past the hole may go out meanwhile
+            # Three more tries at the hole (a poll interval apart): nothing past it may go out meanwhile.
+            tried = len(reads)
+            await until(lambda: len(reads) >= tried + 3, "the pipeline tries the hole again")
         status = running.status("hooks")[0]
         return [m["offset"] for m in receiver.messages()], status.last_error
     finally:
@@ -45,14 +59,16 @@ async def _deliver_around_a_hole(tmp_path: Path, receiver: Receiver, policy: str
             await task
 
 
-async def test_delivery_stops_at_a_hole_in_a_topic_that_is_not_compacted(tmp_path: Path, receiver: Receiver) -> None:
-    delivered, error = await _deliver_around_a_hole(tmp_path, receiver, "delete")
+async def test_delivery_stops_at_a_hole_in_a_topic_that_is_not_compacted(tmp_path: Path, receiver: Receiver,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    delivered, error = await _deliver_around_a_hole(tmp_path, receiver, "delete", monkeypatch)
     assert sorted(delivered) == [0, 1], f"delivered {delivered}: past the hole, or not up to it"
     assert error is not None and "missing offsets 2-3" in error
 
 
-async def test_delivery_passes_holes_that_key_compaction_made(tmp_path: Path, receiver: Receiver) -> None:
-    delivered, _ = await _deliver_around_a_hole(tmp_path, receiver, "compact")
+async def test_delivery_passes_holes_that_key_compaction_made(tmp_path: Path, receiver: Receiver,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    delivered, _ = await _deliver_around_a_hole(tmp_path, receiver, "compact", monkeypatch)
     assert sorted(delivered) == [0, 1, 4, 5]
 
 

@@ -3,7 +3,6 @@ from __future__ import annotations
 import asyncio
 import random
 import re
-import time
 from datetime import UTC, datetime, timedelta
 from email.utils import format_datetime
 
@@ -34,13 +33,42 @@ def test_retry_after_parsing() -> None:
     assert parse_retry_after("soon") is None and parse_retry_after(None) is None
 
 
+class FakeClock:
+    """The bucket's clock and sleep: a sleep moves the clock, so the schedule is exact."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+        self.sleeps: list[float] = []
+
+    def __call__(self) -> float:
+        return self.now
+
+    async def sleep(self, seconds: float) -> None:
+        self.sleeps.append(seconds)
+        self.now += seconds
+
+
 async def test_token_bucket_rate() -> None:
-    bucket = TokenBucket(rate=50, burst=1)
-    started = time.monotonic()
+    clock = FakeClock()
+    bucket = TokenBucket(rate=50, burst=1, clock=clock, sleep=clock.sleep)
     for _ in range(26):
         await bucket.take()
-    elapsed = time.monotonic() - started
-    assert 0.45 <= elapsed <= 0.75  # 25 waits at 20 ms
+    assert clock.sleeps == pytest.approx([0.02] * 25)  # the first goes at once, then one each 20 ms
+    assert clock.now - 100.0 == pytest.approx(0.5)
+
+
+async def test_token_bucket_refills_while_idle_up_to_its_burst() -> None:
+    clock = FakeClock()
+    bucket = TokenBucket(rate=10, burst=3, clock=clock, sleep=clock.sleep)
+    for _ in range(3):
+        await bucket.take()  # the burst: no wait
+    assert clock.sleeps == []
+    clock.now += 60  # idle for a minute: the bucket holds its burst, not 600 tokens
+    for _ in range(4):
+        await bucket.take()
+    assert clock.sleeps == pytest.approx([0.1])
+    await bucket.take(5)  # more than the burst: waits for a full bucket, then goes
+    assert clock.sleeps == pytest.approx([0.1, 0.3])
 
 
 async def test_adaptive_window_grows_and_halves() -> None:
