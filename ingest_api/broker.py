@@ -20,6 +20,7 @@ from datetime import UTC, datetime
 import numpy as np
 import pyarrow as pa
 
+from lakebroker.ingest_api.acks import Acks, highest_offsets
 from lakebroker.ingest_api.admission import Admission
 from lakebroker.ingest_api.chunks import BatchResults, Chunk, ColumnarBatch, chunk_bytes, split_by_bytes
 from lakebroker.ingest_api.dedup import DedupIndex, DedupKey, Placed, dedup_id
@@ -93,6 +94,7 @@ class Broker:
         self.wal = Wal(self.layout.wal_dir, segment_bytes=settings.wal_segment_bytes, fsync=settings.wal_fsync)
         self.flusher = Flusher(settings, self.layout, lambda: self.topics, metrics, self._release_wal)
         self.committer = GroupCommitter(self.wal, {}, self._durable, metrics)
+        self.acks = Acks(self.flusher, metrics)
         self.batch_turns = Turns()  # batch requests' CPU, one per loop pass (fairness to single messages)
         self._tasks: list[asyncio.Task[None]] = []
         self.damage = HeldPartitions(self.flusher.hold, metrics)  # partitions WAL damage holds, until skipped
@@ -215,7 +217,7 @@ class Broker:
                 waits.append((i, future))
         if pending:
             self.committer.submit(pending)
-        self.metrics.produced_to(topic.name, ack).inc(len(pending))
+        self.acks.queued(topic.name, ack, len(pending))
         if ack is _NONE:
             for i, future in waits:
                 if results[i].duplicate and future.done() and not future.exception():
@@ -226,15 +228,9 @@ class Broker:
         for i, future in waits:
             p, o, ts = future.result()  # re-raises StorageUnavailable for a group that failed
             results[i] = ProduceResult(p, o, results[i].duplicate, ts)
-        if duplicates := sum(1 for r in results if r.duplicate):
-            self.metrics.duplicates_to(topic.name).inc(duplicates)
         if ack is _TABLE:
-            highest: dict[int, int] = {}
-            for r in results:
-                assert r.offset is not None
-                highest[r.partition] = max(highest.get(r.partition, -1), r.offset)
-            await asyncio.gather(*(self.flusher.wait_committed((topic_id, p), o) for p, o in highest.items()))
-        self.metrics.produce_latency_of(ack).observe(time.perf_counter() - started)
+            await self.acks.in_table(topic_id, highest_offsets((r.partition, r.offset or 0) for r in results))
+        self.acks.answered(topic.name, ack, started, sum(1 for r in results if r.duplicate))
         return results
 
     async def produce_one(self, topic_name: str, message: NewMessage, ack: AckMode) -> ProduceResult:
@@ -251,8 +247,8 @@ class Broker:
         result = self.finish_one(one)
         if one.ack is _TABLE:
             assert result.offset is not None
-            await self.flusher.wait_committed((one.topic_id, result.partition), result.offset)
-            self.metrics.produce_latency_of(one.ack).observe(time.perf_counter() - one.started)
+            await self.acks.in_table(one.topic_id, {result.partition: result.offset})
+            self.acks.timed(one.ack, one.started)
         return result
 
     def start_one(self, topic_name: str, message: NewMessage, ack: AckMode,
@@ -273,7 +269,7 @@ class Broker:
         elif then is not None and original is not None and not original.done():
             original.add_done_callback(lambda _: then())
         # (`ack` is a str: it labels metrics as `ack.value` does, without the enum's slow property.)
-        self.metrics.produced_to(topic.name, ack).inc(0 if queued is None else 1)
+        self.acks.queued(topic.name, ack, 0 if queued is None else 1)
         return OneMessage(topic.name, topic_id, ack, started, result, queued, original)
 
     def finish_one(self, one: OneMessage) -> ProduceResult:
@@ -295,10 +291,7 @@ class Broker:
             result = ProduceResult(p, o, True, ts)
         else:
             result = one.result  # a duplicate of a message already durable
-        if result.duplicate:
-            self.metrics.duplicates_to(one.topic).inc()
-        if one.ack is not _TABLE:
-            self.metrics.produce_latency_of(one.ack).observe(time.perf_counter() - one.started)
+        self.acks.answered(one.topic, one.ack, one.started, 1 if result.duplicate else 0, timed=one.ack is not _TABLE)
         return result
 
     def _place(self, topic: TopicConfig, topic_id: bytes, m: NewMessage, partition: int, awaited: bool,
@@ -374,7 +367,7 @@ class Broker:
                 assert future is not None
                 future.add_done_callback(_settle_ids(mine))
             self.committer.submit([PendingChunk(chunk, future)])
-        self.metrics.produced_to(topic.name, ack.value).inc(len(kept))
+        self.acks.queued(topic.name, ack.value, len(kept))
         if ack is AckMode.NONE:
             for i, hit in waits:
                 if hit.done() and not hit.exception():
@@ -387,12 +380,10 @@ class Broker:
             results.timestamp_us[where] = chunk.timestamp_us
         for i, hit in waits:
             results.partition[i], results.offset[i], results.timestamp_us[i] = hit.result()
-        if duplicates := int(results.duplicate.sum()):
-            self.metrics.duplicates_to(topic.name).inc(duplicates)
         if ack is AckMode.TABLE:
             highest = {int(p): int(results.offset[results.partition == p].max()) for p in np.unique(results.partition)}
-            await asyncio.gather(*(self.flusher.wait_committed((topic_id, p), o) for p, o in highest.items()))
-        self.metrics.produce_latency_of(ack.value).observe(time.perf_counter() - started)
+            await self.acks.in_table(topic_id, highest)
+        self.acks.answered(topic.name, ack.value, started, int(results.duplicate.sum()))
         return results
 
     def _dedup_columns(self, topic: TopicConfig, ids: list[str | None], results: BatchResults, keep: np.ndarray,
