@@ -34,10 +34,11 @@ def test_retry_after_parsing() -> None:
 
 
 class FakeClock:
-    """The bucket's clock and sleep: a sleep moves the clock, so the schedule is exact."""
+    """The bucket's clock and sleep: a sleep moves the clock, so the schedule is exact (rates whose
+    waits are binary fractions keep the arithmetic exact too)."""
 
     def __init__(self) -> None:
-        self.now = 100.0
+        self.now = 0.0
         self.sleeps: list[float] = []
 
     def __call__(self) -> float:
@@ -50,25 +51,25 @@ class FakeClock:
 
 async def test_token_bucket_rate() -> None:
     clock = FakeClock()
-    bucket = TokenBucket(rate=50, burst=1, clock=clock, sleep=clock.sleep)
+    bucket = TokenBucket(rate=64, burst=1, clock=clock, sleep=clock.sleep)
     for _ in range(26):
-        await bucket.take()
-    assert clock.sleeps == pytest.approx([0.02] * 25)  # the first goes at once, then one each 20 ms
-    assert clock.now - 100.0 == pytest.approx(0.5)
+        await asyncio.wait_for(bucket.take(), 5)
+    assert clock.sleeps == [1 / 64] * 25  # the first goes at once, then one each 1/64 s
+    assert clock.now == 25 / 64
 
 
 async def test_token_bucket_refills_while_idle_up_to_its_burst() -> None:
     clock = FakeClock()
-    bucket = TokenBucket(rate=10, burst=3, clock=clock, sleep=clock.sleep)
+    bucket = TokenBucket(rate=8, burst=3, clock=clock, sleep=clock.sleep)
     for _ in range(3):
-        await bucket.take()  # the burst: no wait
+        await asyncio.wait_for(bucket.take(), 5)  # the burst: no wait
     assert clock.sleeps == []
-    clock.now += 60  # idle for a minute: the bucket holds its burst, not 600 tokens
+    clock.now += 60  # idle for a minute: the bucket holds its burst, not 480 tokens
     for _ in range(4):
-        await bucket.take()
-    assert clock.sleeps == pytest.approx([0.1])
-    await bucket.take(5)  # more than the burst: waits for a full bucket, then goes
-    assert clock.sleeps == pytest.approx([0.1, 0.3])
+        await asyncio.wait_for(bucket.take(), 5)
+    assert clock.sleeps == [1 / 8]
+    await asyncio.wait_for(bucket.take(5), 5)  # more than the burst: waits for a full bucket, then goes
+    assert clock.sleeps == [1 / 8, 3 / 8]
 
 
 async def test_adaptive_window_grows_and_halves() -> None:
