@@ -260,7 +260,7 @@ def run(quick: bool) -> str:
     lines += [
         "",
         "`DedupIndex` keeps in memory, per id, the low 32 bits of its 128-bit hash and its ring position in a "
-        "slot table at most 3/4 full; the full hash and the placement are 40-byte records in a ring file "
+        "slot table at most half full; the full hash and the placement are 40-byte records in a ring file "
         "beside the WAL (`data/dedup/`), read only when those 32 bits match. Its memory is mapped at its full "
         "size and becomes resident as ids arrive: nothing is copied to grow. CPU times are from a shared "
         "machine: compare the rows of one run.",

@@ -5,7 +5,7 @@ is bounded by a time window and an entry count, and is rebuilt at start from the
 Delta table, so a retry after a restart still gets the original answer.
 
 At the default of 2M ids a dict of tuples and strings would take about 0.8 GB, so a placed id
-is kept as fixed-width numbers (`DedupIndex`): about 9 bytes an id in memory, and its 128-bit
+is kept as fixed-width numbers (`DedupIndex`): about 12 bytes an id in memory, and its 128-bit
 hash and placement in a ring file beside the WAL.
 """
 
@@ -77,8 +77,8 @@ class DedupIndex:
     """Placed ids live at ring positions [tail, tail + count) modulo max_entries, oldest first.
 
     In memory, per id: its tag (the low 32 bits of the hash) at its ring position, and that
-    position in an open-addressing slot table at most 3/4 full, whose home slot is a function of
-    the tag, so an entry can be moved or deleted without its full hash (about 9 bytes an id).
+    position in an open-addressing slot table at most half full, whose home slot is a function of
+    the tag, so an entry can be moved or deleted without its full hash (about 12 bytes an id).
     The full hash and the placement (40 bytes) are records in a ring file at the same position,
     read only when a tag matches: a retried send, about one in 4 billion others. The file's pages
     sit in the page cache, not in the process. The newest block of records is kept in memory and

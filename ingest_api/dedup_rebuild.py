@@ -79,7 +79,7 @@ def _has_id() -> pc.Expression:
 def _times(table: DeltaTable, since_us: int) -> np.ndarray:
     """The log-append times (epoch µs) of a table's rows that carry an id, from `since_us` on."""
     where = (pc.field("timestamp") >= delta.timestamp_literal(since_us)) & _has_id()
-    parts = [b["timestamp"].cast(pa.int64()).to_numpy() for b in delta.read_batches(table, where, _ID_COLUMNS)]
+    parts = [b["timestamp"].cast(pa.int64()).to_numpy() for b in delta.read_batches(table, where, ["timestamp"])]
     return np.concatenate(parts) if parts else np.empty(0, np.int64)
 
 
