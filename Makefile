@@ -67,10 +67,10 @@ bench-quick: setup
 # The fault-injection suite's long form: 20 crash cycles, then its figures for docs/benchmarks.md.
 fault: setup
 	LAKEBROKER_CRASH_CYCLES=20 $(PY) -m pytest -p no:cacheprovider -q -m fault
-	$(PY) -m bench.faults --cycles 20
+	$(PY) -m bench.run --only faults
 
 # Ten minutes of mixed load with SIGKILLs, topic churn, Spark jobs and a failing receiver; then every
-# message is accounted for. Writes docs/benchmarks-soak.md and the Soak section of docs/benchmarks.md.
+# message is accounted for. Writes bench/results/soak.json and renders docs/benchmarks.md again.
 soak: setup
 	$(PY) -m bench.soak --minutes 10 $(SOAK_ARGS)
 

@@ -19,3 +19,4 @@ for package, folder in mapping.items():
         os.symlink(f"{root}/{folder}", f"{tree}/{package.replace('.', '/')}")
 PY
 ln -s "$ROOT/clients/python/lakebroker_client" "$TREE/lakebroker_client"
+ln -s "$ROOT/bench" "$TREE/bench"

@@ -145,7 +145,7 @@ def open_table(uri: str) -> DeltaTable | None:
 
 # delta-rs (1.6) keeps an open table's file list as one Arrow batch per commit it applied since it
 # was loaded (its own writes and update_incremental alike), and every commit re-scans them all: a
-# handle kept open for N commits pays CPU in N at each commit (bench/commit_cost.py: 30 ms per
+# handle kept open for N commits pays CPU in N at each commit (docs/decisions/0009: 30 ms per
 # flush commit when fresh, 110 ms after 500). A fresh load starts from the newest checkpoint, so
 # handles kept across commits are reloaded after this many: at most ~8 ms of growth, and one load
 # (~30 ms) per 50 commits.

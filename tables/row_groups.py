@@ -8,7 +8,7 @@ file was one row group, and reading 1,000 rows from the middle of it decoded the
 4 MiB keeps such a read to at most two row groups of a few thousand rows each: a few milliseconds,
 which smaller groups barely improve on, while each group costs footer metadata that every open
 parses (~1.5 KB; 32 groups in a 128 MB file). Scans of whole files are as fast either way
-(`python -m bench.read_amplification`, docs/benchmarks.md).
+(`python -m bench.run --only read_amplification`, docs/benchmarks.md).
 
 The two writers measure differently. Spark (spark_pipeline/session.py) counts a row group's
 encoded, compressed bytes, so one may decode to more where values compress; delta-rs bounds rows

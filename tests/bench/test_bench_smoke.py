@@ -1,9 +1,10 @@
-"""The benchmark harness in its tiny mode: it runs end to end and writes a complete report.
+"""The benchmark harness in its tiny mode: each ingest scenario runs end to end and returns its data, the
+runner keeps a failed scenario's last good result, and the page renders from the JSON results.
 
-No timing is asserted: the figures of a few-second run on a shared machine mean nothing. What
-is checked is that every benchmark produced positive numbers, the markdown holds every section
-and the plots, fragments from other engineers' modules are merged, and docs/benchmarks.md is
-left alone (everything goes to tmp_path).
+No timing is asserted: the figures of a few-second run on a shared machine mean nothing. What is checked
+is that every scenario produced positive numbers and its checks, the results round-trip through JSON, the
+page holds every scenario's declaration and figures, and docs/benchmarks.md and bench/results are left alone
+(everything goes to tmp_path).
 """
 
 from __future__ import annotations
@@ -16,76 +17,130 @@ import orjson
 import pytest
 import uvicorn
 
-from bench import baseline_app
-from bench.procs import REPO
-from bench.run import External, external_fragment, run
-from bench.sampler import Sampler
+from bench.harness import baseline_app, plots
+from bench.harness.sampler import Sampler
+from bench.report import render
+from bench.result import REPO, RESULTS_DIR, Check, Result, Scenario
+from bench.run import measure_in_process, run
+from bench.scenarios import ORDER, every, scenario
 
 pytestmark = pytest.mark.timeout(300)
 
 REAL_REPORT = REPO / "docs" / "benchmarks.md"
+INGEST = ("single_produce", "batch_produce", "flush", "produce_to_table", "profile")
 
 
 def _snapshot(path: Path) -> bytes | None:
     return path.read_bytes() if path.exists() else None
 
 
-def test_tiny_run_writes_every_section_with_positive_figures(tmp_path: Path) -> None:
-    before = _snapshot(REAL_REPORT)
-    docs = tmp_path / "docs"
-    docs.mkdir()
-    (docs / "benchmarks-spark.md").write_text("# Spark jobs\n\nspark-fragment-marker\n")
-    out = docs / "benchmarks.md"
-
-    results = run("tiny", out, docs / "img", docs, external=False, command="pytest tests/bench")
-
-    assert results.errors == []
-    assert results.single is not None and results.single.points
-    for point in results.single.points:
-        assert point.baseline.rps > 0 and point.broker.ok_rps > 0 and point.broker.cpu_s > 0
-    assert all(m.rps > 0 for _, m in results.single.decomposition)
-    assert results.batch is not None and all(row.msg_s > 0 for row in results.batch.rows)
-    assert results.batch.server_metrics["lakebroker_flush_batch_records_sum"] > 0
-    assert results.flush and all(r.flush_rows_s > 0 and r.floor_rows_s > 0 for r in results.flush)
-    assert results.visibility
-    for v in results.visibility:
-        assert v.acked > 0 and v.not_visible == 0
-        assert v.visible_s and min(v.visible_s) > 0
-    assert results.profiles and all(s.samples > 0 and s.main_seconds > 0 for s in results.profiles)
-    # serve's peak RSS in each benchmark's server: a real reading (a Python process is tens of MB).
-    peaks = [results.single.peak_rss_mb, results.batch.peak_rss_mb, *(v.peak_rss_mb for v in results.visibility)]
-    assert all(mb is not None and 20 < mb < 24_000 for mb in peaks), peaks
-
-    text = out.read_text()
-    for heading in ("## Summary", "## 1. Single-message produce", "## 2. Batch produce", "## 3. WAL→Delta flush",
-                    "## 4. Produce → visible in Delta", "## Profiles of the server under load",
-                    "## How it was measured", "## Machine", "## Spark jobs"):
-        assert heading in text
-    assert "spark-fragment-marker" in text
-    assert "| 7. ingest memory: serve's peak RSS | single produce " in text
-    assert text.count("## Spark jobs") == 1  # the fragment's own "# Spark jobs" is not a second heading
-    for png in ("produce_throughput.png", "produce_to_table_cdf.png"):
-        assert (docs / "img" / png).stat().st_size > 1000
-        assert f"img/{png}" in text
-    assert _snapshot(REAL_REPORT) == before
+def _results_snapshot() -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in RESULTS_DIR.glob("*.json")} if RESULTS_DIR.exists() else {}
 
 
-def test_an_external_module_is_run_and_a_fragment_file_is_the_fallback(tmp_path: Path,
+def test_every_scenario_declares_what_it_measures() -> None:
+    assert [s.name for s in every()] == list(ORDER)
+    for s in every():
+        assert s.title
+        for part in (s.setup, s.load, s.metric, s.target):
+            assert len(part) > 20, (s.name, part)
+        assert callable(s.measure)
+
+
+def test_tiny_ingest_scenarios_return_positive_figures_and_the_page_renders(tmp_path: Path) -> None:
+    before, kept = _snapshot(REAL_REPORT), _results_snapshot()
+    results = {name: measure_in_process(scenario(name), "tiny") for name in INGEST}
+
+    single = results["single_produce"].figures
+    assert single["points"] and all(p["baseline_rps"] > 0 and p["broker_ok_rps"] > 0 and p["broker_cpu_s"] > 0
+                                    for p in single["points"].values())
+    assert all(v > 0 for v in single["decomposition"].values())
+    batch = results["batch_produce"].figures
+    assert batch["rows"] and all(r["msg_s"] > 0 and r["errors"] == 0 for r in batch["rows"])
+    assert batch["server"]["rows"] > 0 and batch["server"]["commits"] > 0
+    assert all(r["flush_rows_s"] > 0 and r["floor_rows_s"] > 0 for r in results["flush"].figures["rows"])
+    for v in results["produce_to_table"].figures["runs"]:
+        assert v["acked"] > 0 and v["not_visible"] == 0 and v["visible_s"] and min(v["visible_s"]) > 0
+    assert all(p["samples"] > 0 and p["main_seconds"] > 0 for p in results["profile"].figures["profiles"])
+    # serve's peak RSS in each server: a real reading (a Python process is tens of MB)
+    peaks = [c.value for r in results.values() for c in r.checks if c.unit == "MB"]
+    assert len(peaks) == 3 and all(20 < mb < 24_000 for mb in peaks), peaks
+    for name in ("single_produce", "batch_produce", "flush", "produce_to_table"):
+        assert results[name].checks, name
+        assert results[name].tables and all(t.rows for t in results[name].tables), name
+
+    out = tmp_path / "results"
+    out.mkdir()
+    for name, result in results.items():
+        again = Result.from_json(result.to_json())
+        assert again == result, name
+        (out / f"{name}.json").write_bytes(result.to_json())
+    page = render(every(), out, failed={"big_bodies": "exit 1: boom"})
+    for s in every():
+        assert f"## {s.title}" in page and s.setup in page
+    for result in results.values():
+        for check in result.checks:
+            assert check.name in page and check.shown(check.value) in page
+    assert "_No result yet: this run's attempt failed (exit 1: boom); run `make bench` to measure it._" in page
+    assert "run `make soak` to measure it." in page
+    assert results["batch_produce"].tables[0].rows[0][0] in page
+    assert _snapshot(REAL_REPORT) == before and _results_snapshot() == kept
+
+    points = single["points"]
+    png = tmp_path / "throughput.png"
+    plots.throughput([int(c) for c in points], [p["baseline_rps"] for p in points.values()],
+                     [p["broker_ok_rps"] for p in points.values()], 0.5, png)
+    cdf = tmp_path / "cdf.png"
+    plots.visibility_cdf([(v["label"], v["visible_s"]) for v in results["produce_to_table"].figures["runs"]], 1.0,
+                         cdf)
+    assert png.stat().st_size > 1000 and cdf.stat().st_size > 1000
+
+
+def _passes(mode: str, work: Path) -> Result:
+    return Result("fake", checks=[Check("answers", 3.0, "x", 2.0)], notes=[f"mode={mode}"])
+
+
+def _fails(mode: str, work: Path) -> Result:
+    raise RuntimeError("no spark here")
+
+
+def _hangs(mode: str, work: Path) -> Result:
+    time.sleep(600)
+    raise AssertionError("unreachable")
+
+
+PASSES = Scenario("fake_passes", "Passes", "set-up text", "load text", "metric text", "target text", _passes)
+FAILS = Scenario("fake_fails", "Fails", "set-up text", "load text", "metric text", "target text", _fails)
+HANGS = Scenario("fake_hangs", "Hangs", "set-up text", "load text", "metric text", "target text", _hangs,
+                 timeout_s=3)
+
+
+def test_a_failed_scenario_keeps_its_last_result_and_the_page_says_so(tmp_path: Path,
                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
-    (tmp_path / "fake_bench_ok.py").write_text("def run(quick):\n    return f'# Fake\\n\\nquick={quick}'\n")
-    (tmp_path / "fake_bench_broken.py").write_text("def run(quick):\n    raise RuntimeError('no spark here')\n")
-    (tmp_path / "broken.md").write_text("# Old figures\n\nfrom-the-file\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
-    env = {"PYTHONPATH": f"{tmp_path}:{REPO}"}
+    results, page = tmp_path / "results", tmp_path / "benchmarks.md"
+    results.mkdir()
+    old = Result("fake_fails", notes=["the-last-good-figures"]).stamp("full", 1.0)
+    (results / "fake_fails.json").write_bytes(old.to_json())
+    module = "tests.bench.test_bench_smoke"
+    declared = {f"{module}:{attr}": getattr(__import__(module, fromlist=[attr]), attr)
+                for attr in ("PASSES", "FAILS", "HANGS")}
+    monkeypatch.setattr("bench.run.every", lambda: list(declared.values()))
+    monkeypatch.setattr("bench.run.scenario", lambda name: declared[name])
 
-    ok = external_fragment(External("fake_bench_ok", "none.md", "Fake"), tmp_path, True, 60, env=env)
-    assert ok == ("Fake", "quick=True")  # the fragment's own "# Fake" title is the section's heading
+    failed = run("full", list(declared), page, results, "pytest")
 
-    broken = external_fragment(External("fake_bench_broken", "broken.md", "Broken"), tmp_path, True, 60, env=env)
-    assert broken is not None and "from-the-file" in broken[1] and "failed" in broken[1]
-
-    missing = external_fragment(External("no_such_bench_module", "absent.md", "Absent"), tmp_path, True, 60)
-    assert missing is None
+    assert set(failed) == {"fake_fails", "fake_hangs"}
+    assert "RuntimeError: no spark here" in failed["fake_fails"]
+    assert failed["fake_hangs"] == "did not finish within 3 s"
+    fresh = Result.from_json((results / "fake_passes.json").read_bytes())
+    assert fresh.notes == ["mode=full"] and fresh.checks[0].met and fresh.commit
+    assert Result.from_json((results / "fake_fails.json").read_bytes()) == old  # kept, not overwritten
+    assert not (results / "fake_hangs.json").exists()
+    text = page.read_text()
+    assert "the-last-good-figures" in text and "these figures are its last good run's" in text
+    assert "| [Passes](#passes) | answers | 3.00x | ≥ 2.00x |  | **met** |" in text
+    assert "_No result yet: this run's attempt failed (did not finish within 3 s)" in text
+    assert orjson.loads((results / "_run.json").read_bytes())["command"] == "pytest"
 
 
 def test_the_baseline_runs_under_the_servers_uvicorn_settings(tmp_path: Path,

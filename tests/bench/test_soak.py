@@ -1,4 +1,4 @@
-"""The soak (bench/soak.py): its short form end to end, and how its report joins docs/benchmarks.md.
+"""The soak (bench/soak/): its short form end to end, and the Result its counts make.
 
 The short form is about a minute of mixed produce (single, batch, REST v2) to four topics while
 serve and a delivery worker are SIGKILLed every 20 s, a topic is deleted and re-created, the
@@ -11,44 +11,127 @@ invariant of the soak must hold. Its Spark runs take most of its time: a few min
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
+import orjson
 import pytest
 
-from bench.run import EXTERNAL, external_fragment
-from bench.soak import run, splice
+import bench.soak.__main__ as soak_cli
+from bench.harness.machine import describe
+from bench.report import RUN_FILE, machine_dict
+from bench.result import Result
+from bench.scenarios.soak import MINUTES, SCENARIO
+from bench.soak.report import DELIVERY_RSS_MB, SoakReport, passed, to_result
+
+INVARIANTS = ("acknowledged messages lost from Delta", "ids stored more than once in Delta",
+              "partitions with offset gaps", "offsets neither delivered nor dead-lettered",
+              "subscription partitions stalled at the end of the drain", "verify-replica failures",
+              "delivery worker peak RSS")
 
 
 @pytest.mark.fault
 @pytest.mark.slow
 @pytest.mark.timeout(2700)
 def test_short_soak_accounts_for_every_message(tmp_path: Path) -> None:
-    report = run(1.0, kill_every_s=20.0, work=tmp_path / "soak")
-    print(report.markdown("pytest tests/bench/test_soak.py"))
-    assert report.problems == []
-    assert report.serve_kills >= 2 and report.worker_kills >= 2 and report.recreates >= 2
-    assert report.acked > 0 and report.delivered > 0
-    assert (report.duplicates, report.gaps, report.lost, report.skipped, report.retention_skips) == (0, 0, 0, 0, 0)
-    assert report.removed_by_retention > 0 or report.rows_removed.get("retention", 0) > 0
-    assert report.job_runs["key-compaction"].get("ok", 0) >= 1
-    assert report.replica_verified
+    assert MINUTES["quick"] == 1.0
+    result = SCENARIO.measure("quick", tmp_path / "soak")
+    for c in result.checks:
+        print(f"{c.name}: {c.shown(c.value)} (target {c.target_text})")
+    f = result.figures
+    assert f["problems"] == []
+    assert [c.name for c in result.checks if not c.met] == []
+    assert {c.name for c in result.checks} >= set(INVARIANTS)
+    assert passed(result)
+    assert f["serve_kills"] >= 2 and f["worker_kills"] >= 2 and f["recreates"] >= 2
+    assert f["acked"] > 0 and f["delivered"] > 0
+    assert (f["duplicates"], f["gaps"], f["lost"], f["skipped"], f["retention_skips"]) == (0, 0, 0, 0, 0)
+    assert f["removed_by_retention"] > 0 or f["rows_removed"].get("retention", 0) > 0
+    assert f["job_runs"]["key-compaction"].get("ok", 0) >= 1
+    assert f["replica_verified"]
+    assert 20 < f["delivery_peak_rss_mb"] <= DELIVERY_RSS_MB
 
 
-def test_splice_replaces_the_soak_section_or_appends_it(tmp_path: Path) -> None:
-    doc = tmp_path / "benchmarks.md"
-    doc.write_text("# Report\n\n## Delivery\n\nfast\n")
-    splice(doc, "Soak", "# Soak\n\nfirst run\n")  # the fragment's title becomes the section's heading
-    assert doc.read_text() == "# Report\n\n## Delivery\n\nfast\n\n## Soak\n\nfirst run\n"
-    doc.write_text(doc.read_text() + "\n## Later\n\nkept\n")
-    splice(doc, "Soak", "# Soak\n\nsecond run\n\n## Detail\n\nx\n")
-    assert doc.read_text() == ("# Report\n\n## Delivery\n\nfast\n\n## Soak\n\nsecond run\n\n### Detail\n\nx\n"
-                               "\n## Later\n\nkept\n")
+def _clean() -> SoakReport:
+    """The counts of a run in which every invariant holds."""
+    return SoakReport(minutes=1.0, seconds=300.0, acked=5_000, in_delta=4_000, removed_by_retention=900,
+                      compacted_away=100, expected_deliveries=5_000, delivered=4_950, delivered_more_than_once=12,
+                      dead_lettered=50, serve_kills=3, worker_kills=2, recreates=3, policy_patches=2,
+                      mixed_wal_restarts=2, silent_clients=[5.0] * 40, delivery_peak_rss_mb=420.0,
+                      job_starts={"retention": 2}, job_runs={"retention": {"ok": 1}}, rows_removed={"retention": 900},
+                      replica_verified=True, replica_output="replica verified\n")
 
 
-def test_make_bench_includes_the_soak_fragment_without_running_the_soak(tmp_path: Path) -> None:
-    (tmp_path / "benchmarks-soak.md").write_text("# Soak\n\nsoak-marker\n")
-    soak = next(ext for ext in EXTERNAL if ext.module == "bench.soak")
-    fragment = external_fragment(soak, tmp_path, quick=False, timeout=5)  # a real run would take minutes
-    assert fragment is not None
-    title, text = fragment
-    assert title == "Soak" and "soak-marker" in text and "failed" not in text and "stopped" not in text
+def test_a_run_whose_invariants_hold_meets_every_check() -> None:
+    result = to_result(_clean())
+    assert result.scenario == SCENARIO.name == "soak"
+    assert [c.name for c in result.checks if not c.met] == []
+    assert {c.name for c in result.checks} >= set(INVARIANTS)
+    assert passed(result) and "every invariant holds" in result.headlines[0]
+    rows = {row[0]: row[1] for row in result.tables[0].rows}
+    assert rows["messages acknowledged"] == "5,000" and rows["SIGKILLs of serve / of a worker"] == "3 / 2"
+    assert rows["silent clients after an early answer closed by the server / slowest"] == "40 of 40 / 5.0 s"
+    assert "retention: 2 started, 1 ok (900 rows removed)" in rows[
+        "job runs (scheduler; a run cut short by a SIGKILL of serve records no outcome)"]
+    assert result.figures["replica_tail"] == ["replica verified"]
+    again = Result.from_json(result.to_json())
+    assert again.checks == result.checks and again.figures["acked"] == 5_000
+
+
+@pytest.mark.parametrize(("change", "check"), [
+    ({"lost": 1}, "acknowledged messages lost from Delta"),
+    ({"duplicates": 2}, "ids stored more than once in Delta"),
+    ({"gaps": 1}, "partitions with offset gaps"),
+    ({"skipped": 3}, "offsets neither delivered nor dead-lettered"),
+    ({"wrong_content": 1}, "deliveries of another message than the table's"),
+    ({"retention_skips": 4}, "undelivered messages retention moved a group past"),
+    ({"stalled_partitions": 1}, "subscription partitions stalled at the end of the drain"),
+    ({"replica_verified": False}, "verify-replica failures"),
+    ({"delivery_peak_rss_mb": DELIVERY_RSS_MB + 1.0}, "delivery worker peak RSS"),
+    ({"silent_open": 1}, "silent clients not closed by the server within 15 s"),
+    ({"mixed_wal_restarts": 0}, "serve restarts whose WAL held batch chunks and singles of one partition"),
+    ({"policy_patches": 1}, "cleanup_policy PATCHes of `profiles` under load"),
+    ({"jobs_without_success": 1}, "required jobs with no successful run"),
+    ({"retention_idle": 1}, "topics with retention it removed nothing from"),
+    ({"jobs_wait_timed_out": 1}, "waits for the jobs after the drain that timed out"),
+])
+def test_each_violation_fails_its_own_check_and_the_soak(change: dict[str, object], check: str) -> None:
+    result = to_result(dataclasses.replace(_clean(), **change))  # type: ignore[arg-type]
+    assert [c.name for c in result.checks if not c.met] == [check]
+    assert not passed(result) and "FAILED (1 checks not met)" in result.headlines[0]
+    assert any(check in note for note in result.notes)
+
+
+def test_a_problem_no_check_counts_still_fails_the_soak() -> None:
+    result = to_result(dataclasses.replace(_clean(), problems=["something else went wrong"]))
+    assert all(c.met for c in result.checks) and not passed(result)
+    assert any("- something else went wrong" in note for note in result.notes)
+
+
+@pytest.mark.parametrize("ok", [True, False])
+def test_make_soak_writes_its_result_renders_the_page_and_exits_by_it(tmp_path: Path, ok: bool,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    report = _clean() if ok else dataclasses.replace(_clean(), lost=1, problems=["orders[0, 7]: lost"])
+    calls: list[tuple[float, Path, float]] = []
+
+    def fake_run(minutes: float, work: Path, *, kill_every_s: float) -> SoakReport:
+        calls.append((minutes, work, kill_every_s))
+        return report
+
+    monkeypatch.setattr(soak_cli, "run", fake_run)
+    monkeypatch.setattr(soak_cli, "every", lambda: [SCENARIO])  # the page of this scenario alone
+    results, out = tmp_path / "results", tmp_path / "benchmarks.md"
+    results.mkdir()
+    (results / RUN_FILE).write_bytes(orjson.dumps({"command": "make bench", "machine": machine_dict(describe())}))
+    with pytest.raises(SystemExit) as exited:
+        soak_cli.main(["--minutes", "1", "--kill-every", "20", "--work", str(tmp_path / "work"),
+                       "--results-dir", str(results), "--out", str(out)])
+    assert exited.value.code == (0 if ok else 1)
+    assert calls == [(1.0, tmp_path / "work", 20.0)]
+    result = Result.from_json(SCENARIO.result_path(results).read_bytes())
+    assert result.command == "python -m bench.soak --minutes 1 --kill-every 20" and result.commit
+    assert result.figures["acked"] == 5_000 and passed(result) is ok
+    page = out.read_text()
+    assert "## Soak" in page and "acknowledged messages lost from Delta" in page
+    assert ("**not met**" in page) is not ok
+    assert ("- orders[0, 7]: lost" in page) is not ok

@@ -1,8 +1,9 @@
 """SIGKILL the server during produce load, again and again: no acknowledged message is lost,
 none is duplicated, and every partition's offsets stay dense.
 
-CI runs a short form; LAKEBROKER_CRASH_CYCLES sets the cycle count, and `make fault`
-(bench/faults.py) runs the long form and records its figures in docs/benchmarks.md.
+CI runs a short form; LAKEBROKER_CRASH_CYCLES sets the cycle count. The long form is the benchmark
+scenario bench/scenarios/faults.py (`python -m bench.run --only faults`, also run by `make fault`), which
+records its figures in docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.faults import crash_cycles
+from bench.scenarios.faults import crash_cycles
 
 pytestmark = pytest.mark.fault
 CYCLES = int(os.environ.get("LAKEBROKER_CRASH_CYCLES", "3"))
