@@ -1,4 +1,4 @@
-"""Prometheus metrics of the ingest tier. Names are stable and listed in the README."""
+"""Prometheus metrics of the ingest tier. Names are stable and listed in docs/metrics.md."""
 
 from __future__ import annotations
 

@@ -1,10 +1,19 @@
-"""Prints the README's configuration table from the Settings class (the one source of truth)."""
+"""Writes the settings table of docs/configuration.md from the Settings class (the one source of truth).
+
+`python -m scripts.settings_table` rewrites the table between the page's settings markers;
+`--check` only compares, and exits 1 if the page is out of date."""
 
 from __future__ import annotations
 
 import contextlib
+import sys
+from pathlib import Path
 
 from lakebroker.tables.settings import PROJECT_ROOT, Settings
+
+# The page beside this script, not PROJECT_ROOT's: the checkout the script runs from.
+PAGE = Path(__file__).resolve().parent.parent / "docs" / "configuration.md"
+START, END = "<!-- settings -->\n", "<!-- /settings -->"
 
 
 def rows() -> list[str]:
@@ -18,15 +27,23 @@ def rows() -> list[str]:
     return out
 
 
-def update_readme() -> None:
-    """Rewrite the table between the README's settings markers."""
-    readme = PROJECT_ROOT / "README.md"
-    text = readme.read_text()
-    start, end = "<!-- settings -->\n", "<!-- /settings -->"
-    head, rest = text.split(start, 1)
-    _, tail = rest.split(end, 1)
-    readme.write_text(head + start + "\n".join(rows()) + "\n" + end + tail)
+def rendered(text: str) -> str:
+    """The page's text with the table between its settings markers made from the code."""
+    head, rest = text.split(START, 1)
+    _, tail = rest.split(END, 1)
+    return head + START + "\n".join(rows()) + "\n" + END + tail
+
+
+def main(argv: list[str]) -> int:
+    text = PAGE.read_text()
+    if "--check" in argv:
+        if rendered(text) != text:
+            print(f"{PAGE}: the settings table is out of date; run python -m scripts.settings_table", file=sys.stderr)
+            return 1
+        return 0
+    PAGE.write_text(rendered(text))
+    return 0
 
 
 if __name__ == "__main__":
-    update_readme()
+    sys.exit(main(sys.argv[1:]))

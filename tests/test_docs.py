@@ -1,6 +1,7 @@
-"""docs/*.md stay true to the code where they list what the code defines: offset reasons, the
-jobs' command lines, and what replication copies. (The SQL of docs/analysts.md runs in
-tests/spark_pipeline/test_analysts.py; the README in tests/test_readme.py.)"""
+"""docs/*.md stay true to the code where they list what the code defines: the settings, the metrics,
+the Spark jobs, offset reasons, the jobs' command lines and what replication copies; and every link
+between the README and the docs resolves. (The SQL of docs/analysts.md runs in
+tests/spark_pipeline/test_analysts.py; the README's own checks are in tests/test_readme.py.)"""
 
 from __future__ import annotations
 
@@ -9,13 +10,58 @@ import re
 from pathlib import Path
 
 import pytest
+from fastapi.testclient import TestClient
 
 from lakebroker.tables.job_runs import JobName
 from lakebroker.tables.offsets import OffsetReason
+from scripts.settings_table import rows
+from tests.receivers import Receiver
+from tests.waiting import eventually
 
-DOCS = Path(__file__).resolve().parent.parent / "docs"
+REPO = Path(__file__).resolve().parent.parent
+DOCS = REPO / "docs"
 ANALYSTS = (DOCS / "analysts.md").read_text()
 OPERATIONS = (DOCS / "operations.md").read_text()
+CONFIGURATION = (DOCS / "configuration.md").read_text()
+METRICS = (DOCS / "metrics.md").read_text()
+SPARK_JOBS = (DOCS / "spark-jobs.md").read_text()
+
+
+def between(text: str, marker: str) -> str:
+    return text.split(f"<!-- {marker} -->", 1)[1].split(f"<!-- /{marker} -->", 1)[0]
+
+
+def test_every_setting_is_in_the_configuration_table() -> None:
+    assert between(CONFIGURATION, "settings").strip().splitlines() == rows()
+
+
+def test_every_metric_in_the_metrics_page_appears_after_produce_and_deliver(client: TestClient, orders: str) -> None:
+    names = re.findall(r"^\| `(lakebroker_[a-z_]+)`", between(METRICS, "metrics"), flags=re.M)
+    assert len(names) >= 20
+    receiver = Receiver(behaviour=lambda n, body: (500, {}, 0.0) if body["offset"] == 0 else (200, {}, 0.0))
+    try:
+        assert client.post("/v1/subscriptions", json={"name": "hooks", "topic": "orders", "url": receiver.url,
+                                                      "start": "earliest", "max_attempts": 1}).status_code == 201
+        assert client.post("/v1/topics/orders/batch?ack=table", json={
+            "messages": [{"value": i, "partition": 0, "id": f"m{i}"} for i in range(5)]}).status_code == 200
+        duplicate = client.post("/v1/topics/orders/messages", json={"value": 0, "partition": 0, "id": "m0"})
+        assert duplicate.json()["duplicate"] is True
+        rejected = client.post("/v1/topics/orders/messages", json={"value": 1, "partition": 7})
+        assert rejected.status_code == 400, rejected.text
+        receiver.wait_for(lambda: len(receiver.messages()) == 4)
+        # The receiver records a message before its 2xx reaches the worker, which counts it then.
+        settled = ('lakebroker_dead_lettered_messages_total{subscription="hooks"} 1.0',
+                   'lakebroker_delivered_messages_total{subscription="hooks"} 4.0')
+        text = eventually(lambda: (t := client.get("/metrics").text) and all(s in t for s in settled) and t, 10,
+                          what=f"the settled samples {settled}", interval=0.1)
+    finally:
+        receiver.close()
+    samples = {line.split("{")[0].split(" ")[0] for line in text.splitlines() if line and not line.startswith("#")}
+    for name in names:
+        kinds = {name, f"{name}_bucket"}
+        assert kinds & samples, f"{name} has no sample in /metrics"
+    assert 'lakebroker_dead_lettered_messages_total{subscription="hooks"} 1.0' in text
+    assert 'lakebroker_delivered_messages_total{subscription="hooks"} 4.0' in text
 
 
 def test_analysts_lists_every_offset_reason() -> None:
@@ -43,3 +89,81 @@ def test_operations_says_which_tables_replication_copies() -> None:
     sentence = OPERATIONS.split("It copies every topic table and the system tables", 1)[1].split(". It does", 1)[0]
     assert set(re.findall(r"`(\w+)`", sentence)) == {*SNAPSHOT_TABLES, "consumer_offsets"}
     assert "tokens" in SNAPSHOT_TABLES  # the failover procedure counts on the clients' tokens coming along
+
+
+# -- the Spark jobs table of docs/spark-jobs.md --------------------------------------------------
+def spark_jobs_table() -> list[dict[str, str]]:
+    """docs/spark-jobs.md's table of jobs, one dict per row, keyed by the header's columns."""
+    lines = between(SPARK_JOBS, "spark-jobs").strip().splitlines()
+    split = lambda line: [cell.strip() for cell in line.strip().strip("|").split("|")]  # noqa: E731
+    header = split(lines[0])
+    return [dict(zip(header, split(line), strict=True)) for line in lines[2:]]
+
+
+def test_the_spark_jobs_table_matches_the_jobs_the_cli_and_the_scheduler() -> None:
+    import typer
+    import typer.main
+
+    from lakebroker import jobs_cli
+    from lakebroker.spark_pipeline.scheduler import JOBS
+    from lakebroker.tables.settings import Settings
+
+    table = spark_jobs_table()
+    modules = {row["module"].strip("`"): row for row in table}
+    job_files = {p.stem for p in (REPO / "spark_pipeline" / "jobs").glob("*.py")}
+    assert set(modules) == job_files - {"__init__", "common"}, "every job module has a row, and only they"
+
+    scheduled = {spec.module.rsplit(".", 1)[1]: spec for spec in JOBS}
+    for module, row in modules.items():
+        spec = scheduled.get(module)
+        if spec is None:  # not a scheduled job (verify_replica): no DAG, no interval
+            assert row["Airflow DAG (schedule)"] == row["in `serve`: setting (default)"] == "none", module
+            continue
+        default = Settings.model_fields[spec.interval_setting].default
+        assert row["in `serve`: setting (default)"].startswith(f"`{spec.interval_setting}` ({default})"), module
+        assert row["Airflow DAG (schedule)"].startswith(f"`lakebroker_{module}` ("), module  # run in tests/airflow_dags
+        assert row["job"].replace(" ", "-") == spec.job.value, module
+
+    app = typer.Typer()
+    jobs_cli.register(app, Settings, lambda message, code: typer.Exit(code))  # as `lakebroker` registers them
+    commands = typer.main.get_command(app).commands  # type: ignore[attr-defined]
+    for row in table:
+        words = row["CLI"].strip("`").split()
+        assert words[0] == "lakebroker" and words[1] in commands, row["CLI"]
+        options = {opt for param in commands[words[1]].params for opt in param.opts}
+        named = set(re.findall(r"--[a-z-]+", row["CLI"]))
+        assert named <= options, (row["CLI"], named - options)
+
+
+# -- links between the README and the docs -------------------------------------------------------
+PAGES = [REPO / "README.md", REPO / "CHANGELOG.md", REPO / "clients" / "python" / "README.md",
+         *sorted(DOCS.glob("*.md")), *sorted((DOCS / "decisions").glob("*.md"))]
+
+
+def anchors(page: Path) -> set[str]:
+    """GitHub's heading anchors: lower case, punctuation dropped, spaces as hyphens, repeats numbered."""
+    seen: dict[str, int] = {}
+    out = set()
+    for heading in re.findall(r"^#{1,6} +(.+?) *$", prose(page.read_text()), flags=re.M):
+        slug = re.sub(r"[^\w\- ]", "", heading.lower()).replace(" ", "-")
+        out.add(slug if slug not in seen else f"{slug}-{seen[slug]}")
+        seen[slug] = seen.get(slug, 0) + 1
+    return out
+
+
+def prose(text: str) -> str:
+    """The text without its fenced code blocks, whose `#` lines and brackets are not Markdown."""
+    return re.sub(r"^```.*?^```", "", text, flags=re.M | re.S)
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(REPO)))
+def test_every_relative_link_resolves(page: Path) -> None:
+    broken = []
+    for target in re.findall(r"\]\(([^)\s]+)\)", prose(page.read_text())):
+        if re.match(r"[a-z]+:", target):  # https:, mailto:
+            continue
+        path, _, anchor = target.partition("#")
+        linked = (page.parent / path).resolve() if path else page
+        if not linked.exists() or (anchor and linked.suffix == ".md" and anchor not in anchors(linked)):
+            broken.append(target)
+    assert not broken, f"{page.relative_to(REPO)}: links that lead nowhere: {broken}"

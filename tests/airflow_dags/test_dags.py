@@ -28,7 +28,7 @@ from tests.spark_pipeline.topics import (
     rows,
     settings_for,
 )
-from tests.test_readme import spark_jobs_table
+from tests.test_docs import spark_jobs_table
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
@@ -59,7 +59,7 @@ def test_dags_import_without_errors_or_heavy_imports(airflow_db: Path) -> None:
         submit = dag.get_task("spark_submit")  # the provider's operator, on the spark_default connection
         assert submit.operator_name == "SparkSubmitOperator" and submit.partial_kwargs["conn_id"] == "spark_default"
         assert dag.get_task("summarize").upstream_task_ids == {"targets", "run_job", "spark_submit"}
-    # The README's Spark-jobs table names each DAG and its schedule.
+    # docs/spark-jobs.md's table names each DAG and its schedule.
     named = {}
     for row in spark_jobs_table():
         if row["Airflow DAG (schedule)"] != "none":
