@@ -31,6 +31,17 @@ def test_the_readme_stays_short() -> None:
     assert len(README.splitlines()) <= 300
 
 
+def test_the_readmes_figures_are_the_benchmark_pages() -> None:
+    """Every measured figure the README quotes (a number with a thousands separator, or a ratio
+    like 0.58x) is on docs/benchmarks.md, which make bench renders from its results."""
+    section = README.split("## Performance", 1)[1].split("\n## ", 1)[0]
+    page = (Path(__file__).resolve().parent.parent / "docs" / "benchmarks.md").read_text()
+    figures = set(re.findall(r"\b\d{1,3}(?:,\d{3})+\b|\b\d+\.\d\dx", section))
+    assert len(figures) >= 10, figures
+    missing = sorted(f for f in figures if f not in page)
+    assert not missing, f"figures in the README that docs/benchmarks.md does not hold: {missing}"
+
+
 def test_every_declared_dependency_is_explained_in_the_readme_under_its_extra() -> None:
     import tomllib
 
