@@ -278,18 +278,31 @@ def _body(content: dict[str, Any]) -> str:
     return "<br>".join(f"{code(media)}: {_schema_type(body.get('schema', {}))}" for media, body in content.items())
 
 
-def openapi_schema() -> dict[str, Any]:
-    """The schema of the app `lakebroker serve` builds, at the default settings, on a throwaway data dir."""
+def openapi_schema() -> tuple[dict[str, Any], dict[tuple[str, str], str]]:
+    """The schema of the app `lakebroker serve` builds, at the default settings, on a throwaway data dir;
+    and what each (method, path) needs, as the app declares it where it includes the route's router."""
+    from fastapi.routing import APIRoute
+
+    from lakebroker.ingest_api.auth import AUTHENTICATED, access_rule
     from lakebroker.server import build_app
     from lakebroker.tables.settings import Settings
 
     with tempfile.TemporaryDirectory() as tmp:
-        spec: dict[str, Any] = build_app(Settings(data_dir=Path(tmp) / "data")).openapi()
-    return spec
+        app = build_app(Settings(data_dir=Path(tmp) / "data"))
+        spec: dict[str, Any] = app.openapi()
+    needs = {}
+    for route in app.routes:
+        if isinstance(route, APIRoute):
+            rule = access_rule(route)
+            for method in route.methods:
+                need = None if rule is None else str(rule.need_of(method, route.path))
+                needs[(method, route.path)] = ("none" if need is None else "any valid token" if need == AUTHENTICATED
+                                               else f"a token with the `{need}` scope")
+    return spec, needs
 
 
 def http_api_page() -> str:
-    spec = openapi_schema()
+    spec, needs = openapi_schema()
     tags: dict[str, list[tuple[str, str, dict[str, Any]]]] = {}
     for path, methods in spec["paths"].items():
         for method, op in methods.items():
@@ -305,8 +318,7 @@ def http_api_page() -> str:
             text = [f"### {title}\n\n"]
             if what:
                 text.append(what + "\n\n")
-            text.append("Auth: an API token ([Security](../security.md#scopes)).\n\n" if op.get("security")
-                        else "Auth: none.\n\n")
+            text.append(f"Auth: {needs[(method, path)]}.\n\n")
             params = op.get("parameters", [])
             if params:
                 rows = [[code(p["name"]), p["in"], _schema_type(p.get("schema", {})),
@@ -347,8 +359,9 @@ def http_api_page() -> str:
         "bodies and answers, then the schemas they name. A running `serve` shows the same schema at `/docs` "
         "and `/redoc`, and serves it at `/openapi.json`.\n\n"
         "Errors are JSON, `{\"error\": {\"code\", \"message\"}}` (the Kafka REST Proxy v2 routes answer in "
-        "Confluent's format); what each status means: [Producing](../producing.md#errors). Tokens and the scope "
-        "each route needs: [Security](../security.md).\n\n"
+        "Confluent's format); what each status means: [Producing](../producing.md#errors). Each route's *Auth* "
+        "is what it needs where tokens are on (the setting `auth`; `metrics_public` makes `/metrics` need none): "
+        "[Security](../security.md). A token limited to topics may use only routes about those topics.\n\n"
         + table(["tag", "route", "what"], index) + "\n"
         + "".join(sections)
     ).rstrip("\n") + "\n"
