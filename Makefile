@@ -1,7 +1,8 @@
 # The two commands a person needs: `make run` and `make test`. Both set everything up first.
 # Setup is idempotent: each step is skipped while its inputs are unchanged. `make run` installs
 # what the broker needs (the runtime dependencies and the spark extra, for the scheduled jobs);
-# `make test` (and lint, bench, fault, soak) installs the dev extra: that, plus Airflow and the test tools.
+# `make test` (and lint, bench, fault, soak) installs the dev extra: that, plus Airflow, the test tools
+# and the documentation site's builder.
 
 PYTHON_BIN ?= python3.11
 VENV := .venv
@@ -55,6 +56,7 @@ s3-server:
 
 lint: setup
 	$(VENV)/bin/ruff check .
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --quiet
 	bash scripts/import_contracts.sh
 	bash scripts/mypy.sh
 

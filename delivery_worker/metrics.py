@@ -1,4 +1,4 @@
-"""Prometheus metrics of delivery. Names are stable and listed in docs/metrics.md.
+"""Prometheus metrics of delivery. Names are stable and listed in docs/reference/metrics.md.
 
 In serve's delivery process they are written to files that serve's /metrics reads
 (delivery_worker/supervisor.py); the gauges then count live processes only (`livesum`)."""

@@ -106,7 +106,7 @@ def create_app(
         version="0.1.0",
         summary="A message broker whose log is a Delta Lake table.",
         lifespan=lifespan,
-        openapi_url="/openapi.json" if settings.docs_public else None,  # the docs need no token; see docs/http-api.md
+        openapi_url="/openapi.json" if settings.docs_public else None,  # the docs need no token; see docs/security.md
         docs_url="/docs" if settings.docs_public else None,
         redoc_url="/redoc" if settings.docs_public else None,
     )

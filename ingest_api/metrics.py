@@ -1,4 +1,4 @@
-"""Prometheus metrics of the ingest tier. Names are stable and listed in docs/metrics.md."""
+"""Prometheus metrics of the ingest tier. Names are stable and listed in docs/reference/metrics.md."""
 
 from __future__ import annotations
 

@@ -20,3 +20,4 @@ for package, folder in mapping.items():
 PY
 ln -s "$ROOT/clients/python/lakebroker_client" "$TREE/lakebroker_client"
 ln -s "$ROOT/bench" "$TREE/bench"
+ln -s "$ROOT/scripts" "$TREE/scripts"

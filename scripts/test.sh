@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
-# The whole test suite, as `make test` and CI run it: lint, the layer contracts, types, then pytest.
+# The whole test suite, as `make test` and CI run it: lint, the layer contracts, the documentation
+# site, types, then pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 .venv/bin/ruff check .
+# The site, strictly (mkdocs.yml): a page missing from the nav, a broken link or anchor fails. Seconds.
+NO_MKDOCS_2_WARNING=1 .venv/bin/python -m mkdocs build --strict --quiet
 scripts/import_contracts.sh
 mkdir -p test-artifacts
 # mypy (about 12 CPU-s on a fresh clone, one core) runs beside pytest's start-up; its verdict counts all the same.

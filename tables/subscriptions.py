@@ -55,7 +55,7 @@ class Subscription:
     name: str
     topic: str
     url: str
-    ordering: Ordering = Ordering.KEY  # why: docs/delivery.md, "Ordering"
+    ordering: Ordering = Ordering.KEY  # why: docs/webhooks.md, "Ordering"
     max_in_flight: int = 16
     rate_limit_per_s: float | None = None
     max_attempts: int = 8

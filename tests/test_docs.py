@@ -1,7 +1,10 @@
-"""docs/*.md stay true to the code where they list what the code defines: the settings, the metrics,
-the Spark jobs, offset reasons, the jobs' command lines and what replication copies; and every link
-between the README and the docs resolves. (The SQL of docs/analysts.md runs in
-tests/spark_pipeline/test_analysts.py; the README's own checks are in tests/test_readme.py.)"""
+"""docs/ stays true to the code: the reference pages are what scripts/reference_pages.py generates from
+it, and every metric they list appears in a real /metrics; the pages that list what the code defines
+(the Spark jobs, offset reasons, the jobs' command lines, what replication copies) match it; every
+link between the README and the docs resolves; and every code block of the guides is run by a test
+or marked illustrative. (The SQL of docs/analysts.md runs in tests/spark_pipeline/test_analysts.py,
+the guides' marked examples in tests/test_guides.py; the README's own checks are in
+tests/test_readme.py.)"""
 
 from __future__ import annotations
 
@@ -14,7 +17,9 @@ from fastapi.testclient import TestClient
 
 from lakebroker.tables.job_runs import JobName
 from lakebroker.tables.offsets import OffsetReason
-from scripts.settings_table import rows
+from lakebroker.tables.settings import Settings
+from scripts import reference_pages
+from tests.markdown_blocks import code_blocks
 from tests.receivers import Receiver
 from tests.waiting import eventually
 
@@ -22,8 +27,8 @@ REPO = Path(__file__).resolve().parent.parent
 DOCS = REPO / "docs"
 ANALYSTS = (DOCS / "analysts.md").read_text()
 OPERATIONS = (DOCS / "operations.md").read_text()
-CONFIGURATION = (DOCS / "configuration.md").read_text()
-METRICS = (DOCS / "metrics.md").read_text()
+CONFIGURATION = (DOCS / "reference" / "configuration.md").read_text()
+METRICS = (DOCS / "reference" / "metrics.md").read_text()
 SPARK_JOBS = (DOCS / "spark-jobs.md").read_text()
 
 
@@ -31,12 +36,45 @@ def between(text: str, marker: str) -> str:
     return text.split(f"<!-- {marker} -->", 1)[1].split(f"<!-- /{marker} -->", 1)[0]
 
 
-def test_every_setting_is_in_the_configuration_table() -> None:
-    assert between(CONFIGURATION, "settings").strip().splitlines() == rows()
+# -- the generated reference pages ---------------------------------------------------------------
+def test_the_reference_pages_are_what_the_code_generates() -> None:
+    stale = sorted(reference_pages.stale())
+    assert not stale, f"docs/reference/ pages out of date with the code: {stale}; run python -m scripts.reference_pages"
+    for page in (DOCS / "reference").glob("*.md"):
+        assert page.name in reference_pages.PAGES, f"{page.name} is not generated: put hand-written pages outside"
+        assert page.read_text().startswith(reference_pages.header("")[:40]), page
+
+
+def test_every_setting_is_in_the_configuration_page() -> None:
+    listed = re.findall(r"^\| `([a-z_]+)` \| `LAKEBROKER_([A-Z_]+)` \|", CONFIGURATION, flags=re.M)
+    assert [(name, env.lower()) for name, env in listed] == [(name, name) for name in Settings.model_fields]
+
+
+def metric_names(*sections: str) -> list[str]:
+    return [name for section in sections
+            for name in re.findall(r"^\| `(lakebroker_[a-z_]+)`", between(METRICS, f"metrics:{section}"), flags=re.M)]
+
+
+def test_the_metrics_page_lists_every_family_serve_registers(tmp_path: Path) -> None:
+    """The page's ingest, delivery-process and job sections are exactly the registry `serve` builds
+    (lakebroker/server.py: the job collector, then build_app with the delivery process)."""
+    from prometheus_client import CollectorRegistry
+
+    from lakebroker.server import build_app
+    from lakebroker.spark_pipeline.metrics import JobMetricsCollector
+    from lakebroker.tables.layout import Layout
+
+    settings = Settings(data_dir=tmp_path / "data")
+    registry = CollectorRegistry()
+    registry.register(JobMetricsCollector(Layout.of(settings)))
+    build_app(settings, registry)
+    families = {name for name, *_ in reference_pages._families(registry)}
+    assert len(families) >= 20
+    assert sorted(families) == sorted(metric_names("ingest", "delivery-process", "jobs"))
 
 
 def test_every_metric_in_the_metrics_page_appears_after_produce_and_deliver(client: TestClient, orders: str) -> None:
-    names = re.findall(r"^\| `(lakebroker_[a-z_]+)`", between(METRICS, "metrics"), flags=re.M)
+    names = metric_names("ingest", "delivery")  # what serve's /metrics shows, with its delivery worker in process
     assert len(names) >= 20
     receiver = Receiver(behaviour=lambda n, body: (500, {}, 0.0) if body["offset"] == 0 else (200, {}, 0.0))
     try:
@@ -137,7 +175,8 @@ def test_the_spark_jobs_table_matches_the_jobs_the_cli_and_the_scheduler() -> No
 
 # -- links between the README and the docs -------------------------------------------------------
 PAGES = [REPO / "README.md", REPO / "CHANGELOG.md", REPO / "clients" / "python" / "README.md",
-         *sorted(DOCS.glob("*.md")), *sorted((DOCS / "decisions").glob("*.md"))]
+         *sorted(DOCS.glob("*.md")), *sorted((DOCS / "reference").glob("*.md")),
+         *sorted((DOCS / "decisions").glob("*.md"))]
 
 
 def anchors(page: Path) -> set[str]:
@@ -167,3 +206,27 @@ def test_every_relative_link_resolves(page: Path) -> None:
         if not linked.exists() or (anchor and linked.suffix == ".md" and anchor not in anchors(linked)):
             broken.append(target)
     assert not broken, f"{page.relative_to(REPO)}: links that lead nowhere: {broken}"
+
+
+# -- the code blocks of the guides --------------------------------------------------------------
+GUIDES = [page for page in sorted(DOCS.glob("*.md")) if page.name != "benchmarks.md"]  # rendered by make bench
+
+
+@pytest.mark.parametrize("page", GUIDES, ids=lambda p: p.name)
+def test_every_code_block_of_the_guides_runs_in_a_test_or_is_marked_illustrative(page: Path) -> None:
+    """The line before each block says `<!-- illustrative -->`, or `<!-- tested: tests/<file>.py -->`
+    naming a test that reads this page (docs/contributing.md, "The documentation")."""
+    problems = []
+    for block in code_blocks(page):
+        if block.language == "mermaid":  # a diagram the site draws, not code
+            continue
+        where = f"line {block.line}"
+        if not block.fenced:
+            problems.append(f"{where}: an indented code block; make it a fenced one, and mark it")
+        elif block.marker is None:
+            problems.append(f"{where}: put <!-- illustrative --> or <!-- tested: tests/<file>.py --> before it")
+        elif block.tested_by is not None:
+            test = REPO / block.tested_by
+            if not test.is_file() or page.name not in test.read_text():
+                problems.append(f"{where}: {block.tested_by} does not read {page.name}")
+    assert not problems, f"docs/{page.name}: {problems}"

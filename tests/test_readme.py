@@ -1,5 +1,6 @@
-"""The README stays true to the code: its dependency table and the quickstart's curl examples (the CLI
-quickstart runs in tests/cli/test_quickstart.py; the reference pages it links, in tests/test_docs.py)."""
+"""The README stays true to the code: its dependency table and the quickstart's curl examples, which
+docs/getting-started.md shows too (the CLI quickstart runs in tests/cli/test_quickstart.py; the
+links into docs/, in tests/test_docs.py)."""
 
 from __future__ import annotations
 
@@ -16,10 +17,12 @@ import pytest
 from standardwebhooks import Webhook
 
 from lakebroker.ingest_api.partitioner import partition_for_key
+from tests.markdown_blocks import code_blocks
 from tests.receivers import Receiver
 from tests.servers import ServerProcess
 
 README = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+GUIDE = Path(__file__).resolve().parent.parent / "docs" / "getting-started.md"
 
 
 def between(marker: str) -> str:
@@ -120,6 +123,9 @@ def http_quickstart(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[
 def test_readme_curl_examples_answer_what_the_readme_states(http_quickstart: tuple[str, Receiver]) -> None:
     url, receiver = http_quickstart
     steps = curl_steps()
+    # docs/getting-started.md shows the same block, marked as run here.
+    shown = [b.text for b in code_blocks(GUIDE) if b.tested_by == "tests/test_readme.py"]
+    assert shown == [between("quickstart-http").split("```bash\n", 1)[1].split("```", 1)[0]], GUIDE
     assert len(steps) == 5 and sum("/v1/subscriptions" in " ".join(s.argv) for s in steps) == 1
     host = url.removeprefix("http://")
     answers: list[dict[str, Any]] = []

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.markdown_blocks import code_blocks
+
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
 
@@ -18,11 +20,15 @@ def lakebroker(data: Path, *args: str) -> subprocess.CompletedProcess[str]:
 
 
 README = Path(__file__).resolve().parents[2] / "README.md"
+GUIDE = README.parent / "docs" / "getting-started.md"
 
 
 def quickstart_commands() -> list[list[str]]:
-    """The `lakebroker ...` lines of the README's quickstart block, as argument lists."""
+    """The `lakebroker ...` lines of the README's quickstart block, as argument lists; docs/getting-started.md
+    shows the same block, marked as run here."""
     block = README.read_text().split("<!-- quickstart -->", 1)[1].split("<!-- /quickstart -->", 1)[0]
+    shown = [b.text for b in code_blocks(GUIDE) if b.tested_by == "tests/cli/test_quickstart.py"]
+    assert shown == [block.split("```bash\n", 1)[1].split("```", 1)[0]], GUIDE
     return [shlex.split(line)[1:] for line in block.splitlines() if line.startswith("lakebroker ")]
 
 
