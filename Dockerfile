@@ -6,7 +6,7 @@
 # Target `s3`: the S3-compatible server the tables live on (MinIO, built by scripts/s3_server.sh
 # from its Go module at the version the tests use).
 #
-# Set-up mirrors `make setup`: dependencies pinned by requirements.lock, then scripts/fetch_jars.sh
+# Set-up mirrors `make setup`: dependencies pinned by requirements.lock, then `lakebroker spark setup`
 # resolves the Delta jars with Maven and compiles the atomic LogStore into /app/.cache/jars.
 
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
@@ -29,7 +29,7 @@ RUN python -m venv /opt/venv \
 COPY . .
 RUN pip install --no-cache-dir --no-deps -e . \
  && pip install --no-cache-dir -c requirements.lock -e ./clients/python \
- && PYTHON=/opt/venv/bin/python bash scripts/fetch_jars.sh \
+ && LAKEBROKER_CACHE_DIR=/app/.cache lakebroker spark setup --no-class-archive \
  && rm -rf .cache/m2
 
 # -- lakebroker: JRE, venv, source and jars ----------------------------------------------------

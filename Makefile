@@ -18,7 +18,8 @@ run: setup-run
 test: setup
 	bash scripts/test.sh
 
-setup-run: $(RUN_STAMP) .cache/jars/.stamp .cache/spark-cds.jsa
+setup-run: $(RUN_STAMP)
+	$(VENV)/bin/lakebroker spark setup
 
 # The dev install first: it holds the spark extra, so the run stamp then needs no install of its own.
 setup: $(DEV_STAMP) setup-run .cache/bin/minio.version
@@ -37,14 +38,6 @@ $(DEV_STAMP): pyproject.toml requirements.lock clients/python/pyproject.toml
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -c requirements.lock -e ".[dev]" -e ./clients/python
 	touch $(DEV_STAMP)
-
-# Delta jars and Hadoop's S3A from Maven Central (transitively), plus the put-if-absent LogStores, into .cache/jars.
-.cache/jars/.stamp: build/jars/pom.xml build/jars/s3a/pom.xml scripts/fetch_jars.sh $(RUN_STAMP) $(wildcard spark_pipeline/java/io/lakebroker/delta/*.java)
-	PYTHON=$(PY) bash scripts/fetch_jars.sh
-
-# The JVM class archive that shortens every Spark session's start (spark_pipeline/class_archive.py).
-.cache/spark-cds.jsa: .cache/jars/.stamp
-	$(PY) -m lakebroker.spark_pipeline.class_archive
 
 # The local S3-compatible server (MinIO, built once from its Go module) the tests and `make s3-server` run.
 .cache/bin/minio.version: scripts/s3_server.sh

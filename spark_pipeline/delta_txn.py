@@ -2,7 +2,7 @@
 
 Open-source Delta has no public API for "remove exactly these files and add these", which is what
 ordered bin-packing, whole-file retention and key compaction need, so this module drives
-`DeltaLog` / `OptimisticTransaction` (Delta 4.4.0, pinned in build/jars/pom.xml) the way Delta's
+`DeltaLog` / `OptimisticTransaction` (Delta 4.4.0, pinned in spark_pipeline/maven/delta/pom.xml) the way Delta's
 own OPTIMIZE does:
 
 * the transaction registers only the files it read (`trackFilesRead`), never a read predicate, so

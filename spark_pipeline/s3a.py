@@ -2,7 +2,7 @@
 
 The table root and replicas may be `s3://bucket/prefix`; Spark reaches them as `s3a://`
 (lakebroker.tables.storage.spark_uri). The S3A jars (hadoop-aws at pyspark's Hadoop version and the AWS SDK
-bundle, `.cache/jars/s3a`, scripts/fetch_jars.sh) go on the driver's and executors' class path.
+bundle, `<cache>/jars/s3a`, `lakebroker spark setup`) go on the driver's and executors' class path.
 
 Delta commits to `s3a://` (and `s3://`) tables go through S3ConditionalLogStore: each commit is a
 PUT with `If-None-Match: *`, so Spark and delta-rs (conditional put too, tables/storage.py) can
@@ -30,7 +30,7 @@ def s3a_jars(jars_dir: Path) -> list[Path]:
     folder = jars_dir / "s3a"
     jars = sorted(folder.glob("*.jar")) if folder.is_dir() else []
     if not any(j.name.startswith("hadoop-aws-") for j in jars):
-        raise RuntimeError(f"S3A jars not found in {folder}: run `make setup`")
+        raise RuntimeError(f"S3A jars not found in {folder}: run `lakebroker spark setup`")
     return jars
 
 

@@ -134,7 +134,7 @@ def spark_submit_run(job: JobName, settings: Settings, *, topic: str | None = No
     from lakebroker.spark_pipeline.session import session_conf
 
     spec = next(s for s in JOBS if s.job is job)
-    conf = {**session_conf(settings.jars_dir), **settings.spark_conf, **(extra_conf or {})}
+    conf = {**session_conf(settings.spark_jars_dir), **settings.spark_conf, **(extra_conf or {})}
     jars = conf.pop("spark.jars")
     driver_memory = conf.pop("spark.driver.memory", settings.spark_driver_memory)
     args = job_command(job, settings, topic=topic, trigger=trigger)[3:]

@@ -1,7 +1,7 @@
 """The project's one SparkSession factory.
 
-Delta Lake comes from jars that ``make setup`` (scripts/fetch_jars.sh) put in
-``.cache/jars``; nothing is resolved over the network when a session starts (no
+Delta Lake comes from jars that ``lakebroker spark setup`` (spark_setup.py) puts in the
+per-user cache; nothing is resolved over the network when a session starts (no
 ``spark.jars.packages``/Ivy). Commits to ``file:`` tables go through
 ``AtomicLocalLogStore``, a put-if-absent LogStore, so Spark and delta-rs (which
 commits with an atomic rename-no-replace) can both write the same table; commits to
@@ -17,14 +17,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from lakebroker.spark_pipeline import s3a
+from lakebroker.tables import user_cache
 from lakebroker.tables.row_groups import ROW_GROUP_BYTES
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_JARS_DIR = REPO_ROOT / ".cache" / "jars"
-CLASS_ARCHIVE = REPO_ROOT / ".cache" / "spark-cds.jsa"  # built by `make setup` (spark_pipeline/class_archive.py)
 
 LOGSTORE_CONF_KEY = "spark.delta.logStore.file.impl"
 LOGSTORE_CLASS = "io.lakebroker.delta.AtomicLocalLogStore"
@@ -70,7 +68,8 @@ def jar_paths(jars_dir: Path) -> list[Path]:
     jars = sorted(jars_dir.glob("*.jar")) if jars_dir.is_dir() else []
     missing = [glob for glob in _REQUIRED_JARS if not any(j.match(glob) for j in jars)]
     if missing:
-        raise RuntimeError(f"Delta jars not found in {jars_dir} (missing {', '.join(missing)}): run `make setup`")
+        raise RuntimeError(f"Delta jars not found in {jars_dir} (missing {', '.join(missing)}): run "
+                           "`lakebroker spark setup`")
     return jars
 
 
@@ -92,9 +91,10 @@ def use_class_archive() -> None:
     """Have the next driver JVM this process starts map the class archive, if there is one.
 
     The driver JVM is started by spark-submit, which takes JVM flags from SPARK_SUBMIT_OPTS."""
-    if os.environ.get("LAKEBROKER_SPARK_CLASS_ARCHIVE") == "off" or not CLASS_ARCHIVE.is_file():
+    archive = user_cache.class_archive()
+    if os.environ.get("LAKEBROKER_SPARK_CLASS_ARCHIVE") == "off" or not archive.is_file():
         return
-    flag = f"-XX:SharedArchiveFile={CLASS_ARCHIVE}"
+    flag = f"-XX:SharedArchiveFile={archive}"
     opts = os.environ.get("SPARK_SUBMIT_OPTS", "")
     if flag not in opts:
         os.environ["SPARK_SUBMIT_OPTS"] = f"{opts} {flag}".strip()

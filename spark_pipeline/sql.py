@@ -18,7 +18,7 @@ def cli_jvm_log(settings: Settings, command: str) -> Path:
 
 
 def spark_for(settings: Settings, app_name: str, *, jvm_log: Path | None = None) -> Any:
-    spark = build_spark_session(master=settings.spark_master, jars_dir=settings.jars_dir, app_name=app_name,
+    spark = build_spark_session(master=settings.spark_master, jars_dir=settings.spark_jars_dir, app_name=app_name,
                                 extra_conf={"spark.driver.memory": settings.spark_driver_memory,
                                             # CREATE DATABASE writes here: keep it in the data dir, not the cwd.
                                             "spark.sql.warehouse.dir": str((settings.data_dir / "_spark").resolve()),

@@ -9,10 +9,9 @@ from typing import Literal
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from lakebroker.tables import user_cache
 from lakebroker.tables.errors import InvalidRequest
 from lakebroker.tables.storage import parse_root
-
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
 
 class AuthMode(StrEnum):
@@ -41,8 +40,10 @@ class Settings(BaseSettings):
         "(endpoint and credentials from AWS_ENDPOINT_URL, AWS_REGION, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY). "
         "None: the data dir. The WAL, dedup state and lock always stay local, under the data dir."
     )
-    jars_dir: Path = Field(
-        PROJECT_ROOT / ".cache" / "jars", description="Delta jars fetched at setup by scripts/fetch_jars.sh."
+    jars_dir: Path | None = Field(
+        None, description="The Delta, S3A and LogStore jars of Spark sessions. None: the per-user cache that "
+        "`lakebroker spark setup` fills ($LAKEBROKER_CACHE_DIR, else $XDG_CACHE_HOME/lakebroker, else "
+        "~/.cache/lakebroker)."
     )
 
     # serving
@@ -206,6 +207,10 @@ class Settings(BaseSettings):
             raise ValueError(f"spark_conf may not set {', '.join(owned)}: lakebroker sets it (its Delta extension, "
                              "jars and put-if-absent LogStore keep Spark's commits safe beside the flusher's)")
         return value
+
+    @property
+    def spark_jars_dir(self) -> Path:
+        return self.jars_dir if self.jars_dir is not None else user_cache.jars_dir()
 
     def ensure_dirs(self) -> None:
         self.data_dir.mkdir(parents=True, exist_ok=True)

@@ -12,7 +12,8 @@ from typing import Any
 
 import pytest
 
-from lakebroker.spark_pipeline.session import DEFAULT_JARS_DIR, build_spark_session
+from lakebroker.spark_pipeline.session import build_spark_session
+from lakebroker.tables.user_cache import jars_dir
 from lakebroker.tables.settings import Settings
 
 
@@ -26,7 +27,7 @@ def spark() -> Iterator[Any]:
     if submit_opts is not None and (job_flags or session_flags):
         os.environ["SPARK_SUBMIT_OPTS"] = f"{submit_opts.replace(job_flags, '')} {session_flags}".strip()
     try:
-        session = build_spark_session(master="local[2]", jars_dir=DEFAULT_JARS_DIR, app_name="lakebroker-tests",
+        session = build_spark_session(master="local[2]", jars_dir=jars_dir(), app_name="lakebroker-tests",
                                       extra_conf={"spark.ui.showConsoleProgress": "false", **Settings().spark_conf})
     finally:
         if submit_opts is not None:

@@ -172,7 +172,8 @@ class Replication:
 
 def _replication(s3_uri: str, work: Path, rows: int) -> Replication:
     from lakebroker.spark_pipeline.jobs import replication
-    from lakebroker.spark_pipeline.session import DEFAULT_JARS_DIR, build_spark_session
+    from lakebroker.spark_pipeline.session import build_spark_session
+from lakebroker.tables.user_cache import jars_dir
 
     settings = Settings(data_dir=work / "primary", spark_master="local[2]")
     layout = Layout.of(settings)
@@ -190,7 +191,7 @@ def _replication(s3_uri: str, work: Path, rows: int) -> Replication:
         delta.append(table, batch, txns=ends)
     actions = pa.table(delta.load(layout.topic_table("orders")).get_add_actions(flatten=True))
     size = int(pa.compute.sum(actions["size_bytes"]).as_py() or 0)
-    spark = build_spark_session(master="local[2]", jars_dir=DEFAULT_JARS_DIR, app_name="bench-s3")
+    spark = build_spark_session(master="local[2]", jars_dir=jars_dir(), app_name="bench-s3")
     try:
         started = time.perf_counter()
         result = replication.run(spark, settings, "orders", to=s3_uri)

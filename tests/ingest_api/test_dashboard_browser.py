@@ -34,7 +34,6 @@ ARTIFACTS = REPO / "test-artifacts"
 # How long an expectation waits for the page to get there (Playwright's default is 5 s): beside the
 # whole suite on two cores, a fetch and the server's token read can take longer than that.
 expect.set_options(timeout=20_000)
-JARS = REPO / ".cache" / "jars"
 FAILING = {42, 137}  # message numbers billing's receiver refuses until told otherwise
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
@@ -133,12 +132,9 @@ def produce(api: httpx.Client, topic: str, numbers: range) -> list[dict[str, Any
     return results
 
 
-def start_compaction(data_dir: Path, out: Path) -> subprocess.Popen[bytes] | None:
+def start_compaction(data_dir: Path, out: Path) -> subprocess.Popen[bytes]:
     """The real compaction job, as the scheduler or `spark-submit` runs it: its own process and JVM.
-    It prints its run as JSON (stdout to `out`, the log to `out`.log). None when the Delta jars are
-    not fetched (`make test` fetches them)."""
-    if not JARS.exists():
-        return None
+    It prints its run as JSON (stdout to `out`, the log to `out`.log)."""
     with out.open("wb") as stdout, out.with_suffix(".log").open("wb") as stderr:
         return subprocess.Popen([sys.executable, "-m", "lakebroker.spark_pipeline.jobs.compaction",
                                  "--data-dir", str(data_dir), "--master", "local[1]", "--trigger", "cli"],
