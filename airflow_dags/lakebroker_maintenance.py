@@ -138,7 +138,7 @@ def maintenance_dag(job: str, schedule: str, doc: str) -> Any:
                       dag_run: Any = None) -> dict[str, Any]:
             return _summary(job, list(names), params or {}, dag_run.start_date)
 
-        names = targets()
+        names: Any = targets()  # an XComArg: the tasks below take it as the list it resolves to
         branch = choose_runner()
         python_runs = run_job.expand(target=names)
         specs = submissions(names)

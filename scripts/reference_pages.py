@@ -30,7 +30,8 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-OUT = Path(__file__).resolve().parent.parent / "docs" / "reference"
+ROOT = Path(__file__).resolve().parent.parent  # the checkout this script runs from
+OUT = ROOT / "docs" / "reference"
 COMMAND = "python -m scripts.reference_pages"
 DESCRIPTION = "Write docs/reference/ from the code (--check: only say which pages are stale)."
 
@@ -130,7 +131,7 @@ def _default(name: str, value: Any, project_root: Path) -> str:
 
 
 def configuration_page() -> str:
-    from lakebroker.tables.settings import PROJECT_ROOT, Settings
+    from lakebroker.tables.settings import Settings
 
     prefix = Settings.model_config.get("env_prefix", "")
     rows = []
@@ -140,7 +141,7 @@ def configuration_page() -> str:
             default = str(extra["doc_default"])
         else:
             value = field.get_default(call_default_factory=True)
-            default = _default(name, value, PROJECT_ROOT)
+            default = _default(name, value, ROOT)
         kind = _type_name(field.annotation) + _bounds(field.metadata)
         rows.append([code(name), code(f"{prefix}{name}".upper()), kind, default, cell(field.description or "")])
     return (

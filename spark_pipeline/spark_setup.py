@@ -75,7 +75,7 @@ def pyspark_jars() -> Path:
     spec = importlib.util.find_spec("pyspark")
     if spec is None or not spec.submodule_search_locations:
         raise SetupError("pyspark is not installed: pip install 'lakebroker[spark]'")
-    jars = Path(list(spec.submodule_search_locations)[0]) / "jars"
+    jars = Path(next(iter(spec.submodule_search_locations))) / "jars"
     if not jars.is_dir():
         raise SetupError(f"pyspark has no jars at {jars}")
     return jars

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 from lakebroker.spark_pipeline.session import build_spark_session
-from lakebroker.tables.user_cache import jars_dir
 from lakebroker.tables.settings import Settings
+from lakebroker.tables.user_cache import jars_dir
 
 
 @pytest.fixture(scope="session")

@@ -125,7 +125,7 @@ def write_by_compaction(block_size: int | None) -> Callable[[str, pa.Table], Non
 
 def _spark() -> SparkSession:
     from lakebroker.spark_pipeline.session import build_spark_session
-from lakebroker.tables.user_cache import jars_dir
+    from lakebroker.tables.user_cache import jars_dir
 
     spark: SparkSession = build_spark_session(master="local[2]", jars_dir=jars_dir(),
                                               app_name="lakebroker-bench-reads")

@@ -173,7 +173,7 @@ class Replication:
 def _replication(s3_uri: str, work: Path, rows: int) -> Replication:
     from lakebroker.spark_pipeline.jobs import replication
     from lakebroker.spark_pipeline.session import build_spark_session
-from lakebroker.tables.user_cache import jars_dir
+    from lakebroker.tables.user_cache import jars_dir
 
     settings = Settings(data_dir=work / "primary", spark_master="local[2]")
     layout = Layout.of(settings)

@@ -45,8 +45,8 @@ def _commit_info(table: Path, version: int) -> dict[str, Any]:
     raise AssertionError(f"version {version} has no commitInfo")
 
 
-def test_jar_paths_missing_dir_names_make_setup(tmp_path: Path) -> None:
-    with pytest.raises(RuntimeError, match="run `make setup`"):
+def test_jar_paths_missing_dir_names_spark_setup(tmp_path: Path) -> None:
+    with pytest.raises(RuntimeError, match="run `lakebroker spark setup`"):
         jar_paths(tmp_path / "nope")
 
 
