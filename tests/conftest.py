@@ -39,6 +39,7 @@ LONGEST_FIRST = (
     "tests/bench/test_soak.py",
     "tests/tables/test_table_features.py",
     "tests/airflow_dags/test_dags.py",
+    "tests/test_wheel.py",
     "tests/spark_pipeline/test_jobs_cli.py",
     "tests/cli/test_sql_cli.py",
     "tests/spark_pipeline/test_compaction.py",
