@@ -35,6 +35,9 @@ class DeliveryMetrics:
             multiprocess_mode="livesum",
         )
         self.skipped = Counter(
-            "lakebroker_retention_skipped_messages", "Undelivered messages removed by retention before delivery.",
+            # not lakebroker_retention_skipped_messages: that family is the jobs' ({topic, group}), and one
+            # /metrics page may not name a family twice
+            "lakebroker_delivery_retention_skipped_messages",
+            "Undelivered messages removed by retention before delivery.",
             ["subscription", "partition"], registry=registry,
         )

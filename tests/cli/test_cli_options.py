@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import tomllib
 from importlib.metadata import version
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -30,6 +32,9 @@ def test_version_prints_and_exits_zero() -> None:
                           timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout == f"lakebroker {version('lakebroker')}\n"
+    # the installed metadata is the project's own version (a stale editable install would differ)
+    pyproject = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())
+    assert version("lakebroker") == pyproject["project"]["version"]
 
 
 @pytest.mark.parametrize(("command", "option", "values"), CHOICES, ids=[c[1] for c in CHOICES])
