@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -63,6 +62,3 @@ def render(scenarios: list[Scenario], results_dir: Path = RESULTS_DIR, failed: d
                                                   run=run, machine=run["machine"])
     return re.sub(r"\n{3,}", "\n\n", text)
 
-
-def machine_dict(machine: Any) -> dict[str, Any]:
-    return dataclasses.asdict(machine)

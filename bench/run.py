@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import os
 import signal
 import subprocess
@@ -24,7 +25,7 @@ from pathlib import Path
 import orjson
 
 from bench.harness.machine import describe
-from bench.report import RUN_FILE, machine_dict, render
+from bench.report import RUN_FILE, render
 from bench.result import REPO, RESULTS_DIR, Mode, Result, Scenario
 from bench.scenarios import ORDER, every, scenario
 
@@ -64,7 +65,7 @@ def run(mode: Mode, names: list[str], out: Path, results_dir: Path, command: str
     results_dir.mkdir(parents=True, exist_ok=True)
     failed: dict[str, str] = {}
     started = time.monotonic()
-    run_info = {"command": command, "machine": machine_dict(describe())}
+    run_info = {"command": command, "machine": dataclasses.asdict(describe())}
     for i, (spec, s) in enumerate(chosen):
         budget = s.timeout_s
         if mode != "full":
@@ -100,7 +101,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--quick", action="store_true", help="short runs, under 3 minutes in all; not kept")
     parser.add_argument("--only", action="append", choices=ORDER, help="run only this scenario (repeatable)")
     parser.add_argument("--render", action="store_true", help="only re-render the page from the kept results")
-    parser.add_argument("--out", type=Path, default=REPO / "docs" / "benchmarks.md")
+    parser.add_argument("--out", type=Path, help="the page (default docs/benchmarks.md; a quick run writes "
+                                                  "one only when given --out)")
     parser.add_argument("--results-dir", type=Path, default=RESULTS_DIR)
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--mode", default="full", help=argparse.SUPPRESS)
@@ -109,17 +111,17 @@ def main(argv: list[str] | None = None) -> None:
     if args.child:
         args.child_out.write_bytes(measure_in_process(scenario(args.child), args.mode).to_json())
         return
+    page = args.out or REPO / "docs" / "benchmarks.md"
     if args.render:
-        args.out.write_text(render(every(), args.results_dir))
+        page.write_text(render(every(), args.results_dir))
         return
     names = args.only or [s.name for s in every() if s.in_make_bench]
     if args.quick:
         with tempfile.TemporaryDirectory(prefix="bench-quick-") as tmp:  # quick figures are not kept
-            out = args.out if args.out != REPO / "docs" / "benchmarks.md" else Path(tmp) / "benchmarks.md"
-            failed = run("quick", names, out, Path(tmp) / "results", "make bench-quick")
-            print(f"[bench] quick page: {out}" if out.parent != Path(tmp) else "", file=sys.stderr)
+            failed = run("quick", names, args.out or Path(tmp) / "benchmarks.md", Path(tmp) / "results",
+                         "make bench-quick")
     else:
-        failed = run("full", names, args.out, args.results_dir, "make bench" if not args.only else
+        failed = run("full", names, page, args.results_dir, "make bench" if not args.only else
                      "python -m bench.run " + " ".join(f"--only {n}" for n in names))
     sys.exit(1 if failed else 0)
 

@@ -10,6 +10,8 @@ from typing import Annotated
 import typer
 
 from lakebroker.console import out
+from lakebroker.spark_pipeline import spark_setup
+from lakebroker.spark_pipeline.spark_setup import Resolver
 from lakebroker.tables import user_cache
 from lakebroker.tables.settings import Settings
 
@@ -27,8 +29,8 @@ def register(app: typer.Typer, settings: Callable[[], Settings], fail: Callable[
 
     @spark_app.command("setup")
     def setup(
-        resolver: Annotated[str, typer.Option(help="auto: Maven when `mvn` is on PATH, else Spark's own "
-                                                   "resolver; or maven, or spark.")] = "auto",
+        resolver: Annotated[Resolver, typer.Option(help="auto: Maven when `mvn` is on PATH, else Spark's own "
+                                                        "resolver.")] = Resolver.AUTO,
         repositories: Annotated[str, typer.Option(help="Extra Maven repositories for Spark's resolver, "
                                                        "comma-separated URLs.")] = "",
         class_archive: Annotated[bool, typer.Option(help="Also build the JVM class archive (faster session "
@@ -38,19 +40,14 @@ def register(app: typer.Typer, settings: Callable[[], Settings], fail: Callable[
         ($LAKEBROKER_CACHE_DIR, else ~/.cache/lakebroker); a no-op while they are current."""
         from lakebroker.spark_pipeline.extra import missing_spark_message, spark_installed
 
-        if resolver not in ("auto", "maven", "spark"):
-            raise fail(f"--resolver must be auto, maven or spark, not {resolver!r}", 2)
         if not spark_installed():
             raise fail(missing_spark_message("lakebroker spark setup"), 1)
-        from lakebroker.spark_pipeline import spark_setup
         from lakebroker.spark_pipeline.class_archive import build
 
         try:
-            before = spark_setup.is_current(user_cache.jars_dir(), spark_setup.pyspark_jars())
-            jars = spark_setup.fetch_jars(resolver=resolver, repositories=repositories,  # type: ignore[arg-type]
-                                          say=lambda line: out.print(line, highlight=False))
-            archive = user_cache.class_archive()
-            if class_archive and (not before or not archive.is_file()):
+            jars, rebuilt = spark_setup.fetch_jars(resolver=resolver, repositories=repositories,
+                                                   say=lambda line: out.print(line, highlight=False))
+            if class_archive and (rebuilt or not user_cache.class_archive().is_file()):
                 out.print("building the JVM class archive", highlight=False)
                 out.print(f"class archive: {build(jars)}", highlight=False)
         except (spark_setup.SetupError, RuntimeError) as exc:

@@ -24,12 +24,16 @@ import tempfile
 import xml.etree.ElementTree as ET
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from enum import StrEnum
 from pathlib import Path
-from typing import Literal
 
 from lakebroker.tables import user_cache
 
-Resolver = Literal["auto", "maven", "spark"]
+
+class Resolver(StrEnum):
+    AUTO = "auto"  # Maven when `mvn` is on PATH, else Spark's
+    MAVEN = "maven"
+    SPARK = "spark"
 
 HERE = Path(__file__).resolve().parent
 DELTA_POM = HERE / "maven" / "delta" / "pom.xml"
@@ -125,11 +129,9 @@ def _maven(pom: Path, out: Path, m2: Path, props: dict[str, str]) -> None:
 _IVY_SCRIPT = """
 import sys
 from pyspark.sql import SparkSession
-packages, excludes, ivy, repositories = sys.argv[1:5]
+packages, ivy, repositories = sys.argv[1:4]
 builder = SparkSession.builder.master("local[1]").appName("lakebroker-spark-setup") \\
     .config("spark.jars.packages", packages).config("spark.jars.ivy", ivy).config("spark.ui.enabled", "false")
-if excludes:
-    builder = builder.config("spark.jars.excludes", excludes)
 if repositories:
     builder = builder.config("spark.jars.repositories", repositories)
 builder.getOrCreate().stop()
@@ -144,7 +146,7 @@ def _spark_resolver(coordinates: Iterable[str], excluded_groups: Iterable[str], 
     ivy.mkdir(parents=True, exist_ok=True)
     shutil.rmtree(ivy / "jars", ignore_errors=True)
     env = {**os.environ, "PYSPARK_SUBMIT_ARGS": "pyspark-shell"}
-    _run([sys.executable, "-c", _IVY_SCRIPT, wanted, "", str(ivy), repositories], "Spark's resolver", env)
+    _run([sys.executable, "-c", _IVY_SCRIPT, wanted, str(ivy), repositories], "Spark's resolver", env)
     out.mkdir(parents=True, exist_ok=True)
     skip = tuple(f"{g}_" for g in excluded_groups)
     for jar in sorted((ivy / "jars").glob("*.jar")):
@@ -179,16 +181,16 @@ def _compile_logstores(jars: Path, spark_jars: Path) -> None:
         _run([jar_tool, "--create", "--file", str(jars / LOGSTORE_JAR), "-C", classes, "."], "jar")
 
 
-def fetch_jars(*, resolver: Resolver = "auto", cache: Path | None = None, repositories: str = "",
-               say: Callable[[str], None] = print) -> Path:
-    """Fill `<cache>/jars` unless it is current; returns it."""
+def fetch_jars(*, resolver: Resolver = Resolver.AUTO, cache: Path | None = None, repositories: str = "",
+               say: Callable[[str], None] = print) -> tuple[Path, bool]:
+    """Fill `<cache>/jars` unless it is current; returns it, and whether this call (re)built it."""
     cache = cache or user_cache.cache_dir()
     jars, spark_jars = cache / "jars", pyspark_jars()
     if is_current(jars, spark_jars):
         say(f"Spark jars up to date in {jars}")
-        return jars
-    use_maven = resolver == "maven" or (resolver == "auto" and shutil.which("mvn") is not None)
-    if resolver == "maven" and shutil.which("mvn") is None:
+        return jars, False
+    use_maven = resolver is Resolver.MAVEN or (resolver is Resolver.AUTO and shutil.which("mvn") is not None)
+    if resolver is Resolver.MAVEN and shutil.which("mvn") is None:
         raise SetupError("--resolver maven: mvn is not on PATH")
     hadoop = hadoop_version(spark_jars)
     cache.mkdir(parents=True, exist_ok=True)
@@ -216,4 +218,4 @@ def fetch_jars(*, resolver: Resolver = "auto", cache: Path | None = None, reposi
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     say(f"{len(list(jars.glob('*.jar')))} jars in {jars}, {len(list((jars / 's3a').glob('*.jar')))} in {jars / 's3a'}")
-    return jars
+    return jars, True

@@ -59,3 +59,17 @@ def visibility_cdf(series: list[tuple[str, list[float]]], target_p99_s: float, p
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def webhook_cdf(latencies_ms: list[float], path: Path) -> None:
+    """The produce → webhook latencies of one run, sorted, as a CDF."""
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    ax.plot(latencies_ms, [i / len(latencies_ms) for i in range(len(latencies_ms))])
+    ax.set_xlabel("produce → webhook latency (ms)")
+    ax.set_ylabel("fraction of messages")
+    ax.set_title("Produce → webhook at 2,000 msg/s")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

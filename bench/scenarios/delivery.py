@@ -16,8 +16,9 @@ from typing import Any
 import httpx
 import orjson
 
+from bench.harness import plots
+from bench.harness.compare import percentile
 from bench.harness.memory import RssSampler, children
-from bench.harness.plots import IMG_DIR
 from bench.harness.servers import BenchError, Server, cpu_seconds, create_topic, lakebroker_server
 from bench.harness.wrk import closed_loop
 from bench.result import REPO, Check, Image, Mode, Result, Scenario, table
@@ -32,7 +33,7 @@ LATENCY_S = {"full": 20, "quick": 8, "tiny": 3}
 ORDERED_PARTITIONS: dict[str, tuple[int, ...]] = {"full": (1, PARTITIONS), "quick": (1,), "tiny": (1,)}
 ORDERED_N = {"full": 20_000, "quick": 4_000, "tiny": 1_000}
 THROUGHPUT_N, FAULTY_N = 40_000, 5_000  # full mode only
-CDF = IMG_DIR / "produce_to_webhook_cdf.png"  # written in full mode only
+CDF = plots.IMG_DIR / "produce_to_webhook_cdf.png"  # written in full mode only
 
 
 def receiver(work: Path, name: str, *flags: str) -> Server:
@@ -209,25 +210,6 @@ def faulty(work: Path, n: int) -> dict[str, Any]:
             "answers": answers}
 
 
-def percentile(sorted_values: list[float], q: float) -> float:
-    return sorted_values[min(len(sorted_values) - 1, int(q * len(sorted_values)))]
-
-
-def plot_cdf(latencies_ms: list[float], path: Path) -> None:
-    import matplotlib.pyplot as plt  # headless: bench.harness.plots chose the Agg backend
-
-    fig, ax = plt.subplots(figsize=(6, 3.5))
-    ax.plot(latencies_ms, [i / len(latencies_ms) for i in range(len(latencies_ms))])
-    ax.set_xlabel("produce → webhook latency (ms)")
-    ax.set_ylabel("fraction of messages")
-    ax.set_title("Produce → webhook at 2,000 msg/s")
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
 def measure(mode: Mode, work: Path) -> Result:
     lats = [latency(work, LATENCY_S[mode], name=f"latency-{i}") for i in range(LATENCY_RUNS[mode])]
     ordered = [partition_rate(work, ORDERED_N[mode], p) for p in ORDERED_PARTITIONS[mode]]
@@ -269,8 +251,8 @@ def measure(mode: Mode, work: Path) -> Result:
                         f"send and 99 % within {p99:.0f} ms; counted from the log append instead, p50 {app50:.0f} ms "
                         f"and p99 {app99:.0f} ms.")
     if mode == "full":
-        plot_cdf(middle.sent_ms, CDF)
-        result.images.append(Image(f"produce→webhook latency CDF ({of_runs})", str(CDF.relative_to(IMG_DIR.parent))))
+        plots.webhook_cdf(middle.sent_ms, CDF)
+        result.images.append(Image(f"produce→webhook latency CDF ({of_runs})", f"img/{CDF.name}"))
         _throughput_and_faults(work, result)
     return result
 

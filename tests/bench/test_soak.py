@@ -19,7 +19,7 @@ import pytest
 
 import bench.soak.__main__ as soak_cli
 from bench.harness.machine import describe
-from bench.report import RUN_FILE, machine_dict
+from bench.report import RUN_FILE
 from bench.result import Result
 from bench.scenarios.soak import MINUTES, SCENARIO
 from bench.soak.report import DELIVERY_RSS_MB, SoakReport, passed, to_result
@@ -122,7 +122,7 @@ def test_make_soak_writes_its_result_renders_the_page_and_exits_by_it(tmp_path: 
     monkeypatch.setattr(soak_cli, "every", lambda: [SCENARIO])  # the page of this scenario alone
     results, out = tmp_path / "results", tmp_path / "benchmarks.md"
     results.mkdir()
-    (results / RUN_FILE).write_bytes(orjson.dumps({"command": "make bench", "machine": machine_dict(describe())}))
+    (results / RUN_FILE).write_bytes(orjson.dumps({"command": "make bench", "machine": dataclasses.asdict(describe())}))
     with pytest.raises(SystemExit) as exited:
         soak_cli.main(["--minutes", "1", "--kill-every", "20", "--work", str(tmp_path / "work"),
                        "--results-dir", str(results), "--out", str(out)])

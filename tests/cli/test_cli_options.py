@@ -22,6 +22,7 @@ CHOICES = [
     (["topics", "create"], "--cleanup-policy", ["delete", "compact"]),
     (["produce"], "--ack", ["none", "wal", "table"]),
     (["sql"], "--format", ["table", "csv", "json"]),
+    (["spark", "setup"], "--resolver", ["auto", "maven", "spark"]),
     (["tokens", "create"], "--scope", ["produce", "consume", "metrics", "admin"]),
     (["job-runs"], "--job", ["compaction", "retention", "key-compaction", "offsets-compaction", "replication"]),
 ]
