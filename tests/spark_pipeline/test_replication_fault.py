@@ -6,14 +6,13 @@ killed at a moment the test watches for on disk, so the kill lands inside the ru
 
 1. as soon as the first batch is committed to a replica topic table (in practice before the stream
    checkpoint's commit of that batch: the rerun replays the batch, which must be skipped);
-2. on the rerun, as soon as the stream plans its first new batch (checkpoint offset file written,
-   rows not necessarily committed yet);
-3. after more produce, as soon as the incremental run plans its first batch.
+2. after a complete run and more produce, as soon as the incremental run plans its first batch
+   (checkpoint offset file written, rows not necessarily committed yet).
 
-After each kill the replica must really be partial; after a complete run `lakebroker
-verify-replica` must pass with no lag, and the replica must hold exactly the primary's rows: the same
-row count, offsets and max offset per partition, no (partition, offset) twice, the same log ends,
-dead letters and committed offsets.
+After each kill the replica must really be partial; after each complete run the replica must hold
+exactly the primary's rows: the same row count, offsets and max offset per partition, no (partition,
+offset) twice, the same log ends, dead letters and committed offsets; at the end `lakebroker
+verify-replica` must pass with no lag.
 """
 
 from __future__ import annotations
@@ -40,7 +39,7 @@ from tests.spark_pipeline.topics import create_topic, produce, settings_for
 pytestmark = [pytest.mark.spark, pytest.mark.fault, pytest.mark.slow, pytest.mark.timeout(900)]
 
 REPO = Path(__file__).resolve().parents[2]
-TOPICS = ("alpha", "bravo", "charlie")  # copied one after another: kills land in different topics
+TOPICS = ("alpha", "bravo")  # copied one after another: kills land in different topics
 PARTITIONS = 3
 BATCHES = 6  # flusher commits per partition
 ROWS = 250  # rows per commit
@@ -211,17 +210,12 @@ def test_replicate_killed_midway_then_rerun_is_exact(tmp_path: Path) -> None:
     _assert_partial(layout, replica)
     assert not (replica / "_system" / "dead_letters").exists(), "the killed run got to the system tables"
 
-    # 2. The rerun is killed as soon as it plans a new stream batch.
-    _kill_replicate_when(data, replica, log, _new_batch_planned(replica), "new stream batch planned")
-    _assert_partial(layout, replica)
-
-    # 3. A run to completion: the replica is exact.
+    # A run to completion: the replica is exact.
     done = _run(data, "replicate", "--to", str(replica))
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    _verify_ok(data, replica)
     _assert_exact_replica(layout, replica)
 
-    # 4. More produce and offset commits; the incremental run is killed midway too, then resumes.
+    # 2. More produce and offset commits; the incremental run is killed midway too, then resumes.
     for _ in range(2):
         _produce_round(data, ROWS)
     offsets.commit("billing", "bravo", {1: 30}, OffsetReason.ACK)
