@@ -122,3 +122,8 @@ class Layout:
     @property
     def leases_table(self) -> str:
         return self.system_table("delivery_leases")
+
+    @property
+    def owners_table(self) -> str:
+        """Which ingest node owns which topic partition (tables/ownership.py)."""
+        return self.system_table("partition_owners")

@@ -146,6 +146,22 @@ STATE_TABLE_PROPERTIES: dict[str, str] = {
     "delta.checkpointInterval": "100",
 }
 
+# Written by tables/ownership.py: which ingest node owns which topic partition.
+OWNERS_SCHEMA_VERSION = 1
+OWNERS_SCHEMA = pa.schema(
+    [
+        pa.field("kind", pa.string(), nullable=False),  # node | partition
+        pa.field("node", pa.string()),  # the node's id; on a partition row its owner, null once released
+        pa.field("url", pa.string()),  # node rows: the advertised URL other nodes and clients use
+        pa.field("topic_id", pa.string(), nullable=False),  # "" on node rows
+        pa.field("topic", pa.string(), nullable=False),  # "" on node rows
+        pa.field("partition", pa.int32(), nullable=False),  # -1 on node rows
+        pa.field("epoch", pa.int64(), nullable=False),  # bumped at each change of owner; 0 on node rows
+        pa.field("since", pa.timestamp("us", tz="UTC"), nullable=False),  # node: started; partition: taken
+        pa.field("expires_at", pa.timestamp("us", tz="UTC"), nullable=False),  # the heartbeat's lease
+    ]
+)
+
 LEASES_SCHEMA_VERSION = 1
 LEASES_SCHEMA = pa.schema(
     [

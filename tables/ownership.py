@@ -1,0 +1,199 @@
+"""Which ingest node owns which topic partition: the `_system/partition_owners` state table.
+
+A cluster is the nodes that share a table root; there is no list of peers. Each node heartbeats
+into this table (a StateTable: a compare-and-swap on its version) with its id and advertised URL,
+and holds its partitions' leases through the same row: a lease lives while its owner's heartbeat
+does. From the live nodes and the topics, every node computes the same balanced plan
+(`balance`), takes the free partitions the plan gives it, and lets go of those it gives to others.
+
+Taking a partition bumps its epoch. A lease alone does not make a node the only writer (clocks
+skew, processes pause): the new owner claims the epoch in the topic table before it accepts a
+message (tables/fencing.py), and that claim is what refuses the old owner's late commits.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from lakebroker.tables.layout import Layout
+from lakebroker.tables.schemas import OWNERS_SCHEMA, OWNERS_SCHEMA_VERSION
+from lakebroker.tables.state_table import Rows, StateTable
+
+Pair = tuple[str, int]  # (topic id, partition)
+FORGET_NODES_AFTER_TTLS = 10  # a node row this many TTLs past its expiry is dropped from the table
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    node: str
+    url: str
+    since: datetime
+    expires_at: datetime
+
+    def alive(self, now: datetime) -> bool:
+        return self.expires_at > now
+
+
+@dataclass(frozen=True)
+class Owner:
+    topic_id: str
+    topic: str
+    partition: int
+    node: str | None  # None: released, waiting for the node the plan gives it to
+    epoch: int
+    since: datetime
+    expires_at: datetime
+
+    def live(self, now: datetime) -> bool:
+        return self.node is not None and self.expires_at > now
+
+
+@dataclass(frozen=True)
+class ClusterView:
+    """The table as one read saw it."""
+
+    at: datetime
+    nodes: tuple[NodeInfo, ...]
+    owners: Mapping[Pair, Owner]
+
+    def live_nodes(self) -> dict[str, NodeInfo]:
+        return {n.node: n for n in self.nodes if n.alive(self.at)}
+
+    def owner_of(self, pair: Pair) -> NodeInfo | None:
+        """The live node that holds `pair`'s lease, if any."""
+        owner = self.owners.get(pair)
+        if owner is None or not owner.live(self.at):
+            return None
+        return self.live_nodes().get(owner.node or "")
+
+
+@dataclass(frozen=True)
+class Heartbeat:
+    """What one heartbeat left this node with."""
+
+    held: dict[Pair, int]  # pair -> epoch, every lease this node holds now
+    taken: frozenset[Pair]  # the pairs among them it took in this heartbeat (a new epoch each)
+    give_up: frozenset[Pair]  # held pairs the plan gives to another node: drain, then release
+    view: ClusterView = field(repr=False)
+
+
+def balance(pairs: Sequence[Pair], nodes: Sequence[str], owners: Mapping[Pair, str]) -> dict[Pair, str]:
+    """The plan: each node gets len(pairs) // len(nodes) pairs or one more. A pair stays with its
+    current owner while that owner is within its share, so a node joining or dying moves only the
+    pairs it must. The same inputs give the same plan on every node."""
+    if not nodes:
+        return {}
+    ordered = sorted(set(nodes))
+    base, extra = divmod(len(pairs), len(ordered))
+    load = Counter(owner for pair, owner in owners.items() if owner in ordered and pair in set(pairs))
+    # The extra pairs go to the nodes that hold the most already: fewer moves.
+    by_load = sorted(ordered, key=lambda n: (-load[n], n))
+    quota = {n: base + (1 if i < extra else 0) for i, n in enumerate(by_load)}
+    plan: dict[Pair, str] = {}
+    count: Counter[str] = Counter()
+    unplaced: list[Pair] = []
+    for pair in sorted(pairs):
+        owner = owners.get(pair)
+        if owner in quota and count[owner] < quota[owner]:
+            plan[pair] = owner
+            count[owner] += 1
+        else:
+            unplaced.append(pair)
+    turn = 0
+    for pair in unplaced:  # round-robin over the nodes with room, so a topic spreads over them
+        while count[ordered[turn % len(ordered)]] >= quota[ordered[turn % len(ordered)]]:
+            turn += 1
+        plan[pair] = ordered[turn % len(ordered)]
+        count[plan[pair]] += 1
+        turn += 1
+    return plan
+
+
+def _node(row: dict[str, Any]) -> NodeInfo:
+    return NodeInfo(row["node"], row["url"] or "", row["since"], row["expires_at"])
+
+
+def _owner(row: dict[str, Any]) -> Owner:
+    return Owner(row["topic_id"], row["topic"], row["partition"], row["node"], row["epoch"], row["since"],
+                 row["expires_at"])
+
+
+def _view(rows: Rows, now: datetime) -> ClusterView:
+    nodes = tuple(sorted((_node(r) for r in rows if r["kind"] == "node"), key=lambda n: n.node))
+    owners = {(r["topic_id"], r["partition"]): _owner(r) for r in rows if r["kind"] == "partition"}
+    return ClusterView(now, nodes, owners)
+
+
+class OwnershipTable:
+    def __init__(self, layout: Layout, node: str, url: str, ttl_s: float) -> None:
+        self.table = StateTable(layout.owners_table, OWNERS_SCHEMA, OWNERS_SCHEMA_VERSION)
+        self.node = node
+        self.url = url
+        self.ttl = timedelta(seconds=ttl_s)
+
+    def view(self) -> ClusterView:
+        return _view(self.table.read(), datetime.now(UTC))
+
+    def heartbeat(self, pairs: Mapping[Pair, str], release: frozenset[Pair] = frozenset(), *,
+                  leave: bool = False) -> Heartbeat:
+        """Renew this node and its leases, release `release` (drained by the caller), and take the
+        free pairs of `pairs` (pair -> topic name: the topics as this node knows them) that the plan
+        gives this node, in one commit. `leave` releases everything and ends the node's heartbeat."""
+
+        def change(rows: Rows) -> tuple[Rows, Heartbeat]:
+            now = datetime.now(UTC)
+            expires = now if leave else now + self.ttl
+            out = [dict(r) for r in rows]
+            nodes = [r for r in out if r["kind"] == "node"
+                     and r["expires_at"] > now - self.ttl * FORGET_NODES_AFTER_TTLS]
+            me = next((r for r in nodes if r["node"] == self.node), None)
+            if me is None:
+                me = {"kind": "node", "node": self.node, "url": self.url, "topic_id": "", "topic": "",
+                      "partition": -1, "epoch": 0, "since": now, "expires_at": expires}
+                nodes.append(me)
+            elif leave or me["url"] != self.url or me["expires_at"] - now < self.ttl / 2:
+                # Renewed at half its life: a heartbeat that changes nothing else commits nothing.
+                me.update(url=self.url, expires_at=expires)
+            live = sorted(r["node"] for r in nodes if r["expires_at"] > now)
+            by_pair = {(r["topic_id"], r["partition"]): r for r in out if r["kind"] == "partition"}
+            owners = {pair: r["node"] for pair, r in by_pair.items() if r["node"] and r["expires_at"] > now}
+            plan = balance(list(pairs), live, owners)
+            held: dict[Pair, int] = {}
+            taken: set[Pair] = set()
+            give_up: set[Pair] = set()
+            for pair, topic in pairs.items():
+                row = by_pair.get(pair)
+                mine = row is not None and row["node"] == self.node and row["expires_at"] > now
+                if row is not None and mine:
+                    if leave or pair in release:
+                        row.update(node=None, expires_at=now)
+                        continue
+                    row["expires_at"] = me["expires_at"]
+                    held[pair] = row["epoch"]
+                    if plan.get(pair) != self.node:
+                        give_up.add(pair)
+                elif plan.get(pair) == self.node and not leave and pair not in release:
+                    if row is None:
+                        row = by_pair[pair] = {"kind": "partition", "node": self.node, "url": None,
+                                               "topic_id": pair[0], "topic": topic, "partition": pair[1],
+                                               "epoch": 1, "since": now, "expires_at": me["expires_at"]}
+                    elif row["node"] is None or row["expires_at"] <= now:
+                        row.update(node=self.node, epoch=row["epoch"] + 1, since=now, expires_at=me["expires_at"],
+                                   topic=topic)
+                    else:
+                        continue  # still another node's: it drains and releases it, or its lease runs out
+                    held[pair] = row["epoch"]
+                    taken.add(pair)
+            partitions = sorted(by_pair.values(), key=lambda r: (r["topic_id"], r["partition"]))
+            new_rows = sorted(nodes, key=lambda r: r["node"]) + partitions
+            return new_rows, Heartbeat(held, frozenset(taken), frozenset(give_up), _view(new_rows, now))
+
+        return self.table.mutate(change)
+
+    def forget_topic(self, topic_id: str) -> None:
+        """A deleted topic's partitions leave the table."""
+        self.table.mutate(lambda rows: ([r for r in rows if r["topic_id"] != topic_id], None))

@@ -1,0 +1,89 @@
+"""The ownership table (tables/ownership.py): balanced plans, takes, graceful releases and
+expired leases, with real state tables shared by several node objects."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from lakebroker.tables.layout import Layout
+from lakebroker.tables.ownership import OwnershipTable, Pair, balance
+
+
+def _pairs(topics: dict[str, int]) -> dict[Pair, str]:
+    return {(f"id-{t}", p): t for t, n in topics.items() for p in range(n)}
+
+
+def test_balance_is_fair_sticky_and_the_same_everywhere() -> None:
+    pairs = sorted(_pairs({"a": 6, "b": 4}))
+    plan = balance(pairs, ["n2", "n1", "n3"], {})
+    assert sorted(Counter(plan.values()).values()) == [3, 3, 4]
+    assert plan == balance(pairs, ["n3", "n1", "n2"], {}), "node order must not matter"
+    assert {plan[("id-a", p)] for p in range(3)} == {"n1", "n2", "n3"}, "a topic spreads over the nodes"
+    # A fourth node joins: it gets a fair share, and only the pairs it takes move.
+    joined = balance(pairs, ["n1", "n2", "n3", "n4"], plan)
+    assert sorted(Counter(joined.values()).values()) == [2, 2, 3, 3]
+    assert sum(1 for pair in pairs if joined[pair] != plan[pair]) == 2
+    # n2 dies: only its pairs move.
+    survivors = balance(pairs, ["n1", "n3"], {p: o for p, o in plan.items() if o != "n2"})
+    assert all(survivors[p] == o for p, o in plan.items() if o != "n2")
+    assert sorted(Counter(survivors.values()).values()) == [5, 5]
+    assert balance(pairs, [], {}) == {}
+
+
+@pytest.fixture
+def layout(tmp_path: Path) -> Layout:
+    return Layout(tmp_path / "data")
+
+
+def test_nodes_share_the_partitions_and_a_move_is_a_release_then_a_take(layout: Layout) -> None:
+    pairs = _pairs({"orders": 4})
+    a = OwnershipTable(layout, "a", "http://127.0.0.1:1", ttl_s=30)
+    b = OwnershipTable(layout, "b", "http://127.0.0.1:2", ttl_s=30)
+    first = a.heartbeat(pairs)
+    assert first.held == {pair: 1 for pair in pairs} and first.taken == set(pairs)
+    assert first.give_up == set()
+
+    joined = b.heartbeat(pairs)  # the plan gives b half, but a still holds them
+    assert joined.held == {} and joined.taken == set()
+    moving = a.heartbeat(pairs)
+    assert len(moving.give_up) == 2 and set(moving.held) == set(pairs), "a keeps them until it has drained"
+    assert a.heartbeat(pairs, release=moving.give_up).held.keys() == set(pairs) - moving.give_up
+    taken = b.heartbeat(pairs)
+    assert taken.taken == moving.give_up and set(taken.held.values()) == {2}, "a new owner, a new epoch"
+
+    view = a.view()
+    assert {n.node: n.url for n in view.live_nodes().values()} == {"a": "http://127.0.0.1:1", "b": "http://127.0.0.1:2"}
+    for pair in pairs:
+        owner = view.owner_of(pair)
+        assert owner is not None and owner.node == ("b" if pair in moving.give_up else "a")
+    assert a.heartbeat(pairs).give_up == set() and b.heartbeat(pairs).give_up == set(), "balanced: nothing moves"
+
+
+def test_a_dead_nodes_leases_expire_and_the_survivor_takes_them_with_a_new_epoch(layout: Layout) -> None:
+    pairs = _pairs({"orders": 2})
+    dead = OwnershipTable(layout, "dead", "http://127.0.0.1:1", ttl_s=0.5)
+    live = OwnershipTable(layout, "live", "http://127.0.0.1:2", ttl_s=0.5)
+    assert dead.heartbeat(pairs).held == {pair: 1 for pair in pairs}
+    assert live.heartbeat(pairs).held == {}, "the leases are live: nothing is taken from a live node"
+    time.sleep(0.6)
+    after = live.heartbeat(pairs)
+    assert after.held == {pair: 2 for pair in pairs} and after.taken == set(pairs)
+    view = live.view()
+    assert set(view.live_nodes()) == {"live"}
+    assert all(view.owner_of(pair) is not None for pair in pairs)
+
+
+def test_leaving_releases_everything_and_deleted_topics_are_forgotten(layout: Layout) -> None:
+    pairs = _pairs({"orders": 2, "audit": 1})
+    a = OwnershipTable(layout, "a", "http://127.0.0.1:1", ttl_s=30)
+    b = OwnershipTable(layout, "b", "http://127.0.0.1:2", ttl_s=30)
+    a.heartbeat(pairs)
+    left = a.heartbeat(pairs, leave=True)
+    assert left.held == {} and not left.view.live_nodes()
+    assert b.heartbeat(pairs).held == {pair: 2 for pair in pairs}, "released leases are taken at once"
+    b.forget_topic("id-orders")
+    assert set(b.view().owners) == {("id-audit", 0)}
