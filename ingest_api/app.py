@@ -29,6 +29,7 @@ from lakebroker.ingest_api.limits import BodyLimit, HeaderLimit
 from lakebroker.ingest_api.live_status import LiveStatus, Service
 from lakebroker.ingest_api.metrics import IngestMetrics
 from lakebroker.ingest_api.routes import (
+    cluster,
     consume,
     consumer_groups,
     dashboard,
@@ -126,6 +127,8 @@ def create_app(
     app.include_router(rest_proxy.produce_router, responses=rest_proxy.AUTH_ERRORS,
                        dependencies=[require(Scope.PRODUCE)])
     app.include_router(rest_proxy.metadata_router, responses=rest_proxy.AUTH_ERRORS,
+                       dependencies=[require(AUTHENTICATED, topic_checked_by_route=True)])
+    app.include_router(cluster.router, responses=AUTH_ERRORS,
                        dependencies=[require(AUTHENTICATED, topic_checked_by_route=True)])
     app.include_router(consume.router, responses=AUTH_ERRORS, dependencies=[require(Scope.CONSUME)])
     app.include_router(consumer_groups.router, responses=AUTH_ERRORS, dependencies=[require(Scope.CONSUME)])

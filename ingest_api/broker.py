@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -23,6 +25,7 @@ import pyarrow as pa
 from lakebroker.ingest_api.acks import Acks, highest_offsets
 from lakebroker.ingest_api.admission import Admission
 from lakebroker.ingest_api.chunks import BatchResults, Chunk, ColumnarBatch, chunk_bytes, split_by_bytes
+from lakebroker.ingest_api.cluster import Membership, NotOwner
 from lakebroker.ingest_api.dedup import DedupIndex, DedupKey, Placed, dedup_id
 from lakebroker.ingest_api.flusher import Flusher
 from lakebroker.ingest_api.group_commit import GroupCommitter, Pending, PendingChunk
@@ -40,6 +43,7 @@ from lakebroker.tables.errors import (
 )
 from lakebroker.tables.layout import Layout
 from lakebroker.tables.lost_offsets import LostOffsets, record_loss
+from lakebroker.tables.ownership import Pair
 from lakebroker.tables.settings import Settings
 from lakebroker.tables.topics import TopicConfig, TopicStore
 
@@ -98,6 +102,16 @@ class Broker:
         self.batch_turns = Turns()  # batch requests' CPU, one per loop pass (fairness to single messages)
         self._tasks: list[asyncio.Task[None]] = []
         self.damage = HeldPartitions(self.flusher.hold, metrics)  # partitions WAL damage holds, until skipped
+        # Ownership (ingest_api/cluster.py): the partitions this node may commit, with their epochs; those
+        # open to produce (an owned partition being handed over is closed first); and this node's WAL
+        # items of partitions it does not own, kept (their WAL segments too) until it owns them again.
+        self.epochs: dict[PartitionKey, int] = self.flusher.epochs
+        self.accepting: set[PartitionKey] = set()
+        self.parked: dict[PartitionKey, list[Record | Chunk]] = {}
+        self._floors: dict[PartitionKey, int] = {}  # the WAL keeps each such partition's items from here
+        self.cluster: Membership
+        self.flusher.on_orphans = self._park
+        self.flusher.on_deposed = self._deposed
         self.started = False
 
     # -- lifecycle ----------------------------------------------------------------------
@@ -112,12 +126,14 @@ class Broker:
             self.damage.add(damage)
         self.committer.next_offsets = recovered.assigned
         self.flusher.committed = dict(recovered.committed)
-        unflushed = recovered.unflushed
-        self.flusher.add(unflushed)
-        if unflushed:
+        self._park(recovered.unflushed)  # until the first heartbeat says which partitions are ours
+        self._tasks = [asyncio.create_task(self.committer.run()), asyncio.create_task(self.flusher.run())]
+        self.cluster = Membership(self, self.settings)
+        self.flusher.node = self.cluster.node
+        await self.cluster.join()
+        if self.flusher.pending_bytes:
             await self.flusher.flush_once()
         self._release_wal()
-        self._tasks = [asyncio.create_task(self.committer.run()), asyncio.create_task(self.flusher.run())]
         self.started = True
 
     # -- WAL damage ---------------------------------------------------------------------
@@ -144,6 +160,7 @@ class Broker:
     async def stop(self) -> None:
         # The tasks stop first, each between two groups or flushes, so the drain below is the
         # only writer: a drain beside a running committer or flusher could interleave with it.
+        self.accepting.clear()
         self.committer.close()
         self.flusher.close()
         for task in self._tasks:
@@ -153,6 +170,8 @@ class Broker:
             await self.flusher.flush_once()
         self.wal.close(self._committed_below() if not self.flusher.pending_bytes else None)
         self.dedup.close()
+        if not self.flusher.pending_bytes:  # all committed: the partitions go to other nodes at once
+            await self.cluster.leave()
         self.started = False
 
     # -- topics -------------------------------------------------------------------------
@@ -166,12 +185,27 @@ class Broker:
     async def create_topic(self, topic: TopicConfig) -> TopicConfig:
         created = await asyncio.to_thread(self.store.create, topic)
         self.topics = {**self.topics, created.name: created}
+        await self.cluster.beat()  # its partitions get owners before the answer
         return created
+
+    async def follow_topics(self) -> None:
+        """Take in what other nodes changed in the topic table: new, changed and deleted topics."""
+        current = await asyncio.to_thread(self.store.load)
+        if current == self.topics:
+            return
+        gone = [t for name, t in self.topics.items() if current.get(name, t).topic_id != t.topic_id
+                or name not in current]
+        async with self.flusher.commit_lock:
+            self.topics = current
+        for topic in gone:
+            await self._forget_topic(topic)
 
     async def update_topic(self, name: str, **changes: object) -> TopicConfig:
         self.topic(name)
         updated = await asyncio.to_thread(self.store.update, name, **changes)
         self.topics = {**self.topics, name: updated}
+        if "partitions" in changes:
+            await self.cluster.beat()  # the new partitions get owners before the answer
         return updated
 
     async def delete_topic(self, name: str) -> None:
@@ -179,10 +213,130 @@ class Broker:
         async with self.flusher.commit_lock:  # no flush may land in the table once it is gone
             await asyncio.to_thread(self.store.delete, name)
             self.topics = {k: v for k, v in self.topics.items() if k != name}
+        await self._forget_topic(topic)
+        await asyncio.to_thread(self.cluster.table.forget_topic, topic.topic_id)
+
+    async def _forget_topic(self, topic: TopicConfig) -> None:
         self.partitioner.forget(topic)
         self._topic_ids.pop(topic.topic_id, None)
         await self.flusher.forget(topic.topic_id)
-        self.damage.forget_topic(name)
+        self.damage.forget_topic(topic.name)
+        topic_id = bytes.fromhex(topic.topic_id)
+        for key in [k for k in (*self.epochs, *self.parked) if k[0] == topic_id]:
+            self.epochs.pop(key, None)
+            self.accepting.discard(key)
+            self.parked.pop(key, None)
+            self._floors.pop(key, None)
+
+    # -- ownership (ingest_api/cluster.py drives these) ------------------------------------
+    def owned_pairs(self) -> set[Pair]:
+        return {(k[0].hex(), k[1]) for k in self.epochs}
+
+    def adopt(self, topic: TopicConfig, claimed: dict[int, tuple[int, int, int | None]]) -> None:
+        """Open partitions this node has just claimed: partition -> (epoch, the end the claim found,
+        this node's own end before it). This node's WAL items of a partition go on at their offsets
+        if no other node committed to it since this node's last commit; otherwise they were never
+        committed and are appended again, with new offsets after the claimed end."""
+        topic_id = bytes.fromhex(topic.topic_id)
+        for partition, (epoch, end, before) in claimed.items():
+            key = (topic_id, partition)
+            items = self.parked.pop(key, [])
+            mine_until = self.flusher.committed.get(key, 0) if before is None else before
+            if mine_until == end:
+                self.flusher.add(items)
+                self.committer.next_offsets[key] = max(self.committer.next_offsets.get(key, 0), end)
+                self._floors.pop(key, None)
+            else:
+                self.committer.next_offsets[key] = end
+                again = _uncommitted(items, mine_until)
+                if again:
+                    log.warning("%s[%d]: appending %d messages again that this node took before another node "
+                                "owned the partition", topic.name, partition, sum(_rows(i) for i in again))
+                    self._append_again(topic, again, key)
+                else:
+                    self._floors.pop(key, None)
+            self.flusher.committed[key] = max(end, self.flusher.committed.get(key, 0)) if mine_until == end else end
+            self.epochs[key] = epoch
+            self.accepting.add(key)
+        self.flusher.adopted(topic.topic_id)
+        self._restrict_keyless(topic)
+
+    def _append_again(self, topic: TopicConfig, items: list[Record | Chunk], key: PartitionKey) -> None:
+        """Queue items for the WAL again as new messages of their partition; the WAL keeps their old
+        copies (the floor) until the new ones are durable."""
+        loop = asyncio.get_running_loop()
+        futures: list[asyncio.Future[Any]] = []
+        for item in items:  # one at a time: chunks and records may alternate, and their order is kept
+            future: asyncio.Future[Any] = loop.create_future()
+            futures.append(future)
+            if isinstance(item, Chunk):
+                self.committer.submit([PendingChunk(dataclasses.replace(item, offset=-1), future)])
+            else:
+                self.committer.submit([Pending(dataclasses.replace(item, offset=-1), future)])
+
+        def durable(_: object) -> None:
+            if all(f.done() and not f.cancelled() and f.exception() is None for f in futures):
+                self._floors.pop(key, None)
+
+        asyncio.gather(*futures, return_exceptions=True).add_done_callback(durable)
+
+    def disown(self, pairs: set[Pair]) -> None:
+        """Partitions whose lease this node lost: closed at once; what it holds of them is parked by the
+        flusher (their commits would be refused)."""
+        for topic_hex, partition in pairs:
+            key = (bytes.fromhex(topic_hex), partition)
+            self.accepting.discard(key)
+            self.epochs.pop(key, None)
+        self._restrict_all()
+
+    def _deposed(self, topic: TopicConfig, partitions: frozenset[int]) -> None:
+        self.disown({(topic.topic_id, p) for p in partitions})
+        self.cluster.wake()
+
+    def _restrict_all(self) -> None:
+        for topic in self.topics.values():
+            self._restrict_keyless(topic)
+
+    def _park(self, items: list[Record | Chunk]) -> None:
+        for item in items:
+            key = (item.topic_id, item.partition)
+            self.parked.setdefault(key, []).append(item)
+            self._floors[key] = min(self._floors.get(key, item.offset), item.offset)
+
+    async def hand_over(self, pair: Pair, attempts: int = 20) -> bool:
+        """Close an owned partition to produce and commit everything it took; True once nothing of it
+        is left uncommitted (the caller releases its lease), False if commits kept failing (reopened)."""
+        key = (bytes.fromhex(pair[0]), pair[1])
+        if key not in self.epochs:
+            return False
+        self.accepting.discard(key)
+        self._restrict_all()
+        for _ in range(attempts):
+            await asyncio.sleep(0)  # a message queued before the close gets its offset first
+            if self.committer.queued_bytes == 0 and \
+                    self.flusher.committed.get(key, 0) >= self.committer.next_offsets.get(key, 0):
+                self.epochs.pop(key, None)
+                return True
+            if not await self.flusher.flush_round():
+                await asyncio.sleep(0.1)
+        if key in self.epochs:
+            self.accepting.add(key)
+            self._restrict_all()
+        return False
+
+    def _check_open(self, topic: TopicConfig, topic_id: bytes, partitions: set[int]) -> None:
+        for partition in sorted(partitions):
+            if (topic_id, partition) not in self.accepting:
+                raise self.not_here(topic, partition)
+
+    def _restrict_keyless(self, topic: TopicConfig) -> None:
+        topic_id = bytes.fromhex(topic.topic_id)
+        self.partitioner.restrict(topic, [p for p in range(topic.partitions) if (topic_id, p) in self.accepting])
+
+    def not_here(self, topic: TopicConfig, partition: int) -> NotOwner:
+        url = self.cluster.owner_url((topic.topic_id, partition))
+        where = f"its owner is {url}" if url else "no node owns it yet; retry in a second"
+        return NotOwner(f"partition {partition} of {topic.name!r} is not owned by this node: {where}", url)
 
     # A partition has two ends. The assigned end is the next offset produce will give (what the WAL
     # holds); the committed end is the next offset the Delta table will hold (what readers see).
@@ -207,6 +361,7 @@ class Broker:
         waits: list[tuple[int, asyncio.Future[Placed]]] = []
         pending: list[Pending] = []
         partitions = self.partitioner.each(topic, messages)
+        self._check_open(topic, topic_id, set(partitions))
         for i, m in enumerate(messages):
             result, queued, original = self._place(topic, topic_id, m, partitions[i], awaited=ack is not _NONE)
             results.append(result)
@@ -261,7 +416,10 @@ class Broker:
         size = self.admission.check_one(topic, message)
         started = time.perf_counter()
         topic_id = self._topic_ids.get(topic.topic_id) or self._topic_id(topic)
-        result, queued, original = self._place(topic, topic_id, message, self.partitioner.one(topic, message),
+        partition = self.partitioner.one(topic, message)
+        if (topic_id, partition) not in self.accepting:
+            raise self.not_here(topic, partition)
+        result, queued, original = self._place(topic, topic_id, message, partition,
                                                awaited=then is None and ack is not _NONE, size=size)
         if queued is not None:
             queued.then = then
@@ -344,9 +502,10 @@ class Broker:
         # as on the per-message path); then the kept ones'.
         everyone = self.partitioner.columns(topic, batch.partitions, batch.columns.column("key").combine_chunks())
         parts = everyone if len(kept) == n else everyone[kept]
+        topic_id = bytes.fromhex(topic.topic_id)
+        self._check_open(topic, topic_id, set(np.unique(parts).tolist()))
         results.partition[kept] = parts
         loop = asyncio.get_running_loop()
-        topic_id = bytes.fromhex(topic.topic_id)
         order, by_partition = _grouped(parts, columns)
         bounds = np.flatnonzero(np.diff(parts[order])) + 1
         placed: list[tuple[np.ndarray, asyncio.Future[Chunk]]] = []
@@ -427,10 +586,13 @@ class Broker:
         """Each partition's committed end, as the WAL's release asks it; a deleted topic's items
         are never needed again."""
         live = {bytes.fromhex(t.topic_id) for t in self.topics.values()}
-        committed = self.flusher.committed
+        committed, floors = self.flusher.committed, self._floors
 
         def committed_below(key: PartitionKey) -> int:
-            return committed.get(key, 0) if key[0] in live else _NEVER
+            if key[0] not in live:
+                return _NEVER
+            floor = floors.get(key)
+            return committed.get(key, 0) if floor is None else min(floor, committed.get(key, 0))
 
         return committed_below
 
@@ -438,6 +600,26 @@ class Broker:
         self.wal.release(self._committed_below())
         self.metrics.wal_segments.set(self.wal.segment_count())
         self.metrics.wal_backlog_bytes.set(self.backlog_bytes)
+
+
+def _rows(item: Record | Chunk) -> int:
+    return 1 if isinstance(item, Record) else item.rows
+
+
+def _uncommitted(items: list[Record | Chunk], end: int) -> list[Record | Chunk]:
+    """The items' messages at or past `end` (a chunk that straddles it, cut there)."""
+    out: list[Record | Chunk] = []
+    for item in items:
+        if isinstance(item, Chunk):
+            if item.end <= end:
+                continue
+            if item.offset < end:
+                rows = item.columns.slice(end - item.offset)
+                item = dataclasses.replace(item, offset=end, columns=rows, size=chunk_bytes(rows))
+        elif item.offset < end:
+            continue
+        out.append(item)
+    return out
 
 
 def _grouped(parts: np.ndarray, columns: pa.Table) -> tuple[np.ndarray, pa.Table]:

@@ -48,7 +48,7 @@ from lakebroker.ingest_api.chunks import Chunk, chunks_to_arrow
 from lakebroker.ingest_api.metrics import IngestMetrics
 from lakebroker.ingest_api.records import Record
 from lakebroker.ingest_api.wal import PartitionKey
-from lakebroker.tables import delta
+from lakebroker.tables import delta, fencing
 from lakebroker.tables.errors import NotFound, OffsetGap, StorageUnavailable
 from lakebroker.tables.layout import Layout
 from lakebroker.tables.lost_offsets import skip_in_table
@@ -113,6 +113,14 @@ class Flusher:
         self._held_from: dict[PartitionKey, int] = {}  # a damaged partition's first lost offset
         self._held: dict[PartitionKey, list[Record | Chunk]] = {}  # its items past the hole
         self._held_bytes = 0
+        # Ownership (ingest_api/cluster.py): this node's id and the epochs of the partitions it owns,
+        # which every commit records (tables/fencing.py). Items of other partitions are handed to
+        # `on_orphans`; partitions the table shows another owner of go to `on_deposed` first.
+        self.node = ""
+        self.epochs: dict[PartitionKey, int] = {}
+        self.on_orphans: Callable[[list[Record | Chunk]], None] = lambda items: None
+        self.on_deposed: Callable[[TopicConfig, frozenset[int]], None] = lambda topic, partitions: None
+        self._verified: dict[str, int] = {}  # by topic id: the table version whose owner epochs were checked
 
     @property
     def pending_bytes(self) -> int:
@@ -274,9 +282,21 @@ class Flusher:
             if not live:
                 continue  # the topic was deleted (or re-created) after these were accepted
             assert topic is not None
+            live = self._owned(topic, live)
+            if not live:
+                continue
             started = time.perf_counter()
             try:
-                ends = await asyncio.to_thread(self._commit, topic, live)
+                try:
+                    ends = await asyncio.to_thread(self._commit, topic, live)
+                except fencing.Deposed as exc:
+                    log.warning("%s: partitions %s have another owner now; their messages are kept for it", name,
+                                sorted(exc.partitions))
+                    self.on_deposed(topic, exc.partitions)
+                    live = self._owned(topic, live)
+                    if not live:
+                        continue
+                    ends = await asyncio.to_thread(self._commit, topic, live)
             except Exception:
                 log.exception("flush of %d records to topic %r failed; will retry", len(live), name)
                 self._metrics.flush_errors.labels(name).inc()
@@ -298,6 +318,25 @@ class Flusher:
         self.healthy = True
         return True
 
+    def _owned(self, topic: TopicConfig, items: list[Record | Chunk]) -> list[Record | Chunk]:
+        """The items of partitions this node owns; the others go to `on_orphans`."""
+        epochs = self.epochs
+        mine = [r for r in items if (r.topic_id, r.partition) in epochs]
+        if len(mine) < len(items):
+            self.on_orphans([r for r in items if (r.topic_id, r.partition) not in epochs])
+        return mine
+
+    def own(self, topic: TopicConfig, epoch: int = 1) -> None:
+        """Own every partition of `topic` without a claim: for a flusher that is its table's only
+        writer (benchmarks, tests); a broker's partitions are claimed (ingest_api/cluster.py)."""
+        topic_id = bytes.fromhex(topic.topic_id)
+        self.epochs.update({(topic_id, p): epoch for p in range(topic.partitions)})
+
+    def adopted(self, topic_id: str) -> None:
+        """This node claimed partitions of the topic: read their ends and epochs again."""
+        self._ends.pop(topic_id, None)
+        self._verified.pop(topic_id, None)
+
     def _table(self, topic: TopicConfig) -> DeltaTable:
         kept = self._tables.get(topic.topic_id)
         if kept is None:
@@ -309,8 +348,19 @@ class Flusher:
     def _commit(self, topic: TopicConfig, records: list[Record | Chunk]) -> dict[int, int]:
         try:
             table = self._table(topic)
-            known = self._ends.setdefault(topic.topic_id, {})
+            topic_id = bytes.fromhex(topic.topic_id)
             partitions = {r.partition for r in records}
+            epochs = {p: self.epochs[(topic_id, p)] for p in partitions}
+            if self._verified.get(topic.topic_id) != table.version():
+                # Others committed since (nodes, jobs): a claim among them would not conflict with a
+                # commit on this snapshot, so the epochs are read again first (tables/fencing.py).
+                self._ends.pop(topic.topic_id, None)
+                lost = fencing.deposed(table, epochs)
+                if lost:
+                    raise fencing.Deposed(f"partitions {sorted(lost)} of {topic.name!r} have a newer owner",
+                                          {p: fencing.stored_epoch(table, p) for p in lost})
+                self._verified[topic.topic_id] = table.version()
+            known = self._ends.setdefault(topic.topic_id, {})
             for p in partitions - known.keys():
                 known[p] = delta.committed_end(table, p)
             ends = {p: known[p] for p in partitions}
@@ -320,12 +370,14 @@ class Flusher:
             delta.append(
                 table,
                 _assemble(fresh),
-                txns={delta.partition_app_id(p): end for p, end in ends.items()},
+                txns=fencing.commit_txns(self.node, epochs, ends),
                 metadata={"lakebroker.operation": "flush"},
             )
         except BaseException:
             self._ends.pop(topic.topic_id, None)  # a failed commit may still have landed: read the table again
+            self._verified.pop(topic.topic_id, None)
             raise
+        self._verified[topic.topic_id] = table.version()
         known.update(ends)
         return ends
 

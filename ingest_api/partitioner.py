@@ -72,20 +72,27 @@ class RoundRobin:
 
     def __init__(self) -> None:
         self._runs = 0
+        # In a cluster, the partitions this node owns (keyless messages need no hop to another
+        # node, as Kafka's sticky partitioner favours a ready broker); None: every partition.
+        self.choices: np.ndarray | None = None
 
     def next(self, partitions: int) -> int:
         """The partition of a request's only keyless message: `take(1, partitions)[0]`."""
         n = self._runs
         self._runs = n + 1
-        return n % partitions
+        choices = self.choices
+        return n % partitions if choices is None else int(choices[n % len(choices)])
 
     def take(self, count: int, partitions: int) -> np.ndarray:
         """The partitions of one request's `count` keyless messages, in order: up to one run
         per partition, each of at least MIN_RUN messages (all of them if fewer), sizes within one."""
-        runs = max(1, min(partitions, count // MIN_RUN))
+        choices = self.choices
+        width = partitions if choices is None else len(choices)
+        runs = max(1, min(width, count // MIN_RUN))
         first = self._runs
         self._runs = first + runs
-        return (first + np.arange(count, dtype=np.int64) * runs // count) % partitions
+        spread = (first + np.arange(count, dtype=np.int64) * runs // count) % width
+        return spread if choices is None else choices[spread]
 
 
 class KeyCache:
@@ -165,6 +172,11 @@ class Partitioner:
         if cache is None or cache.partitions != topic.partitions:
             cache = self._key_caches[topic.topic_id] = KeyCache(topic.partitions)
         return partitions_for(explicit, keys, self._keyless(topic), cache)
+
+    def restrict(self, topic: TopicConfig, owned: list[int]) -> None:
+        """Keyless messages of `topic` go to `owned` only (all partitions when it is empty or all)."""
+        choices = None if len(owned) in (0, topic.partitions) else np.array(sorted(owned), np.int64)
+        self._keyless(topic).choices = choices
 
     def forget(self, topic: TopicConfig) -> None:
         """The topic was deleted: a topic made again under its name starts afresh."""

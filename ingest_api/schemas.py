@@ -193,3 +193,26 @@ def inline_schema(model: type[BaseModel]) -> dict[str, Any]:
 
     out: dict[str, Any] = inline(schema)
     return out
+
+
+class NodePublic(BaseModel):
+    id: str
+    url: str = Field(description="The node's advertised URL.")
+    since: str = Field(description="When the node first joined the cluster.")
+    lease_expires_at: str = Field(description="Its partitions move to live nodes after this, unless it heartbeats.")
+    alive: bool
+
+
+class PartitionOwnerPublic(BaseModel):
+    topic: str
+    partition: int
+    owner: str | None = Field(description="The owning node's id; null while the partition changes hands.")
+    url: str | None = Field(description="The owner's advertised URL: where to send this partition's messages.")
+    epoch: int = Field(description="Bumped at each change of owner; the owner's table commits carry it.")
+    since: str | None = Field(description="When the owner took the partition.")
+
+
+class ClusterPublic(BaseModel):
+    node: str = Field(description="The id of the node that answered.")
+    nodes: list[NodePublic]
+    partitions: list[PartitionOwnerPublic]

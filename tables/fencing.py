@@ -23,7 +23,7 @@ now, they go to it and get new offsets there.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 
@@ -40,9 +40,10 @@ class Deposed(LakebrokerError):
     status = 503  # retryable: the partition has another owner now
     code = "partition_moved"
 
-    def __init__(self, message: str, partitions: Iterable[int] = ()) -> None:
+    def __init__(self, message: str, newer: Mapping[int, int]) -> None:
         super().__init__(message)
-        self.partitions = frozenset(partitions)
+        self.newer = dict(newer)  # partition -> the newer epoch found
+        self.partitions = frozenset(newer)
 
 
 def owner_app_id(partition: int) -> str:
@@ -85,7 +86,8 @@ def claim(table: DeltaTable, epochs: Epochs, *, node: str) -> dict[int, int]:
     Raises Deposed when the snapshot already holds an epoch at least as new (a newer owner claimed
     first), and CommitFailedError when a commit since the snapshot wrote one of the partitions: the
     caller loads the table again and claims again, so it never goes on from a stale end."""
-    stale = {p for p, epoch in epochs.items() if stored_epoch(table, p) >= epoch}
+    stored = {p: stored_epoch(table, p) for p in epochs}
+    stale = {p: stored[p] for p, epoch in epochs.items() if stored[p] >= epoch}
     if stale:
         raise Deposed(f"partitions {sorted(stale)} were claimed at an epoch at least as new", stale)
     ends = {p: delta.committed_end(table, p) for p in epochs}

@@ -53,6 +53,11 @@ class Layout:
         return self.data_dir / "dedup"
 
     @property
+    def node_file(self) -> Path:
+        """This data dir's node id in a cluster (ingest_api/cluster.py)."""
+        return self.data_dir / "node_id"
+
+    @property
     def lock_file(self) -> Path:
         return self.data_dir / ".lakebroker.lock"
 

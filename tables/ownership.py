@@ -194,6 +194,23 @@ class OwnershipTable:
 
         return self.table.mutate(change)
 
+    def raise_epoch(self, pair: Pair, epoch: int) -> int | None:
+        """Lift the epoch of a lease this node holds to at least `epoch` (the topic table holds a newer
+        one than this table remembers: it was reset, or restored from a replica); None if not held."""
+
+        def change(rows: Rows) -> tuple[Rows, int | None]:
+            now = datetime.now(UTC)
+            out = [dict(r) for r in rows]
+            for r in out:
+                if r["kind"] == "partition" and (r["topic_id"], r["partition"]) == pair:
+                    if r["node"] != self.node or r["expires_at"] <= now:
+                        return rows, None
+                    r["epoch"] = max(r["epoch"], epoch)
+                    return out, r["epoch"]
+            return rows, None
+
+        return self.table.mutate(change)
+
     def forget_topic(self, topic_id: str) -> None:
         """A deleted topic's partitions leave the table."""
         self.table.mutate(lambda rows: ([r for r in rows if r["topic_id"] != topic_id], None))

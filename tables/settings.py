@@ -65,6 +65,19 @@ class Settings(BaseSettings):
         "an upgraded uvicorn breaks it: every request then takes the ASGI path, with the same answers."
     )
 
+    # cluster (ingest_api/cluster.py, tables/ownership.py)
+    advertised_url: str | None = Field(
+        None, description="The URL other nodes and clients use to reach this node. None: http://HOST:PORT of "
+        "`serve` (with the machine's name for a wildcard HOST)."
+    )
+    ingest_lease_ttl_s: float = Field(
+        8.0, gt=1, description="A node's partitions move to live nodes this long after its last heartbeat."
+    )
+    ingest_heartbeat_s: float = Field(
+        1.0, gt=0, description="How often a node looks at the cluster: new nodes and topics, partitions to take or "
+        "hand over. Its lease is renewed every half TTL."
+    )
+
     # access control (ingest_api/auth.py, tables/tokens.py)
     auth: AuthMode = Field(
         AuthMode.AUTO, description="API tokens on every route but the health checks: required, off, or auto = "

@@ -96,6 +96,7 @@ async def _measure(sizes: tuple[int, ...], repeats: int, work: Path) -> list[Flu
     topic = new_topic("flushbench", PARTITIONS, max_message_bytes=1 << 20)
     flusher = Flusher(settings, Layout(data), lambda: {topic.name: topic}, IngestMetrics(CollectorRegistry()),
                       lambda: None)
+    flusher.own(topic)
     source = _Source(topic.name, bytes.fromhex(topic.topic_id))
     floor_table = ensure_topic_table(str(data / "floor"))
     flusher.add(source.take(300))  # creates the table and opens it, outside the timing

@@ -70,6 +70,7 @@ async def _flush(root: str, work: Path, sizes: tuple[int, ...], repeats: int) ->
     topic = new_topic("flushbench", PARTITIONS, max_message_bytes=1 << 20)
     flusher = Flusher(settings, Layout.of(settings), lambda: {topic.name: topic}, IngestMetrics(CollectorRegistry()),
                       lambda: None)
+    flusher.own(topic)
     source = _Source(topic.name, bytes.fromhex(topic.topic_id))
     floor = ensure_topic_table(f"{root}/floor")
     flusher.add(source.take(300))  # creates and opens the table outside the timing

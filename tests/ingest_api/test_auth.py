@@ -41,6 +41,7 @@ ACCESS: dict[tuple[str, str], str] = {
     ("GET", "/metrics"): "metrics",
     ("GET", "/v1/topics"): "authenticated",
     ("POST", "/v1/topics"): "admin",
+    ("GET", "/v1/cluster"): "authenticated",
     ("GET", "/v1/topics/{topic}"): "authenticated",
     ("PATCH", "/v1/topics/{topic}"): "admin",
     ("DELETE", "/v1/topics/{topic}"): "admin",
@@ -77,7 +78,7 @@ ACCESS: dict[tuple[str, str], str] = {
     ("GET", "/docs/oauth2-redirect"): "public",
     ("GET", "/redoc"): "public",
 }
-TOPIC_AWARE = {("GET", "/v1/topics"), ("POST", "/v1/topics"), ("GET", "/v1/dashboard"), ("GET", "/topics")}
+TOPIC_AWARE = {("GET", "/v1/topics"), ("GET", "/v1/cluster"), ("POST", "/v1/topics"), ("GET", "/v1/dashboard"), ("GET", "/topics")}
 SAMPLES = {"topic": "orders", "partition": "0", "name": "hooks", "group": "g1", "asset": "dashboard.js"}
 NON_ADMIN = [Scope.PRODUCE, Scope.CONSUME, Scope.METRICS]
 

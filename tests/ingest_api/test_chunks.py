@@ -162,6 +162,7 @@ async def test_a_chunk_straddling_the_committed_end_is_committed_from_it(tmp_pat
     topic = new_topic("t", 3)
     flusher = Flusher(Settings(data_dir=tmp_path), Layout(tmp_path), lambda: {"t": topic},
                       IngestMetrics(CollectorRegistry()), lambda: None)
+    flusher.own(topic)
     topic_id = bytes.fromhex(topic.topic_id)
 
     def mine(c: Chunk) -> Chunk:

@@ -41,8 +41,11 @@ def committed_rows(flusher: Flusher, topic: TopicConfig) -> int:
 
 
 def flusher_for(tmp_path: Path, *topics: TopicConfig) -> Flusher:
-    return Flusher(Settings(data_dir=tmp_path, flush_max_records=ROUND_ROWS), Layout(tmp_path),
-                   lambda: {t.name: t for t in topics}, IngestMetrics(CollectorRegistry()), lambda: None)
+    flusher = Flusher(Settings(data_dir=tmp_path, flush_max_records=ROUND_ROWS), Layout(tmp_path),
+                      lambda: {t.name: t for t in topics}, IngestMetrics(CollectorRegistry()), lambda: None)
+    for topic in topics:
+        flusher.own(topic)
+    return flusher
 
 
 def test_a_round_takes_the_smaller_topic_first_and_a_bounded_prefix_of_the_flood(tmp_path: Path) -> None:

@@ -1,0 +1,203 @@
+"""This node's part in a cluster: its id, its heartbeat, and the partitions it takes and hands over.
+
+Nodes that share a table root are a cluster (tables/ownership.py holds who owns what). Every
+`ingest_heartbeat_s` this node reads the topics (a topic created, changed or deleted through any
+node shows here within a heartbeat), heartbeats into the ownership table, and then:
+
+- claims the partitions the heartbeat gave it in their topic tables (tables/fencing.py) and only
+  then opens them to produce (Broker.adopt);
+- hands over the partitions the plan gives to another node: closed to produce, flushed, released;
+- drops the partitions whose lease it lost (its heartbeat came too late): another node may have
+  claimed them already, and the table refuses this node's commits to them anyway.
+
+One node with no peers is a cluster of one: it owns every partition, and the only cost is a
+heartbeat commit every half TTL.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+import uuid
+from collections import defaultdict
+from typing import TYPE_CHECKING
+
+from deltalake.exceptions import CommitFailedError
+
+from lakebroker.tables import delta, fencing
+from lakebroker.tables.conflicts import retry_conflicts
+from lakebroker.tables.errors import LakebrokerError
+from lakebroker.tables.layout import Layout
+from lakebroker.tables.ownership import ClusterView, Heartbeat, OwnershipTable, Pair
+from lakebroker.tables.settings import Settings
+from lakebroker.tables.topics import TopicConfig, ensure_topic_table
+
+if TYPE_CHECKING:
+    from lakebroker.ingest_api.broker import Broker
+
+log = logging.getLogger(__name__)
+
+
+class NotOwner(LakebrokerError):
+    """A produce reached a node that does not own the message's partition."""
+
+    status = 421  # Misdirected Request: the client may retry at the owner
+    code = "not_owner"
+
+    def __init__(self, message: str, owner_url: str | None) -> None:
+        super().__init__(message)
+        self.owner_url = owner_url
+
+
+def node_id(layout: Layout) -> str:
+    """This data dir's node id: made once, kept in the data dir (its WAL's records are the node's)."""
+    path = layout.node_file
+    if path.is_file():
+        return path.read_text().strip()
+    node = uuid.uuid4().hex[:12]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(node + "\n")
+    tmp.replace(path)
+    return node
+
+
+def advertised_url(settings: Settings) -> str:
+    if settings.advertised_url:
+        return settings.advertised_url.rstrip("/")
+    host = socket.getfqdn() if settings.host in ("0.0.0.0", "::", "") else settings.host
+    return f"http://[{host}]:{settings.port}" if ":" in host else f"http://{host}:{settings.port}"
+
+
+class Membership:
+    def __init__(self, broker: Broker, settings: Settings) -> None:
+        self.broker = broker
+        self.layout = Layout.of(settings)
+        self.node = node_id(self.layout)
+        self.heartbeat_s = settings.ingest_heartbeat_s
+        self.table = OwnershipTable(self.layout, self.node, advertised_url(settings), settings.ingest_lease_ttl_s)
+        self.view: ClusterView | None = None
+        self._released: set[Pair] = set()  # handed over and flushed: released at the next heartbeat
+        self._handing_over: set[Pair] = set()
+        self._wake = asyncio.Event()
+        self._beat_lock = asyncio.Lock()
+        self._closing = False
+        self._task: asyncio.Task[None] | None = None
+        self._tasks: set[asyncio.Task[None]] = set()  # hand-overs in progress
+
+    def advertise(self, url: str) -> None:
+        """The URL others reach this node at, once `serve` knows its port."""
+        self.table.url = url.rstrip("/")
+        self._wake.set()
+
+    async def join(self) -> None:
+        """The first heartbeat: take this node's partitions before it serves."""
+        await self.beat()
+        self._task = asyncio.create_task(self._run())
+
+    async def leave(self) -> None:
+        """Stop heartbeating and release every lease (the broker has flushed what it holds)."""
+        self._closing = True
+        self._wake.set()
+        if self._task is not None:
+            await self._task
+        with contextlib.suppress(LakebrokerError, OSError):
+            await asyncio.to_thread(self.table.heartbeat, self._pairs(), leave=True)
+
+    def wake(self) -> None:
+        """Beat now (a topic was created or deleted through this node)."""
+        self._wake.set()
+
+    async def _run(self) -> None:
+        while not self._closing:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.heartbeat_s):
+                    await self._wake.wait()
+            self._wake.clear()
+            if self._closing:
+                return
+            try:
+                await self.beat()
+            except Exception:  # the next heartbeat tries again; the lease outlives a few misses
+                log.exception("cluster heartbeat failed")
+
+    def _pairs(self) -> dict[Pair, str]:
+        return {(t.topic_id, p): t.name for t in self.broker.topics.values() for p in range(t.partitions)}
+
+    async def beat(self) -> None:
+        async with self._beat_lock:  # the loop's beats and those a topic's creation asks for
+            await self._beat()
+
+    async def _beat(self) -> None:
+        await self.broker.follow_topics()
+        release = frozenset(self._released)
+        beat: Heartbeat = await asyncio.to_thread(self.table.heartbeat, self._pairs(), release)
+        self._released -= release
+        self.view = beat.view
+        lost = {pair for pair in self.broker.owned_pairs() if pair not in beat.held}
+        if lost:
+            log.warning("lost the lease of %d partitions; another node takes them", len(lost))
+            self.broker.disown(lost)
+        taken = {pair: beat.held[pair] for pair in beat.held if pair not in self.broker.owned_pairs()}
+        if taken:
+            await self._claim(taken)
+        for pair in beat.give_up - self._handing_over:
+            self._handing_over.add(pair)
+            self._tasks.add(task := asyncio.create_task(self._hand_over(pair)))
+            task.add_done_callback(self._tasks.discard)
+
+    async def _claim(self, taken: dict[Pair, int]) -> None:
+        by_topic: dict[str, dict[int, int]] = defaultdict(dict)
+        for (topic_id, partition), epoch in taken.items():
+            by_topic[topic_id][partition] = epoch
+        topics = {t.topic_id: t for t in self.broker.topics.values()}
+        for topic_id, epochs in by_topic.items():
+            topic = topics.get(topic_id)
+            if topic is None:
+                continue  # deleted since the heartbeat
+            try:
+                ends = await asyncio.to_thread(self._claim_in_table, topic, epochs)
+            except fencing.Deposed as exc:
+                # The table holds a newer epoch than our lease: a newer owner claimed first, or the
+                # ownership table was reset. Lift our lease above it; the next heartbeat claims again.
+                log.warning("%s: partitions %s hold newer epochs in the table", topic.name, sorted(exc.partitions))
+                for p, newer in exc.newer.items():
+                    await asyncio.to_thread(self.table.raise_epoch, (topic_id, p), newer + 1)
+                self._wake.set()
+                continue
+            self.broker.adopt(topic, {p: (epochs[p], end, prev) for p, (end, prev) in ends.items()})
+
+    def _claim_in_table(self, topic: TopicConfig, epochs: dict[int, int]) -> dict[int, tuple[int, int | None]]:
+        """Claim on a fresh snapshot, again after a concurrent commit; each partition's claimed end
+        and this node's end before the claim."""
+        uri = self.layout.topic_table(topic.name)
+
+        def once() -> dict[int, tuple[int, int | None]]:
+            table = delta.load(uri) if delta.exists(uri) else ensure_topic_table(uri)
+            before = {p: fencing.node_end(table, self.node, p) for p in epochs}
+            # A lease this node still held from before a restart: its claim is in the table already.
+            kept = {p for p, epoch in epochs.items() if fencing.stored_epoch(table, p) == epoch}
+            ends = {p: delta.committed_end(table, p) for p in kept}
+            if len(kept) < len(epochs):
+                ends.update(fencing.claim(table, {p: e for p, e in epochs.items() if p not in kept}, node=self.node))
+            return {p: (ends[p], before[p]) for p in epochs}
+
+        return retry_conflicts(once, what=f"claiming partitions of {topic.name}", attempts=20, pause_s=0.05,
+                               conflicts=(CommitFailedError,))
+
+    async def _hand_over(self, pair: Pair) -> None:
+        """Close the partition to produce, commit what it holds, then release it at the next beat."""
+        try:
+            if await self.broker.hand_over(pair):
+                self._released.add(pair)
+                self._wake.set()
+        finally:
+            self._handing_over.discard(pair)
+
+    def owner_url(self, pair: Pair) -> str | None:
+        if self.view is None:
+            return None
+        owner = self.view.owner_of(pair)
+        return None if owner is None else owner.url
