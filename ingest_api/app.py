@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import gc
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
@@ -23,11 +24,13 @@ from lakebroker.ingest_api.auth import (
     require,
 )
 from lakebroker.ingest_api.broker import Broker
+from lakebroker.ingest_api.cluster import node_credential
 from lakebroker.ingest_api.dashboard import Dashboard
 from lakebroker.ingest_api.errors import V2ErrorShape, install_error_handlers
 from lakebroker.ingest_api.limits import BodyLimit, HeaderLimit
 from lakebroker.ingest_api.live_status import LiveStatus, Service
 from lakebroker.ingest_api.metrics import IngestMetrics
+from lakebroker.ingest_api.router import Router
 from lakebroker.ingest_api.routes import (
     cluster,
     consume,
@@ -67,6 +70,7 @@ def create_app(
     registry = registry or CollectorRegistry()
     metrics = IngestMetrics(registry)
     broker = Broker(settings, metrics)
+    router = Router(broker)
     lock = DataDirLock(Layout.of(settings).lock_file)
     auth = Authenticator(TokenStore(Layout.of(settings)), auth_enforced(settings),
                          max_age_s=settings.auth_cache_ms / 1000)
@@ -79,6 +83,7 @@ def create_app(
         try:
             await auth.start()
             await broker.start()
+            router.start(await asyncio.to_thread(node_credential, settings, Layout.of(settings), broker.cluster.node))
             for service in services:
                 await service.start()
             if on_started is not None:
@@ -98,6 +103,7 @@ def create_app(
                 gc.set_threshold(*thresholds)
             for service in reversed(services):
                 await service.stop()  # safe if it never started
+            await router.stop()
             if broker.started:
                 await broker.stop()
             lock.release()
@@ -112,6 +118,7 @@ def create_app(
         redoc_url="/redoc" if settings.docs_public else None,
     )
     app.state.broker = broker
+    app.state.router = router
     app.state.settings = settings
     app.state.auth = auth
     app.state.live_status = live_status

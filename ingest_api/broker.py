@@ -120,16 +120,17 @@ class Broker:
         self.dedup = DedupIndex(window_s=self.settings.dedup_window_s, max_entries=self.settings.dedup_max_entries,
                                 directory=self.layout.dedup_dir)
         self.topics = await asyncio.to_thread(self.store.load)
+        self.cluster = Membership(self, self.settings)
+        self.flusher.node = self.cluster.node
         recovered = await asyncio.to_thread(recover, self.wal, self.layout, list(self.topics.values()), self.dedup,
-                                            self.metrics, dedup_window_s=self.settings.dedup_window_s)
+                                            self.metrics, dedup_window_s=self.settings.dedup_window_s,
+                                            node=self.cluster.node)
         for damage in recovered.damage:
             self.damage.add(damage)
         self.committer.next_offsets = recovered.assigned
         self.flusher.committed = dict(recovered.committed)
         self._park(recovered.unflushed)  # until the first heartbeat says which partitions are ours
         self._tasks = [asyncio.create_task(self.committer.run()), asyncio.create_task(self.flusher.run())]
-        self.cluster = Membership(self, self.settings)
-        self.flusher.node = self.cluster.node
         await self.cluster.join()
         if self.flusher.pending_bytes:
             await self.flusher.flush_once()
@@ -297,6 +298,31 @@ class Broker:
         for topic in self.topics.values():
             self._restrict_keyless(topic)
 
+    def parked_elsewhere(self) -> list[tuple[TopicConfig, int, str]]:
+        """Parked partitions another live node owns now: (topic, partition, owner URL)."""
+        topics = {bytes.fromhex(t.topic_id): t for t in self.topics.values()}
+        out = []
+        for key in list(self.parked):
+            topic = topics.get(key[0])
+            url = None if topic is None or key in self.epochs else self.cluster.owner_url((topic.topic_id, key[1]))
+            if topic is not None and url is not None and url != self.cluster.table.url:
+                out.append((topic, key[1], url))
+        return out
+
+    def take_parked(self, topic: TopicConfig, partition: int) -> list[Record | Chunk]:
+        """A parked partition's items, in offset order, for the router to send to its owner; the WAL
+        keeps them until `parked_sent`."""
+        return sorted(self.parked.pop((bytes.fromhex(topic.topic_id), partition), []), key=lambda i: i.offset)
+
+    def parked_sent(self, topic: TopicConfig, partition: int) -> None:
+        """The owner committed them (ack=table): the WAL may let them go."""
+        key = (bytes.fromhex(topic.topic_id), partition)
+        if key not in self.parked:
+            self._floors.pop(key, None)
+
+    def park_again(self, items: list[Record | Chunk]) -> None:
+        self._park(items)
+
     def _park(self, items: list[Record | Chunk]) -> None:
         for item in items:
             key = (item.topic_id, item.partition)
@@ -336,7 +362,7 @@ class Broker:
     def not_here(self, topic: TopicConfig, partition: int) -> NotOwner:
         url = self.cluster.owner_url((topic.topic_id, partition))
         where = f"its owner is {url}" if url else "no node owns it yet; retry in a second"
-        return NotOwner(f"partition {partition} of {topic.name!r} is not owned by this node: {where}", url)
+        return NotOwner(f"partition {partition} of {topic.name!r} is not owned by this node: {where}", partition, url)
 
     # A partition has two ends. The assigned end is the next offset produce will give (what the WAL
     # holds); the committed end is the next offset the Delta table will hold (what readers see).
@@ -352,7 +378,9 @@ class Broker:
     def backlog_bytes(self) -> int:
         return self.committer.queued_bytes + self.flusher.pending_bytes
 
-    async def produce(self, topic_name: str, messages: list[NewMessage], ack: AckMode) -> list[ProduceResult]:
+    async def produce(self, topic_name: str, messages: list[NewMessage], ack: AckMode,
+                      partitions: list[int] | None = None) -> list[ProduceResult]:
+        """`partitions`: the ones ingest_api/router.py picked already (else picked here)."""
         topic = self.topic(topic_name)
         self.admission.check(topic, messages)
         started = time.perf_counter()
@@ -360,7 +388,8 @@ class Broker:
         results: list[ProduceResult] = []
         waits: list[tuple[int, asyncio.Future[Placed]]] = []
         pending: list[Pending] = []
-        partitions = self.partitioner.each(topic, messages)
+        if partitions is None:
+            partitions = self.partitioner.each(topic, messages)
         self._check_open(topic, topic_id, set(partitions))
         for i, m in enumerate(messages):
             result, queued, original = self._place(topic, topic_id, m, partitions[i], awaited=ack is not _NONE)
@@ -493,17 +522,18 @@ class Broker:
         keep = np.ones(n, np.bool_)
         waits: list[tuple[int, asyncio.Future[Placed]]] = []  # duplicates of messages in flight
         placing: dict[int, asyncio.Future[Placed]] = {}  # row → its id's future, for new messages with an id
-        ids = batch.columns.column("message_id")
+        ids = batch.columns.column("message_id").combine_chunks()
+        # Every message's partition, duplicates too (they take their turn in the keyless runs
+        # as on the per-message path), checked before the dedup index hears of any id.
+        everyone = self.partitioner.columns(topic, batch.partitions, batch.columns.column("key").combine_chunks(),
+                                            ids)
+        topic_id = bytes.fromhex(topic.topic_id)
+        self._check_open(topic, topic_id, set(np.unique(everyone).tolist()))
         if ids.null_count < n:
             self._dedup_columns(topic, ids.to_pylist(), results, keep, waits, placing)
         kept = np.flatnonzero(keep)
         columns = batch.columns if len(kept) == n else batch.columns.take(pa.array(kept))
-        # Every message's partition, duplicates too (they take their turn in the keyless runs
-        # as on the per-message path); then the kept ones'.
-        everyone = self.partitioner.columns(topic, batch.partitions, batch.columns.column("key").combine_chunks())
         parts = everyone if len(kept) == n else everyone[kept]
-        topic_id = bytes.fromhex(topic.topic_id)
-        self._check_open(topic, topic_id, set(np.unique(parts).tolist()))
         results.partition[kept] = parts
         loop = asyncio.get_running_loop()
         order, by_partition = _grouped(parts, columns)

@@ -26,12 +26,14 @@ from typing import TYPE_CHECKING
 
 from deltalake.exceptions import CommitFailedError
 
+from lakebroker.ingest_api.auth import auth_enforced
 from lakebroker.tables import delta, fencing
 from lakebroker.tables.conflicts import retry_conflicts
 from lakebroker.tables.errors import LakebrokerError
 from lakebroker.tables.layout import Layout
 from lakebroker.tables.ownership import ClusterView, Heartbeat, OwnershipTable, Pair
 from lakebroker.tables.settings import Settings
+from lakebroker.tables.tokens import TokenStore
 from lakebroker.tables.topics import TopicConfig, ensure_topic_table
 
 if TYPE_CHECKING:
@@ -46,8 +48,9 @@ class NotOwner(LakebrokerError):
     status = 421  # Misdirected Request: the client may retry at the owner
     code = "not_owner"
 
-    def __init__(self, message: str, owner_url: str | None) -> None:
+    def __init__(self, message: str, partition: int, owner_url: str | None) -> None:
         super().__init__(message)
+        self.partition = partition
         self.owner_url = owner_url
 
 
@@ -62,6 +65,21 @@ def node_id(layout: Layout) -> str:
     tmp.write_text(node + "\n")
     tmp.replace(path)
     return node
+
+
+def node_credential(settings: Settings, layout: Layout, node: str) -> str | None:
+    """The Authorization header this node sends its own requests with (the WAL items it hands to
+    another node): a produce-scoped token it made once and keeps in its data dir. None without auth."""
+    if not auth_enforced(settings):
+        return None
+    path = layout.data_dir / "node_token"
+    if not path.is_file():
+        _, text = TokenStore(layout).create(["produce"], name=f"lakebroker node {node}")
+        tmp = path.with_suffix(".tmp")
+        tmp.touch(mode=0o600)
+        tmp.write_text(text + "\n")
+        tmp.replace(path)
+    return "Bearer " + path.read_text().strip()
 
 
 def advertised_url(settings: Settings) -> str:

@@ -16,19 +16,23 @@ read): the protocol then serves the request through ASGI, which awaits that read
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from fastapi import FastAPI
 
-from lakebroker.ingest_api.asgi_route import AsgiRoute
+from lakebroker.ingest_api.asgi_route import AsgiRoute, header_in
 from lakebroker.ingest_api.auth import OPEN_ACCESS, Access, Authenticator, access_rule, bearer_of
 from lakebroker.ingest_api.body import media_type, parse_message
 from lakebroker.ingest_api.broker import Broker, OneMessage
+from lakebroker.ingest_api.cluster import NotOwner
 from lakebroker.ingest_api.errors import error_response
+from lakebroker.ingest_api.forwarding import FORWARDED_BY_BYTES
 from lakebroker.ingest_api.limits import MAX_HEADER_BYTES, MAX_HEADERS, body_timeout, declared_too_large, header_refusal
-from lakebroker.ingest_api.messages import AckMode
+from lakebroker.ingest_api.messages import AckMode, NewMessage
 from lakebroker.ingest_api.responses import Answer
+from lakebroker.ingest_api.router import Router
 from lakebroker.ingest_api.routes.produce import produce_target, produced
 from lakebroker.tables.errors import LakebrokerError
 from lakebroker.tables.tokens import ApiToken
@@ -46,6 +50,7 @@ class FastRequest:
     query: Mapping[str, str]
     ack: AckMode
     kind: str  # media type of the body
+    headers: Headers  # read again only if the message goes to another node
 
 
 class FastProduce:
@@ -55,6 +60,7 @@ class FastProduce:
         if route is None:
             raise RuntimeError(f"the app has no POST {PATH} route to serve fast")
         self.broker: Broker = app.state.broker
+        self.router: Router = app.state.router
         self.auth: Authenticator = app.state.auth
         self.access: Access | None = access_rule(route)
         self.max_request_bytes: int = app.state.settings.max_request_bytes
@@ -105,15 +111,21 @@ class FastProduce:
         except LakebrokerError as exc:
             return Answer.of(error_response(exc))
         kind = _JSON if content_type == b"application/json" else media_type(content_type.decode("latin-1"))
-        return FastRequest(topic, query, ack, kind)
+        return FastRequest(topic, query, ack, kind, headers)
 
-    def start(self, request: FastRequest, body: bytes, then: Callable[[], None]) -> Answer | OneMessage:
+    def start(self, request: FastRequest, body: bytes,
+              then: Callable[[], None]) -> Answer | OneMessage | Coroutine[Any, Any, Answer]:
         """The body parsed and the message queued: its answer, or what it waits for. At ack=wal `then`
-        is called on the loop once `finish` can answer; ack=table takes `settle`."""
+        is called on the loop once `finish` can answer; ack=table takes `settle`. A message of another
+        node's partition is forwarded there: the coroutine that does it answers."""
         try:
             message = parse_message(request.kind, request.query, body)
             one = self.broker.start_one(request.topic, message, request.ack,
                                         then if request.ack is AckMode.WAL else None)
+        except NotOwner as exc:
+            if exc.owner_url is None or header_in(request.headers, FORWARDED_BY_BYTES):
+                return Answer.of(error_response(exc))
+            return self._forward(request, message, exc)
         except LakebrokerError as exc:
             return Answer.of(error_response(exc))
         if one.ack is not AckMode.TABLE and not one.waits():
@@ -134,6 +146,14 @@ class FastProduce:
         except LakebrokerError as exc:
             return Answer.of(error_response(exc))
         return produced(result, one.ack)
+
+    async def _forward(self, request: FastRequest, message: NewMessage, refusal: NotOwner) -> Answer:
+        try:
+            result = await self.router.forward_one(request.topic, message, request.ack, refusal,
+                                                   header_in(request.headers, b"authorization") or None)
+        except LakebrokerError as exc:
+            return Answer.of(error_response(exc))
+        return produced(result, request.ack)
 
     def timed_out(self) -> Answer:
         """The body did not arrive within body_read_timeout_s: BodyLimit's 408."""

@@ -19,6 +19,8 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+from collections.abc import Coroutine
+from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
 
@@ -174,12 +176,17 @@ class FastProduceProtocol(BoundedHttpToolsProtocol):
             return
         if isinstance(outcome, Answer):
             self._fast_answer(cycle, outcome)
+        elif not isinstance(outcome, OneMessage):  # forwarded to the partition's owner
+            self._fast_task(cycle, outcome)
         elif outcome.ack is not AckMode.TABLE:
             cycle.one = outcome  # the common case, ack=wal: the WAL write's callback calls _fast_done, no task
         else:
-            task = self.loop.create_task(self._fast_settle(cycle, outcome))
-            task.add_done_callback(self.tasks.discard)
-            self.tasks.add(task)  # uvicorn's graceful shutdown and concurrency limit count it
+            self._fast_task(cycle, self.fast.settle(outcome))
+
+    def _fast_task(self, cycle: FastCycle, answer: Coroutine[Any, Any, Answer]) -> None:
+        task = self.loop.create_task(self._fast_await(cycle, answer))
+        task.add_done_callback(self.tasks.discard)
+        self.tasks.add(task)  # uvicorn's graceful shutdown and concurrency limit count it
 
     def _fast_done(self, cycle: FastCycle) -> None:
         assert self.fast is not None and cycle.one is not None
@@ -190,10 +197,9 @@ class FastProduceProtocol(BoundedHttpToolsProtocol):
             return
         self._fast_answer(cycle, answer)
 
-    async def _fast_settle(self, cycle: FastCycle, one: OneMessage) -> None:
-        assert self.fast is not None
+    async def _fast_await(self, cycle: FastCycle, pending: Coroutine[Any, Any, Answer]) -> None:
         try:
-            answer = await self.fast.settle(one)
+            answer = await pending
         except BaseException as exc:  # noqa: BLE001 - as uvicorn's run_asgi, cancellation included; logged there
             self._fast_failed(cycle, exc)
             return

@@ -3,7 +3,11 @@
 `toPositive(murmur2(utf8(key))) % partitions`, so a keyed message lands where a Kafka client
 with a StringSerializer would put it.
 
-Keyless messages go round-robin per topic in runs, as Kafka's sticky partitioner (KIP-480) keeps
+A keyless message that carries an id (`id`, or `producer_id` with `sequence`) goes to the
+partition its dedup id hashes to, the same way: a retry sent through any node of a cluster then
+reaches the partition, and the node, that saw the first attempt, which answers it as a duplicate.
+
+Other keyless messages go round-robin per topic in runs, as Kafka's sticky partitioner (KIP-480) keeps
 a batch on one partition: a request's keyless messages are cut into consecutive runs of at least
 `MIN_RUN` messages, at most one per partition, and the next run starts on the next partition. A
 single message is a run of one, so single-message requests go plain round-robin. Consecutive
@@ -23,6 +27,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from lakebroker.ingest_api.dedup import dedup_id
 from lakebroker.ingest_api.messages import NewMessage
 from lakebroker.tables.topics import TopicConfig
 
@@ -153,24 +158,41 @@ class Partitioner:
             return m.partition
         if m.key is not None:
             return partition_for_key(m.key, topic.partitions)
+        if m.message_id is not None or m.producer_id is not None:
+            did = dedup_id(m.message_id, m.producer_id, m.sequence)
+            if did is not None:
+                return partition_for_key(did, topic.partitions)
         return self._keyless(topic).next(topic.partitions)
 
     def each(self, topic: TopicConfig, messages: Sequence[NewMessage]) -> list[int]:
         """The partitions of one request's messages, as `columns` picks them."""
         if len(messages) == 1:
             return [self.one(topic, messages[0])]
-        keyless = [i for i, m in enumerate(messages) if m.partition is None and m.key is None]
-        runs = self._keyless(topic).take(len(keyless), topic.partitions).tolist() if keyless else []
-        spread = dict(zip(keyless, runs, strict=True))
+        n = topic.partitions
+        spread: dict[int, int] = {}
+        keyless = []
+        for i, m in enumerate(messages):
+            if m.partition is None and m.key is None:
+                did = dedup_id(m.message_id, m.producer_id, m.sequence)
+                if did is None:
+                    keyless.append(i)
+                else:
+                    spread[i] = partition_for_key(did, n)
+        if keyless:
+            spread.update(zip(keyless, self._keyless(topic).take(len(keyless), n).tolist(), strict=True))
         return [m.partition if m.partition is not None else
-                partition_for_key(m.key, topic.partitions) if m.key is not None else spread[i]
+                partition_for_key(m.key, n) if m.key is not None else spread[i]
                 for i, m in enumerate(messages)]
 
-    def columns(self, topic: TopicConfig, explicit: pa.Array, keys: pa.Array) -> np.ndarray:
-        """The partitions of a batch held as columns."""
+    def columns(self, topic: TopicConfig, explicit: pa.Array, keys: pa.Array,
+                ids: pa.Array | None = None) -> np.ndarray:
+        """The partitions of a batch held as columns (`ids`: its message ids, null where none)."""
         cache = self._key_caches.get(topic.topic_id)
         if cache is None or cache.partitions != topic.partitions:
             cache = self._key_caches[topic.topic_id] = KeyCache(topic.partitions)
+        if ids is not None and ids.null_count < len(ids):  # keyless messages with an id go by the id
+            by_id = pc.binary_join_element_wise("m", ids, ":")
+            keys = pc.if_else(pc.is_valid(keys), keys, by_id)
         return partitions_for(explicit, keys, self._keyless(topic), cache)
 
     def restrict(self, topic: TopicConfig, owned: list[int]) -> None:

@@ -18,7 +18,7 @@ from typing import Any
 import orjson
 from deltalake import DeltaTable
 
-from lakebroker.tables import delta, storage
+from lakebroker.tables import delta, fencing, storage
 from lakebroker.tables.errors import AlreadyExists, InvalidRequest, NotFound
 from lakebroker.tables.layout import Layout, validate_name
 from lakebroker.tables.schemas import (
@@ -118,18 +118,20 @@ def may_have_holes(configuration: dict[str, str]) -> bool:
     return configuration.get(KEY_COMPACTED_PROPERTY) == "true"
 
 
-def committed_ends(layout: Layout, topics: Iterable[TopicConfig], *,
-                   mark: bool = False) -> dict[tuple[bytes, int], int]:
+def committed_ends(layout: Layout, topics: Iterable[TopicConfig], *, mark: bool = False,
+                   node: str | None = None) -> dict[tuple[bytes, int], int]:
     """Every partition's committed end, keyed (topic id, partition) as the WAL keys them. With
     `mark`, a compact topic's table is marked key-compacted first (the broker's start: a table an
-    older broker left unmarked)."""
+    older broker left unmarked). With `node`, the end after that node's own newest commit or claim
+    (tables/fencing.py) where it has one: what of its WAL the table holds, whoever wrote since."""
     ends: dict[tuple[bytes, int], int] = {}
     for topic in topics:
         uri = layout.topic_table(topic.name)
         table = mark_key_compacted(uri) if mark and topic.cleanup_policy is CleanupPolicy.COMPACT \
             else delta.open_table(uri)
         for p in range(topic.partitions):
-            ends[(bytes.fromhex(topic.topic_id), p)] = delta.committed_end(table, p)
+            own = None if node is None or table is None else fencing.node_end(table, node, p)
+            ends[(bytes.fromhex(topic.topic_id), p)] = delta.committed_end(table, p) if own is None else own
     return ends
 
 

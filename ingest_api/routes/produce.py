@@ -18,13 +18,15 @@ from starlette.types import Receive, Scope, Send
 from lakebroker.ingest_api.asgi_route import AsgiRoute, header, parse_query, query_of, read_body, served_by
 from lakebroker.ingest_api.body import InvalidShape, media_type, parse_message
 from lakebroker.ingest_api.broker import Broker, ProduceResult
-from lakebroker.ingest_api.chunks import ColumnarBatch
+from lakebroker.ingest_api.chunks import BatchResults, ColumnarBatch
 from lakebroker.ingest_api.columnar import parse_batch_body
 from lakebroker.ingest_api.deps import TopicPath
 from lakebroker.ingest_api.errors import error_response
+from lakebroker.ingest_api.forwarding import FORWARDED_BY_BYTES
 from lakebroker.ingest_api.messages import AckMode
 from lakebroker.ingest_api.responses import Answer, json_answer, send_answer, send_json
 from lakebroker.ingest_api.results_json import batch_results_json
+from lakebroker.ingest_api.router import Router
 from lakebroker.ingest_api.schemas import (
     MAX_INT,
     BatchIn,
@@ -97,13 +99,21 @@ def produced(result: ProduceResult, ack: AckMode) -> Answer:
     return json_answer(202 if ack == "none" else 200, body)
 
 
+def _caller(scope: Scope) -> tuple[str | None, bool]:
+    """What forwarding needs of a request: its Authorization header, and whether a node forwarded it."""
+    return header(scope, b"authorization") or None, bool(header(scope, FORWARDED_BY_BYTES))
+
+
 async def produce_one(scope: Scope, receive: Receive, send: Send) -> None:
-    broker: Broker = scope["app"].state.broker
+    app_state = scope["app"].state
+    broker: Broker = app_state.broker
     topic = scope["path_params"]["topic"]
     try:
         query, ack = produce_target(broker, topic, scope["query_string"])
         message = parse_message(media_type(header(scope, b"content-type")), query, await read_body(receive))
-        result = await broker.produce_one(topic, message, ack)
+        authorization, forwarded = _caller(scope)
+        result = await app_state.router.produce_one(topic, message, ack, authorization=authorization,
+                                                    forwarded=forwarded)
     except LakebrokerError as exc:
         await error_response(exc)(scope, receive, send)
         return
@@ -111,21 +121,24 @@ async def produce_one(scope: Scope, receive: Receive, send: Send) -> None:
 
 
 async def produce_batch(scope: Scope, receive: Receive, send: Send) -> None:
-    broker: Broker = scope["app"].state.broker
+    app_state = scope["app"].state
+    broker: Broker = app_state.broker
+    router: Router = app_state.router
+    topic = scope["path_params"]["topic"]
     try:
-        broker.topic(scope["path_params"]["topic"])
+        broker.topic(topic)
         ack = ack_of(query_of(scope))
         body = await read_body(receive)
         await broker.batch_turns.wait()  # one batch's CPU per loop pass: single messages run between
         parsed = parse_batch_body(media_type(header(scope, b"content-type")), body)
-        if isinstance(parsed, ColumnarBatch):
-            placed = await broker.produce_columns(scope["path_params"]["topic"], parsed, ack)
-            await broker.batch_turns.wait()  # the answers of a WAL group's batches, one per pass too
+        authorization, forwarded = _caller(scope)
+        placed = await router.produce_batch(topic, parsed if isinstance(parsed, ColumnarBatch) else parsed.messages(),
+                                            ack, authorization=authorization, forwarded=forwarded)
+        await broker.batch_turns.wait()  # the answers of a WAL group's batches, one per pass too
+        if isinstance(placed, BatchResults):
             body = batch_results_json(placed)
         else:
-            results = await broker.produce(scope["path_params"]["topic"], parsed.messages(), ack)
-            await broker.batch_turns.wait()
-            body = orjson.dumps({"results": _batch_results(results)})
+            body = orjson.dumps({"results": _batch_results(placed)})
     except LakebrokerError as exc:
         await error_response(exc)(scope, receive, send)
         return

@@ -23,9 +23,11 @@ from lakebroker.ingest_api.auth import PrincipalDep
 from lakebroker.ingest_api.body import parse_json
 from lakebroker.ingest_api.deps import BrokerDep, TopicPath
 from lakebroker.ingest_api.errors import V2_MEDIA, V2_PARTITION_NOT_FOUND, v2_error
+from lakebroker.ingest_api.forwarding import FORWARDED_BY
 from lakebroker.ingest_api.messages import AckMode, NewMessage
 from lakebroker.ingest_api.records import message_bytes
 from lakebroker.ingest_api.responses import JSONBytes
+from lakebroker.ingest_api.router import Router
 from lakebroker.ingest_api.schemas import inline_schema
 from lakebroker.tables.errors import InvalidRequest
 from lakebroker.tables.message_format import from_base64, from_json_value
@@ -193,7 +195,11 @@ async def _produce(request: Request, broker: BrokerDep, topic_name: str, partiti
             slots.append(None)
         except RecordError as exc:
             slots.append({"partition": None, "offset": None, "error_code": RECORD_NOT_RETRIABLE, "error": str(exc)})
-    results = iter(await broker.produce(topic.name, messages, AckMode.WAL) if messages else ())
+    router: Router = request.app.state.router
+    placed = await router.produce(topic.name, messages, AckMode.WAL,
+                                  authorization=request.headers.get("authorization"),
+                                  forwarded=FORWARDED_BY in request.headers) if messages else []
+    results = iter(placed)
     offsets = [slot or _written(next(results)) for slot in slots]
     return JSONBytes({"key_schema_id": None, "value_schema_id": None, "offsets": offsets}, media_type=V2_MEDIA)
 

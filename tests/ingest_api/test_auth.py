@@ -78,7 +78,8 @@ ACCESS: dict[tuple[str, str], str] = {
     ("GET", "/docs/oauth2-redirect"): "public",
     ("GET", "/redoc"): "public",
 }
-TOPIC_AWARE = {("GET", "/v1/topics"), ("GET", "/v1/cluster"), ("POST", "/v1/topics"), ("GET", "/v1/dashboard"), ("GET", "/topics")}
+TOPIC_AWARE = {("GET", "/v1/topics"), ("GET", "/v1/cluster"), ("POST", "/v1/topics"), ("GET", "/v1/dashboard"),
+               ("GET", "/topics")}
 SAMPLES = {"topic": "orders", "partition": "0", "name": "hooks", "group": "g1", "asset": "dashboard.js"}
 NON_ADMIN = [Scope.PRODUCE, Scope.CONSUME, Scope.METRICS]
 

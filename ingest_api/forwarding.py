@@ -1,0 +1,108 @@
+"""Messages sent on to their partition's owner: a JSON batch over pooled keep-alive connections.
+
+Every message goes with its partition fixed, so the owner places it exactly where this node
+decided, and with its id, producer id and sequence, so the owner deduplicates it. The caller's
+Authorization header goes along: tokens are the cluster's (one `_system/tokens` table), and the
+owner checks the caller's scopes and topics again. A forwarded request carries FORWARDED_BY, and
+a node never forwards such a request again: one hop at most, whatever the owners did meanwhile.
+"""
+
+from __future__ import annotations
+
+import base64
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import httpx
+import orjson
+
+from lakebroker.ingest_api.messages import AckMode, NewMessage
+from lakebroker.tables.errors import LakebrokerError
+
+FORWARDED_BY = "lakebroker-forwarded-by"
+FORWARDED_BY_BYTES = FORWARDED_BY.encode()
+Placed = tuple[int, int | None, bool, int | None]  # partition, offset, duplicate, timestamp (µs)
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+class Refused(LakebrokerError):
+    """The owner's refusal, passed on with its status, code and message."""
+
+    def __init__(self, status: int, code: str, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+
+
+def message_json(m: NewMessage, partition: int) -> dict[str, Any]:
+    """A message as the batch body carries it, its value in its format (json, text or binary)."""
+    out: dict[str, Any] = {"partition": partition}
+    if m.key is not None:
+        out["key"] = m.key
+    if m.value is None:
+        out["value"] = None
+    elif m.format == "json":
+        out["value"] = orjson.Fragment(m.value)
+    elif m.format == "text":
+        out["value"] = m.value.decode()
+    else:
+        out["value_b64"] = base64.b64encode(m.value).decode()
+    if m.headers:
+        out["headers"] = m.headers
+    if m.message_id is not None:
+        out["id"] = m.message_id
+    if m.producer_id is not None:
+        out["producer_id"] = m.producer_id
+    if m.sequence is not None:
+        out["sequence"] = m.sequence
+    return out
+
+
+class Forwarder:
+    def __init__(self, node: str, timeout_s: float) -> None:
+        self.node = node
+        self._client = httpx.AsyncClient(
+            timeout=httpx.Timeout(timeout_s, connect=min(5.0, timeout_s)),
+            limits=httpx.Limits(max_connections=64, max_keepalive_connections=32, keepalive_expiry=30),
+        )
+
+    async def close(self) -> None:
+        await self._client.aclose()
+
+    async def batch(self, url: str, topic: str, messages: list[NewMessage], partitions: list[int], ack: AckMode,
+                    authorization: str | None) -> list[Placed]:
+        """Produce `messages` at `partitions` through the owner at `url`; each one's placement."""
+        headers = {"content-type": "application/json", FORWARDED_BY: self.node}
+        if authorization:
+            headers["authorization"] = authorization
+        body = orjson.dumps({"messages": [message_json(m, p) for m, p in zip(messages, partitions, strict=True)]})
+        try:
+            r = await self._client.post(f"{url}/v1/topics/{topic}/batch", params={"ack": ack.value}, content=body,
+                                        headers=headers)
+        except httpx.HTTPError as exc:
+            raise Refused(503, "owner_unreachable", f"the owner of these partitions, {url}, did not answer "
+                          f"({type(exc).__name__}: {exc}); retry") from None
+        answer = _json(r)
+        if r.status_code not in (200, 202):
+            error = answer.get("error") if isinstance(answer, dict) else None
+            if isinstance(error, dict):
+                raise Refused(r.status_code, str(error.get("code")), str(error.get("message")))
+            raise Refused(502, "bad_owner_answer", f"the owner {url} answered {r.status_code}: {r.text[:300]}")
+        try:
+            return [(int(x["partition"]), x["offset"], bool(x["duplicate"]), _micros(x.get("timestamp")))
+                    for x in answer["results"]]
+        except (KeyError, TypeError, ValueError):
+            raise Refused(502, "bad_owner_answer", f"the owner {url} answered a batch without results") from None
+
+
+def _json(r: httpx.Response) -> Any:
+    try:
+        return orjson.loads(r.content)
+    except orjson.JSONDecodeError:
+        return None
+
+
+def _micros(timestamp: str | None) -> int | None:
+    if timestamp is None:
+        return None
+    return (datetime.fromisoformat(timestamp) - _EPOCH) // timedelta(microseconds=1)

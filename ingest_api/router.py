@@ -1,0 +1,175 @@
+"""Where each message of a produce goes: this node's broker for the partitions it owns, the owning
+node for the rest. Every front door produces through here (the HTTP routes, the fast single-message
+path, the REST Proxy v2 routes), so the cluster's rules live in one place:
+
+- partitions are picked once, on the node the producer reached (partitioner.py: a key's murmur2,
+  an id's hash, or for other keyless messages a partition this node owns, so they need no hop);
+- the messages of other nodes' partitions go to their owners in one forwarded batch per owner,
+  with their partitions fixed (forwarding.py), at the same `ack`, and the answers are merged in
+  request order, so a producer sees one answer as if one node had served it all;
+- a forwarded request is never forwarded again: a node that no longer owns its partition answers
+  421 not_owner, and the producer (or the Python client, which reads /v1/cluster) retries.
+
+A batch spread over several owners is several produces: if one owner fails, the others' messages
+are stored and the whole request answers the failure, so a producer retrying it should send ids.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Coroutine, Iterator, Sequence
+from typing import Any
+
+from lakebroker.ingest_api.broker import Broker, ProduceResult
+from lakebroker.ingest_api.chunks import BatchResults, Chunk, ColumnarBatch
+from lakebroker.ingest_api.cluster import NotOwner
+from lakebroker.ingest_api.forwarding import Forwarder, Placed
+from lakebroker.ingest_api.messages import AckMode, NewMessage
+from lakebroker.ingest_api.records import Record
+from lakebroker.tables.errors import LakebrokerError
+
+FORWARD_TIMEOUT_S = 120.0  # an ack=table answer waits for the owner's Delta commit
+RESEND_BATCH_MESSAGES = 5_000
+RESEND_BATCH_BYTES = 8 << 20
+log = logging.getLogger(__name__)
+
+
+class Router:
+    def __init__(self, broker: Broker) -> None:
+        self.broker = broker
+        self._forwarder: Forwarder | None = None
+        self._authorization: str | None = None
+        self._resending: asyncio.Task[None] | None = None
+
+    def start(self, authorization: str | None = None) -> None:
+        """`authorization`: this node's own credential, for the messages it sends on by itself."""
+        self._forwarder = Forwarder(self.broker.cluster.node, FORWARD_TIMEOUT_S)
+        self._authorization = authorization
+        self._resending = asyncio.create_task(self._resend_parked())
+
+    async def stop(self) -> None:
+        if self._resending is not None:
+            self._resending.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._resending
+        if self._forwarder is not None:
+            await self._forwarder.close()
+
+    async def _resend_parked(self) -> None:
+        """This node's WAL items of partitions another node owns now (it took them before a failover,
+        or before a restart found the partition moved): sent to the owner, who gives them new
+        offsets, at ack=table, so the WAL keeps them until they are in the owner's table."""
+        while True:
+            await asyncio.sleep(self.broker.cluster.heartbeat_s)
+            for topic, partition, url in self.broker.parked_elsewhere():
+                items = self.broker.take_parked(topic, partition)
+                try:
+                    for batch in _batches(items):
+                        await self.forwarder.batch(url, topic.name, batch, [partition] * len(batch), AckMode.TABLE,
+                                                   self._authorization)
+                except LakebrokerError as exc:
+                    log.warning("%s[%d]: sending %d parked items to %s failed (%s); will retry", topic.name,
+                                partition, len(items), url, exc)
+                    self.broker.park_again(items)
+                    continue
+                log.info("%s[%d]: %d parked messages sent to their owner %s", topic.name, partition,
+                         sum(1 if isinstance(i, Record) else i.rows for i in items), url)
+                self.broker.parked_sent(topic, partition)
+
+    @property
+    def forwarder(self) -> Forwarder:
+        assert self._forwarder is not None, "Router.start runs once the broker has joined its cluster"
+        return self._forwarder
+
+    async def produce_one(self, topic: str, message: NewMessage, ack: AckMode, *, authorization: str | None = None,
+                          forwarded: bool = False) -> ProduceResult:
+        try:
+            return await self.broker.produce_one(topic, message, ack)
+        except NotOwner as exc:
+            if forwarded or exc.owner_url is None:
+                raise
+            return await self.forward_one(topic, message, ack, exc, authorization)
+
+    async def forward_one(self, topic: str, message: NewMessage, ack: AckMode, refusal: NotOwner,
+                          authorization: str | None) -> ProduceResult:
+        """A single message the broker refused with `refusal`, produced at its owner instead."""
+        assert refusal.owner_url is not None
+        ((partition, offset, duplicate, timestamp),) = await self.forwarder.batch(
+            refusal.owner_url, topic, [message], [refusal.partition], ack, authorization)
+        return ProduceResult(partition, offset, duplicate, timestamp)
+
+    async def produce_batch(self, topic: str, batch: ColumnarBatch | list[NewMessage], ack: AckMode, *,
+                            authorization: str | None = None, forwarded: bool = False) -> BatchResults | list[
+            ProduceResult]:
+        """A batch: as columns when this node owns every partition it spans, else message by message."""
+        if isinstance(batch, ColumnarBatch):
+            try:
+                return await self.broker.produce_columns(topic, batch, ack)
+            except NotOwner:
+                if forwarded:
+                    raise
+                batch = batch.messages()
+        return await self.produce(topic, batch, ack, authorization=authorization, forwarded=forwarded)
+
+    async def produce(self, topic_name: str, messages: list[NewMessage], ack: AckMode, *,
+                      authorization: str | None = None, forwarded: bool = False) -> list[ProduceResult]:
+        broker = self.broker
+        topic = broker.topic(topic_name)
+        broker.admission.check(topic, messages)  # all of them, before any part is stored anywhere
+        partitions = broker.partitioner.each(topic, messages)
+        topic_id = bytes.fromhex(topic.topic_id)
+        accepting = broker.accepting
+        remote = [i for i, p in enumerate(partitions) if (topic_id, p) not in accepting]
+        if not remote:
+            return await broker.produce(topic_name, messages, ack, partitions=partitions)
+        if forwarded:
+            raise broker.not_here(topic, partitions[remote[0]])
+        by_owner: dict[str, list[int]] = {}
+        for i in remote:
+            url = broker.cluster.owner_url((topic.topic_id, partitions[i]))
+            if url is None or url == broker.cluster.table.url:
+                raise broker.not_here(topic, partitions[i])
+            by_owner.setdefault(url, []).append(i)
+        is_remote = set(remote)
+        local = [i for i in range(len(messages)) if i not in is_remote]
+        parts = [local, *by_owner.values()] if local else list(by_owner.values())
+        jobs: list[Coroutine[Any, Any, Sequence[ProduceResult | Placed]]] = [
+            broker.produce(topic_name, [messages[i] for i in local], ack, partitions=[partitions[i] for i in local])
+        ] if local else []
+        jobs += [self.forwarder.batch(url, topic_name, [messages[i] for i in idx], [partitions[i] for i in idx], ack,
+                                      authorization) for url, idx in by_owner.items()]
+        outcomes = await asyncio.gather(*jobs, return_exceptions=True)
+        for outcome in outcomes:
+            if isinstance(outcome, BaseException):
+                raise outcome
+        results: list[ProduceResult | None] = [None] * len(messages)
+        for idx, outcome in zip(parts, outcomes, strict=True):
+            assert not isinstance(outcome, BaseException)
+            for i, placed in zip(idx, outcome, strict=True):
+                results[i] = placed if isinstance(placed, ProduceResult) else ProduceResult(*placed)
+        return [r for r in results if r is not None]
+
+
+def as_messages(item: Record | Chunk) -> list[NewMessage]:
+    """A WAL item's messages as a producer would send them again."""
+    if isinstance(item, Record):
+        return [NewMessage(item.value, item.format, item.key, item.headers, None, item.message_id, item.producer_id,
+                           item.sequence)]
+    return [NewMessage(r["value"], r["format"], r["key"], dict(r["headers"]) if r["headers"] else None, None,
+                       r["message_id"], r["producer_id"], r["sequence"]) for r in item.columns.to_pylist()]
+
+
+def _batches(items: list[Record | Chunk]) -> Iterator[list[NewMessage]]:
+    batch: list[NewMessage] = []
+    size = 0
+    for item in items:
+        for m in as_messages(item):
+            batch.append(m)
+            size += len(m.value or b"") + 256
+            if len(batch) >= RESEND_BATCH_MESSAGES or size >= RESEND_BATCH_BYTES:
+                yield batch
+                batch, size = [], 0
+    if batch:
+        yield batch

@@ -1,0 +1,192 @@
+"""Several ingest nodes on one table root: real `lakebroker serve` processes sharing a local tables
+directory (tests/spark_pipeline/test_s3_cluster.py runs three on the local S3 server).
+
+Each test reads the cluster through GET /v1/cluster and the topic tables through delta-rs, and
+checks what a producer cares about: every message answered once, at its Kafka partition, with
+offsets dense per partition across every change of owner."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from deltalake import DeltaTable
+
+from lakebroker.ingest_api.partitioner import partition_for_key
+from tests.servers import ServerProcess, until
+
+pytestmark = [pytest.mark.timeout(300)]
+
+TTL_S = 3.0
+PARTITIONS = 4
+
+
+def _env(root: Path, **extra: str) -> dict[str, str]:
+    return {"LAKEBROKER_TABLES_URI": str(root), "LAKEBROKER_INGEST_LEASE_TTL_S": str(TTL_S),
+            "LAKEBROKER_INGEST_HEARTBEAT_S": "0.2", **extra}
+
+
+def _keys() -> dict[int, str]:
+    """A key for each partition."""
+    keys: dict[int, str] = {}
+    i = 0
+    while len(keys) < PARTITIONS:
+        keys.setdefault(partition_for_key(f"k{i}", PARTITIONS), f"k{i}")
+        i += 1
+    return keys
+
+
+KEYS = _keys()
+
+
+def _cluster(url: str) -> dict[str, Any]:
+    r = httpx.get(f"{url}/v1/cluster", timeout=10)
+    assert r.status_code == 200, r.text
+    out: dict[str, Any] = r.json()
+    return out
+
+
+def _owners(url: str, topic: str = "orders") -> dict[int, str | None]:
+    return {p["partition"]: p["url"] for p in _cluster(url)["partitions"] if p["topic"] == topic}
+
+
+def _balanced(url: str, nodes: set[str]) -> bool:
+    owners = _owners(url)
+    counts = Counter(owners.values())
+    return len(owners) == PARTITIONS and set(counts) == nodes and max(counts.values()) - min(counts.values()) <= 1
+
+
+def _offsets(root: Path, topic: str = "orders") -> dict[int, list[int]]:
+    rows = DeltaTable(str(root / "topics" / topic)).to_pyarrow_table(columns=["partition", "offset"]).to_pylist()
+    out: dict[int, list[int]] = {}
+    for r in rows:
+        out.setdefault(r["partition"], []).append(r["offset"])
+    return {p: sorted(o) for p, o in out.items()}
+
+
+def _produce(url: str, key: str, n: int, ack: str = "table", **fields: Any) -> httpx.Response:
+    return httpx.post(f"{url}/v1/topics/orders/messages", params={"ack": ack},
+                      json={"key": key, "value": {"n": n}, **fields}, timeout=30)
+
+
+@pytest.fixture
+def nodes(tmp_path: Path) -> Iterator[tuple[Path, ServerProcess, ServerProcess]]:
+    root = tmp_path / "tables"
+    a, b = ServerProcess(tmp_path / "a", _env(root)), ServerProcess(tmp_path / "b", _env(root))
+    try:
+        a.start()
+        b.start()
+        yield root, a, b
+    finally:
+        a.stop()
+        b.stop()
+
+
+def test_two_nodes_share_partitions_forward_and_fail_over(nodes: tuple[Path, ServerProcess, ServerProcess]) -> None:
+    root, a, b = nodes
+    assert {n["url"] for n in _cluster(a.url)["nodes"] if n["alive"]} == {a.url, b.url}
+    assert httpx.post(f"{a.url}/v1/topics", json={"name": "orders", "partitions": PARTITIONS}).status_code == 201
+    until(lambda: httpx.get(f"{b.url}/v1/topics/orders").status_code == 200, "b sees the topic", timeout=5)
+    until(lambda: _balanced(a.url, {a.url, b.url}), "two partitions each", timeout=15)
+    owners = _owners(b.url)
+    assert owners == _owners(a.url), "both nodes tell the same owners"
+
+    # Keyed messages reach their Kafka partition through either node: forwarded when the other owns it.
+    for url in (a.url, b.url):
+        for p, key in KEYS.items():
+            r = _produce(url, key, p)
+            assert r.status_code == 200, r.text
+            assert r.json()["partition"] == p
+    # A batch over every partition, through one node: one answer, in request order.
+    batch = [{"key": KEYS[i % PARTITIONS], "value": f"m{i}"} for i in range(40)]
+    r = httpx.post(f"{a.url}/v1/topics/orders/batch", params={"ack": "table"}, json={"messages": batch}, timeout=30)
+    assert r.status_code == 200, r.text
+    assert [x["partition"] for x in r.json()["results"]] == [i % PARTITIONS for i in range(40)]
+    # Keyless messages stay on the node that took them: no hop.
+    mine = {p for p, url in owners.items() if url == b.url}
+    for _ in range(6):
+        r = httpx.post(f"{b.url}/v1/topics/orders/messages", params={"ack": "table"}, json={"value": "keyless"})
+        assert r.status_code == 200 and r.json()["partition"] in mine, r.text
+    # A forwarded request is not forwarded again: its node answers 421 with the owner.
+    theirs = next(p for p, url in owners.items() if url == a.url)
+    r = httpx.post(f"{b.url}/v1/topics/orders/messages", json={"key": KEYS[theirs], "value": 1},
+                   headers={"lakebroker-forwarded-by": "test"})
+    assert r.status_code == 421 and a.url in r.json()["error"]["message"], r.text
+    offsets = _offsets(root)
+    assert all(o == list(range(len(o))) for o in offsets.values()), "dense from 0 in each partition"
+    before = sum(len(o) for o in offsets.values())
+    assert before == 2 * PARTITIONS + 40 + 6
+
+    # SIGKILL a: b takes its partitions within the lease's TTL, with new epochs, and goes on densely.
+    epochs = {p["partition"]: p["epoch"] for p in _cluster(b.url)["partitions"]}
+    a.kill()
+    killed = time.monotonic()
+    until(lambda: set(_owners(b.url).values()) == {b.url}, "b owns every partition", timeout=TTL_S + 10)
+    assert time.monotonic() - killed < TTL_S + 3
+    after = {p["partition"]: p["epoch"] for p in _cluster(b.url)["partitions"]}
+    assert {p for p in after if after[p] > epochs[p]} == {p for p, url in owners.items() if url == a.url}
+    for p, key in KEYS.items():
+        assert _produce(b.url, key, p).status_code == 200
+    offsets = _offsets(root)
+    assert all(o == list(range(len(o))) for o in offsets.values())
+    assert sum(len(o) for o in offsets.values()) == before + PARTITIONS
+
+    # a comes back with its data dir and gets its share again; deleting the topic through b reaches a.
+    a.start()
+    until(lambda: _balanced(b.url, {a.url, b.url}), "rebalanced after a's return", timeout=20)
+    for p, key in KEYS.items():
+        assert _produce(a.url, key, p).status_code == 200
+    assert httpx.delete(f"{b.url}/v1/topics/orders").status_code == 204
+    until(lambda: httpx.get(f"{a.url}/v1/topics/orders").status_code == 404, "a forgets the topic", timeout=5)
+    assert _produce(a.url, KEYS[0], 0).status_code == 404
+
+
+def test_ack_wal_messages_of_a_killed_node_come_back_with_new_offsets(tmp_path: Path) -> None:
+    """a acknowledges at ack=wal and dies before its flush; b takes over and commits more. When a
+    restarts with its data dir, its acknowledged messages reach the table once each, at offsets
+    after b's, never at offsets b used."""
+    root = tmp_path / "tables"
+    slow = _env(root, LAKEBROKER_FLUSH_INTERVAL_MS="600000", LAKEBROKER_FLUSH_MAX_RECORDS="1000000")
+    a, b = ServerProcess(tmp_path / "a", slow), ServerProcess(tmp_path / "b", _env(root))
+    try:
+        a.start()
+        assert httpx.post(f"{a.url}/v1/topics", json={"name": "orders", "partitions": PARTITIONS}).status_code == 201
+        for p, key in KEYS.items():  # in a's WAL only: its flush is ten minutes away
+            for i in range(5):
+                r = _produce(a.url, key, i, ack="wal", id=f"a-{p}-{i}")
+                assert r.status_code == 200 and r.json()["offset"] == i, r.text
+        a.kill()
+        b.start()
+        until(lambda: set(_owners(b.url).values()) == {b.url}, "b owns every partition", timeout=TTL_S + 15)
+        for p, key in KEYS.items():
+            assert _produce(b.url, key, 100 + p).json()["offset"] == 0, "a's messages were never in the table"
+        for name in ("LAKEBROKER_FLUSH_INTERVAL_MS", "LAKEBROKER_FLUSH_MAX_RECORDS"):
+            a.env.pop(name)  # back to the default flush
+        a.start()
+
+        def all_there() -> bool:
+            rows = DeltaTable(str(root / "topics" / "orders")).to_pyarrow_table(
+                columns=["partition", "offset", "message_id"]).to_pylist()
+            return sum(1 for r in rows if (r["message_id"] or "").startswith("a-")) == 5 * PARTITIONS
+
+        until(all_there, "a's acknowledged messages in the table", timeout=30)
+        rows = DeltaTable(str(root / "topics" / "orders")).to_pyarrow_table(
+            columns=["partition", "offset", "message_id"]).to_pylist()
+        ids = Counter(r["message_id"] for r in rows)
+        assert all(ids[f"a-{p}-{i}"] == 1 for p in KEYS for i in range(5)), "each once"
+        by_partition: dict[int, list[tuple[int, str | None]]] = {}
+        for r in rows:
+            by_partition.setdefault(r["partition"], []).append((r["offset"], r["message_id"]))
+        for p, placed in by_partition.items():
+            placed.sort()
+            assert [o for o, _ in placed] == list(range(len(placed))), f"partition {p} is dense"
+            assert placed[0][1] is None, "b's message kept offset 0"
+            assert [m for _, m in placed[1:]] == [f"a-{p}-{i}" for i in range(5)], "a's, in order, after b's"
+    finally:
+        a.stop()
+        b.stop()
