@@ -25,7 +25,7 @@ import pyarrow as pa
 from lakebroker.ingest_api.acks import Acks, highest_offsets
 from lakebroker.ingest_api.admission import Admission
 from lakebroker.ingest_api.chunks import BatchResults, Chunk, ColumnarBatch, chunk_bytes, split_by_bytes
-from lakebroker.ingest_api.cluster import Membership, NotOwner
+from lakebroker.ingest_api.cluster import Membership, NoOwnerYet, NotOwner
 from lakebroker.ingest_api.dedup import DedupIndex, DedupKey, Placed, dedup_id
 from lakebroker.ingest_api.flusher import Flusher
 from lakebroker.ingest_api.group_commit import GroupCommitter, Pending, PendingChunk
@@ -359,10 +359,14 @@ class Broker:
         topic_id = bytes.fromhex(topic.topic_id)
         self.partitioner.restrict(topic, [p for p in range(topic.partitions) if (topic_id, p) in self.accepting])
 
-    def not_here(self, topic: TopicConfig, partition: int) -> NotOwner:
+    def not_here(self, topic: TopicConfig, partition: int) -> NotOwner | NoOwnerYet:
+        """The refusal of a message for a partition this node does not take now: 421 naming the owner,
+        or, while the partition is between owners (even on its way to this node), 503 to retry."""
         url = self.cluster.owner_url((topic.topic_id, partition))
-        where = f"its owner is {url}" if url else "no node owns it yet; retry in a second"
-        return NotOwner(f"partition {partition} of {topic.name!r} is not owned by this node: {where}", partition, url)
+        if url is None or url == self.cluster.table.url:
+            return NoOwnerYet(f"partition {partition} of {topic.name!r} is changing owners; retry in a second", 1.0)
+        return NotOwner(f"partition {partition} of {topic.name!r} is not owned by this node: its owner is {url}",
+                        partition, url)
 
     # A partition has two ends. The assigned end is the next offset produce will give (what the WAL
     # holds); the committed end is the next offset the Delta table will hold (what readers see).

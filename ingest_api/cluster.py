@@ -29,7 +29,7 @@ from deltalake.exceptions import CommitFailedError
 from lakebroker.ingest_api.auth import auth_enforced
 from lakebroker.tables import delta, fencing
 from lakebroker.tables.conflicts import retry_conflicts
-from lakebroker.tables.errors import LakebrokerError
+from lakebroker.tables.errors import Backpressure, LakebrokerError
 from lakebroker.tables.layout import Layout
 from lakebroker.tables.ownership import ClusterView, Heartbeat, OwnershipTable, Pair
 from lakebroker.tables.settings import Settings
@@ -52,6 +52,13 @@ class NotOwner(LakebrokerError):
         super().__init__(message)
         self.partition = partition
         self.owner_url = owner_url
+
+
+class NoOwnerYet(Backpressure):
+    """A produce for a partition between owners (a node died, or it is being handed over)."""
+
+    status = 503
+    code = "partition_unavailable"
 
 
 def node_id(layout: Layout) -> str:

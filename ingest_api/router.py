@@ -128,10 +128,10 @@ class Router:
             raise broker.not_here(topic, partitions[remote[0]])
         by_owner: dict[str, list[int]] = {}
         for i in remote:
-            url = broker.cluster.owner_url((topic.topic_id, partitions[i]))
-            if url is None or url == broker.cluster.table.url:
-                raise broker.not_here(topic, partitions[i])
-            by_owner.setdefault(url, []).append(i)
+            refusal = broker.not_here(topic, partitions[i])
+            if not isinstance(refusal, NotOwner) or refusal.owner_url is None:
+                raise refusal
+            by_owner.setdefault(refusal.owner_url, []).append(i)
         is_remote = set(remote)
         local = [i for i in range(len(messages)) if i not in is_remote]
         parts = [local, *by_owner.values()] if local else list(by_owner.values())

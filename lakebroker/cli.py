@@ -178,15 +178,25 @@ def serve(
     port: Annotated[int | None, typer.Option(help="Port (default setting port).")] = None,
     auth: Annotated[AuthMode | None, typer.Option(
         help="API tokens: auto is required unless HOST is loopback (default: the auth setting).")] = None,
+    workers: Annotated[int, typer.Option(
+        min=1, max=64, help="Ingest processes sharing the port, each a cluster node with its own WAL "
+        "(DATA_DIR, then DATA_DIR/nodes/1 ...), sharing the table root.")] = 1,
+    reuse_port: Annotated[bool, typer.Option(hidden=True, help="One of --workers' processes.")] = False,
 ) -> None:
     """Run the ingest API and the background workers on this data dir."""
-    from lakebroker.server import run_server
     from lakebroker.tables.process_memory import keep_small
 
     keep_small()
 
     overrides = {"host": host, "port": port, "auth": auth}
-    run_server(settings().model_copy(update={k: v for k, v in overrides.items() if v is not None}))
+    chosen = settings().model_copy(update={k: v for k, v in overrides.items() if v is not None})
+    if workers > 1:
+        from lakebroker.workers import run_workers
+
+        raise typer.Exit(run_workers(chosen, workers))
+    from lakebroker.server import run_server
+
+    run_server(chosen, reuse_port=reuse_port)
 
 
 @app.command()
@@ -260,8 +270,9 @@ def sql(
 @functools.cache  # once per process, however often main() (or a test) asks
 def _register_plugins() -> None:
     """Command groups owned by other modules add themselves here."""
-    from lakebroker import jobs_cli, spark_cli, tokens_cli, wal_cli
+    from lakebroker import cluster_cli, jobs_cli, spark_cli, tokens_cli, wal_cli
 
+    cluster_cli.register(app, settings, fail)
     jobs_cli.register(app, settings, fail)
     spark_cli.register(app, settings, fail)
     tokens_cli.register(app, settings, fail)

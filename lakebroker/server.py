@@ -57,19 +57,36 @@ def _already_shut_down(signum: int, frame: object) -> None:
     """uvicorn has already shut down on this signal: nothing more to do."""
 
 
-def run_server(settings: Settings) -> None:
+def listen(host: str, port: int, *, reuse_port: bool = False) -> socket.socket:
+    """A bound TCP socket (uvicorn listens on it). `reuse_port`: one of several processes on one
+    port (SO_REUSEPORT: the kernel spreads connections over them; lakebroker/workers.py)."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if reuse_port:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    sock.bind((host, port))
+    return sock
+
+
+def run_server(settings: Settings, *, reuse_port: bool = False) -> None:
+    """Serve until SIGTERM or SIGINT. `reuse_port`: as one of `serve --workers`' processes, which share
+    the port; each also listens on a port of its own, which it advertises to the other nodes."""
     configure_logging(settings)
     if settings.auth == "off" and not is_loopback(settings.host):
         logging.getLogger(__name__).warning(
             "auth=off on %s: anyone who can reach this address can produce, read and delete topics", settings.host)
     settings.ensure_dirs()
-    sock = socket.socket(socket.AF_INET6 if ":" in settings.host else socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((settings.host, settings.port))
+    sock = listen(settings.host, settings.port, reuse_port=reuse_port)
+    sockets = [sock]
     port = sock.getsockname()[1]
-    settings = settings.model_copy(update={"port": port})
-    layout = Layout.of(settings)
     host = f"[{settings.host}]" if ":" in settings.host else settings.host
+    update: dict[str, Any] = {"port": port}
+    if reuse_port:  # forwarded messages must reach this process, not whichever one the kernel picks
+        own = listen(settings.host, 0)
+        sockets.append(own)
+        update["advertised_url"] = f"http://{host}:{own.getsockname()[1]}"
+    settings = settings.model_copy(update=update)
+    layout = Layout.of(settings)
 
     # Spark maintenance jobs (spark_pipeline/scheduler.py): child processes on the configured
     # intervals, started once this process holds the data-dir lock; their runs show in /metrics.
@@ -107,7 +124,7 @@ def run_server(settings: Settings) -> None:
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, _already_shut_down)
     try:
-        uvicorn.Server(config).run(sockets=[sock])
+        uvicorn.Server(config).run(sockets=sockets)
     finally:
         for scheduler in jobs:
             stop_jobs(scheduler)

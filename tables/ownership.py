@@ -59,6 +59,7 @@ class ClusterView:
     at: datetime
     nodes: tuple[NodeInfo, ...]
     owners: Mapping[Pair, Owner]
+    pins: Mapping[Pair, str] = field(default_factory=dict)  # pair -> the node `lakebroker cluster move` chose
 
     def live_nodes(self) -> dict[str, NodeInfo]:
         return {n.node: n for n in self.nodes if n.alive(self.at)}
@@ -81,13 +82,19 @@ class Heartbeat:
     view: ClusterView = field(repr=False)
 
 
-def balance(pairs: Sequence[Pair], nodes: Sequence[str], owners: Mapping[Pair, str]) -> dict[Pair, str]:
+def balance(pairs: Sequence[Pair], nodes: Sequence[str], owners: Mapping[Pair, str],
+            pins: Mapping[Pair, str] | None = None) -> dict[Pair, str]:
     """The plan: each node gets len(pairs) // len(nodes) pairs or one more. A pair stays with its
     current owner while that owner is within its share, so a node joining or dying moves only the
-    pairs it must. The same inputs give the same plan on every node."""
+    pairs it must. A pair pinned to a live node (`lakebroker cluster move`) goes there, and the
+    rest are shared as before. The same inputs give the same plan on every node."""
     if not nodes:
         return {}
     ordered = sorted(set(nodes))
+    pinned = {pair: node for pair, node in (pins or {}).items() if node in ordered and pair in set(pairs)}
+    if pinned:
+        rest = balance([p for p in pairs if p not in pinned], ordered, owners)
+        return {**rest, **pinned}
     base, extra = divmod(len(pairs), len(ordered))
     load = Counter(owner for pair, owner in owners.items() if owner in ordered and pair in set(pairs))
     # The extra pairs go to the nodes that hold the most already: fewer moves.
@@ -125,7 +132,8 @@ def _owner(row: dict[str, Any]) -> Owner:
 def _view(rows: Rows, now: datetime) -> ClusterView:
     nodes = tuple(sorted((_node(r) for r in rows if r["kind"] == "node"), key=lambda n: n.node))
     owners = {(r["topic_id"], r["partition"]): _owner(r) for r in rows if r["kind"] == "partition"}
-    return ClusterView(now, nodes, owners)
+    pins = {(r["topic_id"], r["partition"]): r["node"] for r in rows if r["kind"] == "pin"}
+    return ClusterView(now, nodes, owners, pins)
 
 
 class OwnershipTable:
@@ -137,6 +145,7 @@ class OwnershipTable:
 
     def view(self) -> ClusterView:
         return _view(self.table.read(), datetime.now(UTC))
+
 
     def heartbeat(self, pairs: Mapping[Pair, str], release: frozenset[Pair] = frozenset(), *,
                   leave: bool = False) -> Heartbeat:
@@ -161,7 +170,8 @@ class OwnershipTable:
             live = sorted(r["node"] for r in nodes if r["expires_at"] > now)
             by_pair = {(r["topic_id"], r["partition"]): r for r in out if r["kind"] == "partition"}
             owners = {pair: r["node"] for pair, r in by_pair.items() if r["node"] and r["expires_at"] > now}
-            plan = balance(list(pairs), live, owners)
+            pins = [r for r in out if r["kind"] == "pin"]
+            plan = balance(list(pairs), live, owners, {(r["topic_id"], r["partition"]): r["node"] for r in pins})
             held: dict[Pair, int] = {}
             taken: set[Pair] = set()
             give_up: set[Pair] = set()
@@ -189,7 +199,7 @@ class OwnershipTable:
                     held[pair] = row["epoch"]
                     taken.add(pair)
             partitions = sorted(by_pair.values(), key=lambda r: (r["topic_id"], r["partition"]))
-            new_rows = sorted(nodes, key=lambda r: r["node"]) + partitions
+            new_rows = sorted(nodes, key=lambda r: r["node"]) + partitions + pins
             return new_rows, Heartbeat(held, frozenset(taken), frozenset(give_up), _view(new_rows, now))
 
         return self.table.mutate(change)
@@ -211,6 +221,24 @@ class OwnershipTable:
 
         return self.table.mutate(change)
 
+    def pin(self, pair: Pair, topic: str, node: str | None) -> None:
+        """Keep `pair` on `node` while it is alive (its owner hands it over); None: back to the plan."""
+
+        def change(rows: Rows) -> tuple[Rows, None]:
+            out = [r for r in rows if not (r["kind"] == "pin" and (r["topic_id"], r["partition"]) == pair)]
+            if node is not None:
+                now = datetime.now(UTC)
+                out.append({"kind": "pin", "node": node, "url": None, "topic_id": pair[0], "topic": topic,
+                            "partition": pair[1], "epoch": 0, "since": now, "expires_at": now})
+            return out, None
+
+        self.table.mutate(change)
+
     def forget_topic(self, topic_id: str) -> None:
-        """A deleted topic's partitions leave the table."""
+        """A deleted topic's partitions (and pins) leave the table."""
         self.table.mutate(lambda rows: ([r for r in rows if r["topic_id"] != topic_id], None))
+
+
+def read_view(layout: Layout) -> ClusterView:
+    """The cluster as the table shows it, for a reader that is no node (the CLI)."""
+    return _view(StateTable(layout.owners_table, OWNERS_SCHEMA, OWNERS_SCHEMA_VERSION).read(), datetime.now(UTC))

@@ -150,8 +150,8 @@ STATE_TABLE_PROPERTIES: dict[str, str] = {
 OWNERS_SCHEMA_VERSION = 1
 OWNERS_SCHEMA = pa.schema(
     [
-        pa.field("kind", pa.string(), nullable=False),  # node | partition
-        pa.field("node", pa.string()),  # the node's id; on a partition row its owner, null once released
+        pa.field("kind", pa.string(), nullable=False),  # node | partition | pin
+        pa.field("node", pa.string()),  # the node's id; a partition's owner (null once released); a pin's node
         pa.field("url", pa.string()),  # node rows: the advertised URL other nodes and clients use
         pa.field("topic_id", pa.string(), nullable=False),  # "" on node rows
         pa.field("topic", pa.string(), nullable=False),  # "" on node rows

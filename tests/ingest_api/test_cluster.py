@@ -7,6 +7,10 @@ offsets dense per partition across every change of owner."""
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -14,11 +18,12 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import orjson
 import pytest
 from deltalake import DeltaTable
 
 from lakebroker.ingest_api.partitioner import partition_for_key
-from tests.servers import ServerProcess, until
+from tests.servers import NO_SCHEDULED_JOBS, ServerProcess, alive, children, until
 
 pytestmark = [pytest.mark.timeout(300)]
 
@@ -74,6 +79,13 @@ def _produce(url: str, key: str, n: int, ack: str = "table", **fields: Any) -> h
                       json={"key": key, "value": {"n": n}, **fields}, timeout=30)
 
 
+def _cli(root: Path, node: ServerProcess, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    done = subprocess.run([sys.executable, "-m", "lakebroker", "--data-dir", str(node.data_dir), *args],
+                          capture_output=True, text=True, timeout=120, env={**node.env, "COLUMNS": "200"})
+    assert not check or done.returncode == 0, done.stdout + done.stderr
+    return done
+
+
 @pytest.fixture
 def nodes(tmp_path: Path) -> Iterator[tuple[Path, ServerProcess, ServerProcess]]:
     root = tmp_path / "tables"
@@ -121,6 +133,26 @@ def test_two_nodes_share_partitions_forward_and_fail_over(nodes: tuple[Path, Ser
     assert all(o == list(range(len(o))) for o in offsets.values()), "dense from 0 in each partition"
     before = sum(len(o) for o in offsets.values())
     assert before == 2 * PARTITIONS + 40 + 6
+
+    # `lakebroker cluster`: what the table shows, and a partition moved by hand (then back to the plan).
+    shown = orjson.loads(_cli(root, a, "cluster", "show", "--json").stdout)
+    ids = {n["url"]: n["id"] for n in shown["nodes"]}
+    assert {n["partitions"] for n in shown["nodes"]} == {PARTITIONS // 2} and len(ids) == 2
+    moved = theirs  # a's
+    assert "pinned to" in _cli(root, a, "cluster", "move", "orders", str(moved), "--to", ids[b.url]).stdout
+    until(lambda: _owners(a.url)[moved] == b.url, "the partition moved to b", timeout=10)
+    assert _produce(a.url, KEYS[moved], 0).json()["partition"] == moved
+    refused = _cli(root, a, "cluster", "move", "orders", "9", "--to", ids[b.url], check=False)
+    assert refused.returncode == 1 and "partitions 0 to 3" in refused.stderr
+    refused = _cli(root, a, "cluster", "move", "orders", "0", "--to", "nobody", check=False)
+    assert refused.returncode == 1 and "no live node 'nobody'" in refused.stderr
+    assert _cli(root, a, "cluster", "move", "orders", "0", check=False).returncode == 2
+    _cli(root, a, "cluster", "move", "orders", str(moved), "--auto")
+    until(lambda: _balanced(a.url, {a.url, b.url}), "balanced again", timeout=10)
+    owners = _owners(a.url)
+    offsets = _offsets(root)
+    assert all(o == list(range(len(o))) for o in offsets.values())
+    before = sum(len(o) for o in offsets.values())
 
     # SIGKILL a: b takes its partitions within the lease's TTL, with new epochs, and goes on densely.
     epochs = {p["partition"]: p["epoch"] for p in _cluster(b.url)["partitions"]}
@@ -190,3 +222,56 @@ def test_ack_wal_messages_of_a_killed_node_come_back_with_new_offsets(tmp_path: 
     finally:
         a.stop()
         b.stop()
+
+
+def _workers_of(parent: int) -> list[int]:
+    def is_worker(pid: int) -> bool:
+        try:
+            return b"--reuse-port" in Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:  # it exited meanwhile
+            return False
+
+    return sorted(pid for pid in children(parent) if is_worker(pid))
+
+
+def test_serve_workers_share_one_port_as_nodes_and_a_dead_worker_is_restarted(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    env = {**os.environ, **NO_SCHEDULED_JOBS, "LAKEBROKER_INGEST_LEASE_TTL_S": str(TTL_S),
+           "LAKEBROKER_INGEST_HEARTBEAT_S": "0.2"}
+    log = tmp_path / "serve.log"
+    with log.open("wb") as out:
+        parent = subprocess.Popen([sys.executable, "-m", "lakebroker", "--data-dir", str(data), "serve", "--port", "0",
+                                   "--workers", "2"], stdout=out, stderr=subprocess.STDOUT, env=env)
+    try:
+        until(lambda: (data / "server.json").exists(), "worker 0 serves", timeout=60)
+        url = orjson.loads((data / "server.json").read_bytes())["url"]
+        until(lambda: len([n for n in _cluster(url)["nodes"] if n["alive"]]) == 2, "two nodes", timeout=30)
+        nodes = {n["url"] for n in _cluster(url)["nodes"]}
+        assert url not in nodes, "each worker advertises a port of its own"
+        assert httpx.post(f"{url}/v1/topics", json={"name": "orders", "partitions": PARTITIONS}).status_code == 201
+        until(lambda: _balanced(url, nodes), "two partitions each", timeout=15)
+        owners = _owners(url)
+        # New connections land on both processes; keyless messages stay on the process that took them.
+        seen: set[str | None] = set()
+        for _ in range(40):
+            r = httpx.post(f"{url}/v1/topics/orders/messages", params={"ack": "table"}, json={"value": "x"})
+            assert r.status_code == 200, r.text
+            seen.add(owners[r.json()["partition"]])
+        assert seen == nodes
+        assert (data / "nodes" / "1" / "wal").is_dir() and (data / "wal").is_dir()
+
+        pids = _workers_of(parent.pid)
+        assert len(pids) == 2
+        os.kill(pids[1], signal.SIGKILL)
+        until(lambda: len(_workers_of(parent.pid)) == 2 and _workers_of(parent.pid) != pids, "a new worker",
+              timeout=30)
+        until(lambda: all(httpx.post(f"{url}/v1/topics/orders/messages", json={"key": KEYS[p], "value": 1},
+                                     params={"ack": "table"}).status_code == 200 for p in KEYS),
+              "every partition served again", timeout=TTL_S + 30)
+        offsets = _offsets(data)
+        assert all(o == list(range(len(o))) for o in offsets.values())
+    finally:
+        last = _workers_of(parent.pid) if parent.poll() is None else []
+        parent.send_signal(signal.SIGTERM)
+        assert parent.wait(timeout=60) == 0, log.read_text()[-3000:]
+    assert not [pid for pid in last if alive(pid)], "the workers stopped with it"

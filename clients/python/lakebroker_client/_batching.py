@@ -53,6 +53,8 @@ class Batching:
 class Pending:
     fragment: bytes  # the message as JSON, encoded once in send()
     future: Future[SendResult]
+    partition: int | None = None  # explicit
+    route: str | None = None  # what picks its partition otherwise: its key, else its id (_routing.py)
 
 
 @dataclass

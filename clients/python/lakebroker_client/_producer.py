@@ -29,6 +29,7 @@ from lakebroker_client._exceptions import ClientClosed, ClientError
 from lakebroker_client._http import Http, refused
 from lakebroker_client._models import AckLike, AckMode, SendResult
 from lakebroker_client._retry import Retry
+from lakebroker_client._routing import Router
 from lakebroker_client._serde import Headers, Serializer, headers_field, key_field, value_fields
 
 log = logging.getLogger("lakebroker_client")
@@ -46,6 +47,7 @@ class ProducerStats:
     requests: int = 0  # /batch requests that got an answer
     retries: int = 0  # attempts repeated after no answer, a 429 or a 5xx
     throttled: int = 0  # of those, 429 answers (the broker's WAL backlog was over its bound)
+    routed: int = 0  # requests sent straight to the partitions' owner (a cluster of several nodes)
 
 
 class Producer:
@@ -61,6 +63,10 @@ class Producer:
 
     `key_serializer` / `value_serializer` turn what send() is given into bytes or str, as in
     Kafka clients (e.g. `value_serializer=lambda v: json.dumps(v).encode()`).
+
+    Against a cluster, each message goes straight to its partition's owner (`routing`; the
+    owners come from /v1/cluster, see `_routing.py`); `url` may be any node, and takes what
+    cannot be routed (it forwards). `routing=False` sends everything to `url`.
     """
 
     def __init__(
@@ -76,6 +82,7 @@ class Producer:
         retry: Retry | None = None,
         timeout_s: float = 30.0,
         transport: httpx.BaseTransport | None = None,
+        routing: bool = True,
     ) -> None:
         if producer_id is not None and not 0 < len(producer_id) <= 256:
             raise ValueError("producer_id must be 1 to 256 characters")
@@ -89,6 +96,7 @@ class Producer:
         self._lock = threading.Lock()
         self._stats = ProducerStats()
         self._closed = False
+        self._router = Router(self._cluster) if routing else None
         self._thread = threading.Thread(target=self._run, name="lakebroker-producer", daemon=True)
         self._thread.start()
 
@@ -119,15 +127,15 @@ class Producer:
         mode = AckMode(ack)
         if not isinstance(topic, str) or not topic:
             raise ValueError("topic must be a non-empty str")
-        fragment = json.dumps(self._message(value, key, headers, partition, id), separators=(",", ":"),
-                              ensure_ascii=False, allow_nan=False).encode()
+        message = self._message(value, key, headers, partition, id)
+        fragment = json.dumps(message, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode()
         future: Future[SendResult] = Future()
         future.set_running_or_notify_cancel()  # queued messages are sent: cancel() cannot stop them
         with self._lock:
             self._outstanding.add(future)
         future.add_done_callback(self._finished)
         try:
-            self._acc.append(topic, mode, Pending(fragment, future))
+            self._acc.append(topic, mode, Pending(fragment, future, message.get("partition"), _route(message)))
         except BaseException as exc:
             future.set_exception(exc)
             raise
@@ -202,7 +210,48 @@ class Producer:
             finally:
                 self._acc.done(len(batch.items))
 
+    def _cluster(self) -> Any:
+        response = self._http.client.get("/v1/cluster", timeout=5.0)
+        response.raise_for_status()
+        return response.json()
+
     def _deliver(self, batch: Batch) -> None:
+        """Each owner's share of the batch to that owner (in the batch's order, one owner after
+        another: a partition's messages all go to one owner, so their order holds), the rest, and
+        any share its owner did not take, to the producer's URL."""
+        router = self._router
+        if router is None:
+            self._send(batch)
+            return
+        router.refresh()
+        shares: dict[str | None, list[Pending]] = {}
+        for item in batch.items:
+            shares.setdefault(router.owner(batch.topic, item.partition, item.route), []).append(item)
+        for url, items in shares.items():
+            share = batch if len(shares) == 1 else Batch(batch.topic, batch.ack, batch.created, items,
+                                                         sum(len(i.fragment) for i in items))
+            if url is None or not self._send_to_owner(share, url):
+                self._send(share)
+
+    def _send_to_owner(self, batch: Batch, url: str) -> bool:
+        """One attempt at the owner; False (and the map read again) if it did not take the batch."""
+        assert self._router is not None
+        path = f"{url}/v1/topics/{quote(batch.topic, safe='')}/batch"
+        try:
+            response = self._http.client.post(path, params={"ack": batch.ack.value}, content=batch.body(),
+                                              headers={"content-type": "application/json"})
+        except httpx.TransportError:
+            self._router.avoid(url)
+            self._router.refresh()
+            return False
+        if not response.is_success:
+            self._router.refresh()
+            return False
+        self._count(requests=1, routed=1)
+        self._resolve(batch, response)
+        return True
+
+    def _send(self, batch: Batch) -> None:
         path = f"/v1/topics/{quote(batch.topic, safe='')}/batch"
         try:
             response = self._http.request("POST", path, params={"ack": batch.ack.value}, content=batch.body(),
@@ -212,22 +261,25 @@ class Producer:
             return
         self._count(requests=1)
         if response.is_success:
-            results = response.json()["results"]
-            if len(results) != len(batch.items):
-                self._fail(batch, ClientError(f"the broker answered {len(results)} results for "
-                                              f"{len(batch.items)} messages"))
-                return
-            self._count(messages=len(results), duplicates=sum(bool(r["duplicate"]) for r in results))
-            for item, r in zip(batch.items, results, strict=True):
-                stamp = r.get("timestamp")
-                item.future.set_result(SendResult(batch.topic, r["partition"], r["offset"],
-                                                  None if stamp is None else datetime.fromisoformat(stamp),
-                                                  bool(r["duplicate"])))
+            self._resolve(batch, response)
         elif response.status_code in _SPLIT_ON and len(batch.items) > 1:
             for item in batch.items:  # in order, so the topic's order is kept
-                self._deliver(Batch(batch.topic, batch.ack, batch.created, [item], len(item.fragment)))
+                self._send(Batch(batch.topic, batch.ack, batch.created, [item], len(item.fragment)))
         else:
             self._fail(batch, refused(response, f"produce to topic {batch.topic!r}"))
+
+    def _resolve(self, batch: Batch, response: httpx.Response) -> None:
+        results = response.json()["results"]
+        if len(results) != len(batch.items):
+            self._fail(batch, ClientError(f"the broker answered {len(results)} results for "
+                                          f"{len(batch.items)} messages"))
+            return
+        self._count(messages=len(results), duplicates=sum(bool(r["duplicate"]) for r in results))
+        for item, r in zip(batch.items, results, strict=True):
+            stamp = r.get("timestamp")
+            item.future.set_result(SendResult(batch.topic, r["partition"], r["offset"],
+                                              None if stamp is None else datetime.fromisoformat(stamp),
+                                              bool(r["duplicate"])))
 
     def _fail(self, batch: Batch, error: BaseException) -> None:
         for item in batch.items:
@@ -248,3 +300,15 @@ class Producer:
                 self._stats = replace(self._stats, failed=self._stats.failed + 1)
 
 
+
+
+def _route(message: dict[str, Any]) -> str | None:
+    """What the broker hashes to pick the message's partition when it names none (its key, else its
+    id as the broker's dedup index spells it)."""
+    if "key" in message:
+        return str(message["key"])
+    if "id" in message:
+        return f"m:{message['id']}"
+    if "producer_id" in message:
+        return f"p:{message['producer_id']}:{message['sequence']}"
+    return None
