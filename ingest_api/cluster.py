@@ -202,8 +202,10 @@ class Membership:
         def once() -> dict[int, tuple[int, int | None]]:
             table = delta.load(uri) if delta.exists(uri) else ensure_topic_table(uri)
             before = {p: fencing.node_end(table, self.node, p) for p in epochs}
-            # A lease this node still held from before a restart: its claim is in the table already.
-            kept = {p for p, epoch in epochs.items() if fencing.stored_epoch(table, p) == epoch}
+            # No claim where the table holds this epoch already (this node held the partition last) or
+            # where there can be no earlier owner to fence (a partition's first epoch, never claimed).
+            stored = {p: fencing.stored_epoch(table, p) for p in epochs}
+            kept = {p for p, epoch in epochs.items() if stored[p] == epoch or (stored[p] == 0 and epoch == 1)}
             ends = {p: delta.committed_end(table, p) for p in kept}
             if len(kept) < len(epochs):
                 ends.update(fencing.claim(table, {p: e for p, e in epochs.items() if p not in kept}, node=self.node))

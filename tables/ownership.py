@@ -43,7 +43,7 @@ class Owner:
     topic_id: str
     topic: str
     partition: int
-    node: str | None  # None: released, waiting for the node the plan gives it to
+    node: str | None  # the owner; once its lease ran out or it released it, the owner it had last
     epoch: int
     since: datetime
     expires_at: datetime
@@ -180,7 +180,7 @@ class OwnershipTable:
                 mine = row is not None and row["node"] == self.node and row["expires_at"] > now
                 if row is not None and mine:
                     if leave or pair in release:
-                        row.update(node=None, expires_at=now)
+                        row.update(expires_at=now)  # the node stays named: it alone may take it back as it was
                         continue
                     row["expires_at"] = me["expires_at"]
                     held[pair] = row["epoch"]
@@ -192,8 +192,10 @@ class OwnershipTable:
                                                "topic_id": pair[0], "topic": topic, "partition": pair[1],
                                                "epoch": 1, "since": now, "expires_at": me["expires_at"]}
                     elif row["node"] is None or row["expires_at"] <= now:
-                        row.update(node=self.node, epoch=row["epoch"] + 1, since=now, expires_at=me["expires_at"],
-                                   topic=topic)
+                        # Back to the node that held it last, nobody else having taken it since: the same
+                        # epoch, whose claim is in the table already. Anyone else: a new epoch to claim.
+                        epoch = row["epoch"] if row["node"] == self.node else row["epoch"] + 1
+                        row.update(node=self.node, epoch=epoch, since=now, expires_at=me["expires_at"], topic=topic)
                     else:
                         continue  # still another node's: it drains and releases it, or its lease runs out
                     held[pair] = row["epoch"]

@@ -130,8 +130,13 @@ def committed_ends(layout: Layout, topics: Iterable[TopicConfig], *, mark: bool 
         table = mark_key_compacted(uri) if mark and topic.cleanup_policy is CleanupPolicy.COMPACT \
             else delta.open_table(uri)
         for p in range(topic.partitions):
-            own = None if node is None or table is None else fencing.node_end(table, node, p)
-            ends[(bytes.fromhex(topic.topic_id), p)] = delta.committed_end(table, p) if own is None else own
+            end = delta.committed_end(table, p)
+            if node is not None and table is not None:
+                own = fencing.node_end(table, node, p)
+                # Never committed nor claimed by this node: none of its WAL is in the table, unless no node
+                # ever claimed the partition (a table written before ownership: its one writer's).
+                end = own if own is not None else (0 if fencing.stored_epoch(table, p) else end)
+            ends[(bytes.fromhex(topic.topic_id), p)] = end
     return ends
 
 

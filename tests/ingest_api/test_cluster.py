@@ -75,8 +75,15 @@ def _offsets(root: Path, topic: str = "orders") -> dict[int, list[int]]:
 
 
 def _produce(url: str, key: str, n: int, ack: str = "table", **fields: Any) -> httpx.Response:
-    return httpx.post(f"{url}/v1/topics/orders/messages", params={"ack": ack},
-                      json={"key": key, "value": {"n": n}, **fields}, timeout=30)
+    """As a producer does: a 503 (the partition between owners, a second at most) is retried."""
+    deadline = time.monotonic() + 15
+    while True:
+        r = httpx.post(f"{url}/v1/topics/orders/messages", params={"ack": ack},
+                       json={"key": key, "value": {"n": n}, **fields}, timeout=30)
+        if r.status_code != 503 or time.monotonic() > deadline:
+            return r
+        assert r.json()["error"]["code"] == "partition_unavailable" and r.headers["retry-after"] == "1"
+        time.sleep(0.2)
 
 
 def _cli(root: Path, node: ServerProcess, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:

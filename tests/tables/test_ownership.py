@@ -85,5 +85,10 @@ def test_leaving_releases_everything_and_deleted_topics_are_forgotten(layout: La
     left = a.heartbeat(pairs, leave=True)
     assert left.held == {} and not left.view.live_nodes()
     assert b.heartbeat(pairs).held == {pair: 2 for pair in pairs}, "released leases are taken at once"
+    assert a.heartbeat(pairs).held == {}, "a is back, and the plan leaves them with b for now"
+    b.heartbeat(pairs, leave=True)
+    assert a.heartbeat(pairs).held == {pair: 3 for pair in pairs}, "another node held them last: a new epoch"
+    assert a.heartbeat(pairs, leave=True).held == {}
+    assert a.heartbeat(pairs).held == {pair: 3 for pair in pairs}, "a held them last: the same epoch"
     b.forget_topic("id-orders")
     assert set(b.view().owners) == {("id-audit", 0)}
