@@ -288,6 +288,9 @@ class Broker:
             key = (bytes.fromhex(topic_hex), partition)
             self.accepting.discard(key)
             self.epochs.pop(key, None)
+            self.flusher.fail_waiters(key, NoOwnerYet(
+                f"partition {partition} moved to another node before this message's commit; it is kept and "
+                "committed there: retry with the same id to get its offset", 1.0))
         self._restrict_all()
 
     def _deposed(self, topic: TopicConfig, partitions: frozenset[int]) -> None:

@@ -332,6 +332,13 @@ class Flusher:
         topic_id = bytes.fromhex(topic.topic_id)
         self.epochs.update({(topic_id, p): epoch for p in range(topic.partitions)})
 
+    def fail_waiters(self, key: PartitionKey, error: Exception) -> None:
+        """The partition went to another node: whoever waits for its commit here (ack=table) gets
+        `error`; its messages reach the table through the new owner."""
+        for _, future in self._waiters.pop(key, []):
+            if not future.done():
+                future.set_exception(error)
+
     def adopted(self, topic_id: str) -> None:
         """This node claimed partitions of the topic: read their ends and epochs again."""
         self._ends.pop(topic_id, None)
