@@ -16,12 +16,17 @@ import orjson
 
 from bench.harness.compare import Measured, alternate, percentile
 from bench.harness.servers import NO_JOBS, REPO, BenchError, Server, baseline_server, create_topic, lakebroker_server
+from bench.harness.wrk import LoadResult, finish_wrk, run_wrk, start_wrk, write_script
 from bench.result import Check, Mode, Result, Scenario, table
+from bench.scenarios.s3 import ACCESS_KEY, SECRET_KEY
 from bench.scenarios.single_produce import SINGLE_BODY
+from scripts.s3_process import start as start_s3
 
 TARGET_WORKERS_RATIO = 1.3  # --workers 2 over one process, single-message keyless produce
 CONNECTIONS = 32  # `wrk -t1 -c32`, as the issue states the target
 PARTITIONS = 4
+S3_PARTITIONS = 6
+S3_CONNECTIONS = 30
 PATH = "/v1/topics/bench/messages"
 
 
@@ -42,14 +47,14 @@ def _workers_server(data: Path, workers: int) -> Server:
                   ready_file=server.ready_file, log=server.log, env=server.env, ready_path="/readyz")
 
 
-def _wait_owned(url: str, nodes: int, timeout_s: float = 60) -> dict[int, str]:
+def _wait_owned(url: str, nodes: int, timeout_s: float = 60, partitions: int = PARTITIONS) -> dict[int, str]:
     """Until every partition of `bench` has an owner among `nodes` live nodes; the owners' URLs."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         answer = httpx.get(f"{url}/v1/cluster", timeout=10).json()
         owners = {p["partition"]: p["url"] for p in answer["partitions"] if p["topic"] == "bench"}
         alive = {n["url"] for n in answer["nodes"] if n["alive"]}
-        if len(alive) == nodes and len(owners) == PARTITIONS and set(owners.values()) == alive:
+        if len(alive) == nodes and len(owners) == partitions and set(owners.values()) == alive:
             return owners
         time.sleep(0.2)
     raise BenchError(f"the partitions of {url} did not settle on {nodes} nodes in {timeout_s} s")
@@ -137,10 +142,43 @@ def _failover(sz: Sizes, work: Path) -> list[float]:
     return times
 
 
+def _on_s3(sz: Sizes, work: Path) -> tuple[LoadResult, list[LoadResult]]:
+    """One node on the local S3 server under one wrk, then three nodes on it under one wrk each with a
+    third of the connections (the same total load), keyless single messages at ack=wal."""
+    minio = start_s3(work / "minio", ACCESS_KEY, SECRET_KEY)
+    script = write_script(work, "cluster-s3", SINGLE_BODY, "application/json")
+    try:
+        env = {**NO_JOBS, **minio.env, "LAKEBROKER_DELIVER_IN_SERVE": "false"}
+        one = lakebroker_server(work / "s3-one", env={**env, "LAKEBROKER_TABLES_URI": minio.uri("one")})
+        with one:
+            create_topic(one.url, "bench", S3_PARTITIONS)
+            run_wrk(one.url + PATH, script, S3_CONNECTIONS, sz.warmup_s)
+            single = run_wrk(one.url + PATH, script, S3_CONNECTIONS, sz.duration_s)
+        three = [lakebroker_server(work / f"s3-three-{i}", env={**env, "LAKEBROKER_TABLES_URI": minio.uri("three")})
+                 for i in range(3)]
+        try:
+            for node in three:
+                node.start()
+            create_topic(three[0].url, "bench", S3_PARTITIONS)
+            _wait_owned(three[0].url, 3, partitions=S3_PARTITIONS)
+            for node in three:
+                run_wrk(node.url + PATH, script, S3_CONNECTIONS // 3, sz.warmup_s)
+            loads = [start_wrk(node.url + PATH, script, S3_CONNECTIONS // 3, sz.duration_s) for node in three]
+            spread = [finish_wrk(proc, sz.duration_s, S3_CONNECTIONS // 3) for proc in loads]
+        finally:
+            for node in three:
+                node.stop()
+    finally:
+        minio.stop()
+    return single, spread
+
+
 def run(mode: Mode, work: Path) -> Result:
     sz = SIZES[mode]
     got, peak = _throughput(sz, work)
     kills = _failover(sz, work)
+    single_s3, spread_s3 = _on_s3(sz, work)
+    three_rps = sum(r.ok_rps for r in spread_s3)
     bare, one, two, none = got["bare"], got["one"], got["two"], got["none"]
     ratio = two.ok_rps / one.ok_rps if one.ok_rps else 0.0
     none_ratio = none.ok_rps / one.ok_rps if one.ok_rps else 0.0
@@ -169,11 +207,22 @@ def run(mode: Mode, work: Path) -> Result:
                                     ("lakebroker, one process, ack=none", none))]),
             table("Failover: each kill alternates between the two nodes; the killed node restarts in between.",
                   ["kill", "seconds to the first produce served"], [[i + 1, f"{t:.2f}"] for i, t in enumerate(kills)]),
+            table(f"Tables on the local S3 server: one node under `wrk -c{S3_CONNECTIONS}`, then three nodes under "
+                  f"one `wrk -c{S3_CONNECTIONS // 3}` each, at once (keyless, ack=wal, {S3_PARTITIONS} partitions).",
+                  ["nodes", "msg/s", "p50 ms", "p99 ms", "errors", "ratio to one node"],
+                  [[1, f"{single_s3.ok_rps:,.0f}", f"{single_s3.p50_ms:.1f}", f"{single_s3.p99_ms:.1f}",
+                    single_s3.errors, "1.00"],
+                   [3, f"{three_rps:,.0f}", f"{max(r.p50_ms for r in spread_s3):.1f}",
+                    f"{max(r.p99_ms for r in spread_s3):.1f}", sum(r.errors for r in spread_s3),
+                    f"{three_rps / single_s3.ok_rps:.2f}" if single_s3.ok_rps else "0"]]),
         ],
         notes=["Server CPU of `--workers 2` counts worker 0 only (the pid in server.json); its rate is both "
-               "workers'."],
+               "workers'.",
+               "Three nodes and three load generators share the machine's two cores, so the three-node figure "
+               "shows the cost of a cluster's coordination on one machine, not its capacity on three."],
         figures={"one_rps": one.ok_rps, "two_rps": two.ok_rps, "none_rps": none.ok_rps, "bare_rps": bare.rps,
-                 "failover_s": kills, "peak_rss_mb": peak, "command": one.command},
+                 "failover_s": kills, "peak_rss_mb": peak, "command": one.command, "s3_one_rps": single_s3.ok_rps,
+                 "s3_three_rps": three_rps},
     )
 
 
@@ -182,11 +231,13 @@ SCENARIO = Scenario(
     setup="The bare ASGI app, one `lakebroker serve`, and `lakebroker serve --workers 2` (two processes on one "
           "port through SO_REUSEPORT, each a node with its own WAL, sharing the data dir's tables), scheduled "
           f"Spark jobs off, a topic of {PARTITIONS} partitions on each; for failover, two nodes on one local "
-          "table root at the default lease TTL (8 s).",
+          "table root at the default lease TTL (8 s); then one node, and three nodes, with their tables on the "
+          f"local S3 server (MinIO), a topic of {S3_PARTITIONS} partitions.",
     load=f"wrk `-t1 -c{CONNECTIONS}`, closed loop, `POST {PATH}` with the single-produce scenario's "
          f"{len(SINGLE_BODY)}-byte keyless JSON body at ack=wal (and ack=none on the one process), 10 s per run, "
          "A-B then B-A; failover: 10 SIGKILLs alternating between the nodes, then a produce to a partition the "
-         "dead node owned through the survivor every 20 ms until it is answered 200.",
+         "dead node owned through the survivor every 20 ms until it is answered 200; on S3, one wrk "
+         f"`-c{S3_CONNECTIONS}` against one node, then three wrk `-c{S3_CONNECTIONS // 3}` at once, one per node.",
     metric="Messages per second of each server and their ratios; seconds from each SIGKILL to the first 200.",
     target=f"--workers 2 ≥ {TARGET_WORKERS_RATIO:g}x one process; ack=none ≥ ack=wal; every failover within the "
            "lease TTL plus 2 s.",

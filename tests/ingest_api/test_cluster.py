@@ -27,7 +27,7 @@ from tests.servers import NO_SCHEDULED_JOBS, ServerProcess, alive, children, unt
 
 pytestmark = [pytest.mark.timeout(300)]
 
-TTL_S = 3.0
+TTL_S = 4.0  # renewals every half TTL: room for a slow commit beside the whole suite
 PARTITIONS = 4
 
 
@@ -250,7 +250,14 @@ def test_serve_workers_share_one_port_as_nodes_and_a_dead_worker_is_restarted(tm
         parent = subprocess.Popen([sys.executable, "-m", "lakebroker", "--data-dir", str(data), "serve", "--port", "0",
                                    "--workers", "2"], stdout=out, stderr=subprocess.STDOUT, env=env)
     try:
-        until(lambda: (data / "server.json").exists(), "worker 0 serves", timeout=60)
+        def serving() -> bool:
+            try:
+                url = orjson.loads((data / "server.json").read_bytes())["url"]
+                return httpx.get(f"{url}/readyz", timeout=2).status_code == 200
+            except (OSError, ValueError, httpx.HTTPError):
+                return False
+
+        until(serving, "worker 0 serves", timeout=60)
         url = orjson.loads((data / "server.json").read_bytes())["url"]
         until(lambda: len([n for n in _cluster(url)["nodes"] if n["alive"]]) == 2, "two nodes", timeout=30)
         nodes = {n["url"] for n in _cluster(url)["nodes"]}
