@@ -154,7 +154,8 @@ def _on_s3(sz: Sizes, work: Path) -> tuple[LoadResult, list[LoadResult]]:
             create_topic(one.url, "bench", S3_PARTITIONS)
             run_wrk(one.url + PATH, script, S3_CONNECTIONS, sz.warmup_s)
             single = run_wrk(one.url + PATH, script, S3_CONNECTIONS, sz.duration_s)
-        three = [lakebroker_server(work / f"s3-three-{i}", env={**env, "LAKEBROKER_TABLES_URI": minio.uri("three")})
+        shared = minio.uri("three")  # one table root for the three (each uri() call is a fresh prefix)
+        three = [lakebroker_server(work / f"s3-three-{i}", env={**env, "LAKEBROKER_TABLES_URI": shared})
                  for i in range(3)]
         try:
             for node in three:
