@@ -192,12 +192,12 @@ def run(mode: Mode, work: Path) -> Result:
               baseline=f"ack=wal {one.ok_rps:,.0f} msg/s, ack=none {none.ok_rps:,.0f} msg/s"),
         Check("failover: SIGKILL to the first produce served on a moved partition, max", max(kills), "s",
               ttl + 2, higher_is_better=False,
-              baseline=f"p50 {percentile(kills, 50):.1f} s over {len(kills)} kills; lease TTL {ttl:g} s"),
+              baseline=f"p50 {percentile(kills, 0.5):.1f} s over {len(kills)} kills; lease TTL {ttl:g} s"),
     ]
     return Result(
         scenario="cluster", checks=checks,
         headlines=[f"--workers 2: {two.ok_rps:,.0f} msg/s, {ratio:.2f}x one process",
-                   f"failover p50 {percentile(kills, 50):.1f} s, max {max(kills):.1f} s"],
+                   f"failover p50 {percentile(kills, 0.5):.1f} s, max {max(kills):.1f} s"],
         tables=[
             table(f"Single-message keyless produce, {CONNECTIONS} connections, alternating A-B then B-A.",
                   ["server", "msg/s", "req/s", "p50 ms", "p99 ms", "server CPU µs/msg", "server cores", "errors",
