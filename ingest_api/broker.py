@@ -110,7 +110,7 @@ class Broker:
         self.parked: dict[PartitionKey, list[Record | Chunk]] = {}
         self._floors: dict[PartitionKey, int] = {}  # the WAL keeps each such partition's items from here
         self.cluster: Membership
-        self.flusher.on_orphans = self._park
+        self.flusher.on_orphans = self.park
         self.flusher.on_deposed = self._deposed
         self.started = False
 
@@ -129,7 +129,7 @@ class Broker:
             self.damage.add(damage)
         self.committer.next_offsets = recovered.assigned
         self.flusher.committed = dict(recovered.committed)
-        self._park(recovered.unflushed)  # until the first heartbeat says which partitions are ours
+        self.park(recovered.unflushed)  # until the first heartbeat says which partitions are ours
         self._tasks = [asyncio.create_task(self.committer.run()), asyncio.create_task(self.flusher.run())]
         await self.cluster.join()
         if self.flusher.pending_bytes:
@@ -246,9 +246,11 @@ class Broker:
             if mine_until == end:
                 self.flusher.add(items)
                 self.committer.next_offsets[key] = max(self.committer.next_offsets.get(key, 0), end)
+                self.flusher.committed[key] = max(end, self.flusher.committed.get(key, 0))
                 self._floors.pop(key, None)
             else:
                 self.committer.next_offsets[key] = end
+                self.flusher.committed[key] = end
                 again = _uncommitted(items, mine_until)
                 if again:
                     log.warning("%s[%d]: appending %d messages again that this node took before another node "
@@ -256,7 +258,6 @@ class Broker:
                     self._append_again(topic, again, key)
                 else:
                     self._floors.pop(key, None)
-            self.flusher.committed[key] = max(end, self.flusher.committed.get(key, 0)) if mine_until == end else end
             self.epochs[key] = epoch
             self.accepting.add(key)
         self.flusher.adopted(topic.topic_id)
@@ -323,10 +324,9 @@ class Broker:
         if key not in self.parked:
             self._floors.pop(key, None)
 
-    def park_again(self, items: list[Record | Chunk]) -> None:
-        self._park(items)
-
-    def _park(self, items: list[Record | Chunk]) -> None:
+    def park(self, items: list[Record | Chunk]) -> None:
+        """Keep items of partitions this node does not own (the WAL keeps them too) until it owns them
+        again or their owner has committed them."""
         for item in items:
             key = (item.topic_id, item.partition)
             self.parked.setdefault(key, []).append(item)
@@ -387,9 +387,11 @@ class Broker:
 
     async def produce(self, topic_name: str, messages: list[NewMessage], ack: AckMode,
                       partitions: list[int] | None = None) -> list[ProduceResult]:
-        """`partitions`: the ones ingest_api/router.py picked already (else picked here)."""
+        """`partitions`: the ones ingest_api/router.py picked, having admitted the messages already
+        (else admitted and picked here)."""
         topic = self.topic(topic_name)
-        self.admission.check(topic, messages)
+        if partitions is None:
+            self.admission.check(topic, messages)
         started = time.perf_counter()
         topic_id = bytes.fromhex(topic.topic_id)
         results: list[ProduceResult] = []

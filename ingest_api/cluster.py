@@ -161,11 +161,12 @@ class Membership:
         beat: Heartbeat = await asyncio.to_thread(self.table.heartbeat, self._pairs(), release)
         self._released -= release
         self.view = beat.view
-        lost = {pair for pair in self.broker.owned_pairs() if pair not in beat.held}
+        owned = self.broker.owned_pairs()
+        lost = owned - beat.held.keys()
         if lost:
             log.warning("lost the lease of %d partitions; another node takes them", len(lost))
             self.broker.disown(lost)
-        taken = {pair: beat.held[pair] for pair in beat.held if pair not in self.broker.owned_pairs()}
+        taken = {pair: epoch for pair, epoch in beat.held.items() if pair not in owned}
         if taken:
             await self._claim(taken)
         for pair in beat.give_up - self._handing_over:

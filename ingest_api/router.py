@@ -72,7 +72,7 @@ class Router:
                 except LakebrokerError as exc:
                     log.warning("%s[%d]: sending %d parked items to %s failed (%s); will retry", topic.name,
                                 partition, len(items), url, exc)
-                    self.broker.park_again(items)
+                    self.broker.park(items)
                     continue
                 log.info("%s[%d]: %d parked messages sent to their owner %s", topic.name, partition,
                          sum(1 if isinstance(i, Record) else i.rows for i in items), url)
