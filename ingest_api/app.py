@@ -43,17 +43,12 @@ from lakebroker.ingest_api.routes import (
     topics,
     wal,
 )
-from lakebroker.tables.errors import LakebrokerError
 from lakebroker.tables.layout import Layout
-from lakebroker.tables.lock import DataDirLock
+from lakebroker.tables.lock import DataDirBusy, DataDirLock
 from lakebroker.tables.settings import Settings
 from lakebroker.tables.tokens import Scope, TokenStore
 
 YOUNG_GC_THRESHOLD = 10_000
-
-
-class DataDirBusy(LakebrokerError):
-    code = "data_dir_busy"
 
 
 def create_app(
@@ -78,7 +73,8 @@ def create_app(
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         if not lock.try_acquire():
-            raise DataDirBusy(f"another lakebroker process owns {settings.data_dir}; stop it or use --data-dir")
+            raise DataDirBusy(f"another lakebroker process ({lock.holder()}) serves the data dir "
+                              f"{settings.data_dir}: stop it, or give this process its own --data-dir")
         thresholds = gc.get_threshold()
         try:
             await auth.start()

@@ -20,8 +20,10 @@ import asyncio
 import contextlib
 import logging
 import socket
+import time
 import uuid
 from collections import defaultdict
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
 from deltalake.exceptions import CommitFailedError
@@ -31,7 +33,7 @@ from lakebroker.tables import delta, fencing
 from lakebroker.tables.conflicts import retry_conflicts
 from lakebroker.tables.errors import Backpressure, LakebrokerError
 from lakebroker.tables.layout import Layout
-from lakebroker.tables.ownership import ClusterView, Heartbeat, OwnershipTable, Pair
+from lakebroker.tables.ownership import ClusterView, Heartbeat, NodeInfo, OwnershipTable, Pair
 from lakebroker.tables.settings import Settings
 from lakebroker.tables.tokens import TokenStore
 from lakebroker.tables.topics import TopicConfig, ensure_topic_table
@@ -40,6 +42,7 @@ if TYPE_CHECKING:
     from lakebroker.ingest_api.broker import Broker
 
 log = logging.getLogger(__name__)
+TWIN_POLL_S = 0.25
 
 
 class NotOwner(LakebrokerError):
@@ -72,6 +75,37 @@ def node_id(layout: Layout) -> str:
     tmp.write_text(node + "\n")
     tmp.replace(path)
     return node
+
+
+class NodeIdInUse(LakebrokerError):
+    code = "node_id_in_use"
+
+
+def refuse_twin(settings: Settings) -> None:
+    """Refuse to start as a node another live process already is. A data dir copied to a second
+    machine brings its node id along, and two processes heartbeating as one node would take each
+    other's leases. A live row of this id at another URL is watched until its lease runs out: if it
+    is renewed meanwhile, its process is alive. (At this node's own URL it is this node's previous
+    process: the data-dir lock and the port rule out a second one.)"""
+    layout = Layout.of(settings)
+    node, url = node_id(layout), advertised_url(settings)
+    ownership = OwnershipTable(layout, node, url, settings.ingest_lease_ttl_s)
+
+    def row() -> NodeInfo | None:
+        return next((n for n in ownership.view().nodes if n.node == node), None)
+
+    seen = row()
+    if seen is None or seen.url == url:
+        return
+    while seen.alive(datetime.now(UTC)):
+        time.sleep(TWIN_POLL_S)
+        latest = row()
+        if latest is not None and latest.expires_at != seen.expires_at:
+            raise NodeIdInUse(
+                f"node {node} (the id in {layout.node_file}) is alive at {seen.url}: this data dir is a copy "
+                "of that node's, or another process serves it. Give each node its own --data-dir; a copy "
+                f"made for a new node needs {layout.node_file} deleted first")
+        seen = latest or seen
 
 
 def node_credential(settings: Settings, layout: Layout, node: str) -> str | None:

@@ -21,10 +21,12 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from lakebroker.delivery_worker.embedded import embedded_delivery
 from lakebroker.ingest_api import create_app
 from lakebroker.ingest_api.auth import is_loopback
+from lakebroker.ingest_api.cluster import refuse_twin
 from lakebroker.ingest_api.fast_produce import FastProduce
 from lakebroker.ingest_api.http_fast_produce import fast_protocol
 from lakebroker.ingest_api.http_limits import BoundedHttpToolsProtocol, bounded_protocol
 from lakebroker.tables.layout import Layout
+from lakebroker.tables.lock import DataDirLock
 from lakebroker.tables.logs import configure_logging
 from lakebroker.tables.settings import Settings
 
@@ -76,6 +78,7 @@ def run_server(settings: Settings, *, reuse_port: bool = False) -> None:
         logging.getLogger(__name__).warning(
             "auth=off on %s: anyone who can reach this address can produce, read and delete topics", settings.host)
     settings.ensure_dirs()
+    DataDirLock(Layout.of(settings).lock_file).refuse_if_held(settings.data_dir)
     sock = listen(settings.host, settings.port, reuse_port=reuse_port)
     sockets = [sock]
     port = sock.getsockname()[1]
@@ -87,6 +90,7 @@ def run_server(settings: Settings, *, reuse_port: bool = False) -> None:
         update["advertised_url"] = f"http://{host}:{own.getsockname()[1]}"
     settings = settings.model_copy(update=update)
     layout = Layout.of(settings)
+    refuse_twin(settings)
 
     # Spark maintenance jobs (spark_pipeline/scheduler.py): child processes on the configured
     # intervals, started once this process holds the data-dir lock; their runs show in /metrics.

@@ -23,6 +23,7 @@ from pathlib import Path
 from lakebroker.server import listen
 from lakebroker.tables.errors import InvalidRequest
 from lakebroker.tables.layout import Layout
+from lakebroker.tables.lock import DataDirLock
 from lakebroker.tables.logs import configure_logging
 from lakebroker.tables.settings import Settings
 
@@ -42,6 +43,9 @@ def run_workers(settings: Settings, workers: int) -> int:
         raise InvalidRequest("advertised_url names one node; with --workers each worker advertises a port of its "
                              "own on HOST: unset it")
     settings.ensure_dirs()
+    for index in range(workers):  # refused here, not by a worker restarted every second
+        data = worker_dir(settings, index)
+        DataDirLock(Layout(data).lock_file).refuse_if_held(data)
     # Bound (not listening) for as long as the workers run: the port is ours even when it was 0.
     held = listen(settings.host, settings.port, reuse_port=True)
     port = held.getsockname()[1]

@@ -10,6 +10,12 @@ import fcntl
 import os
 from pathlib import Path
 
+from lakebroker.tables.errors import LakebrokerError
+
+
+class DataDirBusy(LakebrokerError):
+    code = "data_dir_busy"
+
 
 class DataDirLock:
     def __init__(self, path: Path) -> None:
@@ -34,3 +40,18 @@ class DataDirLock:
             fcntl.flock(self._fd, fcntl.LOCK_UN)
             os.close(self._fd)
             self._fd = None
+
+    def holder(self) -> str:
+        """Who holds it, for an error a person can act on: the pid the holder wrote, if any."""
+        try:
+            pid = self.path.read_text().strip()
+        except OSError:
+            pid = ""
+        return f"pid {pid}" if pid.isdigit() else "another process"
+
+    def refuse_if_held(self, data_dir: Path) -> None:
+        """Raise DataDirBusy now, before a server binds its port, if another process holds the lock."""
+        if not self.try_acquire():
+            raise DataDirBusy(f"another lakebroker process ({self.holder()}) serves the data dir {data_dir}: "
+                              "stop it, or give this process its own --data-dir")
+        self.release()

@@ -185,6 +185,38 @@ def test_two_nodes_share_partitions_forward_and_fail_over(nodes: tuple[Path, Ser
     assert _produce(a.url, KEYS[0], 0).status_code == 404
 
 
+def _serve(data: Path, env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "lakebroker", "--data-dir", str(data), "serve", "--port", "0", *args],
+                          capture_output=True, text=True, timeout=60, env=env)
+
+
+def test_a_data_dir_or_node_id_in_use_is_refused_with_a_clear_error(
+        nodes: tuple[Path, ServerProcess, ServerProcess], tmp_path: Path) -> None:
+    """Two processes must never write one WAL, nor heartbeat as one node: a second `serve` on a's
+    data dir, `--workers 2` on it, and a copy of b's data dir (its node id) each exit 1 with a
+    sentence saying what to do, before serving anything."""
+    _, a, b = nodes
+    for args in ((), ("--workers", "2")):
+        done = _serve(a.data_dir, a.env, *args)
+        assert done.returncode == 1, done.stdout + done.stderr
+        assert f"another lakebroker process (pid {a.proc.pid if a.proc else ''}) serves the data dir" in done.stderr
+        assert "Traceback" not in done.stderr
+    copy = tmp_path / "copy-of-b"
+    copy.mkdir()
+    (copy / "node_id").write_bytes((b.data_dir / "node_id").read_bytes())
+    done = _serve(copy, b.env)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert f"is alive at {b.url}: this data dir is a copy" in done.stderr and "Traceback" not in done.stderr
+    assert {n["url"] for n in _cluster(a.url)["nodes"] if n["alive"]} == {a.url, b.url}, "b's row untouched"
+    (copy / "node_id").unlink()  # as the error says: a copy for a new node forgets the old id
+    c = ServerProcess(copy, b.env)
+    try:
+        c.start()
+        until(lambda: len([n for n in _cluster(a.url)["nodes"] if n["alive"]]) == 3, "c joins as a third node")
+    finally:
+        c.stop()
+
+
 def test_ack_wal_messages_of_a_killed_node_come_back_with_new_offsets(tmp_path: Path) -> None:
     """a acknowledges at ack=wal and dies before its flush; b takes over and commits more. When a
     restarts with its data dir, its acknowledged messages reach the table once each, at offsets
