@@ -49,6 +49,7 @@ from lakebroker.tables.topics import TopicConfig, TopicStore
 
 log = logging.getLogger(__name__)
 _NEVER = 2**63
+LEARN_SLICE = 8192  # ids a node takes over, remembered between the event loop's other turns
 
 
 
@@ -232,6 +233,15 @@ class Broker:
     # -- ownership (ingest_api/cluster.py drives these) ------------------------------------
     def owned_pairs(self) -> set[Pair]:
         return {(k[0].hex(), k[1]) for k in self.epochs}
+
+    async def learn_ids(self, placed: pa.Table) -> None:
+        """Remember ids other nodes placed (dedup_rebuild.placed_by_others), a slice at a time
+        between the loop's other work."""
+        for start in range(0, placed.num_rows, LEARN_SLICE):
+            columns = (c.to_pylist() for c in placed.slice(start, LEARN_SLICE).columns)
+            for ts, h0, h1, partition, offset in zip(*columns, strict=True):
+                self.dedup.restore(h0, h1, (partition, offset, ts))
+            await asyncio.sleep(0)
 
     def adopt(self, topic: TopicConfig, claimed: dict[int, tuple[int, int, int | None]]) -> None:
         """Open partitions this node has just claimed: partition -> (epoch, the end the claim found,

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING
 from deltalake.exceptions import CommitFailedError
 
 from lakebroker.ingest_api.auth import auth_enforced
+from lakebroker.ingest_api.dedup_rebuild import placed_by_others
 from lakebroker.tables import delta, fencing
 from lakebroker.tables.conflicts import retry_conflicts
 from lakebroker.tables.errors import Backpressure, LakebrokerError
@@ -136,6 +137,7 @@ class Membership:
         self.layout = Layout.of(settings)
         self.node = node_id(self.layout)
         self.heartbeat_s = settings.ingest_heartbeat_s
+        self.dedup_window_s = settings.dedup_window_s
         self.table = OwnershipTable(self.layout, self.node, advertised_url(settings), settings.ingest_lease_ttl_s)
         self.view: ClusterView | None = None
         self._released: set[Pair] = set()  # handed over and flushed: released at the next heartbeat
@@ -227,6 +229,13 @@ class Membership:
                     await asyncio.to_thread(self.table.raise_epoch, (topic_id, p), newer + 1)
                 self._wake.set()
                 continue
+            # Rows other nodes committed since this node's own last commit: their ids must be known
+            # before a retry of one of them can arrive here.
+            committed = self.broker.flusher.committed
+            tid = bytes.fromhex(topic_id)
+            others = {p: (committed.get((tid, p), 0) if prev is None else prev, end) for p, (end, prev) in ends.items()}
+            placed = await asyncio.to_thread(placed_by_others, self.layout, topic, others, window_s=self.dedup_window_s)
+            await self.broker.learn_ids(placed)
             self.broker.adopt(topic, {p: (epochs[p], end, prev) for p, (end, prev) in ends.items()})
 
     def _claim_in_table(self, topic: TopicConfig, epochs: dict[int, int]) -> dict[int, tuple[int, int | None]]:

@@ -72,6 +72,25 @@ def rebuild(index: DedupIndex, layout: Layout, topics: Sequence[TopicConfig], wa
     return len(index)
 
 
+def placed_by_others(layout: Layout, topic: TopicConfig, ranges: Mapping[int, tuple[int, int]], *,
+                     window_s: float) -> pa.Table:
+    """The ids within the window at partition -> [start, end) offsets of a topic table, oldest first,
+    as `_PLACED`: what other nodes placed in partitions this node takes over, so that a retry of a
+    message the old owner acknowledged gets its first answer here too."""
+    table = delta.open_table(layout.topic_table(topic.name))
+    wanted = {p: r for p, r in ranges.items() if r[0] < r[1]}
+    if table is None or not wanted:
+        return _PLACED.empty_table()
+    where: pc.Expression | None = None
+    for p, (start, end) in wanted.items():
+        one = (pc.field("partition") == p) & (pc.field("offset") >= start) & (pc.field("offset") < end)
+        where = one if where is None else where | one
+    assert where is not None
+    horizon_us = int((time.time() - window_s) * 1_000_000)
+    placed = _table_ids(_Source(topic.topic_id, table), horizon_us, None, where)
+    return placed.take(pc.sort_indices(placed["timestamp"]))
+
+
 def _has_id() -> pc.Expression:
     return pc.field("message_id").is_valid() | pc.field("producer_id").is_valid()
 
@@ -83,8 +102,10 @@ def _times(table: DeltaTable, since_us: int) -> np.ndarray:
     return np.concatenate(parts) if parts else np.empty(0, np.int64)
 
 
-def _table_ids(source: _Source, lo: int, hi: int | None) -> pa.Table:
+def _table_ids(source: _Source, lo: int, hi: int | None, rows: pc.Expression | None = None) -> pa.Table:
     where = (pc.field("timestamp") >= delta.timestamp_literal(lo)) & _has_id()
+    if rows is not None:
+        where &= rows
     if hi is not None:
         where &= pc.field("timestamp") < delta.timestamp_literal(hi)
     ids = [_placed([source.topic_id] * b.num_rows, b["timestamp"].cast(pa.int64()),

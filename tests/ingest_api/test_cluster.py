@@ -161,6 +161,10 @@ def test_two_nodes_share_partitions_forward_and_fail_over(nodes: tuple[Path, Ser
     assert all(o == list(range(len(o))) for o in offsets.values())
     before = sum(len(o) for o in offsets.values())
 
+    # Messages with ids, sent through b: a places its partitions' share.
+    first = {p: _produce(b.url, key, p, id=f"retry-{p}").json() for p, key in KEYS.items()}
+    before += PARTITIONS
+
     # SIGKILL a: b takes its partitions within the lease's TTL, with new epochs, and goes on densely.
     epochs = {p["partition"]: p["epoch"] for p in _cluster(b.url)["partitions"]}
     a.kill()
@@ -171,6 +175,9 @@ def test_two_nodes_share_partitions_forward_and_fail_over(nodes: tuple[Path, Ser
     assert {p for p in after if after[p] > epochs[p]} == {p for p, url in owners.items() if url == a.url}
     for p, key in KEYS.items():
         assert _produce(b.url, key, p).status_code == 200
+        # A retry of a message the dead node placed gets its first answer from the new owner.
+        again = _produce(b.url, key, p, id=f"retry-{p}").json()
+        assert again["duplicate"] and again["offset"] == first[p]["offset"], (again, first[p])
     offsets = _offsets(root)
     assert all(o == list(range(len(o))) for o in offsets.values())
     assert sum(len(o) for o in offsets.values()) == before + PARTITIONS
