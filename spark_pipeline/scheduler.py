@@ -4,7 +4,9 @@ APScheduler (a BackgroundScheduler with a single worker thread) triggers the job
 a child process, `python -m lakebroker.spark_pipeline.jobs.<job>`, with its own JVM, so the ingest process
 never hosts one, and the single worker makes the runs take turns (one JVM at a time; compaction
 and retention never race on a table). A run that is still going when its next turn comes is not
-started twice (max_instances=1; missed turns coalesce into one).
+started twice (max_instances=1; missed turns coalesce into one). Every `serve` of a cluster has
+this schedule; a run first takes its job's slot in `_system/job_slots` (tables/job_slots.py), so
+each job runs once per interval across them all.
 
 Intervals are settings (`compaction_interval_s`, `retention_interval_s`,
 `key_compaction_interval_s`, `offsets_compaction_interval_s`, `replication_interval_s`; 0
@@ -39,10 +41,12 @@ from apscheduler.triggers.interval import IntervalTrigger
 from lakebroker.spark_pipeline.extra import missing_spark_message, spark_installed
 from lakebroker.tables import job_runs
 from lakebroker.tables.job_runs import JobName, JobResult
+from lakebroker.tables.job_slots import JobSlots
 from lakebroker.tables.layout import Layout
 from lakebroker.tables.settings import Settings
 
 log = logging.getLogger(__name__)
+_KILL_GRACE_S = 30  # a run past job_timeout_s gets SIGTERM, then SIGKILL 20 s later
 
 
 @dataclass(frozen=True)
@@ -187,10 +191,28 @@ class JobRunner:
         self._lock = threading.Lock()
         self._stopping = False
         self._preexec = _parent_death_signal()
+        self.slots = JobSlots(self.layout)
 
     def run(self, job: JobName) -> int | None:
         if self._stopping:
             return None
+        spec = next(s for s in JOBS if s.job is job)
+        try:
+            elsewhere = self.slots.take(job, interval_s=spec.interval_s(self.settings),
+                                        timeout_s=self.settings.job_timeout_s + _KILL_GRACE_S)
+        except Exception:  # the tables are unreachable: the run would fail too; the next turn tries again
+            log.exception("could not take the %s slot; skipping this turn", job.value)
+            return None
+        if elsewhere is not None:
+            log.info("%s: not run here this turn (%s)", job.value, elsewhere)
+            return None
+        try:
+            return self._run(job)
+        finally:
+            with contextlib.suppress(Exception):  # else the lease ends at its own expiry
+                self.slots.finish(job)
+
+    def _run(self, job: JobName) -> int | None:
         logs = self.layout.data_dir / "_jobs"
         logs.mkdir(parents=True, exist_ok=True)
         log_file = logs / f"{job.value}.log"

@@ -129,6 +129,11 @@ class Layout:
         return self.system_table("delivery_leases")
 
     @property
+    def job_slots_table(self) -> str:
+        """Which scheduler runs a maintenance job now, and when one last started (tables/job_slots.py)."""
+        return self.system_table("job_slots")
+
+    @property
     def owners_table(self) -> str:
         """Which ingest node owns which topic partition (tables/ownership.py)."""
         return self.system_table("partition_owners")

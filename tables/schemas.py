@@ -146,6 +146,17 @@ STATE_TABLE_PROPERTIES: dict[str, str] = {
     "delta.checkpointInterval": "100",
 }
 
+# Written by tables/job_slots.py: which process runs a scheduled job, and when it last started one.
+JOB_SLOTS_SCHEMA_VERSION = 1
+JOB_SLOTS_SCHEMA = pa.schema(
+    [
+        pa.field("job", pa.string(), nullable=False),
+        pa.field("runner", pa.string(), nullable=False),  # host:pid of the scheduler that started the run
+        pa.field("started_at", pa.timestamp("us", tz="UTC"), nullable=False),
+        pa.field("expires_at", pa.timestamp("us", tz="UTC"), nullable=False),  # the run's lease: ends as it finishes
+    ]
+)
+
 # Written by tables/ownership.py: which ingest node owns which topic partition.
 OWNERS_SCHEMA_VERSION = 1
 OWNERS_SCHEMA = pa.schema(
