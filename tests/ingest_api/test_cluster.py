@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -182,11 +183,34 @@ def test_two_nodes_share_partitions_forward_and_fail_over(nodes: tuple[Path, Ser
     assert all(o == list(range(len(o))) for o in offsets.values())
     assert sum(len(o) for o in offsets.values()) == before + PARTITIONS
 
-    # a comes back with its data dir and gets its share again; deleting the topic through b reaches a.
-    a.start()
-    until(lambda: _balanced(b.url, {a.url, b.url}), "rebalanced after a's return", timeout=20)
+    # a comes back with its data dir and gets its share again while b takes a steady stream: the
+    # partitions move with no gap and no duplicate.
+    answers: list[dict[str, Any]] = []
+    stop = threading.Event()
+
+    def stream() -> None:
+        n = 0
+        while not stop.is_set() and n < 2000:
+            r = _produce(b.url, KEYS[n % PARTITIONS], n, id=f"join-{n}")
+            assert r.status_code == 200, r.text
+            answers.append(r.json())
+            n += 1
+
+    producer = threading.Thread(target=stream)
+    producer.start()
+    try:
+        a.start()
+        until(lambda: _balanced(b.url, {a.url, b.url}), "rebalanced after a's return", timeout=20)
+        until(lambda: len(answers) >= 20, "messages during the join", timeout=20)
+    finally:
+        stop.set()
+        producer.join(timeout=60)
     for p, key in KEYS.items():
         assert _produce(a.url, key, p).status_code == 200
+    offsets = _offsets(root)
+    assert all(o == list(range(len(o))) for o in offsets.values()), "dense across the move"
+    assert sum(len(o) for o in offsets.values()) == before + 2 * PARTITIONS + len(answers), "each once"
+    assert len({(x["partition"], x["offset"]) for x in answers}) == len(answers)
     assert httpx.delete(f"{b.url}/v1/topics/orders").status_code == 204
     until(lambda: httpx.get(f"{a.url}/v1/topics/orders").status_code == 404, "a forgets the topic", timeout=5)
     assert _produce(a.url, KEYS[0], 0).status_code == 404
@@ -266,6 +290,58 @@ def test_ack_wal_messages_of_a_killed_node_come_back_with_new_offsets(tmp_path: 
             assert placed[0][1] is None, "b's message kept offset 0"
             assert [m for _, m in placed[1:]] == [f"a-{p}-{i}" for i in range(5)], "a's, in order, after b's"
     finally:
+        a.stop()
+        b.stop()
+
+
+def test_a_paused_owner_is_fenced_and_its_messages_land_after_the_new_owners(tmp_path: Path) -> None:
+    """SIGSTOP a past its lease with acknowledged messages not yet committed; b takes over and
+    commits. On SIGCONT, a's flush (planned at its old epoch) cannot land: the table refuses it or a
+    reads the newer claim first. a's messages reach the table once each, after b's, at unused offsets."""
+    root = tmp_path / "tables"
+    a = ServerProcess(tmp_path / "a", _env(root, LAKEBROKER_FLUSH_INTERVAL_MS="3000"))
+    b = ServerProcess(tmp_path / "b", _env(root))
+    paused = False
+    try:
+        a.start()
+        b.start()
+        assert httpx.post(f"{a.url}/v1/topics", json={"name": "orders", "partitions": PARTITIONS}).status_code == 201
+        until(lambda: _balanced(a.url, {a.url, b.url}), "two partitions each", timeout=15)
+        mine = {p for p, url in _owners(a.url).items() if url == a.url}
+        for p in mine:  # acknowledged from a's WAL; a commits them only after its 3 s flush interval
+            for i in range(5):
+                assert _produce(a.url, KEYS[p], i, ack="wal", id=f"a-{p}-{i}").status_code == 200
+        assert a.proc is not None
+        os.kill(a.proc.pid, signal.SIGSTOP)
+        paused = True
+        until(lambda: set(_owners(b.url).values()) == {b.url}, "b owns every partition", timeout=TTL_S + 15)
+        for p, key in KEYS.items():
+            r = _produce(b.url, key, p, id=f"b-{p}")
+            assert r.status_code == 200 and r.json()["offset"] == 0, r.text  # nothing of a's was committed
+        os.kill(a.proc.pid, signal.SIGCONT)
+        paused = False
+
+        def rows() -> list[dict[str, Any]]:
+            out: list[dict[str, Any]] = DeltaTable(str(root / "topics" / "orders")).to_pyarrow_table(
+                columns=["partition", "offset", "message_id"]).to_pylist()
+            return out
+
+        until(lambda: sum((r["message_id"] or "").startswith("a-") for r in rows()) == 5 * len(mine),
+              "a's acknowledged messages in the table", timeout=30)
+        placed = rows()
+        assert Counter(r["message_id"] for r in placed).most_common(1)[0][1] == 1, "each message once"
+        for p in KEYS:
+            here = sorted((r["offset"], r["message_id"]) for r in placed if r["partition"] == p)
+            assert [o for o, _ in here] == list(range(len(here))), f"partition {p}: dense, no offset twice"
+            assert here[0][1] == f"b-{p}", "b's message kept offset 0"
+            if p in mine:
+                assert [m for _, m in here[1:]] == [f"a-{p}-{i}" for i in range(5)], "a's after b's, in order"
+        assert "have another owner now" in a.log.read_text() or "lost the lease" in a.log.read_text()
+        for p, key in KEYS.items():  # a serves again
+            assert _produce(a.url, key, p).status_code == 200
+    finally:
+        if a.proc is not None and paused:
+            os.kill(a.proc.pid, signal.SIGCONT)
         a.stop()
         b.stop()
 
