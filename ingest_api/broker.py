@@ -78,8 +78,8 @@ class OneMessage:
 
     def waits(self) -> bool:
         """True until `finish_one` can answer (never with ack=none)."""
-        if self.ack is _NONE:
-            return False
+        if self.ack is _NONE:  # a `then` is called as its group goes to the writer
+            return self.queued is not None and self.queued.then is not None
         if self.queued is not None:
             return self.queued.outcome is None
         return self.original is not None and not self.original.done()
@@ -457,9 +457,9 @@ class Broker:
     def start_one(self, topic_name: str, message: NewMessage, ack: AckMode,
                   then: Callable[[], None] | None = None) -> OneMessage:
         """The first half of `produce_one`, which never waits: the message validated, deduplicated and
-        queued for the WAL. `finish_one` answers it once `waits()` is false: for ack=wal, a caller that
-        gives `then` has it called on the loop at that moment (no future, no task); others await
-        `settle_one`, as ack=table must."""
+        queued for the WAL. `finish_one` answers it once `waits()` is false: a caller that gives `then`
+        has it called on the loop at that moment (no future, no task): for ack=wal once its WAL write
+        is durable, for ack=none at the end of the loop pass; others await `settle_one`, as ack=table must."""
         topic = self.topic(topic_name)
         size = self.admission.check_one(topic, message)
         started = time.perf_counter()
@@ -471,8 +471,9 @@ class Broker:
                                                awaited=then is None and ack is not _NONE, size=size)
         if queued is not None:
             queued.then = then
+            queued.early = ack is _NONE
             self.committer.submit_one(queued)
-        elif then is not None and original is not None and not original.done():
+        elif then is not None and ack is not _NONE and original is not None and not original.done():
             original.add_done_callback(lambda _: then())
         # (`ack` is a str: it labels metrics as `ack.value` does, without the enum's slow property.)
         self.acks.queued(topic.name, ack, 0 if queued is None else 1)

@@ -115,13 +115,13 @@ class FastProduce:
 
     def start(self, request: FastRequest, body: bytes,
               then: Callable[[], None]) -> Answer | OneMessage | Coroutine[Any, Any, Answer]:
-        """The body parsed and the message queued: its answer, or what it waits for. At ack=wal `then`
-        is called on the loop once `finish` can answer; ack=table takes `settle`. A message of another
+        """The body parsed and the message queued: its answer, or what it waits for. At ack=wal and
+        ack=none `then` is called on the loop once `finish` can answer; ack=table takes `settle`. A message of another
         node's partition is forwarded there: the coroutine that does it answers."""
         try:
             message = parse_message(request.kind, request.query, body)
             one = self.broker.start_one(request.topic, message, request.ack,
-                                        then if request.ack is AckMode.WAL else None)
+                                        None if request.ack is AckMode.TABLE else then)
         except NotOwner as exc:
             if exc.owner_url is None or header_in(request.headers, FORWARDED_BY_BYTES):
                 return Answer.of(error_response(exc))

@@ -28,6 +28,12 @@ again. So an fdatasync that takes 100 ms (a busy or failing disk, a network volu
 at most once, not on every produce, and a disk slow from the start never does: /healthz, other
 topics and timers keep answering.
 
+Messages nobody waits for (ack=none) are answered at the end of the loop pass that queued them, all
+together and before the pass writes anything, so their producers send on while the write and fsync
+run; behind a write in flight they wait for its report, so that many share the next one. Answered
+one by one as they arrived, each answer woke its producer on its own and each pass wrote and
+fsynced a message or two: ack=none was slower than ack=wal.
+
 Offsets are assigned on the loop only, in hand-off order, and the thread writes in that order.
 A write that fails (disk full) fails its groups and every group handed after them, and the offsets
 roll back to the first of them, so no gap is left and a retry is accepted afresh.
@@ -68,6 +74,7 @@ class Pending:
     future: asyncio.Future[Placed] | None = field(default=None)  # for whoever awaits it (and the dedup index)
     then: Callable[[], None] | None = field(default=None)  # called on the loop once `outcome` is set
     outcome: Placed | StorageUnavailable | None = field(default=None)  # where it went, or why it is not durable
+    early: bool = field(default=False)  # ack=none: `then` is called at the end of the loop pass that queued it
 
 
 @dataclass(slots=True)
@@ -158,15 +165,24 @@ class GroupCommitter:
         self._last_ts = 0
         self.queued_bytes = 0
         self.fast_writes = 0  # writes of an inline group's size in a row that took at most INLINE_WRITE_S
+        self._awaited = False  # something queued since the last hand-off has a waiter
+        self._early: list[Pending] = []  # ack=none messages queued in this pass, answered as it hands off
 
     def submit(self, items: list[Pending] | list[PendingChunk]) -> None:
         self._queue.extend(items)
         self.queued_bytes += sum(p.record.size if isinstance(p, Pending) else p.chunk.size for p in items)
+        if not self._awaited:
+            self._awaited = any(p.future is not None or (isinstance(p, Pending) and p.then is not None and not p.early)
+                                for p in items)
         self._schedule()
 
     def submit_one(self, item: Pending) -> None:
         self._queue.append(item)
         self.queued_bytes += item.record.size
+        if item.early:
+            self._early.append(item)
+        elif item.future is not None or item.then is not None:
+            self._awaited = True
         if not self._scheduled:
             self._schedule()
 
@@ -197,6 +213,7 @@ class GroupCommitter:
                 else:
                     later.append(p)
             rest = later
+            self._awaited = True  # what is left goes at the next pass, whatever it is
         self._queue = rest
         return group
 
@@ -233,6 +250,7 @@ class GroupCommitter:
 
     async def drain(self) -> None:
         """Commit whatever is queued now: at shutdown once run() has returned, or with no run() (the CLI)."""
+        self._answer_early()
         while self._queue:
             group = self._hand(self._take())
             error: BaseException | None = None
@@ -247,6 +265,13 @@ class GroupCommitter:
     def _hand_off(self) -> None:
         self._scheduled = False
         writer = self._writer
+        awaited, self._awaited = self._awaited, False
+        if self._early:
+            self._answer_early()
+        if not awaited and self._unwritten:
+            # Nobody waits for these (ack=none): they join the group after the write in flight, whose
+            # report hands them off, so that many share a write and an fsync.
+            return
         if writer is not None and self.fast_writes >= INLINE_TRUST_WRITES and not self._unwritten \
                 and _inline(self._queue):
             group = self._hand(self._take())
@@ -262,6 +287,13 @@ class GroupCommitter:
         # of batches at the next _take, rather than wait behind every batch already handed.
         while self._queue and writer is not None and self._unwritten_rows < self._max_group:
             writer.groups.put(self._hand(self._take()))
+
+    def _answer_early(self) -> None:
+        """Answer the ack=none messages queued in this loop pass, all together: before the pass writes
+        anything, so their producers send on while the write and fsync run."""
+        early, self._early = self._early, []
+        for p in early:
+            _call(p)
 
     def _hand(self, items: list[Queued]) -> _Group:
         """`items` as a group: offsets, timestamps and frames assigned; counted as unwritten."""
@@ -354,18 +386,23 @@ def _answer(group: _Group, error: StorageUnavailable | None = None) -> None:
                     future.set_result(p.outcome)  # type: ignore[arg-type]
                 else:
                     future.set_exception(error)
-            then = p.then
-            if then is not None:
-                p.then = None  # it refers to its waiter, which refers to this: no cycle left for the collector
-                try:
-                    then()
-                except Exception:  # one request's answer must not keep the group's others from theirs
-                    log.exception("answering a produced message failed")
+            if p.then is not None:
+                _call(p)
         elif p.future is not None and not p.future.done():
             if error is None:
                 p.future.set_result(p.chunk)
             else:
                 p.future.set_exception(error)
+
+
+def _call(p: Pending) -> None:
+    then = p.then
+    if then is not None:
+        p.then = None  # it refers to its waiter, which refers to this: no cycle left for the collector
+        try:
+            then()
+        except Exception:  # one request's answer must not keep the group's others from theirs
+            log.exception("answering a produced message failed")
 
 
 def _pieces(frames: Iterable[bytes | Chunk]) -> list[Buffer]:

@@ -179,7 +179,7 @@ class FastProduceProtocol(BoundedHttpToolsProtocol):
         elif not isinstance(outcome, OneMessage):  # forwarded to the partition's owner
             self._fast_task(cycle, outcome)
         elif outcome.ack is not AckMode.TABLE:
-            cycle.one = outcome  # the common case, ack=wal: the WAL write's callback calls _fast_done, no task
+            cycle.one = outcome  # ack=wal and ack=none: the group committer calls _fast_done, no task
         else:
             self._fast_task(cycle, self.fast.settle(outcome))
 

@@ -107,6 +107,66 @@ async def test_single_messages_with_nothing_in_flight_are_written_by_the_loop_it
     wal.close()
 
 
+async def test_ack_none_messages_are_answered_before_their_write_and_share_the_next_one(tmp_path: Path) -> None:
+    """Messages nobody waits for (ack=none) are answered at the end of the pass that queued them,
+    before anything is written; behind a write in flight they are answered at once too, and wait
+    for its report to be written together in the next write."""
+    wal = Wal(tmp_path / "wal", segment_bytes=1 << 24, fsync=True)
+    wal.recover()
+    writes: list[list[Record | Chunk]] = []
+    append = wal.append
+    in_flight = threading.Event()
+    answered: list[str] = []
+
+    def traced(frames: list[object], records: list[Record | Chunk]) -> None:
+        writes.append(list(records))
+        if any(isinstance(r, Chunk) for r in records):
+            in_flight.wait(30)
+        assert answered[:2] == ["a", "b"], "answered before the first write"
+        append(frames, records)  # type: ignore[arg-type]
+
+    wal.append = traced  # type: ignore[method-assign,assignment]
+    committer = GroupCommitter(wal, {}, lambda records: None, IngestMetrics(CollectorRegistry()), max_group=GROUP)
+    running = asyncio.create_task(committer.run())
+    await eventually_async(lambda: committer._writer is not None and committer._writer.is_alive(), 10,
+                           what="the writer thread up")
+
+    def none(name: str) -> Pending:
+        p = single(name.encode())
+        p.then, p.early = (lambda: answered.append(name)), True
+        return p
+
+    a, b = none("a"), none("b")
+    committer.submit_one(a)
+    committer.submit_one(b)
+    await asyncio.sleep(0)
+    assert answered == ["a", "b"]
+    await eventually_async(lambda: len(writes) == 1, 10, what="a and b written")
+    assert writes == [[a.record, b.record]]
+
+    big = batch(10)
+    big.future = asyncio.get_running_loop().create_future()
+    committer.submit([big])
+    await eventually_async(lambda: len(writes) == 2, 10, what="the batch's write in flight")
+    c, d = none("c"), none("d")
+    committer.submit_one(c)
+    await asyncio.sleep(0)
+    committer.submit_one(d)
+    await asyncio.sleep(0)
+    assert answered == ["a", "b", "c", "d"], "answered though a write is in flight"
+    await asyncio.sleep(0.05)
+    assert len(writes) == 2, "not written while the batch's write is in flight"
+    in_flight.set()
+    await asyncio.wait_for(big.future, 30)
+    await eventually_async(lambda: len(writes) == 3, 10, what="c and d written")
+    assert writes[2] == [c.record, d.record], "one write for both"
+    assert (c.record.offset, d.record.offset) == (12, 13)
+
+    committer.close()
+    await running
+    wal.close()
+
+
 async def test_a_slow_disk_never_writes_on_the_loop_and_a_slowing_one_at_most_once(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The loop writes a small group itself only while the disk has proven fast. With WAL writes
