@@ -1,8 +1,9 @@
 """How a CLI command reaches a data dir's broker.
 
-Only one process may assign a data dir's offsets (tables/lock.py). If no server holds the
-lock, the command runs an embedded broker for its own duration; otherwise it calls the
-running server's HTTP API at the address `serve` wrote to `server.json`.
+Only one process may assign a data dir's offsets (tables/lock.py). If a server holds the lock,
+the command calls its HTTP API at the address `serve` wrote to `server.json`; if other nodes of
+a cluster serve the tables (docs/cluster.md), it calls one of them; otherwise it runs an embedded
+broker for its own duration.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from lakebroker.tables.errors import (
 )
 from lakebroker.tables.layout import Layout
 from lakebroker.tables.lock import DataDirLock
+from lakebroker.tables.ownership import read_view
 from lakebroker.tables.settings import Settings
 from lakebroker.tables.topics import TopicConfig, new_topic
 
@@ -148,12 +150,25 @@ class RemoteAccess:
         return out
 
 
+def _live_peer(layout: Layout) -> str | None:
+    """The URL of a live node of this table root's cluster other than this data dir's own node."""
+    me = layout.node_file.read_text().strip() if layout.node_file.is_file() else None
+    peers = sorted(n.url for n in read_view(layout).live_nodes().values() if n.node != me and n.url)
+    return peers[0] if peers else None
+
+
 @contextlib.contextmanager
 def broker_access(settings: Settings) -> Iterator[BrokerAccess]:
     layout = Layout.of(settings)
     lock = DataDirLock(layout.lock_file)
     if lock.try_acquire():
         try:
+            # Where other nodes serve the tables, an embedded broker would join their cluster for the
+            # length of one command and move partitions twice: the command goes to one of them.
+            peer = _live_peer(layout)
+            if peer is not None:
+                yield _remote(peer, settings)
+                return
             yield EmbeddedAccess(settings)
         finally:
             lock.release()
@@ -164,4 +179,8 @@ def broker_access(settings: Settings) -> Iterator[BrokerAccess]:
         raise StorageUnavailable(
             f"another process holds {layout.lock_file} but left no address in {layout.server_file}"
         ) from None
-    yield RemoteAccess(url, settings.token.get_secret_value() if settings.token is not None else None)
+    yield _remote(url, settings)
+
+
+def _remote(url: str, settings: Settings) -> RemoteAccess:
+    return RemoteAccess(url, settings.token.get_secret_value() if settings.token is not None else None)

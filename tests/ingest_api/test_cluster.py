@@ -239,6 +239,16 @@ def test_a_data_dir_or_node_id_in_use_is_refused_with_a_clear_error(
     assert done.returncode == 1, done.stdout + done.stderr
     assert f"is alive at {b.url}: this data dir is a copy" in done.stderr and "Traceback" not in done.stderr
     assert {n["url"] for n in _cluster(a.url)["nodes"] if n["alive"]} == {a.url, b.url}, "b's row untouched"
+    # A CLI command on a data dir no server holds, beside live nodes, goes through one of them
+    # rather than joining the cluster for its length.
+    assert httpx.post(f"{a.url}/v1/topics", json={"name": "orders", "partitions": PARTITIONS}).status_code == 201
+    until(lambda: httpx.get(f"{b.url}/v1/topics/orders").status_code == 200, "b sees the topic", timeout=5)
+    cli = tmp_path / "cli"
+    done = subprocess.run([sys.executable, "-m", "lakebroker", "--data-dir", str(cli), "produce", "orders", "hi",
+                           "--key", KEYS[1], "--ack", "table"], capture_output=True, text=True, timeout=120, env=a.env)
+    assert done.returncode == 0 and done.stdout.startswith("partition 1 offset 0"), done.stdout + done.stderr
+    assert not (cli / "node_id").exists(), "never a node"
+    assert len(_cluster(a.url)["nodes"]) == 2
     (copy / "node_id").unlink()  # as the error says: a copy for a new node forgets the old id
     c = ServerProcess(copy, b.env)
     try:
