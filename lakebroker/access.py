@@ -158,14 +158,15 @@ def _live_peer(layout: Layout) -> str | None:
 
 
 @contextlib.contextmanager
-def broker_access(settings: Settings) -> Iterator[BrokerAccess]:
+def broker_access(settings: Settings, *, this_node: bool = False) -> Iterator[BrokerAccess]:
+    """`this_node`: the command is about this data dir's own WAL, which only its own broker holds."""
     layout = Layout.of(settings)
     lock = DataDirLock(layout.lock_file)
     if lock.try_acquire():
         try:
             # Where other nodes serve the tables, an embedded broker would join their cluster for the
             # length of one command and move partitions twice: the command goes to one of them.
-            peer = _live_peer(layout)
+            peer = None if this_node else _live_peer(layout)
             if peer is not None:
                 yield _remote(peer, settings)
                 return

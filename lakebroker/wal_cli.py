@@ -68,7 +68,7 @@ def register(app: typer.Typer, settings: Callable[[], Settings], fail: Callable[
         if not yes and not typer.confirm(
                 f"record the offsets WAL damage lost in partition {partition} of {topic} as lost, and move on?"):
             raise fail("nothing skipped", 1)
-        with broker_access(settings()) as broker:
+        with broker_access(settings(), this_node=True) as broker:
             loss = broker.skip_lost(topic, partition)
         out.print(f"recorded offsets {loss['first_offset']}-{loss['last_offset']} of partition {partition} of {topic} "
                   f"as lost ({loss['wal_damage']}); the partition moves on", highlight=False, soft_wrap=True)
