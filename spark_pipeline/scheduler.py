@@ -46,7 +46,10 @@ from lakebroker.tables.layout import Layout
 from lakebroker.tables.settings import Settings
 
 log = logging.getLogger(__name__)
-_KILL_GRACE_S = 30  # a run past job_timeout_s gets SIGTERM, then SIGKILL 20 s later
+# A run's slot (tables/job_slots.py) is renewed while it runs: a scheduler that dies mid-run frees it
+# within a lease.
+SLOT_LEASE_S = 30.0
+SLOT_RENEW_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -198,8 +201,7 @@ class JobRunner:
             return None
         spec = next(s for s in JOBS if s.job is job)
         try:
-            elsewhere = self.slots.take(job, interval_s=spec.interval_s(self.settings),
-                                        timeout_s=self.settings.job_timeout_s + _KILL_GRACE_S)
+            elsewhere = self.slots.take(job, interval_s=spec.interval_s(self.settings), lease_s=SLOT_LEASE_S)
         except Exception:  # the tables are unreachable: the run would fail too; the next turn tries again
             log.exception("could not take the %s slot; skipping this turn", job.value)
             return None
@@ -224,11 +226,7 @@ class JobRunner:
                                            start_new_session=True, preexec_fn=self._preexec)
         child = self._child
         try:
-            code = child.wait(timeout=self.settings.job_timeout_s)
-        except subprocess.TimeoutExpired:
-            self._kill(child)
-            code = child.wait()
-            log.error("%s exceeded job_timeout_s=%d and was killed", job.value, self.settings.job_timeout_s)
+            code = self._wait(child, job)
         finally:
             with self._lock:
                 self._child = None
@@ -246,6 +244,22 @@ class JobRunner:
             except Exception:  # the scheduler must survive a failing disk; it is logged
                 log.exception("could not record the failed %s run", job.value)
         return code
+
+    def _wait(self, child: subprocess.Popen[bytes], job: JobName) -> int:
+        """The child's exit code; its slot renewed while it runs, and the child killed at job_timeout_s."""
+        deadline = time.monotonic() + self.settings.job_timeout_s
+        while True:
+            try:
+                return child.wait(timeout=max(0.0, min(SLOT_RENEW_S, deadline - time.monotonic())))
+            except subprocess.TimeoutExpired:
+                if time.monotonic() >= deadline:
+                    self._kill(child)
+                    log.error("%s exceeded job_timeout_s=%d and was killed", job.value, self.settings.job_timeout_s)
+                    return child.wait()
+                try:
+                    self.slots.renew(job, SLOT_LEASE_S)
+                except Exception:  # the run goes on; its slot may lapse to another node meanwhile
+                    log.exception("could not renew the %s slot", job.value)
 
     @staticmethod
     def _kill(child: subprocess.Popen[bytes]) -> None:

@@ -3,14 +3,15 @@
 Every `lakebroker serve` of a cluster schedules the maintenance jobs. Before a run, its scheduler
 takes the job's slot in `_system/job_slots` (a state table changed by compare-and-swap on its
 version): only if no run of the job holds a live lease and none started within most of an
-interval. A run's lease lasts `job_timeout_s` (the scheduler kills the run then) and ends when the
-run does, so a scheduler that dies mid-run blocks the job for one timeout at most.
+interval. The scheduler renews its lease while the run goes on and ends it when the run does, so a
+scheduler that dies mid-run holds the job for one lease at most.
 """
 
 from __future__ import annotations
 
 import os
 import socket
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
 from lakebroker.tables.job_runs import JobName
@@ -32,7 +33,7 @@ class JobSlots:
         self.table = StateTable(layout.job_slots_table, JOB_SLOTS_SCHEMA, JOB_SLOTS_SCHEMA_VERSION)
         self.runner = runner or this_runner()
 
-    def take(self, job: JobName, *, interval_s: float, timeout_s: float) -> str | None:
+    def take(self, job: JobName, *, interval_s: float, lease_s: float) -> str | None:
         """Take the job's slot for a run of this runner's. None once taken; else why another runner
         has it, for the log."""
 
@@ -45,23 +46,29 @@ class JobSlots:
                     return rows, f"running on {row['runner']} since {row['started_at']:%H:%M:%S}"
                 if row["started_at"] > now - timedelta(seconds=interval_s * RECENT_SHARE):
                     return rows, f"last started by {row['runner']} at {row['started_at']:%H:%M:%S}"
-            else:
+            if row is None:
                 row = {"job": job.value}
                 out.append(row)
-            row.update(runner=self.runner, started_at=now, expires_at=now + timedelta(seconds=timeout_s))
+            row.update(runner=self.runner, started_at=now, expires_at=now + timedelta(seconds=lease_s))
             return sorted(out, key=lambda r: r["job"]), None
 
         return self.table.mutate(change)
 
+    def renew(self, job: JobName, lease_s: float) -> None:
+        """Extend this runner's lease of the job while its run goes on."""
+        self._set_expiry(job, lambda now: now + timedelta(seconds=lease_s))
+
     def finish(self, job: JobName) -> None:
         """End this runner's lease of the job (its run is over): the next interval's may run anywhere."""
+        self._set_expiry(job, lambda now: now)
 
+    def _set_expiry(self, job: JobName, expiry: Callable[[datetime], datetime]) -> None:
         def change(rows: Rows) -> tuple[Rows, None]:
             now = datetime.now(UTC)
             out = [dict(r) for r in rows]
             for r in out:
                 if r["job"] == job.value and r["runner"] == self.runner and r["expires_at"] > now:
-                    r["expires_at"] = now
+                    r["expires_at"] = expiry(now)
             return out, None
 
         self.table.mutate(change)

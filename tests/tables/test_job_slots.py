@@ -18,23 +18,34 @@ HOUR = 3600.0
 def test_one_runner_at_a_time_and_once_per_interval(tmp_path: Path) -> None:
     layout = Layout(tmp_path)
     a, b = JobSlots(layout, "a"), JobSlots(layout, "b")
-    assert a.take(JobName.COMPACTION, interval_s=HOUR, timeout_s=60) is None
-    assert "running on a" in (b.take(JobName.COMPACTION, interval_s=HOUR, timeout_s=60) or "")
-    assert b.take(JobName.RETENTION, interval_s=HOUR, timeout_s=60) is None, "another job is free"
+    assert a.take(JobName.COMPACTION, interval_s=HOUR, lease_s=60) is None
+    assert "running on a" in (b.take(JobName.COMPACTION, interval_s=HOUR, lease_s=60) or "")
+    assert b.take(JobName.RETENTION, interval_s=HOUR, lease_s=60) is None, "another job is free"
     a.finish(JobName.COMPACTION)
-    assert "last started by a" in (b.take(JobName.COMPACTION, interval_s=HOUR, timeout_s=60) or ""), \
+    assert "last started by a" in (b.take(JobName.COMPACTION, interval_s=HOUR, lease_s=60) or ""), \
         "a ran it this interval"
-    assert b.take(JobName.COMPACTION, interval_s=0.01, timeout_s=60) is None, "a new interval: anyone's"
-    assert a.take(JobName.COMPACTION, interval_s=0.01, timeout_s=60) is not None, "b runs it now"
+    assert b.take(JobName.COMPACTION, interval_s=0.01, lease_s=60) is None, "a new interval: anyone's"
+    assert a.take(JobName.COMPACTION, interval_s=0.01, lease_s=60) is not None, "b runs it now"
 
 
-def test_a_dead_runners_lease_ends_at_its_timeout(tmp_path: Path) -> None:
+def test_a_dead_runners_lease_ends_unless_renewed(tmp_path: Path) -> None:
     layout = Layout(tmp_path)
-    assert JobSlots(layout, "dead").take(JobName.COMPACTION, interval_s=0.01, timeout_s=0.2) is None
+    assert JobSlots(layout, "dead").take(JobName.COMPACTION, interval_s=0.01, lease_s=0.2) is None
     live = JobSlots(layout, "live")
-    assert live.take(JobName.COMPACTION, interval_s=0.01, timeout_s=60) is not None
+    assert live.take(JobName.COMPACTION, interval_s=0.01, lease_s=60) is not None
     threading.Event().wait(0.3)
-    assert live.take(JobName.COMPACTION, interval_s=0.01, timeout_s=60) is None
+    assert live.take(JobName.COMPACTION, interval_s=0.01, lease_s=0.2) is None
+    live.renew(JobName.COMPACTION, 60)
+    threading.Event().wait(0.3)
+    assert "running on live" in (JobSlots(layout, "other").take(JobName.COMPACTION, interval_s=0.01, lease_s=60) or "")
+
+
+def test_a_runner_taking_its_own_slot_again_keeps_one_row(tmp_path: Path) -> None:
+    slots = JobSlots(Layout(tmp_path))
+    for _ in range(3):
+        assert slots.take(JobName.RETENTION, interval_s=HOUR, lease_s=60) is None
+        slots.finish(JobName.RETENTION)
+    assert [r["job"] for r in slots.table.read()] == ["retention"]
 
 
 def test_runners_racing_for_one_slot_get_it_once(tmp_path: Path) -> None:
@@ -46,7 +57,7 @@ def test_runners_racing_for_one_slot_get_it_once(tmp_path: Path) -> None:
     def race(name: str) -> None:
         slots = JobSlots(layout, name)
         start.wait()
-        results[name] = slots.take(JobName.RETENTION, interval_s=HOUR, timeout_s=60)
+        results[name] = slots.take(JobName.RETENTION, interval_s=HOUR, lease_s=60)
 
     threads = [threading.Thread(target=race, args=(f"r{i}",)) for i in range(4)]
     for t in threads:
@@ -59,7 +70,7 @@ def test_runners_racing_for_one_slot_get_it_once(tmp_path: Path) -> None:
 def test_a_scheduler_whose_job_ran_elsewhere_starts_no_child(tmp_path: Path) -> None:
     settings = Settings(data_dir=tmp_path / "data")
     layout = Layout.of(settings)
-    assert JobSlots(layout, "other-node").take(JobName.COMPACTION, interval_s=HOUR, timeout_s=60) is None
+    assert JobSlots(layout, "other-node").take(JobName.COMPACTION, interval_s=HOUR, lease_s=60) is None
     runner = JobRunner(settings)
     assert runner.run(JobName.COMPACTION) is None
     assert not (settings.data_dir / "_jobs" / "compaction.log").exists(), "no child was started"
