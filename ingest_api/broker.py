@@ -163,6 +163,7 @@ class Broker:
         # The tasks stop first, each between two groups or flushes, so the drain below is the
         # only writer: a drain beside a running committer or flusher could interleave with it.
         self.accepting.clear()
+        await self.cluster.stop_beating()  # a beat would open partitions, and fill the dedup index closed below
         self.committer.close()
         self.flusher.close()
         for task in self._tasks:

@@ -158,12 +158,18 @@ class Membership:
         await self.beat()
         self._task = asyncio.create_task(self._run())
 
-    async def leave(self) -> None:
-        """Stop heartbeating and release every lease (the broker has flushed what it holds)."""
+    async def stop_beating(self) -> None:
+        """End the heartbeat loop, after the beat in progress: at shutdown nothing is taken any more
+        (the leases stay until `leave` or their TTL)."""
         self._closing = True
         self._wake.set()
         if self._task is not None:
             await self._task
+            self._task = None
+
+    async def leave(self) -> None:
+        """Stop heartbeating and release every lease (the broker has flushed what it holds)."""
+        await self.stop_beating()
         with contextlib.suppress(LakebrokerError, OSError):
             await asyncio.to_thread(self.table.heartbeat, self._pairs(), leave=True)
 
