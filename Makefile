@@ -10,7 +10,7 @@ PY := $(VENV)/bin/python
 RUN_STAMP := $(VENV)/.installed-run
 DEV_STAMP := $(VENV)/.installed-dev
 
-.PHONY: run test setup setup-run lint bench bench-quick fault soak s3-server clean
+.PHONY: run test setup setup-run lint bench bench-quick fault soak soak-cluster s3-server clean
 
 run: setup-run
 	$(VENV)/bin/lakebroker serve
@@ -68,6 +68,10 @@ fault: setup
 # message is accounted for. Writes bench/results/soak.json and renders docs/benchmarks.md again.
 soak: setup
 	$(PY) -m bench.soak --minutes 10 $(SOAK_ARGS)
+
+# The same on three nodes sharing a table root, one SIGKILLed every minute (bench/scenarios/soak_cluster.py).
+soak-cluster: setup
+	$(PY) -m bench.soak --minutes 10 --nodes 3 $(SOAK_ARGS)
 
 clean:
 	rm -rf $(VENV) .cache data

@@ -38,7 +38,7 @@ def sections(scenarios: list[Scenario], results_dir: Path, failed: dict[str, str
     for s in scenarios:
         result = load(s, results_dir)
         if result is None:
-            how = "`make soak`" if not s.in_make_bench else "`make bench`"
+            how = f"`make {s.name.replace('_', '-')}`" if not s.in_make_bench else "`make bench`"
             why = f"this run's attempt failed ({failed[s.name]}); " if s.name in failed else ""
             out.append(Section(s, None, missing=f"{why}run {how} to measure it."))
             continue

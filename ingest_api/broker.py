@@ -26,7 +26,7 @@ from lakebroker.ingest_api.acks import Acks, highest_offsets
 from lakebroker.ingest_api.admission import Admission
 from lakebroker.ingest_api.chunks import BatchResults, Chunk, ColumnarBatch, chunk_bytes, split_by_bytes
 from lakebroker.ingest_api.cluster import Membership, NoOwnerYet, NotOwner
-from lakebroker.ingest_api.dedup import DedupIndex, DedupKey, Placed, dedup_id
+from lakebroker.ingest_api.dedup import DedupIndex, DedupKey, Placed, dedup_id, dedup_ids, key_hash
 from lakebroker.ingest_api.flusher import Flusher
 from lakebroker.ingest_api.group_commit import GroupCommitter, Pending, PendingChunk
 from lakebroker.ingest_api.messages import AckMode, NewMessage
@@ -244,11 +244,13 @@ class Broker:
                 self.dedup.restore(h0, h1, (partition, offset, ts))
             await asyncio.sleep(0)
 
-    def adopt(self, topic: TopicConfig, claimed: dict[int, tuple[int, int, int | None]]) -> None:
+    def adopt(self, topic: TopicConfig, claimed: dict[int, tuple[int, int, int | None]],
+              others: pa.Table | None = None) -> None:
         """Open partitions this node has just claimed: partition -> (epoch, the end the claim found,
         this node's own end before it). This node's WAL items of a partition go on at their offsets
         if no other node committed to it since this node's last commit; otherwise they were never
-        committed and are appended again, with new offsets after the claimed end."""
+        committed and are appended again, with new offsets after the claimed end, except the messages
+        whose ids are in `others` (dedup_rebuild.placed_by_others: a retry placed them elsewhere)."""
         topic_id = bytes.fromhex(topic.topic_id)
         for partition, (epoch, end, before) in claimed.items():
             key = (topic_id, partition)
@@ -266,7 +268,7 @@ class Broker:
                 if again:
                     log.warning("%s[%d]: appending %d messages again that this node took before another node "
                                 "owned the partition", topic.name, partition, sum(_rows(i) for i in again))
-                    self._append_again(topic, again, key)
+                    self._append_again(topic, again, key, _hashes(others))
                 else:
                     self._floors.pop(key, None)
             self.epochs[key] = epoch
@@ -274,18 +276,29 @@ class Broker:
         self.flusher.adopted(topic.topic_id)
         self._restrict_keyless(topic)
 
-    def _append_again(self, topic: TopicConfig, items: list[Record | Chunk], key: PartitionKey) -> None:
-        """Queue items for the WAL again as new messages of their partition; the WAL keeps their old
-        copies (the floor) until the new ones are durable."""
+    def _append_again(self, topic: TopicConfig, items: list[Record | Chunk], key: PartitionKey,
+                      placed: set[tuple[int, int]]) -> None:
+        """Queue items for the WAL again as new messages of their partition, but those whose id is
+        `placed` (by key_hash) elsewhere; the dedup index learns the new offsets. The WAL keeps the
+        old copies (the floor) until the new ones are durable."""
         loop = asyncio.get_running_loop()
         futures: list[asyncio.Future[Any]] = []
         for item in items:  # one at a time: chunks and records may alternate, and their order is kept
             future: asyncio.Future[Any] = loop.create_future()
-            futures.append(future)
             if isinstance(item, Chunk):
-                self.committer.submit([PendingChunk(dataclasses.replace(item, offset=-1), future)])
+                chunk = _without_placed(item, topic.topic_id, placed)
+                if chunk is None:
+                    continue
+                future.add_done_callback(self._remember_chunk(topic.topic_id))
+                self.committer.submit([PendingChunk(dataclasses.replace(chunk, offset=-1), future)])
             else:
+                did = dedup_id(item.message_id, item.producer_id, item.sequence)
+                if did is not None:
+                    if key_hash((topic.topic_id, did)) in placed:
+                        continue
+                    future.add_done_callback(self._dedup_callback((topic.topic_id, did)))
                 self.committer.submit([Pending(dataclasses.replace(item, offset=-1), future)])
+            futures.append(future)
 
         def durable(_: object) -> None:
             if all(f.done() and not f.cancelled() and f.exception() is None for f in futures):
@@ -620,6 +633,19 @@ class Broker:
             else:
                 waits.append((i, hit))
 
+    def _remember_chunk(self, topic_hex: str) -> Callable[[asyncio.Future[Chunk]], None]:
+        """A chunk appended again: its ids at their new offsets."""
+
+        def done(future: asyncio.Future[Chunk]) -> None:
+            if future.cancelled() or future.exception() is not None:
+                return
+            chunk = future.result()
+            for i, did in enumerate(dedup_ids(chunk.columns.column("message_id")).to_pylist()):
+                if did is not None:
+                    self.dedup.remember((topic_hex, did), (chunk.partition, chunk.offset + i, chunk.timestamp_us))
+
+        return done
+
     def _dedup_callback(self, key: DedupKey):  # type: ignore[no-untyped-def]
         def done(future: asyncio.Future[Placed]) -> None:
             if future.cancelled() or future.exception() is not None:
@@ -655,6 +681,26 @@ class Broker:
 
 def _rows(item: Record | Chunk) -> int:
     return 1 if isinstance(item, Record) else item.rows
+
+
+def _hashes(placed: pa.Table | None) -> set[tuple[int, int]]:
+    if placed is None or not placed.num_rows:
+        return set()
+    return set(zip(placed["hash0"].to_pylist(), placed["hash1"].to_pylist(), strict=True))
+
+
+def _without_placed(chunk: Chunk, topic_hex: str, placed: set[tuple[int, int]]) -> Chunk | None:
+    """The chunk without the rows whose id is in `placed` (by key_hash); None if none is left."""
+    if not placed:
+        return chunk
+    ids = dedup_ids(chunk.columns.column("message_id")).to_pylist()
+    keep = [did is None or key_hash((topic_hex, did)) not in placed for did in ids]
+    if all(keep):
+        return chunk
+    if not any(keep):
+        return None
+    columns = chunk.columns.filter(pa.array(keep))
+    return dataclasses.replace(chunk, columns=columns, size=chunk_bytes(columns))
 
 
 def _uncommitted(items: list[Record | Chunk], end: int) -> list[Record | Chunk]:

@@ -242,7 +242,7 @@ class Membership:
             others = {p: (committed.get((tid, p), 0) if prev is None else prev, end) for p, (end, prev) in ends.items()}
             placed = await asyncio.to_thread(placed_by_others, self.layout, topic, others, window_s=self.dedup_window_s)
             await self.broker.learn_ids(placed)
-            self.broker.adopt(topic, {p: (epochs[p], end, prev) for p, (end, prev) in ends.items()})
+            self.broker.adopt(topic, {p: (epochs[p], end, prev) for p, (end, prev) in ends.items()}, placed)
 
     def _claim_in_table(self, topic: TopicConfig, epochs: dict[int, int]) -> dict[int, tuple[int, int | None]]:
         """Claim on a fresh snapshot, again after a concurrent commit; each partition's claimed end

@@ -88,6 +88,8 @@ SUBSCRIBED = {"orders": {"ordering": "partition", "batch_size": 10},
 SILENT_CLIENTS = 20  # of each kind: body sent whole, body sent in part
 SILENT_CLOSE_S = 15.0  # within this the server must have closed each (its timeouts: 5 s keep-alive, 5 s body)
 JOBS = ("compaction", "retention", "key-compaction", "replication")
+# A cluster's leases, short as the delivery leases above: a killed node's partitions move within seconds.
+CLUSTER = {"LAKEBROKER_INGEST_LEASE_TTL_S": "4", "LAKEBROKER_INGEST_HEARTBEAT_S": "0.5"}
 FAST = {"LAKEBROKER_LEASE_TTL_S": "3", "LAKEBROKER_HEARTBEAT_S": "0.5", "LAKEBROKER_OFFSET_COMMIT_INTERVAL_MS": "200",
         "LAKEBROKER_ALLOW_PRIVATE_WEBHOOKS": "1", "LAKEBROKER_FLUSH_INTERVAL_MS": "100",
         "LAKEBROKER_BODY_READ_TIMEOUT_S": "5"}
@@ -143,11 +145,11 @@ def odd_receiver(seed: int) -> Receiver:
     return Receiver(behave)
 
 
-def start_worker(data: Path, name: str, log: Path) -> subprocess.Popen[bytes]:
+def start_worker(data: Path, name: str, log: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
     with log.open("ab") as out:
         return subprocess.Popen([sys.executable, "-m", "lakebroker", "--data-dir", str(data), "deliver",
                                  "--worker-id", name], stdout=out, stderr=subprocess.STDOUT,
-                                env={**os.environ, **FAST}, cwd=REPO)
+                                env={**os.environ, **FAST, **env}, cwd=REPO)
 
 
 def stop_process(proc: subprocess.Popen[bytes], timeout: float = 30) -> None:
@@ -171,14 +173,19 @@ def wait_for(predicate: Any, timeout: float, step: float = 0.5) -> bool:
 
 
 class Soak:
-    def __init__(self, plan: SoakPlan, work: Path, seed: int = 12) -> None:
+    def __init__(self, plan: SoakPlan, work: Path, seed: int = 12, nodes: int = 1) -> None:
         self.plan, self.work, self.seed = plan, work, seed
         self.data = work / "data"
+        # One node keeps its tables in its data dir; a cluster's nodes share a table root of their own.
+        self.tables = self.data if nodes == 1 else work / "tables"
+        self.shared = {} if nodes == 1 else {"LAKEBROKER_TABLES_URI": str(self.tables), **CLUSTER}
         self.replica = work / "replica"
-        self.report = SoakReport(minutes=plan.minutes)
+        self.report = SoakReport(minutes=plan.minutes, nodes=nodes)
         self.receiver = odd_receiver(seed)
         self.receiver.server.handle_error = lambda *args: None  # type: ignore[method-assign]  # broken pipes
-        self.server = ServerProcess(self.data, env=self._server_env(0), port=free_port())
+        self.servers = [ServerProcess(self.data if i == 0 else work / f"node-{i}", env=self._server_env(0),
+                                      port=free_port()) for i in range(nodes)]
+        self.server = self.servers[0]  # takes the admin calls, and alone serves the drain
         self.workers: dict[str, subprocess.Popen[bytes]] = {}
         self.acks_file = work / "acks.jsonl"
         self.churn_since = 0.0  # time.time() when the current `churn` topic was created
@@ -194,8 +201,9 @@ class Soak:
             intervals = (4 if self._need_compaction else 3600, 1, 2, 3)
         elif not self.plan.retention_during_load:
             intervals = (intervals[0], 3600, *intervals[2:])
-        env = {**FAST, "LAKEBROKER_DELIVER_IN_SERVE": "0", "LAKEBROKER_REPLICATION_URI": str(self.replica),
-               "LAKEBROKER_OFFSETS_COMPACTION_INTERVAL_S": "0", "LAKEBROKER_KEY_COMPACTION_MIN_LAG_MS": "2000",
+        env = {**FAST, **self.shared, "LAKEBROKER_DELIVER_IN_SERVE": "0",
+               "LAKEBROKER_REPLICATION_URI": str(self.replica), "LAKEBROKER_OFFSETS_COMPACTION_INTERVAL_S": "0",
+               "LAKEBROKER_KEY_COMPACTION_MIN_LAG_MS": "2000",
                "LAKEBROKER_COMPACTION_TARGET_FILE_BYTES": "65536", "LAKEBROKER_JOB_TIMEOUT_S": "1200"}
         for name, seconds in zip(names, intervals, strict=True):
             env[f"LAKEBROKER_{name}_INTERVAL_S"] = str(seconds)
@@ -206,22 +214,26 @@ class Soak:
     def run(self) -> SoakReport:
         started = time.monotonic()
         try:
-            url = self.server.start(timeout=90)
-            self._setup(url)
+            urls = [server.start(timeout=90) for server in self.servers]
+            self._setup(urls[0])
             for name in ("worker-a", "worker-b"):
-                self.workers[name] = start_worker(self.data, name, self.work / f"{name}.log")
-            self._load(url)
-            self._drain(url)
+                self.workers[name] = self._start_worker(name)
+            self._load(urls)
+            self._drain(urls[0])
         finally:
             for proc in self.workers.values():
                 stop_process(proc)
-            self.server.stop()
+            for server in self.servers:
+                server.stop()
             self.receiver.close()
             self._keep_evidence()
         self._verify_replica()
         self._check()
         self.report.seconds = time.monotonic() - started
         return self.report
+
+    def _start_worker(self, name: str) -> subprocess.Popen[bytes]:
+        return start_worker(self.data, name, self.work / f"{name}.log", self.shared)
 
     def _setup(self, url: str) -> None:
         with httpx.Client(base_url=url, timeout=30) as client:
@@ -245,10 +257,11 @@ class Soak:
         return {"name": name, "partitions": spec.partitions, "retention_ms": self.plan.retention_ms if spec.retention
                 else None, "cleanup_policy": "compact" if spec.compact else "delete"}
 
-    def _load(self, url: str) -> None:
+    def _load(self, urls: list[str]) -> None:
         seconds = self.plan.minutes * 60
         producer = subprocess.Popen(
-            [sys.executable, "-m", "bench.soak.producer", "--url", url, "--seconds", str(seconds), "--max-messages",
+            [sys.executable, "-m", "bench.soak.producer", *(f"--url={url}" for url in urls), "--seconds", str(seconds),
+             "--max-messages",
              str(self.plan.max_messages), "--out", str(self.acks_file), "--seed", str(self.seed)],
             cwd=REPO, stdout=subprocess.PIPE, stderr=(self.work / "producer.log").open("ab"))
         begin = time.monotonic()
@@ -273,21 +286,23 @@ class Soak:
         self.report.producer = orjson.loads(out.strip().splitlines()[-1])
 
     def _serve(self) -> None:
-        self.server.kill()
+        """SIGKILL serve (in a cluster, each node in turn) and start it again on its data dir and port."""
+        victim = self.servers[self.report.serve_kills % len(self.servers)]
+        victim.kill()
         self.report.serve_kills += 1
-        self._read_wal()
-        self.server.env.update(self._server_env(self.report.serve_kills))
-        url = self.server.start(timeout=120)
+        self._read_wal(victim.data_dir)
+        victim.env.update(self._server_env(self.report.serve_kills))
+        url = victim.start(timeout=120)
         if self._silent is None:
             self._silent = threading.Thread(target=self._silent_clients, args=(url,), daemon=True)
             self._silent.start()
 
-    def _read_wal(self) -> None:
+    def _read_wal(self, data: Path) -> None:
         """Whether the WAL a restart recovers holds batch chunks and single records of one partition."""
         from lakebroker.ingest_api.chunks import Chunk
         from lakebroker.ingest_api.wal import Wal
 
-        report = Wal(Layout(self.data).wal_dir, segment_bytes=1 << 30, fsync=False).inspect()
+        report = Wal(Layout(data).wal_dir, segment_bytes=1 << 30, fsync=False).inspect()
         kinds: dict[tuple[bytes, int], set[bool]] = {}
         for item in report.items:
             kinds.setdefault((item.topic_id, item.partition), set()).add(isinstance(item, Chunk))
@@ -349,7 +364,7 @@ class Soak:
         self.workers[name].send_signal(signal.SIGKILL)
         self.workers[name].wait(timeout=30)
         self.report.worker_kills += 1
-        self.workers[name] = start_worker(self.data, name, self.work / f"{name}.log")
+        self.workers[name] = self._start_worker(name)
 
     def _recreate(self) -> None:
         with httpx.Client(base_url=self.server.url, timeout=60) as client:
@@ -363,6 +378,8 @@ class Soak:
         self.report.recreates += 1
 
     def _drain(self, url: str) -> None:
+        for other in self.servers[1:]:  # graceful: each hands its partitions over; the first takes them all
+            other.stop()
         self.server.stop()
         self.server.env.update(self._server_env(0, jobs=False))
         url = self.server.start(timeout=120)
@@ -400,9 +417,8 @@ class Soak:
         self.server.start(timeout=120)
         restarted = datetime.now(UTC)
         from lakebroker.tables import job_runs
-        from lakebroker.tables.layout import Layout
 
-        layout = Layout(self.data)
+        layout = self._layout()
 
         def settled() -> bool:
             runs = job_runs.last_runs(layout, limit=100_000)
@@ -416,6 +432,9 @@ class Soak:
             self.report.jobs_wait_timed_out = 1
             self.report.problems.append(f"the jobs after the drain did not end in {self.plan.jobs_timeout_s:.0f} s")
 
+    def _layout(self) -> Layout:
+        return Layout(self.data, None if self.tables == self.data else str(self.tables))
+
     @property
     def _need_compaction(self) -> bool:
         """A short run's serve is killed before a compaction finishes; a long run must see one succeed."""
@@ -427,7 +446,7 @@ class Soak:
         """For a drain that timed out: each lease as its holder last wrote it, and each worker's last
         warnings, since the work dir of a CI run is gone by the time anyone reads its report."""
         now = datetime.now(UTC)
-        rows = DeltaTable(Layout(self.data).leases_table).to_pyarrow_table().to_pylist()
+        rows = DeltaTable(self._layout().leases_table).to_pyarrow_table().to_pylist()
         leases = [f"{r['group']} p{r['partition']} owner {r['owner']} epoch {r['epoch']} expires in "
                   f"{(r['expires_at'] - now).total_seconds():.1f} s status {r['status']}"
                   for r in rows if r["kind"] == "lease"]
@@ -452,14 +471,14 @@ class Soak:
     def _log_starts(self, topic: str) -> dict[int, int]:
         from lakebroker.tables.log_start import log_starts
 
-        table = DeltaTable(str(self.data / "topics" / topic))
+        table = DeltaTable(str(self.tables / "topics" / topic))
         starts: dict[int, int] = log_starts(table, SPECS[topic].partitions)
         return starts
 
     def _verify_replica(self) -> None:
         proc = subprocess.run([sys.executable, "-m", "lakebroker", "--data-dir", str(self.data), "verify-replica",
                                "--to", str(self.replica)], cwd=REPO, capture_output=True, text=True, timeout=600,
-)
+                              env={**os.environ, **self.shared})
         self.report.replica_verified = proc.returncode == 0
         self.report.replica_output = (proc.stdout + proc.stderr)[-3000:]
         if not self.report.replica_verified:
@@ -468,14 +487,14 @@ class Soak:
 
     def _check(self) -> None:
         from lakebroker.tables import job_runs
-        from lakebroker.tables.layout import Layout
 
         acks = [orjson.loads(line) for line in self.acks_file.read_bytes().splitlines() if line.strip()]
         acks = [a for a in acks if a["topic"] != "churn" or a["sent"] >= self.churn_since]  # this incarnation
         self.report.receiver_answers = {str(k): v for k, v in sorted(Counter(self.receiver.answers).items())}
-        starts = re.findall(r"lakebroker\.spark_pipeline\.scheduler: starting ([a-z-]+):", self.server.log.read_text())
+        logs = "".join(server.log.read_text() for server in self.servers)
+        starts = re.findall(r"lakebroker\.spark_pipeline\.scheduler: starting ([a-z-]+):", logs)
         self.report.job_starts = dict(sorted(Counter(starts).items()))
-        check_all(self.report, self.data, SPECS, acks, self.receiver.messages(), self._dead)
+        check_all(self.report, self.tables, SPECS, acks, self.receiver.messages(), self._dead)
         if self._silent is not None:
             self._silent.join(timeout=SILENT_CLOSE_S + 10)
         open_ = sum(1 for t in self.report.silent_clients if t is None)
@@ -488,10 +507,11 @@ class Soak:
         if self.report.policy_patches != 2:
             self.report.problems.append(f"{self.report.policy_patches} of 2 cleanup_policy PATCHes of profiles ran")
         required = JOBS if self._need_compaction else JOBS[1:]
-        check_jobs(self.report, job_runs.last_runs(Layout(self.data), limit=100_000), required)
+        check_jobs(self.report, job_runs.last_runs(self._layout(), limit=100_000), required)
 
 
-def run(minutes: float, work: Path, *, kill_every_s: float = 60.0, seed: int = 12) -> SoakReport:
-    """One soak of `minutes` of load; `work` holds its data and logs."""
+def run(minutes: float, work: Path, *, kill_every_s: float = 60.0, seed: int = 12, nodes: int = 1) -> SoakReport:
+    """One soak of `minutes` of load; `work` holds its data and logs. `nodes` > 1: a cluster of that
+    many `serve` processes sharing a table root, the producers spread over all, one killed at a time."""
     work.mkdir(parents=True, exist_ok=True)
-    return Soak(SoakPlan.for_minutes(minutes, kill_every_s), work, seed).run()
+    return Soak(SoakPlan.for_minutes(minutes, kill_every_s), work, seed, nodes).run()

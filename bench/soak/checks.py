@@ -61,7 +61,9 @@ def _note(report: SoakReport, count: int, text: str) -> None:
 
 
 def check_table(report: SoakReport, topic: str, spec: TopicSpec, stored: Stored, acks: list[dict[str, Any]]) -> None:
-    """Exactly once, dense from the log start, and every acknowledged message where it was acknowledged."""
+    """Exactly once, dense from the log start, and every acknowledged message where it was acknowledged.
+    In a cluster, a message acknowledged at ack=wal by a node that died before its commit is appended
+    again when the node returns: at a new offset of its partition if another node used the old one."""
     report.in_delta += len(stored.ids)
     times = Counter(stored.ids.values())
     dups = [i for i, n in times.items() if n > 1]
@@ -81,10 +83,15 @@ def check_table(report: SoakReport, topic: str, spec: TopicSpec, stored: Stored,
         if stray:
             report.problems.append(f"{topic}[{p}]: log start {log.log_start} on a topic without retention")
         report.gaps += not ok or stray
+    offsets_of = {i: where for where, i in stored.ids.items()}
     for a in acks:
         where = (a["partition"], a["offset"])
         log = stored.logs[a["partition"]]
-        if where in stored.ids:
+        moved = offsets_of.get(a["id"])
+        if report.nodes > 1 and a.get("ack") == "wal" and stored.ids.get(where) != a["id"] and moved is not None \
+                and moved[0] == a["partition"] and moved[1] > a["offset"]:
+            report.moved_after_failover += 1
+        elif where in stored.ids:
             if stored.ids[where] != a["id"]:
                 report.lost += 1
                 _note(report, report.lost, f"{topic}{list(where)}: acknowledged {a['id']}, stored {stored.ids[where]}")

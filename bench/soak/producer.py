@@ -1,14 +1,17 @@
 """The soak's producers, run as their own process: single, batch and Kafka REST v2 produce.
 
 Every acknowledged message becomes one JSON line in --out: {"topic", "partition", "offset",
-"id", "key", "sent", "acked", "kind"} ("sent" is time.time() when the first attempt began,
+"id", "key", "sent", "acked", "kind", "ack"} ("sent" is time.time() when the first attempt began,
 "acked" when the answer came), since acknowledgements are what the soak checks. Each message
 carries its id in its value as well ({"id": ...}), so a REST v2 record, which has no message id,
 is still found in the table. Singles and batches are retried with the same ids until answered
 (the server may be down: it is SIGKILLed on purpose), so dedup must turn a retry into the
 original offset; REST v2 records are sent once (no id, so a retry would be a new message).
 
-The load is bounded: it stops after --seconds or --max-messages, and goes to --url only.
+Given several --url (the nodes of a cluster), each request goes to the next node in turn, and a
+retry to the node after the one that failed it, as a client of a cluster does when a node dies.
+
+The load is bounded: it stops after --seconds or --max-messages, and goes to the --url given only.
 
     python -m bench.soak.producer --url http://127.0.0.1:PORT --seconds 60 --max-messages 20000 --out acks.jsonl
 """
@@ -44,8 +47,9 @@ V2_JSON = "application/vnd.kafka.json.v2+json"
 
 
 class Producers:
-    def __init__(self, url: str, out: IO[bytes], seconds: float, max_messages: int, seed: int) -> None:
-        self.url, self.out = url, out
+    def __init__(self, urls: list[str], out: IO[bytes], seconds: float, max_messages: int, seed: int) -> None:
+        self.urls, self.out = urls, out
+        self._turn = 0
         self.end = time.monotonic() + seconds
         self.budget = max_messages
         self.rng = random.Random(seed)
@@ -62,22 +66,24 @@ class Producers:
         return n
 
     def _record(self, topic: str, kind: str, ids: list[str], keys: list[str | None], offsets: list[dict[str, Any]],
-                sent: float) -> None:
+                sent: float, ack: str) -> None:
         acked = time.time()
         for i, k, r in zip(ids, keys, offsets, strict=True):
             if r.get("offset") is None:
                 continue
             self.out.write(orjson.dumps({"topic": topic, "partition": r["partition"], "offset": r["offset"], "id": i,
-                                         "key": k, "sent": sent, "acked": acked, "kind": kind}) + b"\n")
+                                         "key": k, "sent": sent, "acked": acked, "kind": kind, "ack": ack}) + b"\n")
             self.counts["acked"] += 1
         self.out.flush()
 
-    async def _until_answered(self, client: httpx.AsyncClient, path: str, body: Any, content_type: str,
+    async def _until_answered(self, clients: list[httpx.AsyncClient], path: str, body: Any, content_type: str,
                               retry: bool) -> httpx.Response | None:
-        """POST until the server answers (retrying with the same ids) or the run ends."""
+        """POST until a node answers (retrying with the same ids, at the next node) or the run ends."""
         content = orjson.dumps(body)
         while True:
             self.counts["requests"] += 1
+            self._turn += 1
+            client = clients[self._turn % len(clients)]
             try:
                 r = await client.post(path, content=content, headers={"content-type": content_type})
             except httpx.HTTPError:
@@ -89,7 +95,7 @@ class Producers:
                 return None
             await asyncio.sleep(RETRY_PAUSE_S)
 
-    async def stream(self, client: httpx.AsyncClient, topic: str, kind: str, rate: float, size: int,
+    async def stream(self, clients: list[httpx.AsyncClient], topic: str, kind: str, rate: float, size: int,
                      keys: int, pad: int) -> None:
         name = f"{topic}-{kind}"
         next_at = time.monotonic()
@@ -100,9 +106,9 @@ class Producers:
             sent = time.time()
             if kind == "v2":
                 body = {"records": [{"key": k, "value": {"id": i}} for i, k in zip(ids, key_of, strict=True)]}
-                r = await self._until_answered(client, f"/topics/{topic}", body, V2_JSON, retry=False)
+                r = await self._until_answered(clients, f"/topics/{topic}", body, V2_JSON, retry=False)
                 if r is not None and r.status_code == 200:
-                    self._record(topic, kind, ids, key_of, r.json()["offsets"], sent)
+                    self._record(topic, kind, ids, key_of, r.json()["offsets"], sent, "wal")
                 elif r is not None:
                     self.counts["refused"] += 1
             else:
@@ -116,23 +122,28 @@ class Producers:
                     path = f"/v1/topics/{topic}/messages?ack={ack}"
                 else:
                     path, payload = f"/v1/topics/{topic}/batch?ack={ack}", {"messages": messages}
-                r = await self._until_answered(client, path, payload, "application/json", retry=True)
+                r = await self._until_answered(clients, path, payload, "application/json", retry=True)
                 if r is not None and r.status_code == 200:
                     answer = r.json()
-                    self._record(topic, kind, ids, key_of, answer["results"] if kind == "batch" else [answer], sent)
+                    self._record(topic, kind, ids, key_of, answer["results"] if kind == "batch" else [answer], sent,
+                                 ack)
                 elif r is not None:
                     self.counts["refused"] += 1  # e.g. 404 while the churn topic is deleted
             next_at += 1 / rate
             await asyncio.sleep(max(0.0, next_at - time.monotonic()))
 
     async def run(self) -> None:
-        async with httpx.AsyncClient(base_url=self.url, timeout=httpx.Timeout(10.0, connect=2.0)) as client:
-            await asyncio.gather(*(self.stream(client, *s) for s in STREAMS))
+        clients = [httpx.AsyncClient(base_url=url, timeout=httpx.Timeout(10.0, connect=2.0)) for url in self.urls]
+        try:
+            await asyncio.gather(*(self.stream(clients, *s) for s in STREAMS))
+        finally:
+            for client in clients:
+                await client.aclose()
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--url", required=True)
+    parser.add_argument("--url", required=True, action="append", help="a node; several: each in turn")
     parser.add_argument("--seconds", type=float, required=True)
     parser.add_argument("--max-messages", type=int, required=True)
     parser.add_argument("--out", type=Path, required=True)

@@ -15,12 +15,14 @@ REMOVERS = ("retention", "key-compaction")  # the jobs whose rows_removed are ro
 @dataclass
 class SoakReport:
     minutes: float
+    nodes: int = 1  # serve processes: more than one is a cluster sharing a table root, killed one at a time
     seconds: float = 0.0
     acked: int = 0
     in_delta: int = 0
     duplicates: int = 0  # ids stored more than once
     gaps: int = 0  # partitions not dense from log start to log end, or with a log start but no retention
     lost: int = 0  # acknowledged, above the log start, not in the table at their offset
+    moved_after_failover: int = 0  # cluster, ack=wal: appended again at a later offset once their node returned
     removed_by_retention: int = 0  # acknowledged, then removed by retention (after delivery)
     compacted_away: int = 0  # acknowledged on `profiles`, superseded and removed by key compaction
     expected_deliveries: int = 0
@@ -100,7 +102,10 @@ def to_result(r: SoakReport) -> Result:
         ("delivered / of them more than once", f"{r.delivered:,} / {r.delivered_more_than_once:,}"),
         ("dead-lettered", f"{r.dead_lettered:,}"),
         ("compacted away before delivery (`profiles`)", f"{r.compacted_before_delivery:,}"),
-        ("SIGKILLs of serve / of a worker", f"{r.serve_kills} / {r.worker_kills}"),
+        *([("acknowledged at ack=wal, stored at a later offset after their node's failover",
+            f"{r.moved_after_failover:,}")] if r.nodes > 1 else []),
+        ("SIGKILLs of serve / of a worker" if r.nodes == 1 else f"SIGKILLs of a node (of {r.nodes}) / of a worker",
+         f"{r.serve_kills} / {r.worker_kills}"),
         ("topic re-creates", f"{r.recreates}"),
         ("restarts of serve whose WAL held batch chunks and singles of one partition",
          f"{r.mixed_wal_restarts} of {r.serve_kills}"),
@@ -110,13 +115,14 @@ def to_result(r: SoakReport) -> Result:
         ("receiver answers", ", ".join(f"{k}: {v:,}" for k, v in sorted(r.receiver_answers.items()))),
         ("producer", ", ".join(f"{k}: {v:,}" for k, v in sorted(r.producer.items()))),
     ]
-    result = Result(scenario="soak", checks=checks(r), tables=[table("", ["figure", "value"], rows)],
+    result = Result(scenario="soak" if r.nodes == 1 else "soak_cluster", checks=checks(r),
+                    tables=[table("", ["figure", "value"], rows)],
                     figures={k: v for k, v in dataclasses.asdict(r).items() if k != "replica_output"}
                     | {"replica_tail": r.replica_output.strip().splitlines()[-3:]})
     failed = [c.name for c in result.checks if not c.met]
     result.notes.append(
         f"{r.acked:,} messages acknowledged in {r.minutes:g} min of load ({r.seconds / 60:.1f} min in all), "
-        f"through {r.serve_kills} SIGKILLs of serve and {r.worker_kills} of a delivery worker: {r.lost} lost, "
+        f"through {r.serve_kills} SIGKILLs of {_serve(r)} and {r.worker_kills} of a delivery worker: {r.lost} lost, "
         f"{r.duplicates} stored twice, {r.skipped} offsets neither delivered nor dead-lettered; "
         f"{r.delivered_more_than_once:,} offsets were delivered more than once (delivery is at least once). "
         f"The delivery workers peaked at {r.delivery_peak_rss_mb:.0f} MB of RSS.")
@@ -124,5 +130,10 @@ def to_result(r: SoakReport) -> Result:
         result.notes.append("**Failed**: " + ("; ".join(failed) or "violations no check counts") + "."
                             + "".join(f"\n- {p}" for p in r.problems[:20]))
     verdict = "every invariant holds" if passed(result) else f"FAILED ({len(failed)} checks not met)"
-    result.headlines.append(f"{r.acked:,} messages acknowledged through {r.serve_kills} SIGKILLs of serve: {verdict}")
+    result.headlines.append(f"{r.acked:,} messages acknowledged through {r.serve_kills} SIGKILLs of {_serve(r)}: "
+                            f"{verdict}")
     return result
+
+
+def _serve(r: SoakReport) -> str:
+    return "serve" if r.nodes == 1 else f"a node of {r.nodes}"

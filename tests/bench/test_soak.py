@@ -1,7 +1,9 @@
 """The soak (bench/soak/): its short form end to end, and the Result its counts make.
 
-The short form is about a minute of mixed produce (single, batch, REST v2) to four topics while
-serve and a delivery worker are SIGKILLed every 20 s, a topic is deleted and re-created, the
+The short form runs on a cluster of three `serve` nodes sharing a table root (the form that covers
+the single node's recovery and failover too): about a minute of mixed produce (single, batch, REST
+v2) spread over the nodes, to four topics, while one node (each in turn) and a delivery worker are
+SIGKILLed every 20 s, a topic is deleted and re-created, the
 scheduler runs key compaction and replication (and compaction, which a 20 s life rarely lets
 finish), and the receiver fails 30 % of requests with odd headers. Retention runs once delivery
 has drained: its 20 s window is shorter than delivery's lag beside the whole suite (the
@@ -22,6 +24,8 @@ from bench.harness.machine import describe
 from bench.report import RUN_FILE
 from bench.result import Result
 from bench.scenarios.soak import MINUTES, SCENARIO
+from bench.scenarios.soak_cluster import NODES
+from bench.scenarios.soak_cluster import SCENARIO as CLUSTER
 from bench.soak.report import DELIVERY_RSS_MB, SoakReport, passed, to_result
 
 INVARIANTS = ("acknowledged messages lost from Delta", "ids stored more than once in Delta",
@@ -33,9 +37,10 @@ INVARIANTS = ("acknowledged messages lost from Delta", "ids stored more than onc
 @pytest.mark.fault
 @pytest.mark.slow
 @pytest.mark.timeout(2700)
-def test_short_soak_accounts_for_every_message(tmp_path: Path) -> None:
+def test_short_cluster_soak_accounts_for_every_message(tmp_path: Path) -> None:
     assert MINUTES["quick"] == 1.0
-    result = SCENARIO.measure("quick", tmp_path / "soak")
+    result = CLUSTER.measure("quick", tmp_path / "soak")
+    assert result.scenario == "soak_cluster" and result.figures["nodes"] == NODES
     for c in result.checks:
         print(f"{c.name}: {c.shown(c.value)} (target {c.target_text})")
     f = result.figures
@@ -112,10 +117,10 @@ def test_a_problem_no_check_counts_still_fails_the_soak() -> None:
 def test_make_soak_writes_its_result_renders_the_page_and_exits_by_it(tmp_path: Path, ok: bool,
                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     report = _clean() if ok else dataclasses.replace(_clean(), lost=1, problems=["orders[0, 7]: lost"])
-    calls: list[tuple[float, Path, float]] = []
+    calls: list[tuple[float, Path, float, int]] = []
 
-    def fake_run(minutes: float, work: Path, *, kill_every_s: float) -> SoakReport:
-        calls.append((minutes, work, kill_every_s))
+    def fake_run(minutes: float, work: Path, *, kill_every_s: float, nodes: int) -> SoakReport:
+        calls.append((minutes, work, kill_every_s, nodes))
         return report
 
     monkeypatch.setattr(soak_cli, "run", fake_run)
@@ -127,7 +132,7 @@ def test_make_soak_writes_its_result_renders_the_page_and_exits_by_it(tmp_path: 
         soak_cli.main(["--minutes", "1", "--kill-every", "20", "--work", str(tmp_path / "work"),
                        "--results-dir", str(results), "--out", str(out)])
     assert exited.value.code == (0 if ok else 1)
-    assert calls == [(1.0, tmp_path / "work", 20.0)]
+    assert calls == [(1.0, tmp_path / "work", 20.0, 1)]
     result = Result.from_json(SCENARIO.result_path(results).read_bytes())
     assert result.command == "python -m bench.soak --minutes 1 --kill-every 20" and result.commit
     assert result.figures["acked"] == 5_000 and passed(result) is ok
@@ -135,3 +140,22 @@ def test_make_soak_writes_its_result_renders_the_page_and_exits_by_it(tmp_path: 
     assert "## Soak" in page and "acknowledged messages lost from Delta" in page
     assert ("**not met**" in page) is not ok
     assert ("- orders[0, 7]: lost" in page) is not ok
+
+
+def test_make_soak_cluster_writes_its_own_result(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    report = dataclasses.replace(_clean(), nodes=NODES)
+    monkeypatch.setattr(soak_cli, "run", lambda minutes, work, *, kill_every_s, nodes: report)
+    monkeypatch.setattr(soak_cli, "every", lambda: [SCENARIO, CLUSTER])
+    results, out = tmp_path / "results", tmp_path / "benchmarks.md"
+    results.mkdir()
+    (results / RUN_FILE).write_bytes(orjson.dumps({"command": "make bench", "machine": dataclasses.asdict(describe())}))
+    with pytest.raises(SystemExit) as exited:
+        soak_cli.main(["--nodes", str(NODES), "--results-dir", str(results), "--out", str(out)])
+    assert exited.value.code == 0
+    assert not SCENARIO.result_path(results).exists()
+    result = Result.from_json(CLUSTER.result_path(results).read_bytes())
+    assert result.command == "make soak-cluster" and result.scenario == "soak_cluster"
+    rows = {row[0]: row[1] for row in result.tables[0].rows}
+    assert rows[f"SIGKILLs of a node (of {NODES}) / of a worker"] == "3 / 2"
+    page = out.read_text()
+    assert "## Soak on three nodes" in page and "_No result yet: run `make soak` to measure it._" in page
