@@ -33,6 +33,7 @@ from lakebroker.tables.errors import LakebrokerError
 FORWARD_TIMEOUT_S = 120.0  # an ack=table answer waits for the owner's Delta commit
 RESEND_BATCH_MESSAGES = 5_000
 RESEND_BATCH_BYTES = 8 << 20
+STOP_RESEND_S = 15.0  # at shutdown, parked items' last chance to reach their owners (uvicorn waits for this)
 log = logging.getLogger(__name__)
 
 
@@ -50,10 +51,20 @@ class Router:
         self._resending = asyncio.create_task(self._resend_parked())
 
     async def stop(self) -> None:
+        """At shutdown, parked items go to their owners first (for STOP_RESEND_S at most): a node
+        stopped for good must not keep acknowledged messages in its WAL that live owners could take."""
         if self._resending is not None:
             self._resending.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._resending
+            deadline = asyncio.get_running_loop().time() + STOP_RESEND_S
+            while self.broker.parked_elsewhere() and asyncio.get_running_loop().time() < deadline:
+                await self._send_parked()
+                if self.broker.parked_elsewhere():
+                    await asyncio.sleep(self.broker.cluster.heartbeat_s)
+            if left := self.broker.parked_elsewhere():
+                log.error("acknowledged messages of %d partitions other nodes own stay in this node's WAL: start "
+                          "it again with its data dir to hand them over", len(left))
         if self._forwarder is not None:
             await self._forwarder.close()
 
@@ -63,20 +74,23 @@ class Router:
         offsets, at ack=table, so the WAL keeps them until they are in the owner's table."""
         while True:
             await asyncio.sleep(self.broker.cluster.heartbeat_s)
-            for topic, partition, url in self.broker.parked_elsewhere():
-                items = self.broker.take_parked(topic, partition)
-                try:
-                    for batch in _batches(items):
-                        await self.forwarder.batch(url, topic.name, batch, [partition] * len(batch), AckMode.TABLE,
-                                                   self._authorization)
-                except LakebrokerError as exc:
-                    log.warning("%s[%d]: sending %d parked items to %s failed (%s); will retry", topic.name,
-                                partition, len(items), url, exc)
-                    self.broker.park(items)
-                    continue
-                log.info("%s[%d]: %d parked messages sent to their owner %s", topic.name, partition,
-                         sum(1 if isinstance(i, Record) else i.rows for i in items), url)
-                self.broker.parked_sent(topic, partition)
+            await self._send_parked()
+
+    async def _send_parked(self) -> None:
+        for topic, partition, url in self.broker.parked_elsewhere():
+            items = self.broker.take_parked(topic, partition)
+            try:
+                for batch in _batches(items):
+                    await self.forwarder.batch(url, topic.name, batch, [partition] * len(batch), AckMode.TABLE,
+                                               self._authorization)
+            except LakebrokerError as exc:
+                log.warning("%s[%d]: sending %d parked items to %s failed (%s); will retry", topic.name,
+                            partition, len(items), url, exc)
+                self.broker.park(items)
+                continue
+            log.info("%s[%d]: %d parked messages sent to their owner %s", topic.name, partition,
+                     sum(1 if isinstance(i, Record) else i.rows for i in items), url)
+            self.broker.parked_sent(topic, partition)
 
     @property
     def forwarder(self) -> Forwarder:
