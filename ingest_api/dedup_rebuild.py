@@ -20,6 +20,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import DeltaTable
+from deltalake.exceptions import TableNotFoundError
 
 from lakebroker.ingest_api.chunks import Chunk
 from lakebroker.ingest_api.dedup import DedupIndex, dedup_ids, key_hashes
@@ -77,9 +78,14 @@ def placed_by_others(layout: Layout, topic: TopicConfig, ranges: Mapping[int, tu
     """The ids within the window at partition -> [start, end) offsets of a topic table, oldest first,
     as `_PLACED`: what other nodes placed in partitions this node takes over, so that a retry of a
     message the old owner acknowledged gets its first answer here too."""
-    table = delta.open_table(layout.topic_table(topic.name))
     wanted = {p: r for p, r in ranges.items() if r[0] < r[1]}
-    if table is None or not wanted:
+    if not wanted:
+        return _PLACED.empty_table()
+    try:
+        table = delta.open_table(layout.topic_table(topic.name))
+    except TableNotFoundError:  # the topic deleted and made again meanwhile: a new table, no rows of others
+        return _PLACED.empty_table()
+    if table is None:
         return _PLACED.empty_table()
     where: pc.Expression | None = None
     for p, (start, end) in wanted.items():
