@@ -16,6 +16,7 @@ from typing import Any
 import httpx
 import orjson
 
+from lakebroker.ingest_api.cluster import NoOwnerYet
 from lakebroker.ingest_api.messages import AckMode, NewMessage
 from lakebroker.tables.errors import LakebrokerError
 
@@ -85,6 +86,13 @@ class Forwarder:
         answer = _json(r)
         if r.status_code not in (200, 202):
             error = answer.get("error") if isinstance(answer, dict) else None
+            if r.status_code == 421 or (r.status_code == 503 and isinstance(error, dict)
+                                        and error.get("code") == NoOwnerYet.code):
+                # The partition moved on since this node's last heartbeat: the producer retries (a
+                # 421 would tell it that it, not this node, sent the message to the wrong place).
+                raise NoOwnerYet(f"the partitions of these messages are changing owners ({url}: "
+                                 f"{error.get('message') if isinstance(error, dict) else r.status_code}); "
+                                 "retry in a second", 1.0)
             if isinstance(error, dict):
                 raise Refused(r.status_code, str(error.get("code")), str(error.get("message")))
             raise Refused(502, "bad_owner_answer", f"the owner {url} answered {r.status_code}: {r.text[:300]}")

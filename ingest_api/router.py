@@ -8,7 +8,8 @@ path, the REST Proxy v2 routes), so the cluster's rules live in one place:
   with their partitions fixed (forwarding.py), at the same `ack`, and the answers are merged in
   request order, so a producer sees one answer as if one node had served it all;
 - a forwarded request is never forwarded again: a node that no longer owns its partition answers
-  421 not_owner, and the producer (or the Python client, which reads /v1/cluster) retries.
+  421 not_owner, which the forwarding node passes on as 503 partition_unavailable (forwarding.py),
+  and the producer (or the Python client, which reads /v1/cluster) retries.
 
 A batch spread over several owners is several produces: if one owner fails, the others' messages
 are stored and the whole request answers the failure, so a producer retrying it should send ids.
