@@ -27,6 +27,7 @@ from lakebroker.ingest_api.admission import Admission
 from lakebroker.ingest_api.chunks import BatchResults, Chunk, ColumnarBatch, chunk_bytes, split_by_bytes
 from lakebroker.ingest_api.cluster import Membership, NoOwnerYet, NotOwner
 from lakebroker.ingest_api.dedup import DedupIndex, DedupKey, Placed, dedup_id, dedup_ids, key_hash
+from lakebroker.ingest_api.dedup_rebuild import restore
 from lakebroker.ingest_api.flusher import Flusher
 from lakebroker.ingest_api.group_commit import GroupCommitter, Pending, PendingChunk
 from lakebroker.ingest_api.messages import AckMode, NewMessage
@@ -77,8 +78,9 @@ class OneMessage:
     original: asyncio.Future[Placed] | None  # a duplicate of a message in flight: that message's placement
 
     def waits(self) -> bool:
-        """True until `finish_one` can answer (never with ack=none)."""
-        if self.ack is _NONE:  # a `then` is called as its group goes to the writer
+        """True until `finish_one` can answer: with ack=none, only until the end of the loop pass
+        that queued it, where the group committer calls its `then` (if it has one)."""
+        if self.ack is _NONE:
             return self.queued is not None and self.queued.then is not None
         if self.queued is not None:
             return self.queued.outcome is None
@@ -235,13 +237,16 @@ class Broker:
     def owned_pairs(self) -> set[Pair]:
         return {(k[0].hex(), k[1]) for k in self.epochs}
 
+    def own_end(self, key: PartitionKey, before: int | None) -> int:
+        """Where this node's own commits to a partition end: `before`, the end its last commit
+        recorded in the table (tables/fencing.py), else the committed end it knows."""
+        return self.flusher.committed.get(key, 0) if before is None else before
+
     async def learn_ids(self, placed: pa.Table) -> None:
         """Remember ids other nodes placed (dedup_rebuild.placed_by_others), a slice at a time
         between the loop's other work."""
         for start in range(0, placed.num_rows, LEARN_SLICE):
-            columns = (c.to_pylist() for c in placed.slice(start, LEARN_SLICE).columns)
-            for ts, h0, h1, partition, offset in zip(*columns, strict=True):
-                self.dedup.restore(h0, h1, (partition, offset, ts))
+            restore(self.dedup, placed.slice(start, LEARN_SLICE))
             await asyncio.sleep(0)
 
     def adopt(self, topic: TopicConfig, claimed: dict[int, tuple[int, int, int | None]],
@@ -255,7 +260,7 @@ class Broker:
         for partition, (epoch, end, before) in claimed.items():
             key = (topic_id, partition)
             items = self.parked.pop(key, [])
-            mine_until = self.flusher.committed.get(key, 0) if before is None else before
+            mine_until = self.own_end(key, before)
             if mine_until == end:
                 self.flusher.add(items)
                 self.committer.next_offsets[key] = max(self.committer.next_offsets.get(key, 0), end)

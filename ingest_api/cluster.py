@@ -237,9 +237,8 @@ class Membership:
                 continue
             # Rows other nodes committed since this node's own last commit: their ids must be known
             # before a retry of one of them can arrive here.
-            committed = self.broker.flusher.committed
             tid = bytes.fromhex(topic_id)
-            others = {p: (committed.get((tid, p), 0) if prev is None else prev, end) for p, (end, prev) in ends.items()}
+            others = {p: (self.broker.own_end((tid, p), prev), end) for p, (end, prev) in ends.items()}
             placed = await asyncio.to_thread(placed_by_others, self.layout, topic, others, window_s=self.dedup_window_s)
             await self.broker.learn_ids(placed)
             self.broker.adopt(topic, {p: (epochs[p], end, prev) for p, (end, prev) in ends.items()}, placed)

@@ -65,12 +65,17 @@ def rebuild(index: DedupIndex, layout: Layout, topics: Sequence[TopicConfig], wa
         ids = pa.concat_tables([_between(wal, lo, hi), *(_table_ids(s, lo, hi) for s in sources)])
         ordered = ids.take(pc.sort_indices(ids["timestamp"]))
         for start in range(0, ordered.num_rows, _SLICE):
-            columns = (c.to_pylist() for c in ordered.slice(start, _SLICE).columns)
-            for ts, h0, h1, partition, offset in zip(*columns, strict=True):
-                index.restore(h0, h1, (partition, offset, ts))
+            restore(index, ordered.slice(start, _SLICE))
         del ids, ordered
         arrow.release_unused()  # the range's buffers go back before the next range is read
     return len(index)
+
+
+def restore(index: DedupIndex, placed: pa.Table) -> None:
+    """Remember ids as `_PLACED` rows hold them, in row order (oldest first)."""
+    columns = (c.to_pylist() for c in placed.columns)
+    for ts, h0, h1, partition, offset in zip(*columns, strict=True):
+        index.restore(h0, h1, (partition, offset, ts))
 
 
 def placed_by_others(layout: Layout, topic: TopicConfig, ranges: Mapping[int, tuple[int, int]], *,
