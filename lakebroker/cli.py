@@ -181,9 +181,20 @@ def serve(
     workers: Annotated[int, typer.Option(
         min=1, max=64, help="Ingest processes sharing the port, each a cluster node with its own WAL "
         "(DATA_DIR, then DATA_DIR/nodes/1 ...), sharing the table root.")] = 1,
+    pin_cpus: Annotated[bool, typer.Option(
+        help="With --workers N at most the CPUs this process may use: each worker (its threads and the "
+        "processes it starts) runs on a CPU of its own.")] = True,
     reuse_port: Annotated[bool, typer.Option(hidden=True, help="One of --workers' processes.")] = False,
+    cpu: Annotated[int | None, typer.Option(hidden=True, help="The CPU this worker runs on.")] = None,
 ) -> None:
     """Run the ingest API and the background workers on this data dir."""
+    if cpu is not None:  # first, so that every thread and child this worker starts inherits it
+        try:
+            os.sched_setaffinity(0, {cpu})
+        except OSError:
+            usable = ", ".join(map(str, sorted(os.sched_getaffinity(0))))
+            raise typer.BadParameter(f"CPU {cpu} is not one this process may use ({usable})",
+                                     param_hint="--cpu") from None
     from lakebroker.tables.process_memory import keep_small
 
     keep_small()
@@ -193,7 +204,7 @@ def serve(
     if workers > 1:
         from lakebroker.workers import run_workers
 
-        raise typer.Exit(run_workers(chosen, workers))
+        raise typer.Exit(run_workers(chosen, workers, pin_cpus=pin_cpus))
     from lakebroker.server import run_server
 
     run_server(chosen, reuse_port=reuse_port)

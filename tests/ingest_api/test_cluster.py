@@ -376,7 +376,24 @@ def _workers_of(parent: int) -> list[int]:
     return sorted(pid for pid in children(parent) if is_worker(pid))
 
 
+def test_workers_get_a_cpu_each_only_when_there_are_enough() -> None:
+    from lakebroker.workers import worker_cpus
+
+    allowed = sorted(os.sched_getaffinity(0))
+    assert worker_cpus(len(allowed), pin=True) == allowed
+    assert worker_cpus(len(allowed) + 1, pin=True) == [None] * (len(allowed) + 1), "shared, never doubled up"
+    assert worker_cpus(2, pin=False) == [None, None]
+
+
+def _threads_on(pid: int, cpus: set[int]) -> bool:
+    """Whether the Python and tokio threads of `pid` run on `cpus` (jemalloc's idle purging threads set their own)."""
+    tasks = [int(t) for t in os.listdir(f"/proc/{pid}/task")
+             if not Path(f"/proc/{pid}/task/{t}/comm").read_text().startswith("jemalloc")]
+    return len(tasks) > 1 and all(os.sched_getaffinity(t) == cpus for t in tasks)
+
+
 def test_serve_workers_share_one_port_as_nodes_and_a_dead_worker_is_restarted(tmp_path: Path) -> None:
+    """Two workers (on a CPU each: this host has two) share the port as nodes; one SIGKILLed is restarted."""
     data = tmp_path / "data"
     env = {**os.environ, **NO_SCHEDULED_JOBS, "LAKEBROKER_INGEST_LEASE_TTL_S": str(TTL_S),
            "LAKEBROKER_INGEST_HEARTBEAT_S": "0.2"}
@@ -411,8 +428,13 @@ def test_serve_workers_share_one_port_as_nodes_and_a_dead_worker_is_restarted(tm
 
         pids = _workers_of(parent.pid)
         assert len(pids) == 2
+        cpus = sorted(os.sched_getaffinity(0))[:2]
+        assert [os.sched_getaffinity(pid) for pid in pids] == [{cpus[0]}, {cpus[1]}], "a CPU each"
+        assert all(_threads_on(pid, {cpu}) for pid, cpu in zip(pids, cpus, strict=True)), "its threads too"
         os.kill(pids[1], signal.SIGKILL)
         until(lambda: len(_workers_of(parent.pid)) == 2 and _workers_of(parent.pid) != pids, "a new worker",
+              timeout=30)
+        until(lambda: os.sched_getaffinity(_workers_of(parent.pid)[1]) == {cpus[1]}, "the restarted worker on its CPU",
               timeout=30)
         until(lambda: all(httpx.post(f"{url}/v1/topics/orders/messages", json={"key": KEYS[p], "value": 1},
                                      params={"ack": "table"}).status_code == 200 for p in KEYS),
