@@ -22,11 +22,18 @@ loop was idle a third). The fdatasync releases the GIL, and with nothing in flig
 the loop could overlap with it but new requests, which join the next group. Batches, and anything
 behind a write in flight, still go to the thread, so a large frame never stalls the loop.
 
-"Proven fast" means the last INLINE_TRUST_WRITES writes of that size each took at most
-INLINE_WRITE_S; one slower write sends the groups back to the thread until the disk proves fast
-again. So an fdatasync that takes 100 ms (a busy or failing disk, a network volume) stalls the loop
-at most once, not on every produce, and a disk slow from the start never does: /healthz, other
-topics and timers keep answering.
+"Proven fast" means INLINE_TRUST_WRITES writes of that size in a row took at most INLINE_WRITE_S
+each. The trust is lost by a write that took over STALL_S, or by SLOW_OF_RECENT of the loop's last
+RECENT writes over INLINE_WRITE_S. A write's time includes the wait for the GIL after the
+fdatasync, which the flusher's thread may hold for a few ms: one slow write among fast ones is that,
+not the disk, and judged by single writes the loop lost its trust every few hundred ms. A write
+in the thread counts only when fast: behind a busy loop it waits for the GIL twice. Once the trust
+is lost the groups go to the thread, and the loop tries one write of its own again (a probe) after
+PROBE_FIRST_S, then after twice as long while probes stay slow, up to PROBE_MAX_S; a fast probe
+restores the trust. (A busy loop's thread writes are never fast: without probes, ack=none stayed
+on the thread for good after one lost trust.) So an fdatasync that takes 100 ms (a busy or failing
+disk, a network volume) stalls the loop once, then at most once a minute, and a disk slow from the
+start never does: /healthz, other topics and timers keep answering.
 
 Messages nobody waits for (ack=none) are answered at the end of the loop pass that queued them, all
 together and before the pass writes anything, so their producers send on while the write and fsync
@@ -66,6 +73,10 @@ log = logging.getLogger(__name__)
 INLINE_GROUP_BYTES = 256 * 1024  # a group the loop writes itself: about a millisecond of page-cache copy at most
 INLINE_WRITE_S = 0.002  # a write of at most INLINE_GROUP_BYTES this fast (fdatasync included) counts as fast
 INLINE_TRUST_WRITES = 16  # fast writes in a row before the loop writes a group itself
+STALL_S = 0.05  # a write this slow loses the trust at once
+RECENT, SLOW_OF_RECENT = 5, 3  # ... as do this many slow ones among the loop's last writes
+PROBE_FIRST_S = 1.0  # once the trust is lost, the loop tries a write of its own this much later
+PROBE_MAX_S = 64.0  # ... and twice as long after each slow probe, up to this
 
 
 @dataclass(slots=True)
@@ -165,6 +176,10 @@ class GroupCommitter:
         self._last_ts = 0
         self.queued_bytes = 0
         self.fast_writes = 0  # writes of an inline group's size in a row that took at most INLINE_WRITE_S
+        self._recent: deque[bool] = deque(maxlen=RECENT)  # the loop's last writes: slow or not
+        self._proven = False  # trusted once: since then, probes try to win the trust back
+        self._probe_at = 0.0  # monotonic time of the next probe while not trusted
+        self._probe_wait = PROBE_FIRST_S
         self._awaited = False  # something queued since the last hand-off has a waiter
         self._early: list[Pending] = []  # ack=none messages queued in this pass, answered as it hands off
 
@@ -272,8 +287,7 @@ class GroupCommitter:
             # Nobody waits for these (ack=none): they join the group after the write in flight, whose
             # report hands them off, so that many share a write and an fsync.
             return
-        if writer is not None and self.fast_writes >= INLINE_TRUST_WRITES and not self._unwritten \
-                and _inline(self._queue):
+        if writer is not None and not self._unwritten and self._writes_inline() and _inline(self._queue):
             group = self._hand(self._take())
             error: BaseException | None = None
             started = time.perf_counter()
@@ -281,12 +295,60 @@ class GroupCommitter:
                 self._wal.append(_pieces(group.frames), group.records)
             except BaseException as exc:  # noqa: BLE001 - as the writer thread reports it
                 error = exc
-            self._written([group], error, time.perf_counter() - started)
+            self._written([group], error, time.perf_counter() - started, inline=True)
             return
         # A bound on rows handed but not written: behind it, single messages queue here and move ahead
         # of batches at the next _take, rather than wait behind every batch already handed.
         while self._queue and writer is not None and self._unwritten_rows < self._max_group:
             writer.groups.put(self._hand(self._take()))
+
+    def _writes_inline(self) -> bool:
+        """Whether the loop writes the next group itself: the disk is trusted, or a probe is due."""
+        if self.fast_writes >= INLINE_TRUST_WRITES:
+            return True
+        return self._proven and time.monotonic() >= self._probe_at
+
+    def _judge(self, size: int, error: BaseException | None, took_s: float, inline: bool) -> None:
+        """What one write says of the disk (the module's docstring says why so)."""
+        trusted = self.fast_writes >= INLINE_TRUST_WRITES
+        if error is not None or took_s > STALL_S:
+            if trusted or inline:  # lost now, or a failed probe: the next probe's time
+                self._distrust(probe_failed=inline and not trusted)
+            else:
+                self.fast_writes = 0
+            return
+        if size > INLINE_GROUP_BYTES:  # larger writes say nothing of the inline size
+            return
+        slow = took_s > INLINE_WRITE_S
+        if not inline:
+            if not slow:
+                self._trust_one()
+            return
+        if not trusted:  # a probe
+            if slow:
+                self._distrust(probe_failed=True)
+            else:
+                self.fast_writes = INLINE_TRUST_WRITES
+                self._trust_one()
+            return
+        self._recent.append(slow)
+        if sum(self._recent) >= SLOW_OF_RECENT:
+            self._distrust(probe_failed=False)
+        elif not slow:
+            self._trust_one()
+
+    def _trust_one(self) -> None:
+        self.fast_writes += 1
+        if self.fast_writes >= INLINE_TRUST_WRITES:
+            self._proven = True
+            self._probe_wait = PROBE_FIRST_S
+
+    def _distrust(self, *, probe_failed: bool) -> None:
+        if probe_failed:
+            self._probe_wait = min(2 * self._probe_wait, PROBE_MAX_S)
+        self.fast_writes = 0
+        self._recent.clear()
+        self._probe_at = time.monotonic() + self._probe_wait
 
     def _answer_early(self) -> None:
         """Answer the ack=none messages queued in this loop pass, all together: before the pass writes
@@ -324,12 +386,10 @@ class GroupCommitter:
             offsets[key] = nxt + (1 if isinstance(r, Record) else r.rows)
         return saved
 
-    def _written(self, groups: list[_Group], error: BaseException | None, took_s: float) -> None:
-        """The writer's report of one write: answer its groups, or fail them and everything after them."""
-        if error is not None or took_s > INLINE_WRITE_S:
-            self.fast_writes = 0
-        elif sum(g.size for g in groups) <= INLINE_GROUP_BYTES:  # larger writes say nothing of the inline size
-            self.fast_writes += 1
+    def _written(self, groups: list[_Group], error: BaseException | None, took_s: float, *,
+                 inline: bool = False) -> None:
+        """The report of one write: answer its groups, or fail them and everything after them."""
+        self._judge(sum(g.size for g in groups), error, took_s, inline)
         if error is not None:
             if groups[0].epoch == self._epoch:  # the first failure of this epoch: later reports of it are moot
                 self._fail(error, len(groups))
