@@ -152,7 +152,8 @@ def batch_items(kind: str, body: bytes) -> BatchItems:
             raise
     raise UnsupportedMediaType(
         f"content type {kind or '(none)'!r} is not accepted here: send application/json "
-        '({"messages": [...]}) or application/x-ndjson (one message per line)'
+        '({"messages": [...]}), application/x-ndjson (one message per line) or '
+        "application/vnd.apache.arrow.stream (an Arrow IPC stream)"
     )
 
 

@@ -167,14 +167,26 @@ def _data_bytes(column: pa.ChunkedArray) -> int:
 
 
 def message_sizes(columns: pa.Table) -> np.ndarray:
-    """Each message's size as records.message_bytes measures it (key and value bytes; the
-    columnar path takes no headers)."""
+    """Each message's size as records.message_bytes measures it: key and value bytes, and its
+    headers' names and values."""
     size = np.zeros(columns.num_rows, np.int64)
     for name in ("key", "value"):
         column = columns.column(name)
         if column.null_count < len(column):
             size += pc.fill_null(pc.binary_length(column), 0).to_numpy()
+    headers = columns.column("headers")
+    if headers.null_count < len(headers):
+        size += _header_bytes(headers.combine_chunks())
     return size
+
+
+def _header_bytes(headers: pa.MapArray) -> np.ndarray:
+    """Each row's header names and values, in bytes (0 for a row without headers)."""
+    entry = pc.binary_length(headers.keys).to_numpy() + pc.fill_null(pc.binary_length(headers.items), 0).to_numpy()
+    totals = np.concatenate(([0], np.cumsum(entry, dtype=np.int64)))
+    offsets = headers.offsets.to_numpy()
+    rows = totals[offsets[1:]] - totals[offsets[:-1]]
+    return np.where(headers.is_null().to_numpy(zero_copy_only=False), 0, rows)
 
 
 def split_by_bytes(rows: np.ndarray, sizes: np.ndarray, limit: int = CHUNK_BYTES) -> list[np.ndarray]:

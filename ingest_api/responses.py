@@ -42,6 +42,11 @@ async def send_answer(send: Send, answer: Answer) -> None:
     await send({"type": "http.response.body", "body": answer.body})
 
 
+async def send_body(send: Send, status: int, content_type: bytes, body: bytes) -> None:
+    await send_answer(send, Answer(status, [(b"content-type", content_type), (b"content-length", b"%d" % len(body))],
+                                   body))
+
+
 async def send_json(send: Send, status: int, body: bytes) -> None:
     """A JSON body straight to an ASGI `send`, for handlers below the framework."""
     await send_answer(send, json_answer(status, body))

@@ -113,4 +113,12 @@ def test_the_guides_examples_answer_what_they_state(name: str, tmp_path: Path) -
     if name == "producing.md":  # the Python client's producer: the key's partition, as Kafka's partitioner picks
         result = namespace["result"]
         assert (result.topic, result.partition, result.duplicate) == ("orders", partition_for_key("user-7", 3), False)
-        assert printed == [f"orders {result.partition} {result.offset}\n"]
+        arrow_offsets, client_line, frame_line = printed
+        assert client_line == f"orders {result.partition} {result.offset}\n"
+        # The Arrow batch's answer, read back as Arrow: an offset for each of its two rows.
+        offsets = orjson.loads(arrow_offsets)
+        assert len(offsets) == 2 and all(isinstance(o, int) and o >= 0 for o in offsets), arrow_offsets
+        # send_arrow's DataFrame: two rows stored, each at the partition of its key.
+        frame = namespace["results"].to_pylist()
+        assert [r["partition"] for r in frame] == [partition_for_key(k, 3) for k in ("user-1", "user-2")]
+        assert not any(r["duplicate"] for r in frame) and frame_line.count("'duplicate': False") == 2

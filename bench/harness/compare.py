@@ -72,17 +72,18 @@ class Measured:
 
 
 def measure(server: Server, path: str, work: Path, name: str, body: bytes, content_type: str,
-            connections: int, duration_s: float, into: Measured | None = None) -> Measured:
+            connections: int, duration_s: float, into: Measured | None = None, accept: str | None = None) -> Measured:
     into = into if into is not None else Measured()
     before = server.cpu()
-    into.runs.append(closed_loop(server.url + path, work, name, body, content_type, connections, duration_s))
+    into.runs.append(closed_loop(server.url + path, work, name, body, content_type, connections, duration_s,
+                                 accept))
     into.cpu_s += server.cpu() - before
     server.settle()
     return into
 
 
 def alternate(rounds: int, duration_s: float, pairs: list[tuple[Server, str]], work: Path, name: str, body: bytes,
-              content_type: str, connections: int) -> list[Measured]:
+              content_type: str, connections: int, accept: str | None = None) -> list[Measured]:
     """Measure each (server, path) in turn, reversing the order every round (A-B, B-A, ...)."""
     out = [Measured() for _ in pairs]
     for k in range(rounds):
@@ -91,5 +92,5 @@ def alternate(rounds: int, duration_s: float, pairs: list[tuple[Server, str]], w
             order.reverse()
         for i in order:
             server, path = pairs[i]
-            measure(server, path, work, f"{name}-{i}", body, content_type, connections, duration_s, out[i])
+            measure(server, path, work, f"{name}-{i}", body, content_type, connections, duration_s, out[i], accept)
     return out

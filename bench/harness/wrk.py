@@ -65,13 +65,17 @@ class LoadResult:
         return max(0, self.requests - self.errors) / self.duration_s if self.duration_s > 0 else 0.0
 
 
-def write_script(work: Path, name: str, body: bytes, content_type: str, template: str = _LUA) -> Path:
+def write_script(work: Path, name: str, body: bytes, content_type: str, template: str = _LUA,
+                 accept: str | None = None) -> Path:
     """A wrk script that POSTs `body` (kept in a file beside it); `template` is formatted with
-    `body` (the file's path) and `content_type`."""
+    `body` (the file's path) and `content_type`. `accept`: the Accept header's value."""
     body_file = work / f"{name}.body"
     body_file.write_bytes(body)
     script = work / f"{name}.lua"
-    script.write_text(template.format(body=body_file, content_type=content_type))
+    text = template.format(body=body_file, content_type=content_type)
+    if accept is not None:
+        text += f'wrk.headers["Accept"] = "{accept}"\n'
+    script.write_text(text)
     return script
 
 
@@ -117,5 +121,5 @@ def finish_wrk(proc: subprocess.Popen[str], duration_s: float, connections: int)
 
 
 def closed_loop(url: str, work: Path, name: str, body: bytes, content_type: str, connections: int,
-                duration_s: float) -> LoadResult:
-    return run_wrk(url, write_script(work, name, body, content_type), connections, duration_s)
+                duration_s: float, accept: str | None = None) -> LoadResult:
+    return run_wrk(url, write_script(work, name, body, content_type, accept=accept), connections, duration_s)

@@ -1,5 +1,5 @@
-"""Batch produce of 100-byte values, JSON and NDJSON, keyless and keyed, against a bare ASGI app receiving the
-same bodies; and what the server's WAL and flusher did over the load (from /metrics)."""
+"""Batch produce of 100-byte values, JSON, NDJSON and Arrow IPC, keyless and keyed, against a bare ASGI app
+receiving the same bodies; and what the server's WAL and flusher did over the load (from /metrics)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import orjson
+import pyarrow as pa
 
 from bench.harness.compare import Measured, alternate, measure
 from bench.harness.servers import NO_JOBS, baseline_server, create_topic, lakebroker_server, metrics
@@ -16,6 +17,10 @@ from bench.result import Check, Mode, Result, Scenario, table
 TARGET_MSG_S = 500_000
 TARGET_KEYED_MSG_S = 200_000
 TARGET_RSS_MB = 300
+TARGET_ARROW_MSG_S = 2_000_000
+TARGET_ARROW_KEYED_MSG_S = 1_000_000
+TARGET_ARROW_OVER_JSON = 2.0  # Arrow x 5000 over JSON x 5000, keyless, same run
+ARROW_STREAM = "application/vnd.apache.arrow.stream"
 BATCH_PATH = "/v1/topics/bench/batch"
 VALUE_100 = "v" * 100
 CONNECTIONS = 4
@@ -26,20 +31,31 @@ class Sizes:
     duration_s: float
     warmup_s: float
     rounds: int
-    bodies: tuple[tuple[str, int], ...]  # (json | ndjson [-keyed], messages per request)
+    bodies: tuple[tuple[str, int], ...]  # (json | ndjson | arrow [-keyed], messages per request)
 
 
 SIZES = {
     "full": Sizes(10, 3, 2, (("json", 1000), ("ndjson", 1000), ("json", 5000), ("ndjson", 5000),
-                             ("json-keyed", 1000), ("ndjson-keyed", 5000))),
-    "quick": Sizes(2, 1, 1, (("json", 1000), ("ndjson", 5000), ("ndjson-keyed", 5000))),
-    "tiny": Sizes(1, 0.5, 1, (("ndjson", 100),)),
+                             ("json-keyed", 1000), ("ndjson-keyed", 5000), ("arrow", 5000), ("arrow-keyed", 5000))),
+    "quick": Sizes(2, 1, 1, (("json", 1000), ("ndjson", 5000), ("ndjson-keyed", 5000), ("json", 5000),
+                             ("arrow", 5000))),
+    "tiny": Sizes(1, 0.5, 1, (("ndjson", 100), ("arrow", 100))),
 }
 
 
 def batch_body(fmt: str, size: int) -> tuple[bytes, str]:
-    """`json` or `ndjson`, keyless; with `-keyed`, each message keyed by one of 1,000 user ids."""
+    """`json`, `ndjson` or `arrow` (an Arrow IPC stream of a string value column), keyless; with
+    `-keyed`, each message keyed by one of 1,000 user ids."""
     kind, _, keyed = fmt.partition("-")
+    if kind == "arrow":
+        columns = {"value": pa.array([VALUE_100] * size, pa.string())}
+        if keyed:
+            columns["key"] = pa.array([f"user-{i % 1000}" for i in range(size)], pa.string())
+        table = pa.table(columns)
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_stream(sink, table.schema) as writer:
+            writer.write_table(table)
+        return sink.getvalue().to_pybytes(), ARROW_STREAM
     messages = [{"key": f"user-{i % 1000}", "value": VALUE_100} if keyed else {"value": VALUE_100}
                 for i in range(size)]
     if kind == "json":
@@ -72,7 +88,8 @@ def run(mode: Mode, work: Path) -> Result:
         for fmt, size in sz.bodies:
             body, ctype = batch_body(fmt, size)
             b, lb = alternate(sz.rounds, sz.duration_s, [(base, BATCH_PATH), (broker, BATCH_PATH)], work,
-                              f"batch-{fmt}-{size}", body, ctype, CONNECTIONS)
+                              f"batch-{fmt}-{size}", body, ctype, CONNECTIONS,
+                              accept=ARROW_STREAM if fmt.startswith("arrow") else None)
             rows.append((fmt, size, len(body), b, lb))
         deadline = time.monotonic() + 30  # let the flusher catch up before reading its totals
         while time.monotonic() < deadline and metrics(broker.url).get("lakebroker_wal_backlog_bytes", 0) > 0:
@@ -81,12 +98,13 @@ def run(mode: Mode, work: Path) -> Result:
         peak = broker.peak_rss_mb()
     checks = []
     for keyed, target in ((False, TARGET_MSG_S), (True, TARGET_KEYED_MSG_S)):
-        mine = [r for r in rows if r[0].endswith("-keyed") == keyed]
+        mine = [r for r in rows if r[0].endswith("-keyed") == keyed and not r[0].startswith("arrow")]
         if mine:
             fmt, size, _, b, lb = max(mine, key=lambda r: r[4].ok_rps * r[1])
             checks.append(Check(f"{'keyed (murmur2)' if keyed else 'keyless'} msg/s", lb.ok_rps * size, "msg/s",
                                 target, baseline=f"{fmt.upper()} x {size}: {lb.ok_rps / b.rps if b.rps else 0:.2f}x "
                                                  f"bare ASGI req/s with the same body"))
+    checks += _arrow_checks(rows)
     if peak is not None:
         checks.append(Check("serve's peak RSS", peak, "MB", TARGET_RSS_MB, higher_is_better=False))
     return Result(
@@ -109,15 +127,34 @@ def run(mode: Mode, work: Path) -> Result:
     )
 
 
+def _arrow_checks(rows: list[tuple[str, int, int, Measured, Measured]]) -> list[Check]:
+    by = {(fmt, size): lb.ok_rps * size for fmt, size, _, _, lb in rows}
+    checks = []
+    arrow, json = by.get(("arrow", 5000)), by.get(("json", 5000))
+    if arrow is not None:
+        same_run = f"JSON x 5000 {json:,.0f} msg/s" if json is not None else ""
+        checks.append(Check("Arrow IPC x 5000, keyless msg/s", arrow, "msg/s", TARGET_ARROW_MSG_S, baseline=same_run))
+        if json:
+            checks.append(Check("Arrow IPC x 5000 over JSON x 5000, keyless", arrow / json, "x",
+                                TARGET_ARROW_OVER_JSON, baseline=same_run))
+    keyed = by.get(("arrow-keyed", 5000))
+    if keyed is not None:
+        checks.append(Check("Arrow IPC x 5000, keyed (murmur2) msg/s", keyed, "msg/s", TARGET_ARROW_KEYED_MSG_S))
+    return checks
+
+
 SCENARIO = Scenario(
     name="batch_produce", title="Batch produce", measure=run,
     setup="`lakebroker serve` at its defaults on 127.0.0.1, scheduled jobs off, one topic of 3 partitions; beside "
           "it a bare ASGI app that receives the same bodies.",
     load=f"wrk `-t1`, {CONNECTIONS} connections, closed loop, `POST {BATCH_PATH}` (ack=wal) with bodies of 1,000 "
          "and 5,000 messages `{\"value\": \"<100 characters>\"}`, JSON and NDJSON, keyless or keyed by one of "
-         "1,000 user ids (Kafka's murmur2 partitioner); 10 s per body, the baseline and lakebroker alternating.",
+         "1,000 user ids (Kafka's murmur2 partitioner); and the same 5,000 messages as an Arrow IPC stream "
+         f"(`content-type: {ARROW_STREAM}`, a string `value` column and a `key` column when keyed), answered as "
+         "Arrow (`accept` the same); 10 s per body, the baseline and lakebroker alternating.",
     metric="Acknowledged messages per second of the fastest keyless and keyed body; server CPU per message; "
            "serve's peak RSS.",
-    target=f"≥ {TARGET_MSG_S:,} msg/s keyless, ≥ {TARGET_KEYED_MSG_S:,} msg/s keyed; serve's peak RSS ≤ "
-           f"{TARGET_RSS_MB} MB.",
+    target=f"≥ {TARGET_MSG_S:,} msg/s keyless, ≥ {TARGET_KEYED_MSG_S:,} msg/s keyed (JSON, NDJSON); Arrow: ≥ "
+           f"{TARGET_ARROW_MSG_S:,} msg/s keyless and ≥ {TARGET_ARROW_OVER_JSON:.0f}x JSON x 5000 in the same run, "
+           f"≥ {TARGET_ARROW_KEYED_MSG_S:,} msg/s keyed; serve's peak RSS ≤ {TARGET_RSS_MB} MB.",
 )

@@ -23,10 +23,23 @@ from lakebroker.tables.layout import Layout
 
 TARGET_P99_S = 1.0
 TARGET_RSS_MB = 300
-FLOOD_BATCH = 1000  # messages per request of the saturating batch producer beside the probe
-# wrk connections of the flood: 32 closed loops of 1,000-message bodies arrive together, the case that
-# starved single messages (4 did not)
-FLOOD_CONNECTIONS = 32
+
+
+@dataclass(frozen=True)
+class Flood:
+    """A saturating batch producer beside the probe: wrk's closed loop of one body to another topic."""
+
+    fmt: str  # batch_produce.batch_body's
+    size: int  # messages per request
+    connections: int
+    label: str
+
+
+FLOODS = (
+    # 32 closed loops of 1,000-message bodies arrive together: the case that starved single messages (4 did not)
+    Flood("json", 1000, 32, "beside a saturating batch producer"),
+    Flood("arrow", 5000, 4, "beside a saturating Arrow producer"),
+)
 
 
 @dataclass(frozen=True)
@@ -53,6 +66,7 @@ class VisibilityRun:
     polls: int
     commits: int
     background: LoadResult | None = None
+    flood: Flood | None = None
     sent_to_ack_s: list[float] = field(default_factory=list)  # from the send, so without the client's queue
     commands: list[str] = field(default_factory=list)
     server_cpu_s: float = 0.0  # the server process over the probe (and flood), user + system
@@ -60,13 +74,16 @@ class VisibilityRun:
 
     @property
     def flood_msg_s(self) -> float:
-        return self.background.ok_rps * FLOOD_BATCH if self.background is not None else 0.0
+        if self.background is None or self.flood is None:
+            return 0.0
+        return self.background.ok_rps * self.flood.size
 
     @property
     def cpu_us_per_message(self) -> float:
         """Server CPU per message accepted: the probe's and the flood's together."""
-        messages = self.acked + (self.background.requests - self.background.errors) * FLOOD_BATCH \
-            if self.background is not None else self.acked
+        messages = self.acked
+        if self.background is not None and self.flood is not None:
+            messages += (self.background.requests - self.background.errors) * self.flood.size
         return self.server_cpu_s / messages * 1e6 if messages else 0.0
 
     def trend(self) -> tuple[float, float]:
@@ -84,7 +101,7 @@ def _wait_file(path: Path, timeout: float) -> None:
 
 
 def visibility_run(sz: Sizes, broker: Server, topic: str, work: Path, label: str,
-                   background: bool) -> VisibilityRun:
+                   flood: Flood | None) -> VisibilityRun:
     partitions = 3
     create_topic(broker.url, topic, partitions)
     table = Layout(Path(broker.ready_file).parent).topic_table(topic)
@@ -105,11 +122,11 @@ def visibility_run(sz: Sizes, broker: Server, topic: str, work: Path, label: str
     try:
         _wait_file(ready, 30)
         cpu_before = broker.cpu()
-        if background:
-            bg_proc = _start_flood(broker, work, sz.seconds + 1)
+        if flood is not None:
+            bg_proc = _start_flood(broker, work, sz.seconds + 1, flood)
         subprocess.run(loadgen_argv, cwd=REPO, check=True, timeout=sz.seconds + 60, capture_output=True)
-        if bg_proc is not None:
-            bg_result = finish_wrk(bg_proc, sz.seconds + 1, FLOOD_CONNECTIONS)
+        if bg_proc is not None and flood is not None:
+            bg_result = finish_wrk(bg_proc, sz.seconds + 1, flood.connections)
         cpu_s = broker.cpu() - cpu_before
         # The probe is done; stop watching once every acked offset is visible or the grace ends.
         sent = orjson.loads(sent_file.read_bytes())["samples"]
@@ -136,7 +153,7 @@ def visibility_run(sz: Sizes, broker: Server, topic: str, work: Path, label: str
     _wait_file(seen_file, 10)
     seen = orjson.loads(seen_file.read_bytes())
     run = join_visibility(label, sz.rate, sent, seen, partitions)
-    run.background = bg_result
+    run.background, run.flood = bg_result, flood
     run.server_cpu_s = cpu_s
     run.commands = [" ".join(a[1:]).replace(str(REPO) + "/", "").replace(str(work), "$WORK")
                     for a in (loadgen_argv, poller_argv)]
@@ -178,12 +195,13 @@ def join_visibility(label: str, rate: float, sent: list[list[Any]], seen: dict[s
                          rows_check, seen["polls"], len(seen["changes"]), sent_to_ack_s=served)
 
 
-def _start_flood(broker: Server, work: Path, duration_s: float) -> subprocess.Popen[str]:
-    """A saturating batch producer beside the probe: wrk's closed loop of 1,000-message JSON batches."""
-    body, ctype = batch_body("json", FLOOD_BATCH)
-    create_topic(broker.url, "background")
-    return start_wrk(broker.url + "/v1/topics/background/batch", write_script(work, "background", body, ctype),
-                     FLOOD_CONNECTIONS, duration_s)
+def _start_flood(broker: Server, work: Path, duration_s: float, flood: Flood) -> subprocess.Popen[str]:
+    body, ctype = batch_body(flood.fmt, flood.size)
+    topic = f"background-{flood.fmt}"
+    create_topic(broker.url, topic)
+    accept = ctype if flood.fmt.startswith("arrow") else None
+    return start_wrk(f"{broker.url}/v1/topics/{topic}/batch", write_script(work, topic, body, ctype, accept=accept),
+                     flood.connections, duration_s)
 
 
 def _ms(seconds: float) -> str:
@@ -211,11 +229,10 @@ def run(mode: Mode, work: Path) -> Result:
     sz = SIZES[mode]
     runs = []
     with lakebroker_server(work / "visibility-data", env=NO_JOBS) as broker:
-        runs.append(visibility_run(sz, broker, "latency", work, "idle server", background=False))
+        runs.append(visibility_run(sz, broker, "latency", work, "idle server", flood=None))
         runs[-1].peak_rss_mb = broker.peak_rss_mb()
-        if sz.under_load:
-            runs.append(visibility_run(sz, broker, "latency-loaded", work, "beside a saturating batch producer",
-                                       background=True))
+        for flood in FLOODS if sz.under_load else ():
+            runs.append(visibility_run(sz, broker, f"latency-{flood.fmt}", work, flood.label, flood=flood))
             runs[-1].peak_rss_mb = broker.peak_rss_mb()
     idle = runs[0]
     checks, rows, notes = [], [], []
@@ -230,8 +247,8 @@ def run(mode: Mode, work: Path) -> Result:
         if p99 > TARGET_P99_S or r.not_visible:
             notes.append(_limit(r))
         first, last = r.trend()
-        flood = f"; flood {r.flood_msg_s:,.0f} msg/s" if r.background else ""
-        rows.append([r.label + flood, f"{r.rate:.0f}", f"{r.acked}/{r.sent}", _ms(percentile(r.ack_s, 0.5)),
+        beside = f"; flood {r.flood_msg_s:,.0f} msg/s" if r.background else ""
+        rows.append([r.label + beside, f"{r.rate:.0f}", f"{r.acked}/{r.sent}", _ms(percentile(r.ack_s, 0.5)),
                      _ms(percentile(r.ack_s, 0.99)), _ms(percentile(r.sent_to_ack_s, 0.99)),
                      _ms(percentile(r.after_ack_s, 0.5)), _ms(percentile(r.after_ack_s, 0.99)),
                      _ms(percentile(r.visible_s, 0.5)), _ms(percentile(r.visible_s, 0.9)), _ms(p99),
@@ -268,11 +285,12 @@ SCENARIO = Scenario(
           "rows) passes each offset; at the end it reads the rows and checks they are present and dense.",
     load="An open-loop producer in its own process (bench/harness/loadgen.py, 8 connections) sends single "
          "messages at ack=wal, 200 a second for 30 s, recording when each was due, acknowledged and placed. "
-         f"Then the same probe beside a flood: wrk `-t1 -c{FLOOD_CONNECTIONS}`, closed loop, 1,000-message JSON "
-         "batches to another topic of the same server.",
+         f"Then the same probe beside a flood: wrk `-t1 -c{FLOODS[0].connections}`, closed loop, "
+         f"{FLOODS[0].size:,}-message JSON batches to another topic of the same server; then beside wrk "
+         f"`-t1 -c{FLOODS[1].connections}` sending {FLOODS[1].size:,}-message Arrow IPC batches (answered as Arrow).",
     metric="Due time → first snapshot showing the offset (\"visible\", including up to 10 ms of polling); ack → "
            "visible isolates the WAL→Delta path; a median that grows from the run's first fifth to its last "
            "means a growing backlog. The idle run is the flood run's same-run baseline.",
-    target=f"visible p99 ≤ {TARGET_P99_S:g} s on both, no acknowledged message left invisible; serve's peak RSS ≤ "
+    target=f"visible p99 ≤ {TARGET_P99_S:g} s in every run, no acknowledged message left invisible; serve's peak RSS ≤ "
            f"{TARGET_RSS_MB} MB.",
 )

@@ -11,10 +11,12 @@ from datetime import UTC, datetime, timedelta
 from types import MappingProxyType
 from typing import Any
 
+import numpy as np
 import orjson
 from fastapi import APIRouter, Query
 from starlette.types import Receive, Scope, Send
 
+from lakebroker.ingest_api.arrow_batch import ARROW_STREAM, parse_arrow_batch, results_arrow, wants_arrow
 from lakebroker.ingest_api.asgi_route import AsgiRoute, header, parse_query, query_of, read_body, served_by
 from lakebroker.ingest_api.body import InvalidShape, media_type, parse_message
 from lakebroker.ingest_api.broker import Broker, ProduceResult
@@ -24,7 +26,7 @@ from lakebroker.ingest_api.deps import TopicPath
 from lakebroker.ingest_api.errors import error_response
 from lakebroker.ingest_api.forwarding import FORWARDED_BY_BYTES
 from lakebroker.ingest_api.messages import AckMode
-from lakebroker.ingest_api.responses import Answer, json_answer, send_answer, send_json
+from lakebroker.ingest_api.responses import Answer, json_answer, send_answer, send_body, send_json
 from lakebroker.ingest_api.results_json import batch_results_json
 from lakebroker.ingest_api.router import Router
 from lakebroker.ingest_api.schemas import (
@@ -65,6 +67,9 @@ def _body(model: type[MessageIn] | type[BatchIn], ndjson: bool) -> dict[str, Any
     content: dict[str, Any] = {"application/json": {"schema": inline_schema(model)}}
     if ndjson:
         content["application/x-ndjson"] = {"schema": {"type": "string", "description": "One message per line."}}
+        content[ARROW_STREAM] = {"schema": {"type": "string", "format": "binary", "description": (
+            "An Arrow IPC stream, one row per message: value (binary or string; null is a tombstone, with a key), "
+            "and optionally key (string), headers (map of string to string), partition (integer), id (string).")}}
     else:
         content["application/octet-stream"] = {"schema": {"type": "string", "format": "binary"}}
     return {"requestBody": {"required": True, "content": content}}
@@ -130,19 +135,32 @@ async def produce_batch(scope: Scope, receive: Receive, send: Send) -> None:
         ack = ack_of(query_of(scope))
         body = await read_body(receive)
         await broker.batch_turns.wait()  # one batch's CPU per loop pass: single messages run between
-        parsed = parse_batch_body(media_type(header(scope, b"content-type")), body)
+        kind = media_type(header(scope, b"content-type"))
+        parsed = parse_arrow_batch(body) if kind == ARROW_STREAM else parse_batch_body(kind, body)
         authorization, forwarded = _caller(scope)
         placed = await router.produce_batch(topic, parsed if isinstance(parsed, ColumnarBatch) else parsed.messages(),
                                             ack, authorization=authorization, forwarded=forwarded)
         await broker.batch_turns.wait()  # the answers of a WAL group's batches, one per pass too
-        if isinstance(placed, BatchResults):
-            body = batch_results_json(placed)
-        else:
-            body = orjson.dumps({"results": _batch_results(placed)})
     except LakebrokerError as exc:
         await error_response(exc)(scope, receive, send)
         return
-    await send_json(send, 202 if ack is AckMode.NONE else 200, body)
+    status = 202 if ack is AckMode.NONE else 200
+    if wants_arrow(header(scope, b"accept")):
+        await send_body(send, status, ARROW_STREAM.encode(), results_arrow(
+            placed if isinstance(placed, BatchResults) else _as_arrays(placed)))
+    elif isinstance(placed, BatchResults):
+        await send_json(send, status, batch_results_json(placed))
+    else:
+        await send_json(send, status, orjson.dumps({"results": _batch_results(placed)}))
+
+
+def _as_arrays(results: list[ProduceResult]) -> BatchResults:
+    def column(values: list[int | None], dtype: type) -> np.ndarray:
+        return np.array([-1 if v is None else v for v in values], dtype)
+
+    return BatchResults(column([r.partition for r in results], np.int32), column([r.offset for r in results], np.int64),
+                        np.array([r.duplicate for r in results], np.bool_),
+                        column([r.timestamp_us for r in results], np.int64))
 
 
 def _batch_results(results: list[ProduceResult]) -> list[dict[str, Any]]:
@@ -171,10 +189,15 @@ async def produce_one_doc(topic: TopicPath, ack: AckMode = _ACK) -> ProduceResul
 
 @router.post(
     "/{topic}/batch",
-    responses={**_ERRORS, 200: {"model": BatchResultPublic}, 202: {"model": BatchResultPublic}},
+    responses={**_ERRORS, **{status: {"model": BatchResultPublic, "content": {ARROW_STREAM: {"schema": {
+        "type": "string", "format": "binary", "description": "With Accept: application/vnd.apache.arrow.stream: an "
+        "Arrow IPC stream of partition (int32), offset (int64), duplicate (bool) and timestamp (timestamp[us, UTC]), "
+        "one row per message in request order; offset and timestamp null while not known (ack=none)."}}}}
+        for status in (200, 202)}},
     openapi_extra=_body(BatchIn, ndjson=True),
 )
 @served_by(produce_batch)
 async def produce_batch_doc(topic: TopicPath, ack: AckMode = _ACK) -> BatchResultPublic:
-    """Produce many messages; results come back in request order."""
+    """Produce many messages (JSON, NDJSON or an Arrow IPC stream); results come back in request order,
+    as JSON or, with Accept: application/vnd.apache.arrow.stream, as Arrow."""
     raise NotImplementedError  # served by produce_batch

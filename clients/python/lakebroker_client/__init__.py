@@ -3,13 +3,15 @@
     from lakebroker_client import Producer, Consumer, WebhookVerifier
 
 - `Producer`: batched sends over `/v1/topics/{topic}/batch`, retried with backoff (connection
-  errors, 429 with Retry-After, 5xx) and idempotent (every message carries an id).
+  errors, 429 with Retry-After, 5xx) and idempotent (every message carries an id);
+  `send_arrow` sends a table's rows (Arrow, pandas, Polars) as Arrow IPC streams.
 - `Consumer`: pulls the partitions of one or more topics in offset order and commits positions
   to a consumer group on the broker or to an `OffsetStore` of the caller's.
 - `WebhookVerifier`: checks Standard Webhooks signatures and hands back the typed `Delivery`
   (`lakebroker_client.fastapi.WebhookDependency` is the same as a FastAPI dependency).
 
-Needs only httpx, standardwebhooks and tenacity; imports nothing of the broker.
+Needs only httpx, standardwebhooks and tenacity (and pyarrow for `send_arrow`, the `arrow`
+extra); imports nothing of the broker.
 Errors: see `lakebroker_client._exceptions` for the tree; all are `ClientError`s.
 """
 

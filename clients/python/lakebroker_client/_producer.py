@@ -15,15 +15,25 @@ import json
 import logging
 import threading
 import uuid
+from collections.abc import Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, replace
 from datetime import datetime
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 import httpx
 
+from lakebroker_client._arrow import (
+    ARROW_STREAM,
+    as_table,
+    concat_results,
+    ipc_body,
+    read_results,
+    slices,
+    with_ids,
+)
 from lakebroker_client._batching import Accumulator, Batch, Batching, Pending
 from lakebroker_client._exceptions import ClientClosed, ClientError
 from lakebroker_client._http import Http, refused
@@ -31,6 +41,9 @@ from lakebroker_client._models import AckLike, AckMode, SendResult
 from lakebroker_client._retry import Retry
 from lakebroker_client._routing import Router
 from lakebroker_client._serde import Headers, Serializer, headers_field, key_field, value_fields
+
+if TYPE_CHECKING:
+    from lakebroker_client._arrow import ArrowTable
 
 log = logging.getLogger("lakebroker_client")
 
@@ -140,6 +153,54 @@ class Producer:
             future.set_exception(exc)
             raise
         return future
+
+    def send_arrow(
+        self,
+        topic: str,
+        data: Any,
+        *,
+        columns: Mapping[str, str] | None = None,
+        ack: AckLike = AckMode.WAL,
+        max_rows: int = 5000,
+        max_bytes: int = 8 * 1024 * 1024,
+    ) -> ArrowTable:
+        """Send every row of `data` as one message, as Arrow, and wait for the answers.
+
+        data: a pyarrow Table or RecordBatch, or a pandas or Polars DataFrame, whose columns are
+            the wire's: value (binary or string; null is a tombstone, with a key), and optionally
+            key (string), headers (map of string to string), partition (integer) and id (string).
+            `columns` maps those names to other columns of `data` ({"value": "payload"}).
+        Rows go in requests of at most `max_rows` rows and about `max_bytes`, one after another,
+        each retried as send()'s batches are. Rows without an id get one (a random prefix and
+        the row's number), so a retry is answered from the dedup index, never stored twice.
+        Returns one row per message, in order: partition, offset, duplicate, timestamp (offset and
+        timestamp null with ack="none"). Not ordered with messages queued by send(): flush() first.
+        Needs pyarrow (the `arrow` extra). Raises RequestRefused for a request the broker refused
+        (its message names the bad column or row), BrokerUnavailable when retries run out.
+        """
+        if self._closed:
+            raise ClientClosed("the producer is closed")
+        mode = AckMode(ack)
+        if not isinstance(topic, str) or not topic:
+            raise ValueError("topic must be a non-empty str")
+        if max_rows < 1 or max_bytes < 1:
+            raise ValueError("max_rows and max_bytes must be positive")
+        table = with_ids(as_table(data, columns))
+        path = f"/v1/topics/{quote(topic, safe='')}/batch"
+        answers = []
+        for part in slices(table, max_rows, max_bytes):
+            response = self._http.request("POST", path, params={"ack": mode.value}, content=ipc_body(part),
+                                          headers={"content-type": ARROW_STREAM, "accept": ARROW_STREAM},
+                                          on_retry=self._retried)
+            self._count(requests=1)
+            if not response.is_success:
+                raise refused(response, f"produce to topic {topic!r}")
+            results = read_results(response.content)
+            if results.num_rows != part.num_rows:
+                raise ClientError(f"the broker answered {results.num_rows} results for {part.num_rows} messages")
+            self._count(messages=results.num_rows, duplicates=int(results.column("duplicate").to_numpy().sum()))
+            answers.append(results)
+        return concat_results(answers)
 
     def flush(self, timeout_s: float | None = None) -> int:
         """Send everything queued before this call and wait until each is answered or failed.

@@ -1,0 +1,208 @@
+"""An Arrow IPC stream as a batch body, and a batch's results as one.
+
+A producer that holds its messages as columns (a DataFrame, an Arrow table) sends them as
+`application/vnd.apache.arrow.stream`: one IPC stream whose columns are
+
+    value      binary or string (a string value is stored as text, bytes as binary);
+               null is a tombstone, which needs a key
+    key        string (or binary holding UTF-8), optional, null for none
+    headers    map of string to string, optional, null for none
+    partition  any integer type, optional, null for the partitioner's choice
+    id         string, optional: the message id that deduplicates a retry
+
+The body is read without a copy (the columns point into it) and checked whole, before anything is
+stored: the stream, every column's type, and the rows (lengths, nulls, ranges), with the first
+bad row named. Its messages then take the columnar path of a JSON batch (broker.produce_columns),
+so partitions, offsets, dedup and the rows in Delta are the same as for that batch sent as JSON.
+
+The IPC stream is validated in full (offsets inside their buffers, strings valid UTF-8): a stream
+that lies about its buffers would otherwise read out of bounds in the compute kernels.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from lakebroker.ingest_api.body import MAX_BATCH, MAX_KEY_CHARS, InvalidShape
+from lakebroker.ingest_api.chunks import CHUNK_SCHEMA, BatchResults, ColumnarBatch
+from lakebroker.ingest_api.messages import NewMessage
+from lakebroker.tables.errors import InvalidRequest
+from lakebroker.tables.topics import MAX_PARTITIONS
+
+ARROW_STREAM = "application/vnd.apache.arrow.stream"
+COLUMNS = ("value", "key", "headers", "partition", "id")
+MAX_ID_CHARS = 256
+_HEADERS = CHUNK_SCHEMA.field("headers").type
+RESULTS_SCHEMA = pa.schema([
+    pa.field("partition", pa.int32()),  # null: a duplicate whose original is not placed yet (ack=none)
+    pa.field("offset", pa.int64()),  # null: not known yet (ack=none)
+    pa.field("duplicate", pa.bool_(), nullable=False),
+    pa.field("timestamp", pa.timestamp("us", tz="UTC")),
+])
+
+
+def parse_arrow_batch(body: bytes) -> ColumnarBatch:
+    """The batch in `body`, as columns in CHUNK_SCHEMA. A body that is no Arrow IPC stream is a 400;
+    a stream of the wrong shape (a column, a type, a row) a 422 naming it."""
+    table = _read(body)
+    n = table.num_rows
+    if not 1 <= n <= MAX_BATCH:
+        raise InvalidShape(f"invalid batch: an Arrow body must hold 1 to {MAX_BATCH} rows, not {n}")
+    names = table.column_names
+    unknown = sorted(set(names) - set(COLUMNS))
+    if unknown:
+        raise InvalidShape(f"invalid batch: unknown columns {', '.join(unknown)} (allowed: {', '.join(COLUMNS)})")
+    if len(set(names)) != len(names):
+        raise InvalidShape("invalid batch: a column name appears twice")
+    if "value" not in names:
+        raise InvalidShape("invalid batch: the value column is required (binary or string)")
+    got = {name: _plain(table.column(name).combine_chunks()) for name in names}
+    value, fmt = _value(got["value"])
+    key = _key(got["key"]) if "key" in got else pa.nulls(n, pa.string())
+    message_id = _id(got["id"]) if "id" in got else pa.nulls(n, pa.string())
+    partition = _partition(got["partition"]) if "partition" in got else pa.nulls(n, pa.int64())
+    headers = _headers(got["headers"]) if "headers" in got else pa.nulls(n, _HEADERS)
+    if value.null_count:
+        keyless = pc.and_(pc.is_null(value), pc.is_null(key))
+        if pc.any(keyless).as_py():
+            raise InvalidShape(f"invalid message {_first(keyless)}: a null value is a tombstone, which needs a key")
+    columns = pa.Table.from_arrays(
+        [key, value, fmt, headers, message_id, pa.nulls(n, pa.string()), pa.nulls(n, pa.int64())],
+        schema=CHUNK_SCHEMA,
+    )
+    return ColumnarBatch(columns, partition, _messages(columns, partition))
+
+
+def results_arrow(results: BatchResults) -> bytes:
+    """A batch's per-message results as an Arrow IPC stream of RESULTS_SCHEMA, in request order."""
+    known = results.offset >= 0
+    placed = results.partition >= 0
+    batch = pa.record_batch([
+        pa.array(results.partition.astype(np.int32, copy=False), mask=~placed),
+        pa.array(results.offset, mask=~known),
+        pa.array(results.duplicate),
+        pa.array(results.timestamp_us, mask=results.timestamp_us < 0).view(RESULTS_SCHEMA.field("timestamp").type),
+    ], schema=RESULTS_SCHEMA)
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, RESULTS_SCHEMA) as writer:
+        writer.write_batch(batch)
+    return bytes(sink.getvalue().to_pybytes())
+
+
+def wants_arrow(accept: str) -> bool:
+    """Whether an Accept header asks for the results as Arrow (JSON stays the default)."""
+    return ARROW_STREAM in accept.lower()
+
+
+def _read(body: bytes) -> pa.Table:
+    try:
+        table = pa.ipc.open_stream(pa.py_buffer(body)).read_all()
+        table.validate(full=True)
+    except (pa.ArrowException, ValueError) as exc:  # ArrowInvalid is both
+        raise InvalidRequest(f"malformed Arrow IPC stream: {exc}") from None
+    return table
+
+
+def _plain(column: pa.Array) -> pa.Array:
+    """A dictionary-encoded column (a pandas category, say) as the plain column it stands for."""
+    return column.dictionary_decode() if pa.types.is_dictionary(column.type) else column
+
+
+def _value(column: pa.Array) -> tuple[pa.Array, pa.Array]:
+    t = column.type
+    if _is_string(t):
+        fmt = "text"
+    elif pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_binary_view(t) \
+            or pa.types.is_fixed_size_binary(t):
+        fmt = "binary"
+    else:
+        raise InvalidShape(f"invalid batch: the value column must be binary or string, not {t}")
+    value = column.cast(pa.binary())
+    n = len(value)
+    formats = pa.repeat(fmt, n) if not value.null_count else pc.if_else(pc.is_valid(value), fmt, "json")
+    return value, formats
+
+
+def _key(column: pa.Array) -> pa.Array:
+    t = column.type
+    if pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_binary_view(t):
+        try:
+            column = column.cast(pa.string())  # checks UTF-8
+        except pa.ArrowInvalid:
+            raise InvalidShape("invalid batch: the key column holds bytes that are not UTF-8") from None
+    elif not _is_string(t):
+        raise InvalidShape(f"invalid batch: the key column must be a string, not {t}")
+    key = column.cast(pa.string())
+    _lengths(key, "key", 0, MAX_KEY_CHARS)
+    return key
+
+
+def _id(column: pa.Array) -> pa.Array:
+    if not _is_string(column.type):
+        raise InvalidShape(f"invalid batch: the id column must be a string, not {column.type}")
+    ids = column.cast(pa.string())
+    _lengths(ids, "id", 1, MAX_ID_CHARS)
+    return ids
+
+
+def _partition(column: pa.Array) -> pa.Array:
+    if not pa.types.is_integer(column.type):
+        raise InvalidShape(f"invalid batch: the partition column must be of an integer type, not {column.type}")
+    if column.null_count < len(column):
+        wrong = pc.or_(pc.less(column, 0), pc.greater(column, MAX_PARTITIONS - 1))
+        if pc.any(wrong).as_py():
+            raise InvalidShape(f"invalid message {_first(wrong)}: partition must be between 0 and "
+                               f"{MAX_PARTITIONS - 1}, not {column[_first(wrong)].as_py()}")
+    return column.cast(pa.int64())
+
+
+def _headers(column: pa.Array) -> pa.Array:
+    t = column.type
+    if not (pa.types.is_map(t) and _is_string(t.key_type) and _is_string(t.item_type)):
+        raise InvalidShape(f"invalid batch: the headers column must be a map of string to string, not {t}")
+    if column.items.null_count:
+        owner = _row_of_item(column, int(np.flatnonzero(column.items.is_null().to_numpy(zero_copy_only=False))[0]))
+        raise InvalidShape(f"invalid message {owner}: a header's value is null (header values are strings)")
+    return column.cast(_HEADERS)
+
+
+def _row_of_item(column: pa.MapArray, item: int) -> int:
+    """The row whose map holds the `item`-th entry of the map's flat items."""
+    offsets = column.offsets.to_numpy()
+    return int(np.searchsorted(offsets, item, side="right")) - 1
+
+
+def _lengths(column: pa.Array, name: str, shortest: int, longest: int) -> None:
+    if column.null_count == len(column):
+        return
+    lengths = pc.utf8_length(column)
+    wrong = pc.or_(pc.less(lengths, shortest), pc.greater(lengths, longest))
+    if pc.any(wrong).as_py():
+        raise InvalidShape(f"invalid message {_first(wrong)}: {name} must be {shortest} to {longest} characters long")
+
+
+def _first(mask: pa.Array) -> int:
+    """The first row where `mask` is true (nulls count as false)."""
+    return int(np.flatnonzero(pc.fill_null(mask, False).to_numpy(zero_copy_only=False))[0])
+
+
+def _is_string(t: pa.DataType) -> bool:
+    return bool(pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t))
+
+
+def _messages(columns: pa.Table, partitions: pa.Array) -> Callable[[], list[NewMessage]]:
+    """The batch as messages, for the per-message path (a batch spanning partitions other nodes own)."""
+
+    def messages() -> list[NewMessage]:
+        rows = zip(columns.column("key").to_pylist(), columns.column("value").to_pylist(),
+                   columns.column("format").to_pylist(), columns.column("headers").to_pylist(),
+                   columns.column("message_id").to_pylist(), partitions.to_pylist(), strict=True)
+        return [NewMessage(value=value, format=fmt, key=key, headers=dict(headers) if headers else None,
+                           partition=partition, message_id=mid)
+                for key, value, fmt, headers, mid, partition in rows]
+
+    return messages

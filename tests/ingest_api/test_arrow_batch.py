@@ -1,0 +1,197 @@
+"""Arrow IPC stream batch bodies: the same answers and the same rows in Delta as the JSON batch
+of the same messages, Arrow answers on request, and every bad body refused whole with a 4xx that
+names what is wrong."""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pyarrow as pa
+import pytest
+from fastapi.testclient import TestClient
+
+from lakebroker.ingest_api.app import create_app
+from lakebroker.ingest_api.arrow_batch import ARROW_STREAM, RESULTS_SCHEMA
+from lakebroker.tables import delta
+from lakebroker.tables.layout import Layout
+from lakebroker.tables.settings import Settings
+
+PARTITIONS = 4
+HEADERS = pa.map_(pa.string(), pa.string())
+
+
+def _ipc(table: pa.Table) -> bytes:
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        for batch in table.to_batches(max_chunksize=7):  # several record batches in one stream
+            writer.write_batch(batch)
+    return bytes(sink.getvalue().to_pybytes())
+
+
+def _settings(tmp: Path, name: str, **extra: Any) -> Settings:
+    return Settings(data_dir=tmp / name, flush_interval_ms=20, **extra)
+
+
+@pytest.fixture
+def pair(tmp_path: Path) -> Iterator[tuple[TestClient, TestClient]]:
+    with TestClient(create_app(_settings(tmp_path, "json"))) as by_json, \
+            TestClient(create_app(_settings(tmp_path, "arrow"))) as by_arrow:
+        for c in (by_json, by_arrow):
+            assert c.post("/v1/topics", json={"name": "t", "partitions": PARTITIONS}).status_code == 201
+        yield by_json, by_arrow
+
+
+# (key, value, headers, partition, id); a bytes value goes as value_b64 in JSON and binary in Arrow
+MESSAGES: list[tuple[str | None, str | bytes | None, dict[str, str] | None, int | None, str | None]] = [
+    *[(None, f"keyless {i} ünïcode", None, None, None) for i in range(30)],
+    *[(f"user-{i % 5}", f"keyed {i}", None, None, None) for i in range(20)],
+    *[(None, f"explicit {i}", None, i % PARTITIONS, None) for i in range(6)],
+    ("k1", None, None, None, None),  # a tombstone
+    (None, b"\x00\xffraw", {"trace": "abc", "ü": "é"}, None, None),
+    ("k2", "with headers", {"a": "1"}, 2, "id-1"),
+    *[(None, f"with id {i}", None, None, f"m{i % 4}") for i in range(9)],  # ids repeat: duplicates
+    ("", "empty key", {}, None, None),
+]
+
+
+def _json_body(rows: list[Any]) -> bytes:
+    out = []
+    for key, value, headers, partition, mid in rows:
+        m: dict[str, Any] = {"value": value} if not isinstance(value, bytes) else {
+            "value_b64": base64.b64encode(value).decode()}
+        for name, v in (("key", key), ("headers", headers), ("partition", partition), ("id", mid)):
+            if v is not None:
+                m[name] = v
+        out.append(m)
+    return orjson.dumps({"messages": out})
+
+
+def _arrow_body(rows: list[Any], binary: bool) -> bytes:
+    return _ipc(pa.table({
+        "value": pa.array([v.encode() if isinstance(v, str) else v for _, v, *_ in rows], pa.binary()) if binary
+        else pa.array([v for _, v, *_ in rows], pa.string()),
+        "key": pa.array([r[0] for r in rows], pa.string()),
+        "headers": pa.array([list(r[2].items()) if r[2] is not None else None for r in rows], HEADERS),
+        "partition": pa.array([r[3] for r in rows], pa.int16()),
+        "id": pa.array([r[4] for r in rows], pa.string()),
+    }))
+
+
+def _rows(settings: Settings, topic: str = "t") -> list[dict[str, Any]]:
+    table = delta.open_table(Layout.of(settings).topic_table(topic))
+    assert table is not None
+    rows = table.to_pyarrow_table().sort_by([("partition", "ascending"), ("offset", "ascending")]).to_pylist()
+    for row in rows:
+        del row["timestamp"]
+    return rows
+
+
+def _without_time(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [{k: v for k, v in r.items() if k != "timestamp"} for r in results]
+
+
+def test_an_arrow_batch_answers_and_stores_as_its_json_batch(pair: tuple[TestClient, TestClient]) -> None:
+    by_json, by_arrow = pair
+    text = [r for r in MESSAGES if not isinstance(r[1], bytes)]
+    raw = [(k, v.encode() if isinstance(v, str) else v, *rest) for k, v, *rest in MESSAGES]  # value_b64 in JSON
+    for attempt in range(2):  # the second time every id is a duplicate; round-robin carries on
+        for rows, binary in ((text, False), (raw, True)):
+            j = by_json.post("/v1/topics/t/batch?ack=table", content=_json_body(rows),
+                             headers={"content-type": "application/json"})
+            a = by_arrow.post("/v1/topics/t/batch?ack=table", content=_arrow_body(rows, binary),
+                              headers={"content-type": ARROW_STREAM})
+            assert j.status_code == a.status_code == 200, (j.text, a.text)
+            assert _without_time(a.json()["results"]) == _without_time(j.json()["results"]), (attempt, binary)
+            assert any(r["duplicate"] for r in a.json()["results"]), "ids repeat: some are duplicates"
+    stored = _rows(by_arrow.app.state.settings)  # type: ignore[attr-defined]
+    assert stored == _rows(by_json.app.state.settings)  # type: ignore[attr-defined]
+    assert {r["format"] for r in stored} == {"text", "binary", "json"}
+    assert any(r["headers"] == [("trace", "abc"), ("ü", "é")] for r in stored)
+
+
+@pytest.mark.parametrize("ack", ["wal", "none", "table"])
+def test_arrow_results_on_request(pair: tuple[TestClient, TestClient], ack: str) -> None:
+    _, client = pair
+    body = _arrow_body(MESSAGES, binary=True)
+    r = client.post(f"/v1/topics/t/batch?ack={ack}", content=body,
+                    headers={"content-type": ARROW_STREAM, "accept": ARROW_STREAM})
+    assert r.status_code == (202 if ack == "none" else 200), r.text
+    assert r.headers["content-type"] == ARROW_STREAM
+    got = pa.ipc.open_stream(r.content).read_all()
+    assert got.schema == RESULTS_SCHEMA and got.num_rows == len(MESSAGES)
+    rows = got.to_pylist()
+    if ack == "none":
+        assert all(row["offset"] is None and row["timestamp"] is None for row in rows if not row["duplicate"])
+        return
+    # the same results as the JSON rendering of a second, identical batch: every id a duplicate there
+    again = client.post(f"/v1/topics/t/batch?ack={ack}", content=body, headers={"content-type": ARROW_STREAM}).json()
+    for mine, theirs in zip(rows, again["results"], strict=True):
+        if theirs["duplicate"]:
+            assert (mine["partition"], mine["offset"]) == (theirs["partition"], theirs["offset"])
+    by_partition: dict[int, list[int]] = {}
+    for row in rows:
+        if not row["duplicate"]:
+            by_partition.setdefault(row["partition"], []).append(row["offset"])
+    assert all(offsets == list(range(len(offsets))) for offsets in by_partition.values()), "dense from 0"
+
+
+def _stream_of(**columns: pa.Array) -> bytes:
+    return _ipc(pa.table(columns))
+
+
+BAD: dict[str, tuple[bytes, int, str]] = {
+    "not arrow": (b"this is not an Arrow stream at all", 400, "malformed Arrow IPC stream"),
+    "truncated": (_stream_of(value=pa.array(["a"] * 50))[:-40], 400, "malformed Arrow IPC stream"),
+    "no rows": (_ipc(pa.table({"value": pa.array([], pa.string())})), 422, "1 to 100000 rows"),
+    "no value column": (_stream_of(key=pa.array(["k"])), 422, "the value column is required"),
+    "unknown column": (_stream_of(value=pa.array(["v"]), colour=pa.array(["red"])), 422, "unknown columns colour"),
+    "value of a wrong type": (_stream_of(value=pa.array([1, 2])), 422,
+                              "value column must be binary or string, not int64"),
+    "key of a wrong type": (_stream_of(value=pa.array(["v"]), key=pa.array([1.5])), 422, "key column must be a string"),
+    "key not UTF-8": (_stream_of(value=pa.array(["v"]), key=pa.array([b"\xff"])), 422, "not UTF-8"),
+    "keyless tombstone": (_stream_of(value=pa.array(["a", None]), key=pa.array(["k", None])), 422,
+                          "invalid message 1: a null value is a tombstone, which needs a key"),
+    "null header value": (_stream_of(value=pa.array(["a", "b"]), headers=pa.array([None, [("h", None)]], HEADERS)),
+                          422, "invalid message 1: a header's value is null"),
+    "headers of a wrong type": (_stream_of(value=pa.array(["a"]), headers=pa.array([["x"]])), 422,
+                                "headers column must be a map of string to string"),
+    "partition out of range": (_stream_of(value=pa.array(["a", "b"]), partition=pa.array([0, PARTITIONS])), 400,
+                               f"partition {PARTITIONS} is out of range"),
+    "negative partition": (_stream_of(value=pa.array(["a", "b"]), partition=pa.array([0, -1], pa.int8())), 422,
+                           "invalid message 1: partition must be between"),
+    "partition not an integer": (_stream_of(value=pa.array(["a"]), partition=pa.array(["1"])), 422,
+                                 "partition column must be of an integer type"),
+    "empty id": (_stream_of(value=pa.array(["a", "b"]), id=pa.array(["x", ""])), 422,
+                 "invalid message 1: id must be 1 to 256 characters"),
+    "message over the topic's limit": (_stream_of(value=pa.array(["a", "x" * 2_000_000])), 413, "message 1 is"),
+}
+
+
+@pytest.mark.parametrize("name", list(BAD))
+def test_a_bad_arrow_body_is_refused_and_stores_nothing(pair: tuple[TestClient, TestClient], name: str) -> None:
+    _, client = pair
+    body, status, text = BAD[name]
+    r = client.post("/v1/topics/t/batch", content=body, headers={"content-type": ARROW_STREAM})
+    assert r.status_code == status, r.text
+    assert text in r.json()["error"]["message"], r.text
+    _nothing_stored(client)
+
+
+def test_an_arrow_body_over_the_request_limit_is_refused(tmp_path: Path) -> None:
+    with TestClient(create_app(_settings(tmp_path, "small", max_request_bytes=64 * 1024))) as client:
+        assert client.post("/v1/topics", json={"name": "t", "partitions": PARTITIONS}).status_code == 201
+        r = client.post("/v1/topics/t/batch", content=_stream_of(value=pa.array(["x" * 1000] * 100)),
+                        headers={"content-type": ARROW_STREAM})
+        assert r.status_code == 413, r.text
+        _nothing_stored(client)
+
+
+def _nothing_stored(client: TestClient) -> None:
+    """One message to each partition lands at offset 0: nothing of the refused request took one."""
+    for p in range(PARTITIONS):
+        r = client.post("/v1/topics/t/messages?ack=table", json={"value": "after", "partition": p})
+        assert r.status_code == 200 and r.json()["offset"] == 0, r.text
