@@ -13,7 +13,7 @@ import orjson
 from starlette.responses import JSONResponse, Response
 from starlette.types import Send
 
-_JSON = b"application/json"
+JSON_TYPE = b"application/json"
 
 
 class JSONBytes(JSONResponse):
@@ -34,7 +34,7 @@ class Answer:
 
 
 def json_answer(status: int, body: bytes) -> Answer:
-    return Answer(status, [(b"content-type", _JSON), (b"content-length", b"%d" % len(body))], body)
+    return Answer(status, [(b"content-type", JSON_TYPE), (b"content-length", b"%d" % len(body))], body)
 
 
 async def send_answer(send: Send, answer: Answer) -> None:
@@ -42,9 +42,10 @@ async def send_answer(send: Send, answer: Answer) -> None:
     await send({"type": "http.response.body", "body": answer.body})
 
 
-async def send_body(send: Send, status: int, content_type: bytes, body: bytes) -> None:
-    await send_answer(send, Answer(status, [(b"content-type", content_type), (b"content-length", b"%d" % len(body))],
-                                   body))
+async def send_body(send: Send, status: int, content_type: bytes, body: bytes,
+                    headers: list[tuple[bytes, bytes]] | None = None) -> None:
+    await send_answer(send, Answer(status, [(b"content-type", content_type), (b"content-length", b"%d" % len(body)),
+                                            *(headers or ())], body))
 
 
 async def send_json(send: Send, status: int, body: bytes) -> None:

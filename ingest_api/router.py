@@ -116,9 +116,10 @@ class Router:
         return ProduceResult(partition, offset, duplicate, timestamp)
 
     async def produce_batch(self, topic: str, batch: ColumnarBatch | list[NewMessage], ack: AckMode, *,
-                            authorization: str | None = None, forwarded: bool = False) -> BatchResults | list[
-            ProduceResult]:
-        """A batch: as columns when this node owns every partition it spans, else message by message."""
+                            authorization: str | None = None, forwarded: bool = False,
+                            owners: list[str] | None = None) -> BatchResults | list[ProduceResult]:
+        """A batch: as columns when this node owns every partition it spans, else message by message.
+        `owners` gets the URL of each node a part of it was forwarded to."""
         if isinstance(batch, ColumnarBatch):
             try:
                 return await self.broker.produce_columns(topic, batch, ack)
@@ -126,10 +127,11 @@ class Router:
                 if forwarded:
                     raise
                 batch = batch.messages()
-        return await self.produce(topic, batch, ack, authorization=authorization, forwarded=forwarded)
+        return await self.produce(topic, batch, ack, authorization=authorization, forwarded=forwarded, owners=owners)
 
     async def produce(self, topic_name: str, messages: list[NewMessage], ack: AckMode, *,
-                      authorization: str | None = None, forwarded: bool = False) -> list[ProduceResult]:
+                      authorization: str | None = None, forwarded: bool = False,
+                      owners: list[str] | None = None) -> list[ProduceResult]:
         broker = self.broker
         topic = broker.topic(topic_name)
         broker.admission.check(topic, messages)  # all of them, before any part is stored anywhere
@@ -147,6 +149,8 @@ class Router:
             if not isinstance(refusal, NotOwner) or refusal.owner_url is None:
                 raise refusal
             by_owner.setdefault(refusal.owner_url, []).append(i)
+        if owners is not None:
+            owners.extend(by_owner)
         is_remote = set(remote)
         local = [i for i in range(len(messages)) if i not in is_remote]
         parts = [local, *by_owner.values()] if local else list(by_owner.values())

@@ -26,7 +26,7 @@ from lakebroker.ingest_api.deps import TopicPath
 from lakebroker.ingest_api.errors import error_response
 from lakebroker.ingest_api.forwarding import FORWARDED_BY_BYTES
 from lakebroker.ingest_api.messages import AckMode
-from lakebroker.ingest_api.responses import Answer, json_answer, send_answer, send_body, send_json
+from lakebroker.ingest_api.responses import JSON_TYPE, Answer, json_answer, send_answer, send_body
 from lakebroker.ingest_api.results_json import batch_results_json
 from lakebroker.ingest_api.router import Router
 from lakebroker.ingest_api.schemas import (
@@ -58,6 +58,7 @@ _RAW_QUERY = [{"name": name, "in": "query", "required": False, "description": _R
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _ACK = Query(AckMode.WAL, description="none: when queued; wal: after the WAL fsync; table: after the Delta commit.")
 _ACKS = {mode.value: mode for mode in AckMode}
+FORWARDED_TO = b"lakebroker-forwarded-to"  # on a batch's answer: the owners some of it was forwarded to
 # A query string's parse (urllib's parse_qsl: a few µs), by its bytes: producers repeat theirs.
 _TARGETS: dict[bytes, tuple[Mapping[str, str], AckMode]] = {}
 _MAX_TARGETS = 1024
@@ -138,20 +139,23 @@ async def produce_batch(scope: Scope, receive: Receive, send: Send) -> None:
         kind = media_type(header(scope, b"content-type"))
         parsed = parse_arrow_batch(body) if kind == ARROW_STREAM else parse_batch_body(kind, body)
         authorization, forwarded = _caller(scope)
+        owners: list[str] = []
         placed = await router.produce_batch(topic, parsed if isinstance(parsed, ColumnarBatch) else parsed.messages(),
-                                            ack, authorization=authorization, forwarded=forwarded)
+                                            ack, authorization=authorization, forwarded=forwarded, owners=owners)
         await broker.batch_turns.wait()  # the answers of a WAL group's batches, one per pass too
     except LakebrokerError as exc:
         await error_response(exc)(scope, receive, send)
         return
     status = 202 if ack is AckMode.NONE else 200
+    # A client that sends each partition's messages to its owner reads the owners again on this.
+    extra = [(FORWARDED_TO, ", ".join(owners).encode())] if owners else []
     if wants_arrow(header(scope, b"accept")):
         await send_body(send, status, ARROW_STREAM.encode(), results_arrow(
-            placed if isinstance(placed, BatchResults) else _as_arrays(placed)))
+            placed if isinstance(placed, BatchResults) else _as_arrays(placed)), extra)
     elif isinstance(placed, BatchResults):
-        await send_json(send, status, batch_results_json(placed))
+        await send_body(send, status, JSON_TYPE, batch_results_json(placed), extra)
     else:
-        await send_json(send, status, orjson.dumps({"results": _batch_results(placed)}))
+        await send_body(send, status, JSON_TYPE, orjson.dumps({"results": _batch_results(placed)}), extra)
 
 
 def _as_arrays(results: list[ProduceResult]) -> BatchResults:

@@ -3,7 +3,10 @@
 
 from __future__ import annotations
 
+import os
 import random
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -72,3 +75,60 @@ def test_the_producer_sends_to_owners_and_survives_a_dead_owner(
     for r in rows:
         by_partition.setdefault(r["partition"], []).append(r["offset"])
     assert all(sorted(o) == list(range(len(o))) for o in by_partition.values()), "dense, nothing twice"
+
+
+def _owner(url: str, partition: int) -> str | None:
+    for p in httpx.get(f"{url}/v1/cluster").json()["partitions"]:
+        if p["topic"] == "orders" and p["partition"] == partition:
+            return str(p["url"]) if p["url"] else None
+    return None
+
+
+class Recording(httpx.HTTPTransport):
+    """Forwards to the nodes and keeps each /batch request's URL and answer's forwarded-to header."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.batches: list[tuple[str, str | None]] = []
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        response = super().handle_request(request)
+        if request.url.path.endswith("/batch"):
+            self.batches.append((f"{request.url.scheme}://{request.url.netloc.decode()}",
+                                 response.headers.get("lakebroker-forwarded-to")))
+        return response
+
+
+def test_a_forwarded_answer_names_the_owner_and_the_producer_reads_the_map_again(
+        cluster: tuple[Path, ServerProcess, ServerProcess]) -> None:
+    """A partition moved since the producer read the map: its next send goes to the old owner, which
+    forwards it and says to whom; the producer reads the map again at once, not in 30 s, and sends
+    the partition's later messages straight to the new owner."""
+    root, a, _ = cluster
+    assert httpx.post(f"{a.url}/v1/topics", json={"name": "orders", "partitions": PARTITIONS}).status_code == 201
+    until(lambda: _owned_by_both(a.url), "both nodes own partitions", timeout=15)
+    key = "k1"
+    partition = partition_for_key(key, PARTITIONS)
+    transport = Recording()
+    with Producer(a.url, retry=Retry(timeout_s=60), transport=transport) as producer:
+        producer.send("orders", "before", key=key, ack="table").result()
+        old_owner = transport.batches[-1][0]
+        nodes = {n["url"]: n["id"] for n in httpx.get(f"{a.url}/v1/cluster").json()["nodes"]}
+        new_owner = next(url for url in nodes if url != old_owner)
+        moved = subprocess.run([sys.executable, "-m", "lakebroker", "--data-dir", str(a.data_dir), "cluster", "move",
+                                "orders", str(partition), "--to", nodes[new_owner]], capture_output=True, text=True,
+                               env={**os.environ, "LAKEBROKER_TABLES_URI": str(root)})
+        assert moved.returncode == 0, moved.stderr
+        until(lambda: _owner(a.url, partition) == new_owner, "the partition moved", timeout=30)
+
+        def forwarded() -> bool:  # once the old owner has heard of the move, it forwards and says so
+            r = httpx.post(f"{old_owner}/v1/topics/orders/batch", params={"ack": "table"},
+                           json={"messages": [{"key": key, "value": "probe"}]})
+            return r.status_code == 200 and r.headers.get("lakebroker-forwarded-to") == new_owner
+
+        until(forwarded, "the old owner forwards", timeout=30)
+        transport.batches.clear()
+        producer.send("orders", "moved", key=key, ack="table").result()
+        assert transport.batches == [(old_owner, new_owner)], "sent to the old owner, which forwarded it"
+        producer.send("orders", "after", key=key, ack="table").result()
+        assert transport.batches[-1] == (new_owner, None), "straight to the new owner"

@@ -46,6 +46,7 @@ if TYPE_CHECKING:
     from lakebroker_client._arrow import ArrowTable
 
 log = logging.getLogger("lakebroker_client")
+FORWARDED_TO = "lakebroker-forwarded-to"  # on an answer the node forwarded (some of) to other nodes
 
 # Refusals that may come from one bad message: the batch is re-sent one message at a time, so
 # only that message fails. Re-sending is safe: every message carries its id.
@@ -284,7 +285,6 @@ class Producer:
         if router is None:
             self._send(batch)
             return
-        router.refresh()
         shares: dict[str | None, list[Pending]] = {}
         for item in batch.items:
             shares.setdefault(router.owner(batch.topic, item.partition, item.route), []).append(item)
@@ -310,6 +310,8 @@ class Producer:
             return False
         self._count(requests=1, routed=1)
         self._resolve(batch, response)
+        if FORWARDED_TO in response.headers:  # the partition moved: the node forwarded it to its owner
+            self._router.refresh()
         return True
 
     def _send(self, batch: Batch) -> None:
@@ -323,6 +325,8 @@ class Producer:
         self._count(requests=1)
         if response.is_success:
             self._resolve(batch, response)
+            if self._router is not None and FORWARDED_TO in response.headers:  # the map has news to learn
+                self._router.refresh()
         elif response.status_code in _SPLIT_ON and len(batch.items) > 1:
             for item in batch.items:  # in order, so the topic's order is kept
                 self._send(Batch(batch.topic, batch.ack, batch.created, [item], len(item.fragment)))
