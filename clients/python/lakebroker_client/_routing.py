@@ -2,10 +2,11 @@
 
 Any node of a lakebroker cluster takes any message and forwards it to its partition's owner, so a
 producer that only knows one URL works; one that knows the owners saves that hop. The map comes
-from GET /v1/cluster and is read again (at most once a second) after a send that went wrong (an
-owner that refused, 421 not_owner, or did not answer) or that a node forwarded to the owner (its
-answer names the owners in `Lakebroker-Forwarded-To`: a partition moved since the map was read). An owner that did not answer is avoided for
-`AVOID_S`; its messages go through the producer's URL meanwhile.
+from GET /v1/cluster and is read again once MAX_AGE_S old, and (at most once a second) after a send
+that went wrong (an owner that refused, 421 not_owner, or did not answer) or that a node forwarded
+to the owner (its answer names the owners in `Lakebroker-Forwarded-To`: a partition moved since the
+map was read). An owner that did not answer is avoided for `AVOID_S`; its messages go through the
+producer's URL meanwhile.
 
 A message's partition is computed here as the broker computes it: the explicit partition, else
 Kafka's murmur2 of the key, else of the message's id (the producer gives every message one). Both
