@@ -29,8 +29,11 @@ DOC = Path(__file__).resolve().parents[2] / "docs" / "analysts.md"
 PLACEHOLDER_TIME = "2026-01-15 09:30:00"
 
 
-def _blocks(language: str) -> list[str]:
-    return re.findall(rf"```{language}\n(.*?)```", DOC.read_text(), flags=re.S)
+def _blocks(language: str, *, with_spark: bool = False) -> list[str]:
+    """The page's code blocks in `language`; python ones with a Spark session (`lakebroker.spark`)
+    only when `with_spark`, the others only when not."""
+    found = re.findall(rf"```{language}\n(.*?)```", DOC.read_text(), flags=re.S)
+    return found if language != "python" else [b for b in found if ("lakebroker.spark " in b) == with_spark]
 
 
 @pytest.fixture(scope="module")
@@ -111,6 +114,31 @@ def test_python_examples_run_without_spark(data: Path) -> None:
     assert sorted(namespace["window"].column("offset").to_pylist()) == list(range(100, 150))
     assert namespace["as_of_version_3"] == 50
     assert namespace["history"]
+
+
+def test_the_dataframe_example_reads_positions(spark: Any, data: Path) -> None:
+    (code,) = _blocks("python", with_spark=True)
+    cwd = os.getcwd()
+    os.chdir(data)  # the example's settings are the environment's: ./data
+    try:
+        namespace: dict[str, Any] = {"spark": spark}
+        exec(compile(code, str(DOC), "exec"), namespace)
+    finally:
+        os.chdir(cwd)
+    assert namespace["orders"].count() == 3 * 200
+    assert sorted(r["offset"] for r in namespace["window"].collect()) == list(range(100, 150))
+    since = namespace["since_v3"].count()
+    os.chdir(data)
+    try:
+        from lakebroker.spark import TableVersion, read_topic
+
+        before = read_topic(spark, "orders", ending=TableVersion(3)).count()
+    finally:
+        os.chdir(cwd)
+    assert 0 < since < 600 and since + before == 600, (since, before)
+    assert namespace["this_year"].count() == 600, "written this year"
+    totals = namespace["totals"].collect()
+    assert len(totals) == 600 and all(r["total"] is not None for r in totals)
 
 
 def test_sql_registers_only_the_tables_a_statement_names(spark: Any, tmp_path: Path) -> None:
