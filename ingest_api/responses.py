@@ -33,7 +33,13 @@ class Answer:
         return cls(response.status_code, response.raw_headers, bytes(response.body))
 
 
+def answer(status: int, content_type: bytes, body: bytes, headers: list[tuple[bytes, bytes]] | None = None) -> Answer:
+    return Answer(status, [(b"content-type", content_type), (b"content-length", b"%d" % len(body)), *(headers or ())],
+                  body)
+
+
 def json_answer(status: int, body: bytes) -> Answer:
+    # `answer` spelled out: every single-message produce's answer is built here
     return Answer(status, [(b"content-type", JSON_TYPE), (b"content-length", b"%d" % len(body))], body)
 
 
@@ -44,8 +50,7 @@ async def send_answer(send: Send, answer: Answer) -> None:
 
 async def send_body(send: Send, status: int, content_type: bytes, body: bytes,
                     headers: list[tuple[bytes, bytes]] | None = None) -> None:
-    await send_answer(send, Answer(status, [(b"content-type", content_type), (b"content-length", b"%d" % len(body)),
-                                            *(headers or ())], body))
+    await send_answer(send, answer(status, content_type, body, headers))
 
 
 async def send_json(send: Send, status: int, body: bytes) -> None:

@@ -13,6 +13,7 @@ import pyarrow as pa
 from bench.harness.compare import Measured, alternate, measure
 from bench.harness.servers import NO_JOBS, baseline_server, create_topic, lakebroker_server, metrics
 from bench.result import Check, Mode, Result, Scenario, table
+from lakebroker.ingest_api.arrow_batch import ARROW_STREAM
 
 TARGET_MSG_S = 500_000
 TARGET_KEYED_MSG_S = 200_000
@@ -20,7 +21,6 @@ TARGET_RSS_MB = 300
 TARGET_ARROW_MSG_S = 2_000_000
 TARGET_ARROW_KEYED_MSG_S = 1_000_000
 TARGET_ARROW_OVER_JSON = 2.0  # Arrow x 5000 over JSON x 5000, keyless, same run
-ARROW_STREAM = "application/vnd.apache.arrow.stream"
 BATCH_PATH = "/v1/topics/bench/batch"
 VALUE_100 = "v" * 100
 CONNECTIONS = 4
