@@ -54,3 +54,90 @@ async def test_a_deposed_owner_parks_its_messages_instead_of_committing_them(tmp
         assert broker._committed_below()(key) == 1
     finally:
         await broker.stop()
+
+
+async def _two_partition_broker(tmp_path: Path) -> tuple[Broker, str, bytes]:
+    settings = Settings(data_dir=tmp_path / "data", flush_interval_ms=3_600_000)  # flushed only when asked
+    broker = Broker(settings, IngestMetrics(CollectorRegistry()))
+    await broker.start()
+    topic = await broker.create_topic(new_topic("t", 2))
+    await broker.produce("t", [NewMessage(value=b"first", partition=p) for p in (0, 1)], AckMode.WAL)
+    assert await broker.flusher.flush_once()
+    return broker, broker.layout.topic_table("t"), bytes.fromhex(topic.topic_id)
+
+
+def _stored(uri: str) -> list[tuple[int, int, bytes]]:
+    rows = DeltaTable(uri).to_pyarrow_table(columns=["partition", "offset", "value"]).to_pylist()
+    return sorted((r["partition"], r["offset"], r["value"]) for r in rows)
+
+
+async def test_a_claim_seen_while_committing_other_partitions_still_fences_the_claimed_one(tmp_path: Path) -> None:
+    """The claim is in the snapshot a commit of partition 1 alone is checked on: partition 0, not in
+    that commit, must be checked too before a later commit of it is planned on the same snapshot,
+    which no concurrent-transaction conflict would stop."""
+    broker, uri, topic_id = await _two_partition_broker(tmp_path)
+    try:
+        fencing.claim(delta.load(uri), {0: 2}, node="intruder")
+        await broker.produce("t", [NewMessage(value=b"one", partition=1)], AckMode.WAL)
+        assert await broker.flusher.flush_once()
+        waiting = asyncio.ensure_future(broker.produce("t", [NewMessage(value=b"zero", partition=0)], AckMode.TABLE))
+        await asyncio.sleep(0.05)
+        assert await broker.flusher.flush_once()
+        assert _stored(uri) == [(0, 0, b"first"), (1, 0, b"first"), (1, 1, b"one")], \
+            "nothing of partition 0 after another node's claim"
+        with pytest.raises(NoOwnerYet):
+            await waiting
+        assert (topic_id, 0) not in broker.epochs and [i.offset for i in broker.parked[(topic_id, 0)]] == [1]
+        assert fencing.stored_epoch(DeltaTable(uri), 0) == 2
+    finally:
+        await broker.stop()
+
+
+async def test_a_claim_a_commit_was_rebased_over_still_fences_the_claimed_partition(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another node claims partition 0 between this node's snapshot and its commit of partition 1:
+    delta-rs retries that commit over the claim (no application id in common), so the version it
+    lands at was never checked for partition 0."""
+    broker, uri, topic_id = await _two_partition_broker(tmp_path)
+    real_append = delta.append
+    intruded = []
+
+    def append_after_a_claim(*args: object, **kwargs: object) -> None:
+        if not intruded:
+            intruded.append(fencing.claim(delta.load(uri), {0: 2}, node="intruder"))
+        real_append(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(delta, "append", append_after_a_claim)
+    try:
+        await broker.produce("t", [NewMessage(value=b"one", partition=1)], AckMode.WAL)
+        assert await broker.flusher.flush_once()
+        assert intruded and _stored(uri)[-1] == (1, 1, b"one")
+        waiting = asyncio.ensure_future(broker.produce("t", [NewMessage(value=b"zero", partition=0)], AckMode.TABLE))
+        await asyncio.sleep(0.05)
+        assert await broker.flusher.flush_once()
+        assert _stored(uri) == [(0, 0, b"first"), (1, 0, b"first"), (1, 1, b"one")], \
+            "nothing of partition 0 after another node's claim"
+        with pytest.raises(NoOwnerYet):
+            await waiting
+        assert (topic_id, 0) not in broker.epochs
+    finally:
+        await broker.stop()
+
+
+async def test_an_epoch_older_than_ours_in_the_table_is_a_split_brain_and_fences_too(tmp_path: Path) -> None:
+    """If the table's newest owner epoch of a partition is older than this node's (a writer that
+    should have been fenced committed after this node's claim), this node cannot know which rows
+    are its own: it stops writing the partition rather than answer another node's rows as its own."""
+    broker, uri, topic_id = await _two_partition_broker(tmp_path)
+    try:
+        key = (topic_id, 0)
+        broker.epochs[key] = 3  # as if it had claimed epoch 3
+        broker.flusher.adopted(broker.topic("t").topic_id)
+        waiting = asyncio.ensure_future(broker.produce("t", [NewMessage(value=b"zero", partition=0)], AckMode.TABLE))
+        await asyncio.sleep(0.05)
+        assert await broker.flusher.flush_once()
+        assert _stored(uri) == [(0, 0, b"first"), (1, 0, b"first")]
+        with pytest.raises(NoOwnerYet):
+            await waiting
+    finally:
+        await broker.stop()
