@@ -358,15 +358,19 @@ class Flusher:
             topic_id = bytes.fromhex(topic.topic_id)
             partitions = {r.partition for r in records}
             epochs = {p: self.epochs[(topic_id, p)] for p in partitions}
-            if self._verified.get(topic.topic_id) != table.version():
+            version = table.version()
+            if self._verified.get(topic.topic_id) != version:
                 # Others committed since (nodes, jobs): a claim among them would not conflict with a
-                # commit on this snapshot, so the epochs are read again first (tables/fencing.py).
+                # commit on this snapshot, so the epochs are read again first (tables/fencing.py), of
+                # every partition this node owns in the topic: a later commit of another partition is
+                # planned on this same snapshot unchecked.
                 self._ends.pop(topic.topic_id, None)
-                lost = fencing.deposed(table, epochs)
+                owned = {p: e for (t, p), e in self.epochs.items() if t == topic_id}
+                lost = fencing.deposed(table, owned)
                 if lost:
-                    raise fencing.Deposed(f"partitions {sorted(lost)} of {topic.name!r} have a newer owner",
+                    raise fencing.Deposed(f"partitions {sorted(lost)} of {topic.name!r} have another owner",
                                           {p: fencing.stored_epoch(table, p) for p in lost})
-                self._verified[topic.topic_id] = table.version()
+                self._verified[topic.topic_id] = version
             known = self._ends.setdefault(topic.topic_id, {})
             for p in partitions - known.keys():
                 known[p] = delta.committed_end(table, p)
@@ -384,7 +388,10 @@ class Flusher:
             self._ends.pop(topic.topic_id, None)  # a failed commit may still have landed: read the table again
             self._verified.pop(topic.topic_id, None)
             raise
-        self._verified[topic.topic_id] = table.version()
+        if table.version() == version + 1:
+            self._verified[topic.topic_id] = table.version()
+        else:  # delta-rs retried the commit over others' commits: a claim among them is unchecked
+            self._verified.pop(topic.topic_id, None)
         known.update(ends)
         return ends
 

@@ -65,8 +65,11 @@ def node_end(table: DeltaTable, node: str, partition: int) -> int | None:
 
 
 def deposed(table: DeltaTable, epochs: Epochs) -> set[int]:
-    """The partitions whose epoch in this snapshot is newer than ours: another node claimed them."""
-    return {p for p, epoch in epochs.items() if stored_epoch(table, p) > epoch}
+    """The partitions whose epoch in this snapshot is not ours: another node claimed them (newer), or
+    a writer that should have been fenced committed after our claim (older). After either, this
+    node cannot tell its rows from another's, so it must stop writing. (0: never claimed, as for a
+    table's only writer, tests and benchmarks, before its first commit.)"""
+    return {p for p, epoch in epochs.items() if stored_epoch(table, p) not in (0, epoch)}
 
 
 def commit_txns(node: str, epochs: Epochs, ends: Mapping[int, int]) -> dict[str, int]:
