@@ -16,7 +16,9 @@ bad row named. Its messages then take the columnar path of a JSON batch (broker.
 so partitions, offsets, dedup and the rows in Delta are the same as for that batch sent as JSON.
 
 The IPC stream is validated in full (offsets inside their buffers, strings valid UTF-8): a stream
-that lies about its buffers would otherwise read out of bounds in the compute kernels.
+that lies about its buffers would otherwise read out of bounds in the compute kernels. A compressed
+stream (LZ4 or ZSTD buffers) is accepted while what its buffers declare they decode to fits the
+request limit, checked before any is decoded: a few MB of zeros decode to hundreds.
 """
 
 from __future__ import annotations
@@ -27,10 +29,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from lakebroker.ingest_api import ipc_frames
 from lakebroker.ingest_api.body import MAX_BATCH, MAX_KEY_CHARS, InvalidShape
 from lakebroker.ingest_api.chunks import CHUNK_SCHEMA, BatchResults, ColumnarBatch
 from lakebroker.ingest_api.messages import NewMessage
-from lakebroker.tables.errors import InvalidRequest
+from lakebroker.tables.errors import InvalidRequest, TooLarge
 from lakebroker.tables.topics import MAX_PARTITIONS
 
 ARROW_STREAM = "application/vnd.apache.arrow.stream"
@@ -45,10 +48,11 @@ RESULTS_SCHEMA = pa.schema([
 ])
 
 
-def parse_arrow_batch(body: bytes) -> ColumnarBatch:
+def parse_arrow_batch(body: bytes, max_decoded: int) -> ColumnarBatch:
     """The batch in `body`, as columns in CHUNK_SCHEMA. A body that is no Arrow IPC stream is a 400;
-    a stream of the wrong shape (a column, a type, a row) a 422 naming it."""
-    table = _read(body)
+    one that decodes to more than `max_decoded` bytes a 413; a stream of the wrong shape (a column,
+    a type, a row) a 422 naming it."""
+    table = _read(body, max_decoded)
     n = table.num_rows
     if not 1 <= n <= MAX_BATCH:
         raise InvalidShape(f"invalid batch: an Arrow body must hold 1 to {MAX_BATCH} rows, not {n}")
@@ -98,9 +102,14 @@ def wants_arrow(accept: str) -> bool:
     return ARROW_STREAM in accept.lower()
 
 
-def _read(body: bytes) -> pa.Table:
+def _read(body: bytes, max_decoded: int) -> pa.Table:
     try:
-        table = pa.ipc.open_stream(pa.py_buffer(body)).read_all()
+        buffer = pa.py_buffer(body)
+        decoded = sum(ipc_frames.decoded_size(m) for m in pa.ipc.MessageReader.open_stream(buffer))
+        if decoded > max_decoded:
+            raise TooLarge(f"the Arrow IPC stream decodes to {decoded} bytes, over the request limit of "
+                           f"{max_decoded}: send it in smaller requests")
+        table = pa.ipc.open_stream(buffer).read_all()
         table.validate(full=True)
     except (pa.ArrowException, ValueError) as exc:  # ArrowInvalid is both
         raise InvalidRequest(f"malformed Arrow IPC stream: {exc}") from None

@@ -137,7 +137,8 @@ async def produce_batch(scope: Scope, receive: Receive, send: Send) -> None:
         body = await read_body(receive)
         await broker.batch_turns.wait()  # one batch's CPU per loop pass: single messages run between
         kind = media_type(header(scope, b"content-type"))
-        parsed = parse_arrow_batch(body) if kind == ARROW_STREAM else parse_batch_body(kind, body)
+        parsed = parse_arrow_batch(body, broker.settings.max_request_bytes) if kind == ARROW_STREAM \
+            else parse_batch_body(kind, body)
         authorization, forwarded = _caller(scope)
         owners: list[str] = []
         placed = await router.produce_batch(topic, parsed if isinstance(parsed, ColumnarBatch) else parsed.messages(),

@@ -195,3 +195,35 @@ def _nothing_stored(client: TestClient) -> None:
     for p in range(PARTITIONS):
         r = client.post("/v1/topics/t/messages?ack=table", json={"value": "after", "partition": p})
         assert r.status_code == 200 and r.json()["offset"] == 0, r.text
+
+
+def _compressed(table: pa.Table, codec: str) -> bytes:
+    sink = pa.BufferOutputStream()
+    options = pa.ipc.IpcWriteOptions(compression=codec)
+    with pa.ipc.new_stream(sink, table.schema, options=options) as writer:
+        for batch in table.to_batches(max_chunksize=50):
+            writer.write_batch(batch)
+    return bytes(sink.getvalue().to_pybytes())
+
+
+@pytest.mark.parametrize("codec", ["lz4", "zstd"])
+def test_a_compressed_arrow_body_is_read_within_the_request_limit(tmp_path: Path, codec: str) -> None:
+    """A compressed stream is accepted while what it decodes to fits the request limit; one that
+    would decode past it (a few MB of zeros to hundreds of MB) is refused before it is decoded."""
+    with TestClient(create_app(_settings(tmp_path, "small", max_request_bytes=1024 * 1024))) as client:
+        assert client.post("/v1/topics", json={"name": "t", "partitions": PARTITIONS}).status_code == 201
+        small = pa.table({"value": pa.array([f"v{i}" * 20 for i in range(200)]),
+                          "partition": pa.array([i % PARTITIONS for i in range(200)], pa.int32())})
+        r = client.post("/v1/topics/t/batch?ack=table", content=_compressed(small, codec),
+                        headers={"content-type": ARROW_STREAM})
+        assert r.status_code == 200, r.text[:500]
+        assert [m["offset"] for m in r.json()["results"][:PARTITIONS]] == [0] * PARTITIONS
+
+        bomb = pa.table({"value": pa.array([b"\0" * 100_000] * 400, pa.binary())})  # 40 MB decoded
+        body = _compressed(bomb, codec)
+        assert len(body) < 1024 * 1024
+        r = client.post("/v1/topics/t/batch", content=body, headers={"content-type": ARROW_STREAM})
+        assert r.status_code == 413, r.text[:500]
+        assert "decodes to" in r.json()["error"]["message"], r.text[:500]
+        after = client.post("/v1/topics/t/messages?ack=table", json={"value": "after", "partition": 0})
+        assert after.json()["offset"] == 50, "nothing of the refused body took an offset"
