@@ -108,7 +108,7 @@ class LogTails:
 
 class PartitionSource:
     def __init__(self, layout: Layout, topic: TopicConfig, partition: int, tail: SharedLogTail | None = None) -> None:
-        self.uri = layout.topic_table(topic.name)
+        self.uri = layout.topic_table(topic)
         self.topic = topic
         self.partition = partition
         self.tail = tail or SharedLogTail(self.uri)

@@ -246,7 +246,7 @@ class Membership:
     def _claim_in_table(self, topic: TopicConfig, epochs: dict[int, int]) -> dict[int, tuple[int, int | None]]:
         """Claim on a fresh snapshot, again after a concurrent commit; each partition's claimed end
         and this node's end before the claim."""
-        uri = self.layout.topic_table(topic.name)
+        uri = self.layout.topic_table(topic)
 
         def once() -> dict[int, tuple[int, int | None]]:
             table = delta.load(uri) if delta.exists(uri) else ensure_topic_table(uri)

@@ -50,7 +50,7 @@ def rebuild(index: DedupIndex, layout: Layout, topics: Sequence[TopicConfig], wa
     each partition's log end in its table: WAL items below it are read from the table."""
     horizon_us = int((time.time() - window_s) * 1_000_000)
     sources = [_Source(t.topic_id, table) for t in topics
-               if (table := delta.open_table(layout.topic_table(t.name))) is not None]
+               if (table := delta.open_table(layout.topic_table(t))) is not None]
     live = {bytes.fromhex(t.topic_id) for t in topics}
     wal = _wal_ids(wal_records, wal_chunks, committed, live, horizon_us)  # held in memory by recovery anyway
     stamps = np.concatenate([wal["timestamp"].to_numpy(), *(_times(s.table, horizon_us) for s in sources)])
@@ -87,7 +87,7 @@ def placed_by_others(layout: Layout, topic: TopicConfig, ranges: Mapping[int, tu
     if not wanted:
         return _PLACED.empty_table()
     try:
-        table = delta.open_table(layout.topic_table(topic.name))
+        table = delta.open_table(layout.topic_table(topic))
     except TableNotFoundError:  # the topic deleted and made again meanwhile: a new table, no rows of others
         return _PLACED.empty_table()
     if table is None:

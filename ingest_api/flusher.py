@@ -347,7 +347,7 @@ class Flusher:
     def _table(self, topic: TopicConfig) -> DeltaTable:
         kept = self._tables.get(topic.topic_id)
         if kept is None:
-            uri = self._layout.topic_table(topic.name)
+            uri = self._layout.topic_table(topic)
             kept = self._tables[topic.topic_id] = delta.KeptTable(uri, functools.partial(ensure_topic_table, uri))
             self._metrics.flush_errors.labels(topic.name)  # starts at zero, visible before a failure
         return kept.current()

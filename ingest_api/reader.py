@@ -19,7 +19,7 @@ _COLUMNS = TOPIC_SCHEMA.names
 
 def partition_files(layout: Layout, topic: TopicConfig) -> dict[int, PartitionLog]:
     """Every partition's files and log start, from one snapshot ({} before the table exists)."""
-    table = delta.open_table(layout.topic_table(topic.name))
+    table = delta.open_table(layout.topic_table(topic))
     return {} if table is None else partition_logs(table, topic.partitions)
 
 
@@ -31,7 +31,7 @@ def log_start(files: PartitionLog | None, committed_end: int) -> int:
 
 def offset_for_timestamp(layout: Layout, topic: TopicConfig, partition: int, timestamp_us: int) -> int | None:
     """First offset whose log-append time is at or after the timestamp; None if there is none yet."""
-    table = delta.open_table(layout.topic_table(topic.name))
+    table = delta.open_table(layout.topic_table(topic))
     if table is None:
         return None
     rows = delta.read_rows(
@@ -50,7 +50,7 @@ def read_messages(
 ) -> dict[str, Any]:
     # One snapshot for the log start and the rows: a retention commit between two reads would
     # make rows the first read still counted look missing (a false offset gap).
-    table = delta.open_table(layout.topic_table(topic.name))
+    table = delta.open_table(layout.topic_table(topic))
     files = None if table is None else partition_logs(table, topic.partitions).get(partition)
     start = log_start(files, committed_end)
     if offset < start or offset > committed_end:

@@ -62,6 +62,8 @@ class TopicPublic(BaseModel):
     max_message_bytes: int
     tombstone_retention_ms: int
     created_at: str
+    location: str = Field(description="The topic's Delta table, relative to the table root: `topics/<name>`, "
+                          "or a path of its own for a topic created again under a deleted topic's name.")
     partition_offsets: list[PartitionPublic] | None = None
 
 

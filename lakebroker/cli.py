@@ -118,7 +118,7 @@ def topics_describe(name: str) -> None:
     layout = Layout.of(settings())
     topic = TopicStore(layout).get(name)
     out.print(", ".join(f"{k}={v}" for k, v in topic.public().items()), highlight=False, soft_wrap=True)
-    table = delta.open_table(layout.topic_table(name))
+    table = delta.open_table(layout.topic_table(topic))
     logs = {} if table is None else partition_logs(table, topic.partitions)  # one snapshot
     rows = []
     for p in range(topic.partitions):

@@ -32,7 +32,7 @@ def _quote(identifier: str) -> str:
 
 def catalog_tables(layout: Layout) -> dict[str, str]:
     """Every table lakebroker registers: its catalog name -> its location."""
-    tables = {topic: layout.topic_table(topic) for topic in sorted(TopicStore(layout).load())}
+    tables = {name: layout.topic_table(topic) for name, topic in sorted(TopicStore(layout).load().items())}
     tables[f"{SYSTEM_DATABASE}.topics"] = layout.topics_table
     tables[f"{SYSTEM_DATABASE}.consumer_offsets"] = layout.offsets_table
     tables[f"{SYSTEM_DATABASE}.dead_letters"] = layout.dead_letters_table

@@ -51,7 +51,7 @@ def read_topic(spark: SparkSession, topic: str, *, starting: Position | None = N
 
     layout = Layout.of(settings or Settings())
     config = TopicStore(layout).get(topic)
-    uri = layout.topic_table(topic)
+    uri = layout.topic_table(config)
     newest = delta.load(uri).version()
     version = ending.version if isinstance(ending, TableVersion) else newest
     if not 0 <= version <= newest:

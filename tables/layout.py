@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from lakebroker.tables import storage
 from lakebroker.tables.errors import InvalidName
@@ -18,6 +18,11 @@ if TYPE_CHECKING:
 # length keeps a table path well under any filesystem's name limit.
 NAME_PATTERN = r"^(?!.*\.\.)[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"  # also the OpenAPI pattern of names
 _NAME = re.compile(NAME_PATTERN)
+
+
+class Located(Protocol):
+    @property
+    def location(self) -> str: ...  # relative to the table root
 
 
 def validate_name(name: str, what: str = "topic") -> str:
@@ -79,8 +84,17 @@ class Layout:
     def topics_root(self) -> str:
         return storage.join(self.tables_root, "topics")
 
-    def topic_table(self, topic: str) -> str:
-        return storage.join(self.topics_root, validate_name(topic))
+    def topic_table(self, topic: str | Located) -> str:
+        """A topic's Delta table: at its `location` (a TopicConfig), or, given a name, where a topic of
+        that name is first created. A topic created again after a delete has a location of its own
+        (tables/topics.py), so what runs against a topic takes its TopicConfig."""
+        if isinstance(topic, str):
+            return storage.join(self.topics_root, validate_name(topic))
+        return storage.join(self.tables_root, topic.location)
+
+    def retired_marker(self, topic: str) -> str:
+        """A file whose presence says `topics/<topic>` once held a deleted topic: never used again."""
+        return storage.join(self.system_root, "retired_topic_locations", validate_name(topic))
 
     @property
     def system_root(self) -> str:

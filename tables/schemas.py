@@ -52,7 +52,7 @@ KEY_COMPACTED_PROPERTY = "lakebroker.keyCompacted"
 # past them, so a reader of any snapshot knows those holes are the recorded loss, not damage.
 LOST_OFFSETS_PROPERTY = "lakebroker.lostOffsets"
 
-TOPICS_SCHEMA_VERSION = 1
+TOPICS_SCHEMA_VERSION = 2  # 2: location
 TOPICS_SCHEMA = pa.schema(
     [
         pa.field("name", pa.string(), nullable=False),
@@ -64,6 +64,7 @@ TOPICS_SCHEMA = pa.schema(
         pa.field("max_message_bytes", pa.int32(), nullable=False),
         pa.field("tombstone_retention_ms", pa.int64(), nullable=False),
         pa.field("created_at", pa.timestamp("us", tz="UTC"), nullable=False),
+        pa.field("location", pa.string()),  # the table, relative to the table root; null: topics/<name>
     ]
 )
 

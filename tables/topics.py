@@ -55,9 +55,15 @@ class TopicConfig:
     max_message_bytes: int = 1024 * 1024
     tombstone_retention_ms: int = DAY_MS  # Kafka's delete.retention.ms
     created_at: datetime = datetime(1970, 1, 1, tzinfo=UTC)
+    # Its table, relative to the table root. `topics/<name>` unless a deleted topic of the same name
+    # had that location: a job that read the old table may still commit to it, so a new topic never
+    # reuses it (TopicStore.create).
+    location: str = ""
 
     def __post_init__(self) -> None:
         validate_name(self.name)
+        if not self.location:
+            object.__setattr__(self, "location", f"topics/{self.name}")
         if not 1 <= self.partitions <= MAX_PARTITIONS:
             raise InvalidRequest(f"partitions must be between 1 and {MAX_PARTITIONS}, got {self.partitions}")
         if self.retention_ms is not None and self.retention_ms <= 0:
@@ -126,7 +132,7 @@ def committed_ends(layout: Layout, topics: Iterable[TopicConfig], *, mark: bool 
     (tables/fencing.py) where it has one: what of its WAL the table holds, whoever wrote since."""
     ends: dict[tuple[bytes, int], int] = {}
     for topic in topics:
-        uri = layout.topic_table(topic.name)
+        uri = layout.topic_table(topic)
         table = mark_key_compacted(uri) if mark and topic.cleanup_policy is CleanupPolicy.COMPACT \
             else delta.open_table(uri)
         for p in range(topic.partitions):
@@ -199,16 +205,10 @@ class TopicStore:
         return topic
 
     def create(self, topic: TopicConfig) -> TopicConfig:
-        uri = self.layout.topic_table(topic.name)
         if topic.name in self.load():
             raise AlreadyExists(f"topic {topic.name!r} already exists")
-        if delta.exists(uri):
-            # No topic owns it: a deleted incarnation's table, written again by a job that committed
-            # after the delete. A new topic is a new log: it never inherits those rows or log ends.
-            log.warning("removing the table a deleted topic %r left at %s before creating the topic again",
-                        topic.name, uri)
-            storage.remove_tree(uri)
-        ensure_topic_table(uri, key_compacted=topic.cleanup_policy is CleanupPolicy.COMPACT)
+        topic = replace(topic, location=self._new_location(topic))
+        ensure_topic_table(self.layout.topic_table(topic), key_compacted=topic.cleanup_policy is CleanupPolicy.COMPACT)
 
         def change(rows: Rows) -> tuple[Rows, TopicConfig]:
             if any(r["name"] == topic.name for r in rows):
@@ -224,8 +224,7 @@ class TopicStore:
             except ValueError:
                 raise InvalidRequest("cleanup_policy must be 'delete' or 'compact'") from None
             if changes["cleanup_policy"] is CleanupPolicy.COMPACT:  # marked before key compaction can see it
-                self.get(name)
-                mark_key_compacted(self.layout.topic_table(name))
+                mark_key_compacted(self.layout.topic_table(self.get(name)))
 
         def change(rows: Rows) -> tuple[Rows, TopicConfig]:
             current = _find(rows, name)
@@ -239,13 +238,25 @@ class TopicStore:
 
         return self._table.mutate(change)
 
-    def delete(self, name: str) -> None:
-        def change(rows: Rows) -> tuple[Rows, None]:
-            _find(rows, name)
-            return [r for r in rows if r["name"] != name], None
+    def _new_location(self, topic: TopicConfig) -> str:
+        """`topics/<name>` if no table was ever there, else one of the topic's own (`~` is in no name).
+        A Spark job that read a deleted topic's table may commit after the delete: into a new
+        topic's table at the same place, its commit would land as the next version of another log
+        (and leave a gap no reader gets past)."""
+        first = self.layout.topic_table(topic.name)
+        if storage.read_small(self.layout.retired_marker(topic.name)) is None and not delta.exists(first):
+            return f"topics/{topic.name}"
+        return f"topics/{topic.name}~{topic.topic_id[:12]}"
 
-        self._table.mutate(change)
-        storage.remove_tree(self.layout.topic_table(name))
+    def delete(self, name: str) -> None:
+        def change(rows: Rows) -> tuple[Rows, TopicConfig]:
+            topic = _find(rows, name)
+            return [r for r in rows if r["name"] != name], topic
+
+        topic = self._table.mutate(change)
+        if topic.location == f"topics/{name}":  # retired before it is emptied, so no crash can free it
+            storage.write_small(self.layout.retired_marker(name), topic.topic_id.encode())
+        storage.remove_tree(self.layout.topic_table(topic))
 
 
 def _find(rows: Rows, name: str) -> TopicConfig:
@@ -264,4 +275,5 @@ def _to_row(topic: TopicConfig) -> dict[str, Any]:
 def _from_row(row: dict[str, Any]) -> TopicConfig:
     row = dict(row)
     row["cleanup_policy"] = CleanupPolicy(row["cleanup_policy"])
+    row["location"] = row.get("location") or ""  # a row from before locations: topics/<name>
     return TopicConfig(**row)

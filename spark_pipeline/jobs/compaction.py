@@ -61,7 +61,7 @@ def run(spark: SparkSession, settings: Settings, topic: str | None = None, *, tr
                        target_bytes=settings.compaction_target_file_bytes, min_files=settings.compaction_min_files)
 
     for t in topics:
-        job.table(t.name, t.name, work(layout.topic_table(t.name), "offset"))
+        job.table(t.name, t.name, work(layout.topic_table(t), "offset"))
     if topic is None and system_tables:
         for uri, column in ((layout.job_runs_table, "started_at"), (layout.retention_skips_table, "skipped_at")):
             job.table("_system/" + uri.rstrip("/").rsplit("/", 1)[-1], None, work(uri, column))

@@ -62,11 +62,11 @@ def run(spark: SparkSession, settings: Settings, topic: str | None = None, *, tr
     topics = compact_topics(layout, topic)
     tables = Layout.of(settings)  # delta-rs's URIs
     for t in topics:  # a table compacted before it was marked (an older broker's) is marked here first
-        mark_key_compacted(tables.topic_table(t.name))
+        mark_key_compacted(tables.topic_table(t))
     job = Run(JobName.KEY_COMPACTION, trigger)
     now_us = int((now or datetime.now(UTC)).timestamp() * 1_000_000)
     for t in topics:
-        job.table(t.name, t.name, partial(compact_keys, spark, layout.topic_table(t.name), t, now_us=now_us,
+        job.table(t.name, t.name, partial(compact_keys, spark, layout.topic_table(t), t, now_us=now_us,
                                           min_lag_ms=settings.key_compaction_min_lag_ms,
                                           target_bytes=settings.compaction_target_file_bytes,
                                           run_id=job.result.run_id))

@@ -94,8 +94,8 @@ class Replica:
 
     root: str
 
-    def topic_table(self, topic: str) -> str:
-        return f"{self.root}/topics/{topic}"
+    def topic_table(self, topic: TopicConfig) -> str:
+        return f"{self.root}/{topic.location}"
 
     def system_table(self, name: str) -> str:
         return f"{self.root}/_system/{name}"
@@ -172,15 +172,15 @@ def run(spark: SparkSession, settings: Settings, topic: str | None = None, *, to
             source = layout.system_table(name)
             job.table(f"_system/{name}", None, partial(copy_snapshot, spark, source, replica.system_table(name)))
         if replica.listable and topics:  # never mirror "no topics" (an unreadable topic list) as a wipe
-            _drop_deleted_topics(replica, {t.name for t in topics})
+            _drop_deleted_topics(replica, topics)
     return job.finish()
 
 
 # -- topics ---------------------------------------------------------------------------------------
 def replicate_topic(spark: SparkSession, layout: Layout, replica: Replica, topic: TopicConfig, settings: Settings,
                     result: TableResult, *, run_id: str) -> None:
-    source = layout.topic_table(topic.name)
-    target = replica.topic_table(topic.name)
+    source = layout.topic_table(topic)
+    target = replica.topic_table(topic)
     if not table_exists(spark, source):
         result.outcome = Outcome.SKIPPED
         result.details["reason"] = "no table yet"
@@ -446,12 +446,16 @@ def _ensure_replica_table(spark: SparkSession, source: str, target: str, replica
     builder.execute()
 
 
-def _drop_deleted_topics(replica: Replica, live: set[str]) -> None:
+def _drop_deleted_topics(replica: Replica, topics: list[TopicConfig]) -> None:
     """A topic deleted on the primary is deleted on the replica too (with its checkpoints)."""
-    for name in storage.child_names(replica.topic_table("")):
-        if name not in live:
-            storage.remove_tree(replica.topic_table(name))
-            _remove_children(f"{replica.root}/_replication/checkpoints/topics", f"{name}-*")
+    live = {t.location.removeprefix("topics/") for t in topics}
+    names = {t.name for t in topics}
+    for directory in storage.child_names(f"{replica.root}/topics"):
+        if directory not in live:
+            storage.remove_tree(f"{replica.root}/topics/{directory}")
+            name = directory.partition("~")[0]  # (a location of a topic created again: TopicStore.create)
+            if name not in names:
+                _remove_children(f"{replica.root}/_replication/checkpoints/topics", f"{name}-*")
 
 
 def _remove_children(parent: str, pattern: str) -> None:

@@ -83,7 +83,7 @@ def run(spark: SparkSession, settings: Settings, topic: str | None = None, *, tr
 # -- topics ---------------------------------------------------------------------------------------
 def apply_topic_retention(spark: SparkSession, layout: Layout, topic: TopicConfig, settings: Settings,
                           result: TableResult, *, run_id: str, now_us: int) -> None:
-    uri = layout.topic_table(topic.name)
+    uri = layout.topic_table(topic)
     if not table_exists(spark, uri):
         result.outcome = Outcome.SKIPPED
         result.details["reason"] = "no table yet"

@@ -86,7 +86,7 @@ def verify(spark: SparkSession, settings: Settings, to: str | None = None, *, to
     report = progress or (lambda event: None)
     for number, t in enumerate(topics, 1):
         report(TableEvent(t.name, number, total))
-        source, target = layout.topic_table(t.name), replica.topic_table(t.name)
+        source, target = layout.topic_table(t), replica.topic_table(t)
         checks: list[PartitionCheck] = []
         if table_exists(spark, source):
             if table_exists(spark, target):

@@ -6,6 +6,9 @@ handle on the deleted table, and not its WAL records after a restart.
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from fastapi.testclient import TestClient
 
@@ -95,3 +98,57 @@ def test_a_table_written_after_its_topic_was_deleted_is_not_inherited(client: Te
     new = client.post("/v1/topics/t/messages?ack=table", json={"value": "new"})
     assert new.status_code == 200 and new.json()["offset"] == 0, new.text
     assert _values(client, "t") == ["new"]
+
+
+def test_a_job_that_commits_to_the_deleted_table_after_the_topic_is_created_again_cannot_reach_it(
+        client: TestClient, settings: Settings) -> None:
+    """A job read the old table, the topic was deleted and created again, then the job committed
+    its next version (compaction's, say). At the old place that version would have landed in the
+    new topic's log, past a gap no reader gets over; the new topic has a table of its own."""
+    client.post("/v1/topics", json={"name": "t", "partitions": 1})
+    for i in range(6):  # the old log runs past the new one's versions
+        assert client.post("/v1/topics/t/messages?ack=table", json={"value": f"old{i}"}).status_code == 200
+    first = client.get("/v1/topics/t").json()["location"]
+    assert first == "topics/t"
+    layout = Layout(settings.data_dir)
+    stale = DeltaTable(layout.topic_table("t"))  # the job's snapshot
+    _recreate(client, "t")
+    for i in range(3):
+        assert client.post("/v1/topics/t/messages?ack=table", json={"value": f"new{i}"}).status_code == 200
+    _late_commit(stale)
+
+    again = client.get("/v1/topics/t").json()
+    assert again["location"] != first and again["location"].startswith("topics/t~"), again
+    assert _values(client, "t") == ["new0", "new1", "new2"]
+    assert DeltaTable(storage_join(settings, again["location"])).version() >= 0  # its own log, readable
+    _recreate(client, "t")  # and the place of a re-created topic is not reused either
+    assert client.get("/v1/topics/t").json()["location"] not in (first, again["location"])
+
+
+def test_a_broker_restarted_after_a_late_commit_to_a_deleted_table_serves_the_topic(settings: Settings) -> None:
+    with TestClient(build_app(settings)) as c:
+        c.post("/v1/topics", json={"name": "t", "partitions": 1})
+        for i in range(4):  # the old log runs past the new one's versions
+            assert c.post("/v1/topics/t/messages?ack=table", json={"value": f"old{i}"}).status_code == 200
+        stale = DeltaTable(Layout(settings.data_dir).topic_table("t"))
+        _recreate(c, "t")
+        assert c.post("/v1/topics/t/messages?ack=table", json={"value": "new"}).status_code == 200
+        _late_commit(stale)
+    with TestClient(build_app(settings)) as c:
+        assert c.post("/v1/topics/t/messages?ack=table", json={"value": "after"}).json()["offset"] == 1
+        assert _values(c, "t") == ["new", "after"]
+
+
+def storage_join(settings: Settings, location: str) -> str:
+    return str(settings.data_dir / location)
+
+
+def _late_commit(stale: DeltaTable) -> None:
+    """What a job's commit on a snapshot of a deleted table does: put its next version's commit file
+    where that table was (Delta's put-if-absent; here nothing is there any more)."""
+    log_dir = Path(stale.table_uri.removeprefix("file://")) / "_delta_log"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    removed = [{"remove": {"path": f, "dataChange": False, "deletionTimestamp": 0}} for f in stale.file_uris()]
+    commit = [{"commitInfo": {"operation": "OPTIMIZE", "readVersion": stale.version()}}, *removed]
+    with (log_dir / f"{stale.version() + 1:020d}.json").open("x") as f:  # put-if-absent
+        f.write("\n".join(json.dumps(a) for a in commit) + "\n")

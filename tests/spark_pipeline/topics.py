@@ -35,7 +35,8 @@ def create_topic(settings: Settings, name: str, partitions: int = 2, **config: A
 
 
 def table(settings: Settings, topic: str) -> DeltaTable:
-    return delta.load(Layout.of(settings).topic_table(topic))
+    layout = Layout.of(settings)
+    return delta.load(layout.topic_table(TopicStore(layout).get(topic)))
 
 
 def log_ends(settings: Settings, topic: str, partitions: int) -> dict[int, int | None]:
