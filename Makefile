@@ -25,11 +25,12 @@ setup-run: $(RUN_STAMP)
 setup: $(DEV_STAMP) setup-run .cache/bin/minio.version
 
 # Every version, transitive ones too, is pinned in requirements.lock.
-$(RUN_STAMP): pyproject.toml requirements.lock
+# The client too: lakebroker.spark.write_to_topic's Spark tasks send with it.
+$(RUN_STAMP): pyproject.toml requirements.lock clients/python/pyproject.toml
 	test -x $(PY) || $(PYTHON_BIN) -m venv $(VENV)
 	if [ $(DEV_STAMP) -nt pyproject.toml ] && [ $(DEV_STAMP) -nt requirements.lock ]; then :; else \
 	  $(PY) -m pip install --quiet --upgrade pip && \
-	  $(PY) -m pip install --quiet -c requirements.lock -e ".[spark]"; fi
+	  $(PY) -m pip install --quiet -c requirements.lock -e ".[spark]" -e "./clients/python[arrow]"; fi
 	touch $(RUN_STAMP)
 
 # The Python client is its own distribution (clients/python), installed beside the broker for the tests.

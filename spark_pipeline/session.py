@@ -121,6 +121,10 @@ def build_spark_session(
     conf = session_conf(jars_dir)
     conf.update(extra_conf or {})
     use_class_archive()
+    # PySpark starts its Python workers (UDFs, write_to_topic's senders) with PYSPARK_PYTHON, else
+    # `python3` from the PATH, which may lack pyarrow and lakebroker; spark.pyspark.python is read by
+    # spark-submit only.
+    os.environ.setdefault("PYSPARK_PYTHON", conf.get("spark.pyspark.python", sys.executable))
     if jvm_log is not None and SparkContext._gateway is None and not launched_by_spark_submit():
         _start_driver_jvm(master, app_name, conf, jvm_log)
 

@@ -27,7 +27,8 @@ def spark() -> Iterator[Any]:
     if submit_opts is not None and (job_flags or session_flags):
         os.environ["SPARK_SUBMIT_OPTS"] = f"{submit_opts.replace(job_flags, '')} {session_flags}".strip()
     try:
-        session = build_spark_session(master="local[2]", jars_dir=jars_dir(), app_name="lakebroker-tests",
+        # (local[2, 2]: a failed task is run again once, as a cluster would, up to spark.task.maxFailures)
+        session = build_spark_session(master="local[2, 2]", jars_dir=jars_dir(), app_name="lakebroker-tests",
                                       extra_conf={"spark.ui.showConsoleProgress": "false", **Settings().spark_conf})
     finally:
         if submit_opts is not None:
