@@ -3,7 +3,8 @@
 - `read_topic(spark, topic, starting=..., ending=...)`: a topic as a DataFrame of decoded messages
   between two positions;
 - `write_to_topic(df, topic, key=..., value=...)`: every row of a DataFrame published to a topic
-  through the broker, exactly once; `topic_sink(topic, ...)` the same for `foreachBatch`.
+  through the broker, exactly once; `topic_sink(topic, ...)` the same for `foreachBatch`;
+- `spark_session()`: the session lakebroker builds, for the environment's settings.
 
     from lakebroker.spark import TableVersion, read_topic, write_to_topic
 
@@ -14,7 +15,24 @@ The session may be the one `lakebroker` builds (`spark_pipeline/session.py`) or 
 Delta configured: docs/analysts.md says what it needs.
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
 from lakebroker.spark_pipeline.topic_reads import Position, TableVersion, read_topic
 from lakebroker.spark_pipeline.topic_writes import Published, topic_sink, write_to_topic
+from lakebroker.tables.settings import Settings
 
-__all__ = ["Position", "Published", "TableVersion", "read_topic", "topic_sink", "write_to_topic"]
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+__all__ = ["Position", "Published", "TableVersion", "read_topic", "spark_session", "topic_sink", "write_to_topic"]
+
+
+def spark_session(settings: Settings | None = None, *, app_name: str = "lakebroker") -> SparkSession:
+    """The session `lakebroker sql` and the jobs use (Delta, the put-if-absent LogStore, S3A for tables
+    on S3, this interpreter for Python workers), for the environment's settings by default."""
+    from lakebroker.spark_pipeline.sql import spark_for
+
+    session: SparkSession = spark_for(settings or Settings(), app_name)
+    return session
