@@ -58,9 +58,9 @@ def read_topic(spark: SparkSession, topic: str, *, starting: Position | None = N
         raise ValueError(f"topic {topic!r} has table versions 0 to {newest}, not {version}")
     rows = spark.read.format("delta").option("versionAsOf", version).load(storage.spark_uri(uri))
     if starting is not None:
-        rows = rows.where(_bound(starting, config, uri, version, lower=True))
+        rows = rows.where(position_bound(starting, config, uri, version, lower=True))
     if ending is not None and not isinstance(ending, TableVersion):
-        rows = rows.where(_bound(ending, config, uri, version, lower=False))
+        rows = rows.where(position_bound(ending, config, uri, version, lower=False))
     return rows.select(
         "partition", "offset", "timestamp", "key",
         F.when(F.col("format").isin(*TEXT_FORMATS), F.decode(F.col("value"), "UTF-8")).alias("value"),
@@ -68,7 +68,7 @@ def read_topic(spark: SparkSession, topic: str, *, starting: Position | None = N
     )
 
 
-def _bound(position: Position, config: TopicConfig, uri: str, version: int, *, lower: bool) -> Column:
+def position_bound(position: Position, config: TopicConfig, uri: str, version: int, *, lower: bool) -> Column:
     """The rows at or after (`lower`) or before `position`."""
     from pyspark.sql import functions as F
 
@@ -77,7 +77,7 @@ def _bound(position: Position, config: TopicConfig, uri: str, version: int, *, l
     if position == "latest":
         if not lower:
             return F.lit(True)
-        return _offsets(_ends(uri, version, config.partitions), config, lower=True)
+        return _offsets(ends_at(uri, version, config.partitions), config, lower=True)
     if isinstance(position, datetime):
         if position.tzinfo is None:
             raise ValueError(f"timestamp {position.isoformat()} has no time zone: give an aware datetime")
@@ -85,7 +85,7 @@ def _bound(position: Position, config: TopicConfig, uri: str, version: int, *, l
     if isinstance(position, TableVersion):  # as a starting position: the ends at that version
         if not 0 <= position.version <= version:
             raise ValueError(f"starting version {position.version} is not between 0 and the read's {version}")
-        return _offsets(_ends(uri, position.version, config.partitions), config, lower=True)
+        return _offsets(ends_at(uri, position.version, config.partitions), config, lower=True)
     if isinstance(position, Mapping):
         return _offsets(position, config, lower=lower)
     raise ValueError(f"a position is 'earliest', 'latest', an aware datetime, a {{partition: offset}} map or a "
@@ -106,6 +106,6 @@ def _offsets(offsets: Mapping[int, int], config: TopicConfig, *, lower: bool) ->
     return condition
 
 
-def _ends(uri: str, version: int, partitions: int) -> dict[int, int]:
+def ends_at(uri: str, version: int, partitions: int) -> dict[int, int]:
     table = delta.load(uri, version=version)
     return {p: delta.committed_end(table, p) for p in range(partitions)}
