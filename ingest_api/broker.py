@@ -44,6 +44,7 @@ from lakebroker.tables.errors import (
 )
 from lakebroker.tables.layout import Layout
 from lakebroker.tables.lost_offsets import LostOffsets, record_loss
+from lakebroker.tables.offsets import OffsetsTable
 from lakebroker.tables.ownership import Pair
 from lakebroker.tables.settings import Settings
 from lakebroker.tables.topics import TopicConfig, TopicStore
@@ -109,6 +110,7 @@ class Broker:
         # open to produce (an owned partition being handed over is closed first); and this node's WAL
         # items of partitions it does not own, kept (their WAL segments too) until it owns them again.
         self.epochs: dict[PartitionKey, int] = self.flusher.epochs
+        self.group_offsets = OffsetsTable(self.layout)  # followed between /metrics scrapes (group lag)
         self.accepting: set[PartitionKey] = set()
         self.parked: dict[PartitionKey, list[Record | Chunk]] = {}
         self._floors: dict[PartitionKey, int] = {}  # the WAL keeps each such partition's items from here
@@ -234,6 +236,10 @@ class Broker:
             self._floors.pop(key, None)
 
     # -- ownership (ingest_api/cluster.py drives these) ------------------------------------
+    def owns(self, topic_name: str, partition: int) -> bool:
+        topic = self.topics.get(topic_name)
+        return topic is not None and (bytes.fromhex(topic.topic_id), partition) in self.epochs
+
     def owned_pairs(self) -> set[Pair]:
         return {(k[0].hex(), k[1]) for k in self.epochs}
 

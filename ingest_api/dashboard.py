@@ -32,7 +32,7 @@ from typing import Any
 from lakebroker.ingest_api.broker import Broker
 from lakebroker.ingest_api.live_status import LiveStatus
 from lakebroker.ingest_api.reader import log_start, partition_files
-from lakebroker.ingest_api.subscription_status import GroupTables, read_groups, subscription_status
+from lakebroker.ingest_api.subscription_status import GroupTables, pull_group_lags, read_groups, subscription_status
 from lakebroker.tables.dead_letters import DeadLetterTable
 from lakebroker.tables.job_runs import JobName, last_runs
 from lakebroker.tables.layout import Layout
@@ -193,6 +193,7 @@ class Dashboard:
             "generated_at": datetime.now(UTC).isoformat(),
             "topics": topic_rows,
             "subscriptions": subs,
+            "groups": pull_group_lags(broker, reads.groups.committed),
             "jobs": {job: summarize_runs(rows) for job, rows in reads.runs.items()},
             "dead_letters": letters,
             "lost_offsets": self._lost(reads.losses),
@@ -256,6 +257,7 @@ def for_principal(snapshot: dict[str, Any], principal: ApiToken) -> dict[str, An
         **snapshot,
         "topics": [t for t in snapshot["topics"] if allowed(t["name"])],
         "subscriptions": [s for s in snapshot["subscriptions"] if allowed(s["topic"])],
+        "groups": [g for g in snapshot["groups"] if allowed(g["topic"])],
         "dead_letters": [d for d in snapshot["dead_letters"] if allowed(d["topic"])],
         "lost_offsets": [d for d in snapshot["lost_offsets"] if allowed(d["topic"])],
         "jobs": {job: [r for r in runs if r["topics"] and all(allowed(t) for t in r["topics"])]

@@ -143,6 +143,11 @@ class IngestMetrics:
             ["topic", "partition"],
             registry=registry,
         )
+        self.group_lag = Gauge(
+            "lakebroker_group_lag",
+            "Committed-to-Delta offsets a consumer group (a pull consumer's or a Spark stream's) has not committed "
+            "past, per partition this node owns.", ["group", "topic", "partition"], registry=registry,
+        )
         self.committed_end = Gauge(
             "lakebroker_partition_committed_offset", "The committed end: offsets below it are in the Delta table.",
             ["topic", "partition"], registry=registry,

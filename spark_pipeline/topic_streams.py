@@ -32,7 +32,7 @@ import orjson
 from lakebroker.spark_pipeline.topic_reads import TEXT_FORMATS, Position, TableVersion, ends_at, position_bound
 from lakebroker.tables import delta, storage
 from lakebroker.tables.layout import Layout
-from lakebroker.tables.offsets import OffsetReason, OffsetsTable
+from lakebroker.tables.offsets import OffsetReason, OffsetsTable, pull_group
 from lakebroker.tables.settings import Settings
 from lakebroker.tables.topics import TopicConfig, TopicStore
 
@@ -71,7 +71,8 @@ def read_topic_stream(spark: SparkSession, topic: str, *, starting: Position = "
     uri = layout.topic_table(config)
     newest = delta.load(uri).version()
     if group is not None:
-        committed = {p: o for (_, t, p), (o, _) in OffsetsTable(layout).latest(group).items() if t == topic}
+        committed = {p: o for (_, t, p), (o, _) in OffsetsTable(layout).latest(pull_group(group)).items()
+                     if t == topic}
         if committed:
             starting = committed
     reader = spark.readStream.format("delta").option("skipChangeCommits", "true")
@@ -172,7 +173,8 @@ class _GroupCommits:
                 position = group_position(str(source.endOffset), followed)
                 moved = {p: o for p, o in (position or {}).items() if followed.committed.get(p) != o}
                 if moved:
-                    OffsetsTable(followed.layout).commit(followed.group, followed.topic.name, moved, OffsetReason.ACK)
+                    OffsetsTable(followed.layout).commit(pull_group(followed.group), followed.topic.name, moved,
+                                                         OffsetReason.ACK)
                     followed.committed.update(moved)
             except Exception:  # a listener that raises is dropped by Spark: log, and commit at the next batch
                 log.exception("committing group %r's position on %r failed", followed.group, followed.topic.name)

@@ -30,12 +30,20 @@ from deltalake import CommitProperties, DeltaTable, write_deltalake
 
 from lakebroker.tables import delta
 from lakebroker.tables.conflicts import retry_conflicts
-from lakebroker.tables.layout import Layout
+from lakebroker.tables.layout import Layout, validate_name
 from lakebroker.tables.leases import lease_epochs
 from lakebroker.tables.schemas import OFFSETS_SCHEMA, OFFSETS_SCHEMA_VERSION
 from lakebroker.tables.topics import TopicConfig, TopicStore
 
 GroupPartition = tuple[str, str, int]  # (group, topic, partition)
+
+
+PULL_GROUP_PREFIX = "pull:"  # a pull consumer's or a Spark stream's group; a subscription's has none
+
+
+def pull_group(name: str) -> str:
+    """How a consumer group that is no subscription is stored: subscriptions and groups are named apart."""
+    return PULL_GROUP_PREFIX + validate_name(name, "group")
 
 
 class OffsetReason(StrEnum):

@@ -86,6 +86,7 @@ def test_every_metric_in_the_metrics_page_appears_after_produce_and_deliver(clie
         assert duplicate.json()["duplicate"] is True
         rejected = client.post("/v1/topics/orders/messages", json={"value": 1, "partition": 7})
         assert rejected.status_code == 400, rejected.text
+        assert client.post("/v1/topics/orders/groups/audit/offsets", json={"offsets": {"0": 2}}).status_code == 200
         receiver.wait_for(lambda: len(receiver.messages()) == 4)
         # The receiver records a message before its 2xx reaches the worker, which counts it then.
         settled = ('lakebroker_dead_lettered_messages_total{subscription="hooks"} 1.0',

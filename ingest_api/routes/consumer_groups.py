@@ -17,13 +17,11 @@ from pydantic import BaseModel, ConfigDict, Field
 from lakebroker.ingest_api.deps import BrokerDep
 from lakebroker.ingest_api.schemas import ErrorPublic
 from lakebroker.tables.errors import OutOfRange
-from lakebroker.tables.layout import validate_name
-from lakebroker.tables.offsets import OffsetReason, OffsetsTable
+from lakebroker.tables.offsets import OffsetReason, OffsetsTable, pull_group
 
 router = APIRouter(prefix="/v1/topics", tags=["consumer-groups"])
 _ERRORS: dict[int | str, dict[str, Any]] = {c: {"model": ErrorPublic} for c in (400, 404, 416, 422)}
 
-PULL_GROUP_PREFIX = "pull:"
 
 
 class GroupOffsetsCommit(BaseModel):
@@ -37,12 +35,8 @@ class GroupOffsetsPublic(BaseModel):
     offsets: dict[int, int] = Field(description="Next offset to read, per partition that has a committed one.")
 
 
-def stored_group(group: str) -> str:
-    return PULL_GROUP_PREFIX + validate_name(group, "group")
-
-
 def _read(broker: BrokerDep, topic: str, group: str) -> GroupOffsetsPublic:
-    rows = OffsetsTable(broker.layout).latest(stored_group(group))
+    rows = OffsetsTable(broker.layout).latest(pull_group(group))
     offsets = {p: offset for (_, t, p), (offset, _) in rows.items() if t == topic}
     return GroupOffsetsPublic(topic=topic, group=group, offsets=dict(sorted(offsets.items())))
 
@@ -51,7 +45,7 @@ def _read(broker: BrokerDep, topic: str, group: str) -> GroupOffsetsPublic:
 async def get_group_offsets(topic: str, group: str, broker: BrokerDep) -> GroupOffsetsPublic:
     """A pull consumer group's committed positions on this topic (empty for a group never committed)."""
     broker.topic(topic)
-    stored_group(group)
+    pull_group(group)
     return await asyncio.to_thread(_read, broker, topic, group)
 
 
@@ -60,7 +54,7 @@ async def commit_group_offsets(topic: str, group: str, body: GroupOffsetsCommit,
                                broker: BrokerDep) -> GroupOffsetsPublic:
     """Commit positions (next offset to read) of some or all partitions; others keep theirs."""
     config = broker.topic(topic)
-    name = stored_group(group)
+    name = pull_group(group)
     for partition, offset in body.offsets.items():
         config.check_partition(partition)
         end = broker.assigned_end(config, partition)

@@ -3,12 +3,15 @@ the app decides its access separately: setting metrics_public)."""
 
 from __future__ import annotations
 
+import asyncio
+
 from fastapi import APIRouter
 from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from lakebroker.ingest_api.deps import BrokerDep
 from lakebroker.ingest_api.responses import JSONBytes
+from lakebroker.ingest_api.subscription_status import pull_group_lags
 
 router = APIRouter(tags=["operations"])
 metrics_router = APIRouter(tags=["operations"])
@@ -51,4 +54,9 @@ async def metrics(broker: BrokerDep) -> Response:
             broker.metrics.assigned_end.labels(topic.name, str(p)).set(broker.assigned_end(topic, p))
             broker.metrics.committed_end.labels(topic.name, str(p)).set(broker.committed_end(topic, p))
             broker.metrics.wal_lost_offsets.labels(topic.name, str(p)).set(broker.lost_offsets(topic, p))
+    committed = await asyncio.to_thread(broker.group_offsets.latest)
+    broker.metrics.group_lag.clear()  # a group or partition gone since the last scrape goes too
+    for g in pull_group_lags(broker, committed):
+        if broker.owns(g["topic"], g["partition"]):
+            broker.metrics.group_lag.labels(g["group"], g["topic"], str(g["partition"])).set(g["lag"])
     return Response(generate_latest(broker.metrics.registry), media_type=CONTENT_TYPE_LATEST)

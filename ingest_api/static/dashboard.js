@@ -300,6 +300,30 @@
     sync(box, subs, (s) => s.name, createSub, updateSub, empty);
   }
 
+  // ---- consumer groups -------------------------------------------------------------------
+  function createGroup(g) {
+    const id = `group-${g.group}-${g.topic}-${g.partition}`;
+    return h("tr", { "data-testid": id },
+      h("td", { text: g.group }),
+      h("td", { text: `${g.topic} / ${g.partition}` }),
+      h("td", { class: "num", "data-ref": "committed" }),
+      h("td", { class: "num", "data-ref": "end" }),
+      h("td", { class: "num", "data-ref": "lag", "data-testid": `${id}-lag` }));
+  }
+
+  function updateGroup(row, g) {
+    setText(ref(row, "committed"), n(g.committed_offset));
+    setText(ref(row, "end"), n(g.log_end_offset));
+    setText(ref(row, "lag"), n(g.lag));
+  }
+
+  function renderGroups(groups) {
+    const body = $("groups").querySelector("tbody");
+    const empty = body.querySelector(".empty-row");
+    empty.hidden = groups.length > 0;
+    sync(body, groups, (g) => `${g.group}\u0000${g.topic}\u0000${g.partition}`, createGroup, updateGroup, empty);
+  }
+
   // ---- jobs ------------------------------------------------------------------------------
   function createJob([job, title]) {
     const fact = (name, title) => [h("dt", { text: title }),
@@ -446,6 +470,7 @@
     last = data;
     renderTopics(data.topics);
     renderSubs(data.subscriptions);
+    renderGroups(data.groups);
     renderJobs(data.jobs);
     renderLetters(data.dead_letters);
     renderLost(data.lost_offsets);

@@ -187,3 +187,22 @@ def test_auth_page_is_public_and_data_needs_admin(tmp_path: Path) -> None:
         assert [t["name"] for t in snapshot(client, **bearer)["topics"]] == ["orders", "payments"]
         limited = snapshot(client, Authorization=f"Bearer {orders_admin}")
         assert [t["name"] for t in limited["topics"]] == ["orders"]
+
+
+def test_consumer_groups_show_with_their_lag_on_the_dashboard_and_in_metrics(client: TestClient) -> None:
+    """A pull consumer's (or a Spark stream's) group: its position, the partition's committed end, the
+    lag; the same lag in /metrics. Subscriptions' groups are not listed here (they have their panel)."""
+    assert client.post("/v1/topics", json={"name": "events", "partitions": 2}).status_code == 201
+    r = client.post("/v1/topics/events/batch?ack=table", json={"messages": [
+        {"value": i, "partition": i % 2} for i in range(10)]})
+    assert r.status_code == 200, r.text
+    assert client.post("/v1/topics/events/groups/audit/offsets", json={"offsets": {"0": 2, "1": 5}}).status_code == 200
+    snap = wait_for(client, lambda s: len(s["groups"]) == 2)
+    assert [(g["group"], g["topic"], g["partition"], g["committed_offset"], g["log_end_offset"], g["lag"])
+            for g in snap["groups"]] == [("audit", "events", 0, 2, 5, 3), ("audit", "events", 1, 5, 5, 0)]
+    metrics = client.get("/metrics").text
+    assert 'lakebroker_group_lag{group="audit",partition="0",topic="events"} 3.0' in metrics
+    assert 'lakebroker_group_lag{group="audit",partition="1",topic="events"} 0.0' in metrics
+    assert client.post("/v1/topics/events/groups/audit/offsets", json={"offsets": {"0": 5}}).status_code == 200
+    wait_for(client, lambda s: [g["lag"] for g in s["groups"]] == [0, 0], timeout=10)
+    assert 'lakebroker_group_lag{group="audit",partition="0",topic="events"} 0.0' in client.get("/metrics").text

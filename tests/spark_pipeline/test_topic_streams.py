@@ -17,7 +17,7 @@ import pytest
 from lakebroker.spark import TableVersion, read_topic_stream
 from lakebroker.spark_pipeline.jobs import compaction, key_compaction, retention
 from lakebroker.tables.layout import Layout
-from lakebroker.tables.offsets import OffsetReason, OffsetsTable
+from lakebroker.tables.offsets import OffsetReason, OffsetsTable, pull_group
 from lakebroker.tables.settings import Settings
 from tests.spark_pipeline.topics import NOW_US, create_topic, file_count, log_ends, produce, settings_for, table
 
@@ -58,7 +58,8 @@ def _start(spark: Any, settings: Settings, topic: str, group: str, checkpoint: P
 
 
 def _group(settings: Settings, group: str, topic: str) -> dict[int, int]:
-    return {p: o for (_, t, p), (o, _) in OffsetsTable(Layout.of(settings)).latest(group).items() if t == topic}
+    return {p: o for (_, t, p), (o, _) in OffsetsTable(Layout.of(settings)).latest(pull_group(group)).items()
+            if t == topic}
 
 
 def test_a_stream_reads_every_message_once_in_order_across_maintenance(spark: Any, tmp_path: Path) -> None:
@@ -148,7 +149,28 @@ def test_starting_positions_and_a_groups_position(spark: Any, tmp_path: Path) ->
     assert read("b", starting={0: 5}) == {0: [5], 1: list(range(6))}
     assert read("c", starting=TableVersion(at)) == {0: [4, 5], 1: [4, 5]}
     assert read("d") == {}, "latest: only what comes after the query starts"
-    OffsetsTable(Layout.of(settings)).commit("seeker", "pos", {0: 3, 1: 5}, OffsetReason.SEEK)
+    OffsetsTable(Layout.of(settings)).commit(pull_group("seeker"), "pos", {0: 3, 1: 5}, OffsetReason.SEEK)
     assert read("e", group="seeker") == {0: [3, 4, 5], 1: [5]}, "a group's position wins over starting"
     with pytest.raises(ValueError, match="one group per topic"):
         read_topic_stream(spark, "pos", settings=settings, group="another")
+
+
+def test_the_analysts_guide_streaming_example_runs(spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    guide = (Path(__file__).resolve().parents[2] / "docs" / "analysts.md").read_text()
+    (code,) = [b.split("```", 1)[0] for b in guide.split("```python\n")[1:] if "read_topic_stream(" in b]
+    monkeypatch.chdir(tmp_path)  # the example's paths and settings are relative: ./data
+    monkeypatch.delenv("LAKEBROKER_DATA_DIR", raising=False)
+    settings = settings_for(Path("data"))
+    create_topic(settings, "orders", partitions=2)
+    for p in (0, 1):
+        produce(settings, "orders", p, 3, values=[b'{"total": 1.5}'] * 3)
+    output = tmp_path / "order_totals"
+    exec(compile(code, "docs/analysts.md", "exec"), {"spark": spark, "output_dir": str(output),
+                                                      "checkpoint_dir": str(tmp_path / "checkpoint")})
+    out = spark.read.format("delta").load(str(output)).collect()
+    assert sorted((r["partition"], r["offset"], r["total"]) for r in out) == [
+        (p, o, "1.5") for p in (0, 1) for o in range(3)]
+    deadline = time.monotonic() + 30
+    while _group(settings, "order-analytics", "orders") != {0: 3, 1: 3}:
+        assert time.monotonic() < deadline, _group(settings, "order-analytics", "orders")
+        time.sleep(0.2)
