@@ -13,7 +13,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fastapi.testclient import TestClient
 
+from lakebroker.ingest_api.app import create_app
 from lakebroker.spark import TableVersion, read_topic_stream
 from lakebroker.spark_pipeline.jobs import compaction, key_compaction, retention
 from lakebroker.tables.layout import Layout
@@ -99,6 +101,10 @@ def test_a_stream_reads_every_message_once_in_order_across_maintenance(spark: An
     finally:
         for q in queries:
             q.stop()
+    with TestClient(create_app(settings)) as broker:  # the groups as the dashboard shows them: no lag
+        groups = broker.get("/v1/dashboard").json()["groups"]
+    lags = {(g["group"], g["topic"], g["partition"]): g["lag"] for g in groups}
+    assert lags == {("analytics", "events", 0): 0, ("analytics", "events", 1): 0, ("profiles", "users", 0): 0}
 
 
 def test_a_stream_behind_retention_reads_on_from_what_is_left(spark: Any, tmp_path: Path) -> None:
