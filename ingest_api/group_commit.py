@@ -36,10 +36,13 @@ disk, a network volume) stalls the loop once, then at most once a minute, and a 
 start never does: /healthz, other topics and timers keep answering.
 
 Messages nobody waits for (ack=none) are answered at the end of the loop pass that queued them, all
-together and before the pass writes anything, so their producers send on while the write and fsync
-run; behind a write in flight they wait for its report, so that many share the next one. Answered
+together and before the pass writes anything, so their producers send on while the write runs;
+behind a write in flight they wait for its report, so that many share the next one. Answered
 one by one as they arrived, each answer woke its producer on its own and each pass wrote and
-fsynced a message or two: ack=none was slower than ack=wal.
+fsynced a message or two: ack=none was slower than ack=wal. A group of such messages only is written
+without an fdatasync (wal.py says how recovery tells its torn pages from damage): it promises no
+durability, and the fdatasync held the loop (an inline write) for its whole duration, so ack=none
+paid for a guarantee it does not give. The next synced write, or the clean stop, covers it.
 
 Offsets are assigned on the loop only, in hand-off order, and the thread writes in that order.
 A write that fails (disk full) fails its groups and every group handed after them, and the offsets
@@ -108,6 +111,7 @@ class _Group:
     epoch: int  # failures so far: a failed write drops the groups of its epoch handed after it
     rows: int
     size: int
+    sync: bool  # someone waits for it (not only ack=none messages): its write is fdatasynced
 
 
 class _Writer(threading.Thread):
@@ -136,7 +140,8 @@ class _Writer(threading.Thread):
             error: BaseException | None = None
             started = time.perf_counter()
             try:
-                self._wal.append(_pieces(f for g in groups for f in g.frames), [r for g in groups for r in g.records])
+                self._wal.append(_pieces(f for g in groups for f in g.frames), [r for g in groups for r in g.records],
+                                 sync=any(g.sync for g in groups))
             except BaseException as exc:  # noqa: BLE001 - any failure means: not durable, roll back
                 error, failed_epoch = exc, groups[-1].epoch
             if not self._report(self._written, groups, error, time.perf_counter() - started):
@@ -271,7 +276,7 @@ class GroupCommitter:
             error: BaseException | None = None
             started = time.perf_counter()
             try:
-                await asyncio.to_thread(self._wal.append, _pieces(group.frames), group.records)
+                await asyncio.to_thread(self._wal.append, _pieces(group.frames), group.records)  # synced: a stop
             except BaseException as exc:  # noqa: BLE001 - as the writer thread reports it
                 error = exc
             self._written([group], error, time.perf_counter() - started)
@@ -292,7 +297,7 @@ class GroupCommitter:
             error: BaseException | None = None
             started = time.perf_counter()
             try:
-                self._wal.append(_pieces(group.frames), group.records)
+                self._wal.append(_pieces(group.frames), group.records, sync=group.sync)
             except BaseException as exc:  # noqa: BLE001 - as the writer thread reports it
                 error = exc
             self._written([group], error, time.perf_counter() - started, inline=True)
@@ -365,7 +370,9 @@ class GroupCommitter:
         # needs the GIL for no Python work. A chunk's (Arrow IPC) is written in the thread.
         frames: list[bytes | Chunk] = [encode(r) if isinstance(r, Record) else r for r in records]
         rows = sum(1 if isinstance(r, Record) else r.rows for r in records)
-        group = _Group(items, records, frames, saved, self._epoch, rows, sum(r.size for r in records))
+        sync = any(p.future is not None or (isinstance(p, Pending) and p.then is not None and not p.early)
+                   for p in items)
+        group = _Group(items, records, frames, saved, self._epoch, rows, sum(r.size for r in records), sync)
         self._unwritten.append(group)
         self._unwritten_rows += rows
         return group
@@ -389,7 +396,8 @@ class GroupCommitter:
     def _written(self, groups: list[_Group], error: BaseException | None, took_s: float, *,
                  inline: bool = False) -> None:
         """The report of one write: answer its groups, or fail them and everything after them."""
-        self._judge(sum(g.size for g in groups), error, took_s, inline)
+        if error is not None or any(g.sync for g in groups):  # an unsynced write says nothing of the disk
+            self._judge(sum(g.size for g in groups), error, took_s, inline)
         if error is not None:
             if groups[0].epoch == self._epoch:  # the first failure of this epoch: later reports of it are moot
                 self._fail(error, len(groups))

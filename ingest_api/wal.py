@@ -22,6 +22,12 @@ hands back what it read in log order, which is offset order within each partitio
   truncated there. Pages of one write can reach the disk in any order, so valid frames after the
   bad one do not make it corruption. A later write's fdatasync covers every earlier page, so a
   bad frame followed by another write's group frame is not torn;
+- writes nobody waits for (ack=none groups) are not synced. After a power loss any of their pages
+  may be missing while later ones survive, so only a group frame that follows a synced write (its
+  magic says so; one that follows an unsynced write has another) proves the pages before it
+  durable. A bad frame that no such group frame follows is a torn tail: the log ends there, and the
+  writes after it, unsynced or never acknowledged, are dropped with it. Before a segment is sealed
+  its last write is synced, so the rule for sealed segments is unchanged;
 - any other bad frame is corruption: it is reported, the segment is copied to
   `wal/quarantine/`, the bad bytes are skipped and never replayed, and reading resumes at
   the next valid frame. (A segment written before group frames existed is read by the older
@@ -48,6 +54,7 @@ from lakebroker.ingest_api.records import (
     GROUP_MAGIC,
     MAGICS,
     MAX_FRAME_BYTES,
+    UNSYNCED_GROUP_MAGIC,
     Record,
     decode,
     frame_crc_ok,
@@ -116,9 +123,10 @@ def _rows(item: Record | Chunk) -> int:
     return item.rows if isinstance(item, Chunk) else 1
 
 
-def group_head(size: int) -> bytes:
-    """The group frame that starts a write of `size` bytes of frames."""
-    return seal(GROUP_MAGIC, _GROUP.pack(size))
+def group_head(size: int, *, after_synced: bool = True) -> bytes:
+    """The group frame that starts a write of `size` bytes of frames (`after_synced`: the write before
+    it was synced, which this frame's presence on disk then proves)."""
+    return seal(GROUP_MAGIC if after_synced else UNSYNCED_GROUP_MAGIC, _GROUP.pack(size))
 
 
 def _frame_at(data: bytes, pos: int) -> int | None:
@@ -164,6 +172,7 @@ class Wal:
         self._fd = -1
         self._size = 0  # where the next group is written
         self._zeroed = 0  # the active segment's bytes up to here exist (zeros past _size)
+        self._synced = True  # the last write was synced (an fdatasync since covers it too)
 
     # -- recovery -----------------------------------------------------------------------
     def recover(self) -> RecoveryReport:
@@ -242,27 +251,30 @@ class Wal:
             shutil.copy2(path, target)
 
     # -- appending ----------------------------------------------------------------------
-    def append(self, frames: list[Buffer], records: Iterable[Record | Chunk]) -> None:
-        """Write one group and make it durable; on failure the segment is cut back to before it.
-        `frames` are the group's frames, or pieces of them, in order."""
+    def append(self, frames: list[Buffer], records: Iterable[Record | Chunk], *, sync: bool = True) -> None:
+        """Write one group and, with `sync`, make it durable; on failure the segment is cut back to
+        before it. `frames` are the group's frames, or pieces of them, in order. Without `sync` (a
+        group nobody waits for) the write reaches the page cache only, which outlives the process
+        but not the machine, until a later synced write covers it."""
         data = _coalesced(frames)
         size = sum(len(piece) for piece in data)
-        head = memoryview(group_head(size))
-        data.insert(0, head)
-        size += len(head)
         with self._lock:
             assert self._active is not None, "recover() first"
             before = self._size
             try:
                 if self.fsync:
-                    self._zero_ahead(before + size)
-                _write_all(self._fd, data, before)
-                if self.fsync:
-                    os.fdatasync(self._fd)
+                    self._zero_ahead(before + size + GROUP_HEAD_BYTES)
+                head = memoryview(group_head(size, after_synced=self._synced))
+                _write_all(self._fd, [head, *data], before)
+                if self.fsync and (sync or before + size + len(head) >= self.segment_bytes):
+                    os.fdatasync(self._fd)  # (always before a roll: a sealed segment is durable whole)
+                    self._synced = True
+                else:
+                    self._synced = not self.fsync
             except OSError:
                 self._cut_back(before)
                 raise
-            self._size = before + size
+            self._size = before + size + len(head)
             self._active.note(records)
             if self._size >= self.segment_bytes:
                 # The group is durable whatever happens here: a failed roll must not fail it.
@@ -284,6 +296,7 @@ class Wal:
             while pos < target:
                 pos += os.pwrite(self._fd, _ZEROS[: min(ZERO_AHEAD, target - pos)], pos)
             os.fdatasync(self._fd)
+            self._synced = True  # it covers every earlier write too
         except OSError:  # a nearly full disk: give the room back; the plain write may still fit
             os.ftruncate(self._fd, self._size)
             self._zeroed = self._size
@@ -357,6 +370,8 @@ class Wal:
                 os.ftruncate(self._fd, 0)
                 if self.fsync:
                     os.fsync(self._fd)
+            elif self.fsync and not self._synced:  # a clean stop leaves nothing unsynced behind
+                os.fdatasync(self._fd)
             os.close(self._fd)
             self._fd = -1
 

@@ -63,11 +63,11 @@ async def test_single_messages_with_nothing_in_flight_are_written_by_the_loop_it
     append = wal.append
     in_flight = threading.Event()  # set by the test: the batch's write may finish
 
-    def traced(frames: list[object], records: list[Record | Chunk]) -> None:
+    def traced(frames: list[object], records: list[Record | Chunk], *, sync: bool = True) -> None:
         writers.append((threading.get_ident(), list(records)))
         if any(isinstance(r, Chunk) for r in records):
             in_flight.wait(30)
-        append(frames, records)  # type: ignore[arg-type]
+        append(frames, records, sync=sync)  # type: ignore[arg-type]
 
     wal.append = traced  # type: ignore[method-assign,assignment]
     committer = GroupCommitter(wal, {}, lambda records: None, IngestMetrics(CollectorRegistry()), max_group=GROUP)
@@ -114,16 +114,18 @@ async def test_ack_none_messages_are_answered_before_their_write_and_share_the_n
     wal = Wal(tmp_path / "wal", segment_bytes=1 << 24, fsync=True)
     wal.recover()
     writes: list[list[Record | Chunk]] = []
+    synced: list[bool] = []
     append = wal.append
     in_flight = threading.Event()
     answered: list[str] = []
 
-    def traced(frames: list[object], records: list[Record | Chunk]) -> None:
+    def traced(frames: list[object], records: list[Record | Chunk], *, sync: bool = True) -> None:
         writes.append(list(records))
+        synced.append(sync)
         if any(isinstance(r, Chunk) for r in records):
             in_flight.wait(30)
         assert answered[:2] == ["a", "b"], "answered before the first write"
-        append(frames, records)  # type: ignore[arg-type]
+        append(frames, records, sync=sync)  # type: ignore[arg-type]
 
     wal.append = traced  # type: ignore[method-assign,assignment]
     committer = GroupCommitter(wal, {}, lambda records: None, IngestMetrics(CollectorRegistry()), max_group=GROUP)
@@ -161,6 +163,7 @@ async def test_ack_none_messages_are_answered_before_their_write_and_share_the_n
     await eventually_async(lambda: len(writes) == 3, 10, what="c and d written")
     assert writes[2] == [c.record, d.record], "one write for both"
     assert (c.record.offset, d.record.offset) == (12, 13)
+    assert synced == [False, True, False], "only the awaited batch's write is fdatasynced"
 
     committer.close()
     await running
@@ -191,11 +194,11 @@ async def test_the_loop_writes_only_while_the_disk_proves_fast_and_probes_it_aft
     delays: list[float] = [0.2]  # each write takes the first; a longer list is used up one write at a time
     on_loop: list[tuple[float, bool]] = []  # (delay, written on the loop's thread), per WAL write
 
-    def append(frames: list[object], records: list[object]) -> None:
+    def append(frames: list[object], records: list[object], *, sync: bool = True) -> None:
         delay = delays.pop(0) if len(delays) > 1 else delays[0]
         on_loop.append((delay, threading.current_thread() is loop_thread))
         time.sleep(delay)
-        real_append(frames, records)  # type: ignore[arg-type]
+        real_append(frames, records, sync=sync)  # type: ignore[arg-type]
 
     broker.wal.append = append  # type: ignore[method-assign]
 

@@ -275,3 +275,57 @@ def test_a_clean_stop_leaves_nothing_to_replay(tmp_path: Path) -> None:
         assert sum(p["committed_offset"] for p in ends) == 70
     numbers = [int(p.stem) for p in (tmp_path / "data" / "wal").glob("*.wal")]
     assert numbers and min(numbers) > int(segments[0].stem) - 1  # numbering never goes back
+
+
+def _writes(path: Path, syncs: list[bool], segment_bytes: int = 1 << 20) -> list[int]:
+    """One record a write, offsets 0.., each synced or not as `syncs` says: each write's start."""
+    wal = open_wal(path, segment_bytes)
+    wal.recover()
+    starts = []
+    for i, sync in enumerate(syncs):
+        starts.append(wal._size)
+        wal.append([encode(rec(i))], [rec(i)], sync=sync)
+    wal._fd, fd = -1, wal._fd  # a crash: no clean close (which would sync)
+    os.close(fd)
+    return starts
+
+
+def test_a_lost_page_of_an_unsynced_write_is_a_torn_tail_with_every_write_after_it(tmp_path: Path) -> None:
+    """ack=none groups are written without an fdatasync. After a power loss any of their pages may be
+    missing while later pages survive: the first bad one ends the log there (those messages were never
+    promised durable), and nothing after it is replayed around a gap, so no partition is held."""
+    starts = _writes(tmp_path, [True, False, False, False])
+    segment = sorted(tmp_path.glob("*.wal"))[-1]
+    data = bytearray(segment.read_bytes())
+    data[starts[1] + GROUP_HEAD_BYTES + 20] ^= 0xFF  # a page of write 1 lost; writes 2 and 3 reached the disk
+    segment.write_bytes(bytes(data))
+    report = open_wal(tmp_path).recover()
+    assert [r.offset for r in report.records] == [0]
+    assert report.corrupt == [] and report.torn_bytes > 0
+    assert not (tmp_path / "quarantine").exists()
+
+
+def test_a_write_synced_after_an_unsynced_one_makes_it_durable_and_damage_in_it_corruption(tmp_path: Path) -> None:
+    """Write 2's fdatasync covered write 1; write 3's head shows that write 2's returned. A bad frame
+    in write 1 is then damage, as for any synced write: reported, quarantined, the rest replayed."""
+    starts = _writes(tmp_path, [True, False, True, False])
+    segment = sorted(tmp_path.glob("*.wal"))[-1]
+    data = bytearray(segment.read_bytes())
+    data[starts[1] + GROUP_HEAD_BYTES + 20] ^= 0xFF
+    segment.write_bytes(bytes(data))
+    report = open_wal(tmp_path).recover()
+    assert [r.offset for r in report.records] == [0, 2, 3]
+    assert len(report.corrupt) == 1 and report.torn_bytes == 0
+
+
+def test_a_segment_rolled_after_an_unsynced_write_is_synced_first(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+                                                                 ) -> None:
+    """The next segment's writes must not outlive an unsynced tail of the one before it: damage in a
+    sealed segment is corruption, so its last write is synced before the roll."""
+    synced: list[int] = []
+    real = os.fdatasync
+    monkeypatch.setattr(wal_module.os, "fdatasync", lambda fd: (synced.append(fd), real(fd))[1])
+    _writes(tmp_path, [False, False, False], segment_bytes=1)  # every write fills its segment
+    assert len(sorted(tmp_path.glob("*.wal"))) == 4
+    assert len(synced) >= 3, "each unsynced write synced before its segment was sealed"
+    assert [r.offset for r in open_wal(tmp_path).recover().records] == [0, 1, 2]
