@@ -231,3 +231,13 @@ def test_every_code_block_of_the_guides_runs_in_a_test_or_is_marked_illustrative
             if not test.is_file() or page.name not in test.read_text():
                 problems.append(f"{where}: {block.tested_by} does not read {page.name}")
     assert not problems, f"docs/{page.name}: {problems}"
+
+
+def test_the_producers_guide_figures_are_the_benchmark_pages() -> None:
+    """The throughput table of docs/producing.md quotes docs/benchmarks.md, which make bench renders."""
+    guide = (DOCS / "producing.md").read_text()
+    table = guide.split("<!-- figures: docs/benchmarks.md -->", 1)[1].split("<!-- /figures -->", 1)[0]
+    figures = set(re.findall(r"\b\d{1,3}(?:,\d{3})+\b", table))
+    assert len(figures) == 4, figures
+    page = (DOCS / "benchmarks.md").read_text()
+    assert not sorted(f for f in figures if f not in page), "figures docs/benchmarks.md does not hold"
