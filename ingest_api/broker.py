@@ -337,6 +337,11 @@ class Broker:
         for topic in self.topics.values():
             self._restrict_keyless(topic)
 
+    def parked_unowned(self) -> list[PartitionKey]:
+        """Parked partitions of live topics this node does not own: their items must reach another node."""
+        live = {bytes.fromhex(t.topic_id) for t in self.topics.values()}
+        return [key for key in self.parked if key not in self.epochs and key[0] in live]
+
     def parked_elsewhere(self) -> list[tuple[TopicConfig, int, str]]:
         """Parked partitions another live node owns now: (topic, partition, owner URL)."""
         topics = {bytes.fromhex(t.topic_id): t for t in self.topics.values()}

@@ -53,19 +53,21 @@ class Router:
 
     async def stop(self) -> None:
         """At shutdown, parked items go to their owners first (for STOP_RESEND_S at most): a node
-        stopped for good must not keep acknowledged messages in its WAL that live owners could take."""
+        stopped for good must not keep acknowledged messages in its WAL that live owners could take.
+        A partition between owners (its owner stopped just before this node) is waited for: a live
+        node claims it within a heartbeat or two."""
         if self._resending is not None:
             self._resending.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._resending
             deadline = asyncio.get_running_loop().time() + STOP_RESEND_S
-            while self.broker.parked_elsewhere() and asyncio.get_running_loop().time() < deadline:
+            while self.broker.parked_unowned() and asyncio.get_running_loop().time() < deadline:
                 await self._send_parked()
-                if self.broker.parked_elsewhere():
+                if self.broker.parked_unowned():
                     await asyncio.sleep(self.broker.cluster.heartbeat_s)
-            if left := self.broker.parked_elsewhere():
-                log.error("acknowledged messages of %d partitions other nodes own stay in this node's WAL: start "
-                          "it again with its data dir to hand them over", len(left))
+            if left := self.broker.parked_unowned():
+                log.error("acknowledged messages of %d partitions other nodes own or will own stay in this node's "
+                          "WAL: start it again with its data dir to hand them over", len(left))
         if self._forwarder is not None:
             await self._forwarder.close()
 

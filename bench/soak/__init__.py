@@ -70,7 +70,7 @@ from deltalake import DeltaTable
 from bench.harness.memory import peak_rss_mb
 from bench.harness.servers import BenchError
 from bench.result import REPO
-from bench.soak.checks import TopicSpec, check_all, check_jobs
+from bench.soak.checks import TopicSpec, check_all, check_jobs, topic_table
 from bench.soak.report import SoakReport
 from lakebroker.tables.layout import Layout
 from tests.receivers import Receiver
@@ -471,7 +471,7 @@ class Soak:
     def _log_starts(self, topic: str) -> dict[int, int]:
         from lakebroker.tables.log_start import log_starts
 
-        table = DeltaTable(str(self.tables / "topics" / topic))
+        table = DeltaTable(topic_table(self.tables, topic))
         starts: dict[int, int] = log_starts(table, SPECS[topic].partitions)
         return starts
 

@@ -16,7 +16,9 @@ import orjson
 from deltalake import DeltaTable
 
 from bench.soak.report import SoakReport
+from lakebroker.tables.layout import Layout
 from lakebroker.tables.log_start import PartitionLog, partition_logs
+from lakebroker.tables.topics import TopicStore
 
 MAX_EXAMPLES = 5  # problems listed one by one per kind; the rest are counted
 
@@ -155,6 +157,13 @@ def check_jobs(report: SoakReport, runs: list[dict[str, Any]], required: tuple[s
             report.problems.append(f"no {job} run succeeded")
 
 
+def topic_table(tables: Path, topic: str) -> str:
+    """Where a topic's table is under a table root: its location (a topic the soak deletes and
+    creates again gets a new one each time)."""
+    layout = Layout(tables)
+    return layout.topic_table(TopicStore(layout).get(topic))
+
+
 def check_all(report: SoakReport, data: Path, topics: dict[str, TopicSpec], acks: list[dict[str, Any]],
               deliveries: list[dict[str, Any]], dead: dict[str, set[tuple[int, int]]]) -> None:
     by_topic: dict[str, dict[tuple[int, int], dict[str, Any]]] = defaultdict(dict)
@@ -165,7 +174,7 @@ def check_all(report: SoakReport, data: Path, topics: dict[str, TopicSpec], acks
     report.delivered = len(times)
     report.delivered_more_than_once = sum(1 for n in times.values() if n > 1)
     for topic, spec in topics.items():
-        stored = Stored.read(data / "topics" / topic, spec.partitions)
+        stored = Stored.read(Path(topic_table(data, topic)), spec.partitions)
         check_table(report, topic, spec, stored, [a for a in acks if a["topic"] == topic])
         if spec.retention and report.removed_by_retention == 0 and all(
                 log.log_start == 0 for log in stored.logs.values()):
