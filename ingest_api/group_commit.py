@@ -192,8 +192,7 @@ class GroupCommitter:
         self._queue.extend(items)
         self.queued_bytes += sum(p.record.size if isinstance(p, Pending) else p.chunk.size for p in items)
         if not self._awaited:
-            self._awaited = any(p.future is not None or (isinstance(p, Pending) and p.then is not None and not p.early)
-                                for p in items)
+            self._awaited = any(map(_waited_for, items))
         self._schedule()
 
     def submit_one(self, item: Pending) -> None:
@@ -370,9 +369,8 @@ class GroupCommitter:
         # needs the GIL for no Python work. A chunk's (Arrow IPC) is written in the thread.
         frames: list[bytes | Chunk] = [encode(r) if isinstance(r, Record) else r for r in records]
         rows = sum(1 if isinstance(r, Record) else r.rows for r in records)
-        sync = any(p.future is not None or (isinstance(p, Pending) and p.then is not None and not p.early)
-                   for p in items)
-        group = _Group(items, records, frames, saved, self._epoch, rows, sum(r.size for r in records), sync)
+        group = _Group(items, records, frames, saved, self._epoch, rows, sum(r.size for r in records),
+                       any(map(_waited_for, items)))
         self._unwritten.append(group)
         self._unwritten_rows += rows
         return group
@@ -431,6 +429,11 @@ class GroupCommitter:
         for group in failed:
             self.queued_bytes -= group.size
             _answer(group, error)
+
+
+def _waited_for(p: Queued) -> bool:
+    """Whether someone waits for the item's write (not an ack=none message answered early)."""
+    return p.future is not None or (isinstance(p, Pending) and p.then is not None and not p.early)
 
 
 def _inline(queue: list[Queued]) -> bool:

@@ -47,7 +47,6 @@ def read_topic(spark: SparkSession, topic: str, *, starting: Position | None = N
 
     `settings` says where the tables are (default: the environment's, as `lakebroker` reads it).
     Raises NotFound for an unknown topic, ValueError for a position that is not one."""
-    from pyspark.sql import functions as F
 
     layout = Layout.of(settings or Settings())
     config = TopicStore(layout).get(topic)
@@ -61,6 +60,13 @@ def read_topic(spark: SparkSession, topic: str, *, starting: Position | None = N
         rows = rows.where(position_bound(starting, config, uri, version, lower=True))
     if ending is not None and not isinstance(ending, TableVersion):
         rows = rows.where(position_bound(ending, config, uri, version, lower=False))
+    return decoded(rows)
+
+
+def decoded(rows: DataFrame) -> DataFrame:
+    """A topic table's rows as a reader gets them: the value decoded for json and text, beside its bytes."""
+    from pyspark.sql import functions as F
+
     return rows.select(
         "partition", "offset", "timestamp", "key",
         F.when(F.col("format").isin(*TEXT_FORMATS), F.decode(F.col("value"), "UTF-8")).alias("value"),

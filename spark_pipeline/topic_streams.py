@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from lakebroker.spark_pipeline.topic_reads import TEXT_FORMATS, Position, TableVersion, ends_at, position_bound
+from lakebroker.spark_pipeline.topic_reads import Position, TableVersion, decoded, ends_at, position_bound
 from lakebroker.tables import delta, storage
 from lakebroker.tables.layout import Layout
 from lakebroker.tables.offsets import OffsetReason, OffsetsTable, pull_group
@@ -46,7 +46,7 @@ log = logging.getLogger(__name__)
 class _Followed:
     """A group's stream of a topic, as the listener knows it."""
 
-    layout: Layout
+    offsets: OffsetsTable  # followed from one commit to the next
     topic: TopicConfig
     uri: str
     group: str
@@ -64,17 +64,14 @@ def read_topic_stream(spark: SparkSession, topic: str, *, starting: Position = "
     positions on this topic starts there instead, and the query's progress is committed as that
     group after each micro-batch. A query restarted from its checkpoint goes on from the checkpoint
     (Spark's exactly-once bookkeeping), skipping anything below the group's position."""
-    from pyspark.sql import functions as F
 
     layout = Layout.of(settings or Settings())
     config = TopicStore(layout).get(topic)
     uri = layout.topic_table(config)
     newest = delta.load(uri).version()
-    if group is not None:
-        committed = {p: o for (_, t, p), (o, _) in OffsetsTable(layout).latest(pull_group(group)).items()
-                     if t == topic}
-        if committed:
-            starting = committed
+    offsets = OffsetsTable(layout)
+    if group is not None and (committed := offsets.of_topic(pull_group(group), topic)):
+        starting = committed
     reader = spark.readStream.format("delta").option("skipChangeCommits", "true")
     floor: dict[int, int] = {}
     if starting == "latest" or (isinstance(starting, TableVersion) and starting.version >= newest):
@@ -92,12 +89,8 @@ def read_topic_stream(spark: SparkSession, topic: str, *, starting: Position = "
         if isinstance(starting, Mapping):
             floor = {int(p): int(o) for p, o in starting.items()}
     if group is not None:
-        _listener(spark).follow(_Followed(layout, config, uri, group, floor, {}))
-    return rows.select(
-        "partition", "offset", "timestamp", "key",
-        F.when(F.col("format").isin(*TEXT_FORMATS), F.decode(F.col("value"), "UTF-8")).alias("value"),
-        F.col("value").alias("value_bytes"), "format", "headers",
-    )
+        _listener(spark).follow(_Followed(offsets, config, uri, group, floor, {}))
+    return decoded(rows)
 
 
 def group_position(end_offset: str, followed: _Followed) -> dict[int, int] | None:
@@ -173,8 +166,7 @@ class _GroupCommits:
                 position = group_position(str(source.endOffset), followed)
                 moved = {p: o for p, o in (position or {}).items() if followed.committed.get(p) != o}
                 if moved:
-                    OffsetsTable(followed.layout).commit(pull_group(followed.group), followed.topic.name, moved,
-                                                         OffsetReason.ACK)
+                    followed.offsets.commit(pull_group(followed.group), followed.topic.name, moved, OffsetReason.ACK)
                     followed.committed.update(moved)
             except Exception:  # a listener that raises is dropped by Spark: log, and commit at the next batch
                 log.exception("committing group %r's position on %r failed", followed.group, followed.topic.name)

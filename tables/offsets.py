@@ -186,6 +186,10 @@ class OffsetsTable:
         """The current offset and the reason it last moved, per (group, topic, partition)."""
         return {k: (c.offset, c.reason) for k, c in self.positions(group).items()}
 
+    def of_topic(self, group: str, topic: str) -> dict[int, int]:
+        """The group's current offset per partition of `topic` that has one."""
+        return {p: offset for (_, t, p), (offset, _) in self.latest(group).items() if t == topic}
+
 
 def _belongs(row: Mapping[str, Any], topic: TopicConfig) -> bool:
     if row["topic_id"] is None:  # written before schema version 2

@@ -63,7 +63,7 @@ class TopicConfig:
     def __post_init__(self) -> None:
         validate_name(self.name)
         if not self.location:
-            object.__setattr__(self, "location", f"topics/{self.name}")
+            object.__setattr__(self, "location", first_location(self.name))
         if not 1 <= self.partitions <= MAX_PARTITIONS:
             raise InvalidRequest(f"partitions must be between 1 and {MAX_PARTITIONS}, got {self.partitions}")
         if self.retention_ms is not None and self.retention_ms <= 0:
@@ -87,6 +87,11 @@ class TopicConfig:
         out["cleanup_policy"] = self.cleanup_policy.value
         out["created_at"] = self.created_at.isoformat()
         return out
+
+
+def first_location(name: str) -> str:
+    """Where a topic of this name is first created, relative to the table root (Layout.topic_table)."""
+    return f"topics/{name}"
 
 
 def new_topic(name: str, partitions: int, **config: Any) -> TopicConfig:
@@ -245,8 +250,8 @@ class TopicStore:
         (and leave a gap no reader gets past)."""
         first = self.layout.topic_table(topic.name)
         if storage.read_small(self.layout.retired_marker(topic.name)) is None and not delta.exists(first):
-            return f"topics/{topic.name}"
-        return f"topics/{topic.name}~{topic.topic_id[:12]}"
+            return first_location(topic.name)
+        return f"{first_location(topic.name)}~{topic.topic_id[:12]}"
 
     def delete(self, name: str) -> None:
         def change(rows: Rows) -> tuple[Rows, TopicConfig]:
@@ -254,7 +259,7 @@ class TopicStore:
             return [r for r in rows if r["name"] != name], topic
 
         topic = self._table.mutate(change)
-        if topic.location == f"topics/{name}":  # retired before it is emptied, so no crash can free it
+        if topic.location == first_location(name):  # retired before it is emptied, so no crash can free it
             storage.write_small(self.layout.retired_marker(name), topic.topic_id.encode())
         storage.remove_tree(self.layout.topic_table(topic))
 

@@ -36,8 +36,7 @@ class GroupOffsetsPublic(BaseModel):
 
 
 def _read(broker: BrokerDep, topic: str, group: str) -> GroupOffsetsPublic:
-    rows = OffsetsTable(broker.layout).latest(pull_group(group))
-    offsets = {p: offset for (_, t, p), (offset, _) in rows.items() if t == topic}
+    offsets = OffsetsTable(broker.layout).of_topic(pull_group(group), topic)
     return GroupOffsetsPublic(topic=topic, group=group, offsets=dict(sorted(offsets.items())))
 
 

@@ -60,8 +60,7 @@ def _start(spark: Any, settings: Settings, topic: str, group: str, checkpoint: P
 
 
 def _group(settings: Settings, group: str, topic: str) -> dict[int, int]:
-    return {p: o for (_, t, p), (o, _) in OffsetsTable(Layout.of(settings)).latest(pull_group(group)).items()
-            if t == topic}
+    return OffsetsTable(Layout.of(settings)).of_topic(pull_group(group), topic)
 
 
 def test_a_stream_reads_every_message_once_in_order_across_maintenance(spark: Any, tmp_path: Path) -> None:
