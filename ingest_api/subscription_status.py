@@ -27,7 +27,8 @@ from lakebroker.ingest_api.live_status import LiveStatus
 from lakebroker.tables.dead_letters import DeadLetterTable
 from lakebroker.tables.layout import Layout
 from lakebroker.tables.leases import Lease, LeaseTable, Pair
-from lakebroker.tables.offsets import PULL_GROUP_PREFIX, GroupPartition, OffsetsTable
+from lakebroker.tables.offsets import GroupPartition, OffsetsTable
+from lakebroker.tables.offsets import pull_group_lags as offsets_lags
 from lakebroker.tables.retention_skips import RetentionSkip, SkipSummary, retention_skips, summarize
 from lakebroker.tables.subscriptions import Subscription
 
@@ -60,17 +61,8 @@ def read_groups(layout: Layout, group: str | None = None, *, offsets: OffsetsTab
 
 
 def pull_group_lags(broker: Broker, committed: Mapping[GroupPartition, tuple[int, str]]) -> list[dict[str, Any]]:
-    """The groups that are no subscription (pull consumers, Spark streams), from their committed
-    positions: per partition, the position, the topic's committed end and the lag between them."""
-    out = []
-    for (stored, topic_name, partition), (offset, reason) in sorted(committed.items()):
-        topic = broker.topics.get(topic_name)
-        if not stored.startswith(PULL_GROUP_PREFIX) or topic is None or partition >= topic.partitions:
-            continue
-        end = broker.committed_end(topic, partition)
-        out.append({"group": stored.removeprefix(PULL_GROUP_PREFIX), "topic": topic_name, "partition": partition,
-                    "committed_offset": offset, "log_end_offset": end, "lag": max(0, end - offset), "reason": reason})
-    return out
+    """The groups that are no subscription, with the lag to each partition's end as this broker counts it."""
+    return offsets_lags(committed, broker.topics, broker.committed_end)
 
 
 def _skips_public(summary: SkipSummary | None) -> dict[str, Any]:

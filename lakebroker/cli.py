@@ -281,9 +281,10 @@ def sql(
 @functools.cache  # once per process, however often main() (or a test) asks
 def _register_plugins() -> None:
     """Command groups owned by other modules add themselves here."""
-    from lakebroker import cluster_cli, jobs_cli, spark_cli, tokens_cli, wal_cli
+    from lakebroker import cluster_cli, groups_cli, jobs_cli, spark_cli, tokens_cli, wal_cli
 
     cluster_cli.register(app, settings, fail)
+    groups_cli.register(app, settings, fail)
     jobs_cli.register(app, settings, fail)
     spark_cli.register(app, settings, fail)
     tokens_cli.register(app, settings, fail)

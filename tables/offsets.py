@@ -18,7 +18,7 @@ Which row is a group's position (per group, topic and partition):
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import StrEnum
@@ -44,6 +44,22 @@ PULL_GROUP_PREFIX = "pull:"  # a pull consumer's or a Spark stream's group; a su
 def pull_group(name: str) -> str:
     """How a consumer group that is no subscription is stored: subscriptions and groups are named apart."""
     return PULL_GROUP_PREFIX + validate_name(name, "group")
+
+
+def pull_group_lags(committed: Mapping[GroupPartition, tuple[int, str]], topics: Mapping[str, TopicConfig],
+                    end: Callable[[TopicConfig, int], int]) -> list[dict[str, Any]]:
+    """The groups that are no subscription (pull consumers, Spark streams), from their committed
+    positions: per partition, the position, the partition's end (`end`) and the lag between them."""
+    out = []
+    for (stored, topic_name, partition), (offset, reason) in sorted(committed.items()):
+        topic = topics.get(topic_name)
+        if not stored.startswith(PULL_GROUP_PREFIX) or topic is None or partition >= topic.partitions:
+            continue
+        log_end = end(topic, partition)
+        out.append({"group": stored.removeprefix(PULL_GROUP_PREFIX), "topic": topic_name, "partition": partition,
+                    "committed_offset": offset, "log_end_offset": log_end, "lag": max(0, log_end - offset),
+                    "reason": reason})
+    return out
 
 
 class OffsetReason(StrEnum):
