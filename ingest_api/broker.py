@@ -114,6 +114,9 @@ class Broker:
         self.accepting: set[PartitionKey] = set()
         self.parked: dict[PartitionKey, list[Record | Chunk]] = {}
         self._floors: dict[PartitionKey, int] = {}  # the WAL keeps each such partition's items from here
+        # Topics whose table could not be read (topic id -> why): their partitions wait for a claim that
+        # reads the table, retried at each heartbeat; their items stay parked meanwhile.
+        self.unreadable: dict[str, str] = {}
         self.cluster: Membership
         self.flusher.on_orphans = self.park
         self.flusher.on_deposed = self._deposed
@@ -134,6 +137,7 @@ class Broker:
             self.damage.add(damage)
         self.committer.next_offsets = recovered.assigned
         self.flusher.committed = dict(recovered.committed)
+        self.unreadable = dict(recovered.unreadable)
         self.park(recovered.unflushed)  # until the first heartbeat says which partitions are ours
         self._tasks = [asyncio.create_task(self.committer.run()), asyncio.create_task(self.flusher.run())]
         await self.cluster.join()
@@ -228,6 +232,7 @@ class Broker:
         self._topic_ids.pop(topic.topic_id, None)
         await self.flusher.forget(topic.topic_id)
         self.damage.forget_topic(topic.name)
+        self.unreadable.pop(topic.topic_id, None)
         topic_id = bytes.fromhex(topic.topic_id)
         for key in [k for k in (*self.epochs, *self.parked) if k[0] == topic_id]:
             self.epochs.pop(key, None)
@@ -406,6 +411,8 @@ class Broker:
         """The refusal of a message for a partition this node does not take now: 421 naming the owner,
         or, while the partition is between owners (even on its way to this node), 503 to retry."""
         url = self.cluster.owner_url((topic.topic_id, partition))
+        if topic.topic_id in self.unreadable and (url is None or url == self.cluster.table.url):
+            return NoOwnerYet(self.unreadable[topic.topic_id], 5.0)
         if url is None or url == self.cluster.table.url:
             return NoOwnerYet(f"partition {partition} of {topic.name!r} is changing owners; retry in a second", 1.0)
         return NotOwner(f"partition {partition} of {topic.name!r} is not owned by this node: its owner is {url}",

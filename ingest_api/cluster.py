@@ -26,10 +26,11 @@ from collections import defaultdict
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
-from deltalake.exceptions import CommitFailedError
+from deltalake.exceptions import CommitFailedError, DeltaError
 
 from lakebroker.ingest_api.auth import auth_enforced
 from lakebroker.ingest_api.dedup_rebuild import placed_by_others
+from lakebroker.ingest_api.reader import unreadable
 from lakebroker.tables import delta, fencing
 from lakebroker.tables.conflicts import retry_conflicts
 from lakebroker.tables.errors import Backpressure, LakebrokerError
@@ -235,10 +236,20 @@ class Membership:
                     await asyncio.to_thread(self.table.raise_epoch, (topic_id, p), newer + 1)
                 self._wake.set()
                 continue
+            except DeltaError as exc:  # a damaged log: this topic waits, the others go on
+                reason = unreadable(self.layout, topic, exc).message
+                if self.broker.unreadable.get(topic_id) != reason:
+                    log.error("%s", reason)
+                self.broker.unreadable[topic_id] = reason
+                continue
             # Rows other nodes committed since this node's own last commit: their ids must be known
-            # before a retry of one of them can arrive here.
+            # before a retry of one of them can arrive here. A table unreadable at start was never
+            # read for ids: all of it within the window.
             tid = bytes.fromhex(topic_id)
-            others = {p: (self.broker.own_end((tid, p), prev), end) for p, (end, prev) in ends.items()}
+            unread = self.broker.unreadable.pop(topic_id, None) is not None
+            if unread:
+                log.warning("topic %r: its table reads again; its partitions are open", topic.name)
+            others = {p: (0 if unread else self.broker.own_end((tid, p), prev), end) for p, (end, prev) in ends.items()}
             placed = await asyncio.to_thread(placed_by_others, self.layout, topic, others, window_s=self.dedup_window_s)
             await self.broker.learn_ids(placed)
             self.broker.adopt(topic, {p: (epochs[p], end, prev) for p, (end, prev) in ends.items()}, placed)

@@ -34,6 +34,7 @@ from lakebroker.ingest_api.live_status import LiveStatus
 from lakebroker.ingest_api.reader import log_start, partition_files
 from lakebroker.ingest_api.subscription_status import GroupTables, pull_group_lags, read_groups, subscription_status
 from lakebroker.tables.dead_letters import DeadLetterTable
+from lakebroker.tables.errors import TableUnreadable
 from lakebroker.tables.job_runs import JobName, last_runs
 from lakebroker.tables.layout import Layout
 from lakebroker.tables.log_start import PartitionLog
@@ -87,16 +88,23 @@ class _TableReads:
     dead_letters: dict[str, list[dict[str, Any]]]
     runs: dict[str, list[dict[str, Any]]]
     losses: list[LostOffsets]
+    unreadable: dict[str, str]  # topic -> why its table could not be read
 
 
 def _read_tables(layout: Layout, topics: list[TopicConfig], offsets: OffsetsTable) -> _TableReads:
-    files = {t.name: partition_files(layout, t) for t in topics}
+    files: dict[str, dict[int, PartitionLog]] = {}
+    unreadable: dict[str, str] = {}
+    for t in topics:
+        try:
+            files[t.name] = partition_files(layout, t)
+        except TableUnreadable as exc:  # that topic shows as unavailable; the page goes on
+            unreadable[t.name] = exc.message
     subs = SubscriptionStore(layout).load()
     unreplayed = DeadLetterTable(layout).unreplayed(DEAD_LETTERS_PER_SUBSCRIPTION)
     groups = read_groups(layout, offsets=offsets, dead_letters={g: n for g, (n, _) in unreplayed.items()})
     letters = {name: unreplayed[name][1] for name in sorted(subs) if name in unreplayed}
     runs = {job.value: last_runs(layout, job=job.value, limit=200) for job in JOBS}
-    return _TableReads(files, subs, groups, letters, runs, lost_offsets(layout))
+    return _TableReads(files, subs, groups, letters, runs, lost_offsets(layout), unreadable)
 
 
 def _iso(value: datetime | None) -> str | None:
@@ -177,7 +185,7 @@ class Dashboard:
         topics = sorted(broker.topics.values(), key=lambda t: t.name)
         reads = await asyncio.to_thread(_read_tables, broker.layout, topics, self._offsets)
         now = time.monotonic()
-        topic_rows = [self._topic(t, reads.files.get(t.name, {}), now) for t in topics]
+        topic_rows = [self._topic(t, reads.files.get(t.name, {}), now, reads.unreadable.get(t.name)) for t in topics]
         self.rates.forget_except({t.name for t in topics})
         subs = [self._subscription(s, reads.groups) for s in sorted(reads.subscriptions.values(),
                                                                      key=lambda s: s.name)]
@@ -209,7 +217,8 @@ class Dashboard:
                     "skipped_at": _iso(s.skipped_at), "skipped_by": s.skipped_by} for s in reversed(losses)]
         return held + skipped
 
-    def _topic(self, topic: TopicConfig, files: dict[int, PartitionLog], now: float) -> dict[str, Any]:
+    def _topic(self, topic: TopicConfig, files: dict[int, PartitionLog], now: float,
+               unreadable: str | None) -> dict[str, Any]:
         partitions = []
         for p in range(topic.partitions):
             f = files.get(p)
@@ -228,6 +237,7 @@ class Dashboard:
             "size_bytes": sum(p["size_bytes"] for p in partitions),
             "files": sum(p["files"] for p in partitions),
             "produce_rate": self.rates.observe(topic.name, assigned, now),
+            "unavailable": unreadable or self.broker.unreadable.get(topic.topic_id),
         }
 
     def _subscription(self, sub: Subscription, groups: GroupTables) -> dict[str, Any]:

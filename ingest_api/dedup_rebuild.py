@@ -12,7 +12,7 @@ broker's own at the default of 2M.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TypeAlias
 
@@ -45,12 +45,14 @@ class _Source:
 
 
 def rebuild(index: DedupIndex, layout: Layout, topics: Sequence[TopicConfig], wal_records: list[Record],
-            wal_chunks: list[Chunk], committed: Mapping[PartitionKey, int], *, window_s: float) -> int:
+            wal_chunks: list[Chunk], committed: Mapping[PartitionKey, int], *, window_s: float,
+            unreadable: Collection[str] = ()) -> int:
     """Remember in `index` the ids placed within the window; returns how many. `committed` holds
-    each partition's log end in its table: WAL items below it are read from the table."""
+    each partition's log end in its table: WAL items below it are read from the table. The tables
+    of `unreadable` topic ids are not read (their ids are learnt when their partitions are claimed)."""
     horizon_us = int((time.time() - window_s) * 1_000_000)
-    sources = [_Source(t.topic_id, table) for t in topics
-               if (table := delta.open_table(layout.topic_table(t))) is not None]
+    sources = [_Source(t.topic_id, table) for t in topics if t.topic_id not in unreadable
+               and (table := delta.open_table(layout.topic_table(t))) is not None]
     live = {bytes.fromhex(t.topic_id) for t in topics}
     wal = _wal_ids(wal_records, wal_chunks, committed, live, horizon_us)  # held in memory by recovery anyway
     stamps = np.concatenate([wal["timestamp"].to_numpy(), *(_times(s.table, horizon_us) for s in sources)])

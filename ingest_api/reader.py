@@ -5,9 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 import pyarrow.compute as pc
+from deltalake import DeltaTable
+from deltalake.exceptions import DeltaError
 
 from lakebroker.tables import delta
-from lakebroker.tables.errors import OutOfRange
+from lakebroker.tables.errors import OutOfRange, TableUnreadable
 from lakebroker.tables.layout import Layout
 from lakebroker.tables.log_start import PartitionLog, check_dense, partition_logs
 from lakebroker.tables.message_format import message_json
@@ -19,8 +21,23 @@ _COLUMNS = TOPIC_SCHEMA.names
 
 def partition_files(layout: Layout, topic: TopicConfig) -> dict[int, PartitionLog]:
     """Every partition's files and log start, from one snapshot ({} before the table exists)."""
-    table = delta.open_table(layout.topic_table(topic))
+    table = open_topic_table(layout, topic)
     return {} if table is None else partition_logs(table, topic.partitions)
+
+
+def open_topic_table(layout: Layout, topic: TopicConfig) -> DeltaTable | None:
+    """The topic's table (None before it exists); TableUnreadable (503) when its log is damaged."""
+    try:
+        return delta.open_table(layout.topic_table(topic))
+    except DeltaError as exc:
+        raise unreadable(layout, topic, exc) from None
+
+
+def unreadable(layout: Layout, topic: TopicConfig, exc: BaseException) -> TableUnreadable:
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return TableUnreadable(f"topic {topic.name!r} is unavailable: its table {layout.topic_table(topic)} cannot be "
+                           f"read ({first}); what it has taken waits in the WAL until the table is repaired or "
+                           "restored")
 
 
 def log_start(files: PartitionLog | None, committed_end: int) -> int:
@@ -31,7 +48,7 @@ def log_start(files: PartitionLog | None, committed_end: int) -> int:
 
 def offset_for_timestamp(layout: Layout, topic: TopicConfig, partition: int, timestamp_us: int) -> int | None:
     """First offset whose log-append time is at or after the timestamp; None if there is none yet."""
-    table = delta.open_table(layout.topic_table(topic))
+    table = open_topic_table(layout, topic)
     if table is None:
         return None
     rows = delta.read_rows(
@@ -50,7 +67,7 @@ def read_messages(
 ) -> dict[str, Any]:
     # One snapshot for the log start and the rows: a retention commit between two reads would
     # make rows the first read still counted look missing (a false offset gap).
-    table = delta.open_table(layout.topic_table(topic))
+    table = open_topic_table(layout, topic)
     files = None if table is None else partition_logs(table, topic.partitions).get(partition)
     start = log_start(files, committed_end)
     if offset < start or offset > committed_end:

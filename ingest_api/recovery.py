@@ -5,6 +5,10 @@ The WAL's items are taken in log order, so each partition's items reach the flus
 order: any prefix that a bounded flush takes then continues the table with no gap. Items below a
 partition's committed end are in the table already (a crash between a Delta commit and the WAL's
 cleanup); a chunk that straddles it is handed over whole, and the flusher drops its rows below.
+
+A topic whose table cannot be read (a damaged log) stops only that topic: its WAL items are kept
+and parked like those of any partition this node does not own yet, and ingest_api/cluster.py
+claims its partitions once the table reads again.
 """
 
 from __future__ import annotations
@@ -13,10 +17,13 @@ import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from deltalake.exceptions import DeltaError
+
 from lakebroker.ingest_api.chunks import Chunk
 from lakebroker.ingest_api.dedup import DedupIndex
 from lakebroker.ingest_api.dedup_rebuild import rebuild as rebuild_dedup
 from lakebroker.ingest_api.metrics import IngestMetrics
+from lakebroker.ingest_api.reader import unreadable
 from lakebroker.ingest_api.records import Record
 from lakebroker.ingest_api.wal import PartitionKey, Wal
 from lakebroker.ingest_api.wal_damage import Damage, find_damage
@@ -35,6 +42,7 @@ class Recovered:
     assigned: dict[PartitionKey, int]  # each partition's assigned end: the next offset produce gives
     unflushed: list[Record | Chunk]  # in log order: what the flusher still has to commit
     damage: list[Damage]  # offsets a corrupt WAL record cost, per partition
+    unreadable: dict[str, str]  # topic id -> why its table could not be read
 
 
 def recover(wal: Wal, layout: Layout, topics: list[TopicConfig], dedup: DedupIndex, metrics: IngestMetrics, *,
@@ -42,21 +50,39 @@ def recover(wal: Wal, layout: Layout, topics: list[TopicConfig], dedup: DedupInd
     """Blocking: run it in a thread. `node`: this data dir's node id. Its WAL items below the end of
     its own newest commit or claim of a partition are in the table; the rest are not, even where
     another node's commits have since passed their offsets (ingest_api/cluster.py sorts those out)."""
-    committed = committed_ends(layout, topics, mark=True, node=node)
+    committed, unreadable = _committed_ends(layout, topics, node)
     report = wal.recover()
     for span in report.corrupt:
         metrics.wal_corrupt.inc()
         log.error("WAL corruption in %s bytes %d-%d was skipped", span.segment, span.start, span.end)
     names = {bytes.fromhex(t.topic_id): t.name for t in topics}
-    damage = find_damage(report.items, committed, names, report.corrupt)
+    # An unreadable table's end is unknown: its items all wait for the claim, which reads the table.
+    readable = {tid: name for tid, name in names.items() if tid.hex() not in unreadable}
+    damage = find_damage(report.items, committed, readable, report.corrupt)
     assigned, unflushed, pending = replay_plan(report.items, committed, names)
     log.info("recovered: %d WAL records, %d not yet in Delta, %d torn bytes (%d of the records in %d batch "
              "chunks)", len(report.records) + sum(c.rows for c in report.chunks), pending, report.torn_bytes,
              sum(c.rows for c in report.chunks), len(report.chunks))
     del report  # what is in the tables already goes before the dedup index's rebuild reads them
     rebuild_dedup(dedup, layout, topics, [r for r in unflushed if isinstance(r, Record)],
-                  [c for c in unflushed if isinstance(c, Chunk)], committed, window_s=dedup_window_s)
-    return Recovered(committed, assigned, unflushed, damage)
+                  [c for c in unflushed if isinstance(c, Chunk)], committed, window_s=dedup_window_s,
+                  unreadable=set(unreadable))
+    return Recovered(committed, assigned, unflushed, damage, unreadable)
+
+
+def _committed_ends(layout: Layout, topics: list[TopicConfig], node: str) -> tuple[dict[PartitionKey, int],
+                                                                                    dict[str, str]]:
+    """Every readable topic's partition ends (committed_ends), and why each other topic's table could
+    not be read."""
+    committed: dict[PartitionKey, int] = {}
+    refused: dict[str, str] = {}
+    for topic in topics:
+        try:
+            committed.update(committed_ends(layout, [topic], mark=True, node=node))
+        except DeltaError as exc:
+            refused[topic.topic_id] = unreadable(layout, topic, exc).message
+            log.error("%s", refused[topic.topic_id])
+    return committed, refused
 
 
 def replay_plan(items: Iterable[Record | Chunk], committed: Mapping[PartitionKey, int],

@@ -112,13 +112,13 @@ def topics_list() -> None:
 @topics_app.command("describe")
 def topics_describe(name: str) -> None:
     """Show a topic's configuration and each partition's offsets, size and files."""
-    from lakebroker.tables import delta
+    from lakebroker.ingest_api.reader import open_topic_table
     from lakebroker.tables.log_start import partition_logs
 
     layout = Layout.of(settings())
     topic = TopicStore(layout).get(name)
     out.print(", ".join(f"{k}={v}" for k, v in topic.public().items()), highlight=False, soft_wrap=True)
-    table = delta.open_table(layout.topic_table(topic))
+    table = open_topic_table(layout, topic)
     logs = {} if table is None else partition_logs(table, topic.partitions)  # one snapshot
     rows = []
     for p in range(topic.partitions):

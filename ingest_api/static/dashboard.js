@@ -146,7 +146,9 @@
     const caret = h("span", { class: "caret", text: "▾" });
     const row = h("tr", { class: "topic" },
       h("td", {}, h("span", { class: "name" }, caret, h("span", { text: t.name }),
-        h("span", { class: "meta", "data-ref": "count" }))),
+        h("span", { class: "meta", "data-ref": "count" }),
+        h("span", { class: "pill failed", "data-ref": "unavailable", "data-testid": `${id}-unavailable`,
+                    text: "unavailable", hidden: true }))),
       h("td", { class: "num", "data-ref": "start", title: "sum over partitions" }),
       h("td", { class: "num", "data-ref": "end", "data-testid": `${id}-log-end`, title: "sum over partitions" }),
       h("td", { class: "num", "data-ref": "committed", title: "sum over partitions" }),
@@ -204,6 +206,9 @@
     setText(ref(row, "size"), bytes(t.size_bytes));
     setText(ref(row, "files"), n(t.files));
     setText(ref(row, "rate"), rate(t.produce_rate));
+    const unavailable = ref(row, "unavailable");
+    unavailable.hidden = !t.unavailable;
+    unavailable.title = t.unavailable || "";
     const points = rateHistory.get(t.name) || [];
     if (t.produce_rate !== null) points.push(t.produce_rate);
     while (points.length > SPARK_POINTS) points.shift();
