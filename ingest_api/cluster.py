@@ -236,6 +236,9 @@ class Membership:
                     await asyncio.to_thread(self.table.raise_epoch, (topic_id, p), newer + 1)
                 self._wake.set()
                 continue
+            except CommitFailedError as exc:  # claims kept racing other commits: the next heartbeat claims again
+                log.warning("claiming partitions of %r: %s; trying again at the next heartbeat", topic.name, exc)
+                continue
             except DeltaError as exc:  # a damaged log: this topic waits, the others go on
                 reason = unreadable(self.layout, topic, exc).message
                 if self.broker.unreadable.get(topic_id) != reason:
