@@ -143,6 +143,11 @@ class IngestMetrics:
             ["topic", "partition"],
             registry=registry,
         )
+        self.topic_unavailable = Gauge(
+            "lakebroker_topic_unavailable",
+            "1 while this node cannot read the topic's table (it takes no messages for it), else 0.",
+            ["topic"], registry=registry,
+        )
         self.group_lag = Gauge(
             "lakebroker_group_lag",
             "Committed-to-Delta offsets a consumer group (a pull consumer's or a Spark stream's) has not committed "

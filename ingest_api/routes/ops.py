@@ -49,7 +49,9 @@ async def readyz(broker: BrokerDep) -> JSONBytes:
 async def metrics(broker: BrokerDep) -> Response:
     """Prometheus text format."""
     broker.metrics.wal_backlog_bytes.set(broker.backlog_bytes)
+    broker.metrics.topic_unavailable.clear()  # a topic deleted since the last scrape goes too
     for topic in broker.topics.values():
+        broker.metrics.topic_unavailable.labels(topic.name).set(1 if topic.topic_id in broker.unreadable else 0)
         for p in range(topic.partitions):
             broker.metrics.assigned_end.labels(topic.name, str(p)).set(broker.assigned_end(topic, p))
             broker.metrics.committed_end.labels(topic.name, str(p)).set(broker.committed_end(topic, p))

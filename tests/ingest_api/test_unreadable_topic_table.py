@@ -62,6 +62,9 @@ def test_a_damaged_table_stops_its_topic_only_and_reopens_when_repaired(tmp_path
         read = httpx.get(f"{url}/v1/topics/bad/partitions/0/messages", timeout=30)
         assert read.status_code == 503 and read.json()["error"]["code"] == "topic_unavailable"
         assert httpx.get(f"{url}/v1/topics/good/partitions/0/messages", timeout=30).status_code == 200
+        metrics = httpx.get(f"{url}/metrics", timeout=30).text
+        assert 'lakebroker_topic_unavailable{topic="bad"} 1.0' in metrics
+        assert 'lakebroker_topic_unavailable{topic="good"} 0.0' in metrics
         dashboard = httpx.get(f"{url}/v1/dashboard", timeout=30)
         assert dashboard.status_code == 200
         states = {t["name"]: t["unavailable"] for t in dashboard.json()["topics"]}
@@ -77,6 +80,7 @@ def test_a_damaged_table_stops_its_topic_only_and_reopens_when_repaired(tmp_path
             time.sleep(0.2)
         assert answer.status_code == 200, answer.text
         assert answer.json()["offset"] == 3  # after the WAL's b2, which kept its offset
+        assert 'lakebroker_topic_unavailable{topic="bad"} 0.0' in httpx.get(f"{url}/metrics", timeout=30).text
         retried = _produce(url, "bad", "b2", "table")  # the producer's retry of the WAL-only message
         assert retried.json() == {"partition": 0, "offset": 2, "duplicate": True}
         retried_committed = _produce(url, "bad", "b0", "table")  # ids the table held before the damage
