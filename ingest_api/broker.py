@@ -411,9 +411,10 @@ class Broker:
         """The refusal of a message for a partition this node does not take now: 421 naming the owner,
         or, while the partition is between owners (even on its way to this node), 503 to retry."""
         url = self.cluster.owner_url((topic.topic_id, partition))
-        if topic.topic_id in self.unreadable and (url is None or url == self.cluster.table.url):
-            return NoOwnerYet(self.unreadable[topic.topic_id], 5.0)
         if url is None or url == self.cluster.table.url:
+            unreadable = self.unreadable.get(topic.topic_id)
+            if unreadable is not None:  # not between owners: its claim waits for the table to read again
+                return NoOwnerYet(unreadable, 5.0)
             return NoOwnerYet(f"partition {partition} of {topic.name!r} is changing owners; retry in a second", 1.0)
         return NotOwner(f"partition {partition} of {topic.name!r} is not owned by this node: its owner is {url}",
                         partition, url)

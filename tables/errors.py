@@ -14,7 +14,7 @@
      ├── HeadersTooLarge         a request head over the server's bound (431)
      ├── Backpressure            the WAL backlog is over its bound (429)
      ├── StorageUnavailable      the disk is full or failing (507)
- ├── TableUnreadable         a topic whose table's log cannot be read: that topic only (503)
+     ├── TableUnreadable         a topic whose table's log cannot be read: that topic only (503)
      └── OffsetGap               offsets missing inside a partition that is not key-compacted (500)
 
 Each class carries the HTTP status it maps to, so the API maps errors in one place
