@@ -30,6 +30,7 @@ from lakebroker.ingest_api.dedup import DedupIndex, DedupKey, Placed, dedup_id, 
 from lakebroker.ingest_api.dedup_rebuild import restore
 from lakebroker.ingest_api.flusher import Flusher
 from lakebroker.ingest_api.group_commit import GroupCommitter, Pending, PendingChunk
+from lakebroker.ingest_api.hand_off import identified
 from lakebroker.ingest_api.messages import AckMode, NewMessage
 from lakebroker.ingest_api.metrics import IngestMetrics
 from lakebroker.ingest_api.partitioner import Partitioner
@@ -114,9 +115,13 @@ class Broker:
         self.accepting: set[PartitionKey] = set()
         self.parked: dict[PartitionKey, list[Record | Chunk]] = {}
         self._floors: dict[PartitionKey, int] = {}  # the WAL keeps each such partition's items from here
+        # ... and lets go of its items below here: they were handed to the partition's owner (router.py).
+        self._handed: dict[PartitionKey, int] = {}
+        self._sending: dict[PartitionKey, list[Record | Chunk]] = {}  # parked items on their way to the owner
         # Topics whose table could not be read (topic id -> why): their partitions wait for a claim that
         # reads the table, retried at each heartbeat; their items stay parked meanwhile.
         self.unreadable: dict[str, str] = {}
+        metrics.parked_messages.set_function(lambda: sum(_rows(i) for items in self.parked.values() for i in items))
         self.cluster: Membership
         self.flusher.on_orphans = self.park
         self.flusher.on_deposed = self._deposed
@@ -238,7 +243,9 @@ class Broker:
             self.epochs.pop(key, None)
             self.accepting.discard(key)
             self.parked.pop(key, None)
+            self._sending.pop(key, None)
             self._floors.pop(key, None)
+            self._handed.pop(key, None)
 
     # -- ownership (ingest_api/cluster.py drives these) ------------------------------------
     def owns(self, topic_name: str, partition: int) -> bool:
@@ -270,7 +277,8 @@ class Broker:
         topic_id = bytes.fromhex(topic.topic_id)
         for partition, (epoch, end, before) in claimed.items():
             key = (topic_id, partition)
-            items = self.parked.pop(key, [])
+            items = sorted(self.parked.pop(key, []) + self._sending.pop(key, []), key=lambda i: i.offset)
+            self._handed.pop(key, None)  # from here on this node gives the partition's offsets again
             mine_until = self.own_end(key, before)
             if mine_until == end:
                 self.flusher.add(items)
@@ -294,27 +302,39 @@ class Broker:
 
     def _append_again(self, topic: TopicConfig, items: list[Record | Chunk], key: PartitionKey,
                       placed: set[tuple[int, int]]) -> None:
-        """Queue items for the WAL again as new messages of their partition, but those whose id is
-        `placed` (by key_hash) elsewhere; the dedup index learns the new offsets. The WAL keeps the
-        old copies (the floor) until the new ones are durable."""
+        """Queue items for the WAL again as new messages of their partition, each with an id
+        (hand_off.py), but those whose id is `placed` (by key_hash) elsewhere; the dedup index
+        learns the new offsets. An id that comes twice (a copy appended again before, and its
+        original) is appended once. The WAL keeps the old copies (the floor) until the new ones are
+        durable."""
         loop = asyncio.get_running_loop()
         futures: list[asyncio.Future[Any]] = []
+        placed = set(placed)  # ... and then the ids appended here
+        skipped = 0
         for item in items:  # one at a time: chunks and records may alternate, and their order is kept
+            item = identified(item, self.cluster.node)
             future: asyncio.Future[Any] = loop.create_future()
             if isinstance(item, Chunk):
                 chunk = _without_placed(item, topic.topic_id, placed)
+                skipped += item.rows - (0 if chunk is None else chunk.rows)
                 if chunk is None:
                     continue
+                placed.update(_hashes_of(chunk, topic.topic_id))
                 future.add_done_callback(self._remember_chunk(topic.topic_id))
                 self.committer.submit([PendingChunk(dataclasses.replace(chunk, offset=-1), future)])
             else:
                 did = dedup_id(item.message_id, item.producer_id, item.sequence)
-                if did is not None:
-                    if key_hash((topic.topic_id, did)) in placed:
-                        continue
-                    future.add_done_callback(self._dedup_callback((topic.topic_id, did)))
+                assert did is not None
+                if (hashed := key_hash((topic.topic_id, did))) in placed:
+                    skipped += 1
+                    continue
+                placed.add(hashed)
+                future.add_done_callback(self._dedup_callback((topic.topic_id, did)))
                 self.committer.submit([Pending(dataclasses.replace(item, offset=-1), future)])
             futures.append(future)
+        if skipped:
+            log.warning("%s[%d]: %d of these messages were stored by another node already (this node handed "
+                        "them on before): not appended again", topic.name, key[1], skipped)
 
         def durable(_: object) -> None:
             if all(f.done() and not f.cancelled() and f.exception() is None for f in futures):
@@ -333,6 +353,8 @@ class Broker:
                 f"partition {partition} moved to another node before this message's commit; it is kept and "
                 "committed there: retry with the same id to get its offset", 1.0))
         self._restrict_all()
+        if pairs:
+            self.flusher.wake()
 
     def _deposed(self, topic: TopicConfig, partitions: frozenset[int]) -> None:
         self.disown({(topic.topic_id, p) for p in partitions})
@@ -359,15 +381,34 @@ class Broker:
         return out
 
     def take_parked(self, topic: TopicConfig, partition: int) -> list[Record | Chunk]:
-        """A parked partition's items, in offset order, for the router to send to its owner; the WAL
-        keeps them until `parked_sent`."""
-        return sorted(self.parked.pop((bytes.fromhex(topic.topic_id), partition), []), key=lambda i: i.offset)
-
-    def parked_sent(self, topic: TopicConfig, partition: int) -> None:
-        """The owner committed them (ack=table): the WAL may let them go."""
+        """A parked partition's items, in offset order, for the router to send to its owner. Until
+        `parked_sent` or `parked_unsent` they are on their way: a claim of the partition meanwhile
+        takes them back (`adopt`), and the WAL keeps them."""
         key = (bytes.fromhex(topic.topic_id), partition)
+        items = sorted(self.parked.pop(key, []), key=lambda i: i.offset)
+        if items:
+            self._sending[key] = items
+        return items
+
+    def parked_unsent(self, topic: TopicConfig, partition: int) -> None:
+        """Sending them failed: parked again, unless a claim took them meanwhile."""
+        self.park(self._sending.pop((bytes.fromhex(topic.topic_id), partition), []))
+
+    async def parked_sent(self, topic: TopicConfig, partition: int) -> None:
+        """The owner committed them (ack=table): the WAL lets them go at once, sealing its active
+        segment if they are in it. Until then a restart would hand them on again (recognised by
+        their ids, hand_off.py, within the dedup window). If this node claimed the partition
+        meanwhile, the claim took them, and found them in the table (the owner committed them before
+        its lease ended)."""
+        key = (bytes.fromhex(topic.topic_id), partition)
+        items = self._sending.pop(key, None)
+        if items is None:
+            return
+        self._handed[key] = max(self._handed.get(key, 0), max(_end(i) for i in items))
         if key not in self.parked:
             self._floors.pop(key, None)
+        await asyncio.to_thread(self.wal.seal_if_holding, key)
+        self._release_wal()
 
     def park(self, items: list[Record | Chunk]) -> None:
         """Keep items of partitions this node does not own (the WAL keeps them too) until it owns them
@@ -664,7 +705,9 @@ class Broker:
             if future.cancelled() or future.exception() is not None:
                 return
             chunk = future.result()
-            for i, did in enumerate(dedup_ids(chunk.columns.column("message_id")).to_pylist()):
+            columns = chunk.columns
+            ids = dedup_ids(columns["message_id"], columns["producer_id"], columns["sequence"])
+            for i, did in enumerate(ids.to_pylist()):
                 if did is not None:
                     self.dedup.remember((topic_hex, did), (chunk.partition, chunk.offset + i, chunk.timestamp_us))
 
@@ -684,16 +727,17 @@ class Broker:
         self.flusher.add(records)
 
     def _committed_below(self) -> Callable[[PartitionKey], int]:
-        """Each partition's committed end, as the WAL's release asks it; a deleted topic's items
-        are never needed again."""
+        """Each partition's committed end, as the WAL's release asks it (or where its items handed
+        to another node end); a deleted topic's items are never needed again."""
         live = {bytes.fromhex(t.topic_id) for t in self.topics.values()}
-        committed, floors = self.flusher.committed, self._floors
+        committed, floors, handed = self.flusher.committed, self._floors, self._handed
 
         def committed_below(key: PartitionKey) -> int:
             if key[0] not in live:
                 return _NEVER
+            done = max(committed.get(key, 0), handed.get(key, 0))
             floor = floors.get(key)
-            return committed.get(key, 0) if floor is None else min(floor, committed.get(key, 0))
+            return done if floor is None else min(floor, done)
 
         return committed_below
 
@@ -707,18 +751,37 @@ def _rows(item: Record | Chunk) -> int:
     return 1 if isinstance(item, Record) else item.rows
 
 
+def _end(item: Record | Chunk) -> int:
+    return item.offset + 1 if isinstance(item, Record) else item.end
+
+
 def _hashes(placed: pa.Table | None) -> set[tuple[int, int]]:
     if placed is None or not placed.num_rows:
         return set()
     return set(zip(placed["hash0"].to_pylist(), placed["hash1"].to_pylist(), strict=True))
 
 
+def _hashes_of(chunk: Chunk, topic_hex: str) -> list[tuple[int, int]]:
+    """The key_hash of each id in the chunk."""
+    columns = chunk.columns
+    ids = dedup_ids(columns["message_id"], columns["producer_id"], columns["sequence"]).to_pylist()
+    return [key_hash((topic_hex, did)) for did in ids if did is not None]
+
+
 def _without_placed(chunk: Chunk, topic_hex: str, placed: set[tuple[int, int]]) -> Chunk | None:
-    """The chunk without the rows whose id is in `placed` (by key_hash); None if none is left."""
+    """The chunk without the rows whose id is in `placed` (by key_hash), and without a second row of
+    one id; None if none is left."""
     if not placed:
         return chunk
-    ids = dedup_ids(chunk.columns.column("message_id")).to_pylist()
-    keep = [did is None or key_hash((topic_hex, did)) not in placed for did in ids]
+    columns = chunk.columns
+    ids = dedup_ids(columns["message_id"], columns["producer_id"], columns["sequence"]).to_pylist()
+    seen: set[tuple[int, int]] = set()
+    keep = []
+    for did in ids:
+        hashed = None if did is None else key_hash((topic_hex, did))
+        keep.append(hashed is None or (hashed not in placed and hashed not in seen))
+        if hashed is not None:
+            seen.add(hashed)
     if all(keep):
         return chunk
     if not any(keep):

@@ -152,11 +152,14 @@ def _wal_ids(records: list[Record], chunks: list[Chunk], committed: Mapping[Part
                                 pa.array([r.offset for r in some], pa.int64())))
     for c in chunks:
         skip = max(0, committed.get((c.topic_id, c.partition), 0) - c.offset)  # rows already in the table
-        ids = c.columns.column("message_id").slice(skip)  # the columnar path carries message ids only
-        if c.timestamp_us < horizon_us or c.topic_id not in live or ids.null_count == len(ids):
+        if c.timestamp_us < horizon_us or c.topic_id not in live:
+            continue
+        rows = c.columns.slice(skip)  # producer ids: only those a node gave messages it handed on (hand_off.py)
+        ids = dedup_ids(rows["message_id"], rows["producer_id"], rows["sequence"])
+        if ids.null_count == len(ids):
             continue
         n = len(ids)
-        seen.append(_placed([c.topic_id.hex()] * n, pa.array(np.full(n, c.timestamp_us, np.int64)), dedup_ids(ids),
+        seen.append(_placed([c.topic_id.hex()] * n, pa.array(np.full(n, c.timestamp_us, np.int64)), ids,
                             pa.array(np.full(n, c.partition, np.int32)),
                             pa.array(np.arange(c.offset + skip, c.offset + skip + n, dtype=np.int64))))
     return pa.concat_tables(seen).combine_chunks()

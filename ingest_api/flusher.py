@@ -213,6 +213,11 @@ class Flusher:
                 await self._wake.wait()
         self._wake.clear()
 
+    def wake(self) -> None:
+        """Flush now: partitions went to another node, and what this node holds of them is parked
+        (`on_orphans`) at the next flush, to be sent on at once."""
+        self._wake.set()
+
     def close(self) -> None:
         """Ask run() to return once the flush in progress, if any, is done."""
         self._closing = True

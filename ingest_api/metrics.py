@@ -118,6 +118,11 @@ class IngestMetrics:
             buckets=(1, 4, 16, 64, 256, 1024, 4096, 16384, 65536), registry=registry,
         )
         self.wal_segments = Gauge("lakebroker_wal_segments", "WAL segment files on disk.", registry=registry)
+        self.parked_messages = Gauge(
+            "lakebroker_parked_messages",
+            "Acknowledged messages this node holds of partitions it does not own, until their owner has "
+            "them or this node claims the partition.", registry=registry,
+        )
         self.wal_corrupt = Counter(
             "lakebroker_wal_corrupt_spans", "Corrupt WAL spans found at recovery and not replayed.",
             registry=registry,

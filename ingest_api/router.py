@@ -27,6 +27,7 @@ from lakebroker.ingest_api.broker import Broker, ProduceResult
 from lakebroker.ingest_api.chunks import BatchResults, Chunk, ColumnarBatch
 from lakebroker.ingest_api.cluster import NotOwner
 from lakebroker.ingest_api.forwarding import Forwarder, Placed
+from lakebroker.ingest_api.hand_off import identified
 from lakebroker.ingest_api.messages import AckMode, NewMessage
 from lakebroker.ingest_api.records import Record
 from lakebroker.tables.errors import LakebrokerError
@@ -82,18 +83,23 @@ class Router:
     async def _send_parked(self) -> None:
         for topic, partition, url in self.broker.parked_elsewhere():
             items = self.broker.take_parked(topic, partition)
+            if not items:
+                continue
             try:
-                for batch in _batches(items):
+                for batch in _batches(items, self.broker.cluster.node):
                     await self.forwarder.batch(url, topic.name, batch, [partition] * len(batch), AckMode.TABLE,
                                                self._authorization)
             except LakebrokerError as exc:
                 log.warning("%s[%d]: sending %d parked items to %s failed (%s); will retry", topic.name,
                             partition, len(items), url, exc)
-                self.broker.park(items)
+                self.broker.parked_unsent(topic, partition)
                 continue
+            except BaseException:  # cancelled at shutdown: stop() sends them again
+                self.broker.parked_unsent(topic, partition)
+                raise
             log.info("%s[%d]: %d parked messages sent to their owner %s", topic.name, partition,
                      sum(1 if isinstance(i, Record) else i.rows for i in items), url)
-            self.broker.parked_sent(topic, partition)
+            await self.broker.parked_sent(topic, partition)
 
     @property
     def forwarder(self) -> Forwarder:
@@ -173,8 +179,9 @@ class Router:
         return [r for r in results if r is not None]
 
 
-def as_messages(item: Record | Chunk) -> list[NewMessage]:
-    """A WAL item's messages as a producer would send them again."""
+def as_messages(item: Record | Chunk, node: str) -> list[NewMessage]:
+    """A WAL item's messages as a producer would send them again, each with an id (hand_off.py)."""
+    item = identified(item, node)
     if isinstance(item, Record):
         return [NewMessage(item.value, item.format, item.key, item.headers, None, item.message_id, item.producer_id,
                            item.sequence)]
@@ -182,11 +189,11 @@ def as_messages(item: Record | Chunk) -> list[NewMessage]:
                        r["message_id"], r["producer_id"], r["sequence"]) for r in item.columns.to_pylist()]
 
 
-def _batches(items: list[Record | Chunk]) -> Iterator[list[NewMessage]]:
+def _batches(items: list[Record | Chunk], node: str) -> Iterator[list[NewMessage]]:
     batch: list[NewMessage] = []
     size = 0
     for item in items:
-        for m in as_messages(item):
+        for m in as_messages(item, node):
             batch.append(m)
             size += len(m.value or b"") + 256
             if len(batch) >= RESEND_BATCH_MESSAGES or size >= RESEND_BATCH_BYTES:

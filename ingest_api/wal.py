@@ -333,6 +333,21 @@ class Wal:
             os.close(self._fd)
         self._fd, self._size, self._zeroed, self._active = fd, size, size, _Segment(path)
 
+    def seal_if_holding(self, key: PartitionKey) -> None:
+        """Seal the active segment if it holds records of `key`, so that `release` can delete them
+        without waiting for the segment to fill: records handed to another node must leave soon."""
+        with self._lock:
+            if self._active is None or key not in self._active.max_offsets:
+                return
+            try:
+                if self.fsync and not self._synced:
+                    os.fdatasync(self._fd)  # a sealed segment is durable whole
+                    self._synced = True
+                self._roll(int(self._active.path.stem) + 1)
+            except OSError:
+                log.exception("WAL: could not seal %s; what it holds of messages handed to another node stays "
+                              "until it fills", self._active.path.name)
+
     # -- release ------------------------------------------------------------------------
     def release(self, committed_below: Callable[[PartitionKey], int]) -> int:
         """Delete sealed segments whose every record is below its partition's committed log-end."""

@@ -94,11 +94,10 @@ def claim(table: DeltaTable, epochs: Epochs, *, node: str) -> dict[int, int]:
     if stale:
         raise Deposed(f"partitions {sorted(stale)} were claimed at an epoch at least as new", stale)
     ends = {p: delta.committed_end(table, p) for p in epochs}
-    # The node's end too: its WAL records for a partition from here on are uncommitted until it
-    # commits them, even if another node's commits later pass them (a restart must not take them for
-    # rows already in the table).
-    txns = [Transaction(app_id, version) for p, epoch in epochs.items()
-            for app_id, version in ((owner_app_id(p), epoch), (node_app_id(node, p), ends[p]))]
+    # Not the node's end (node_end): that stays where the node's last commit left it. Its WAL may hold
+    # messages it took before another owner's commits passed their offsets, appended again only after
+    # this claim; until they are committed, a restart must not take them for rows already in the table.
+    txns = [Transaction(owner_app_id(p), epoch) for p, epoch in epochs.items()]
     props = CommitProperties(
         app_transactions=txns,
         custom_metadata={"lakebroker.operation": "claim", "lakebroker.node": node},

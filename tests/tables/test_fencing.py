@@ -86,8 +86,11 @@ def test_a_claim_on_a_stale_snapshot_fails_and_a_fresh_one_continues_after_the_l
     with pytest.raises(CommitFailedError):
         fencing.claim(stale, {0: 2}, node="b")
     assert fencing.claim(DeltaTable(uri), {0: 2}, node="b") == {0: 4}
-    # The claim records the claimant's end: before its first commit, nothing of its WAL is in the table.
-    assert fencing.node_end(DeltaTable(uri), "b", 0) == 4
+    # A claim is not a commit of the claimant's: none of its WAL is in the table yet.
+    assert fencing.node_end(DeltaTable(uri), "b", 0) is None
+    _commit(DeltaTable(uri), "b", {0: 2}, {0: 4}, 2)
+    fencing.claim(DeltaTable(uri), {0: 3}, node="a")  # a's own end stays its last commit's, 4
+    assert (fencing.node_end(DeltaTable(uri), "a", 0), fencing.node_end(DeltaTable(uri), "b", 0)) == (4, 6)
 
 
 def test_a_writer_that_catches_up_must_read_the_epoch_again(uri: str) -> None:
