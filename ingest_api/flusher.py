@@ -362,6 +362,9 @@ class Flusher:
             table = self._table(topic)
             topic_id = bytes.fromhex(topic.topic_id)
             partitions = {r.partition for r in records}
+            if gone := {p for p in partitions if (topic_id, p) not in self.epochs}:  # lost since `_owned`
+                raise fencing.Deposed(f"partitions {sorted(gone)} went to another node while this flush was "
+                                      "planned", dict.fromkeys(gone, 0))
             epochs = {p: self.epochs[(topic_id, p)] for p in partitions}
             version = table.version()
             if self._verified.get(topic.topic_id) != version:

@@ -50,7 +50,7 @@ def recover(wal: Wal, layout: Layout, topics: list[TopicConfig], dedup: DedupInd
     """Blocking: run it in a thread. `node`: this data dir's node id. Its WAL items below the end of
     its own newest commit or claim of a partition are in the table; the rest are not, even where
     another node's commits have since passed their offsets (ingest_api/cluster.py sorts those out)."""
-    committed, unreadable = _committed_ends(layout, topics, node)
+    committed, table_ends, unreadable = _committed_ends(layout, topics, node)
     report = wal.recover()
     for span in report.corrupt:
         metrics.wal_corrupt.inc()
@@ -58,7 +58,7 @@ def recover(wal: Wal, layout: Layout, topics: list[TopicConfig], dedup: DedupInd
     names = {bytes.fromhex(t.topic_id): t.name for t in topics}
     # An unreadable table's end is unknown: its items all wait for the claim, which reads the table.
     readable = {tid: name for tid, name in names.items() if tid.hex() not in unreadable}
-    damage = find_damage(report.items, committed, readable, report.corrupt)
+    damage = find_damage(report.items, committed, readable, report.corrupt, table_ends)
     assigned, unflushed, pending = replay_plan(report.items, committed, names)
     log.info("recovered: %d WAL records, %d not yet in Delta, %d torn bytes (%d of the records in %d batch "
              "chunks)", len(report.records) + sum(c.rows for c in report.chunks), pending, report.torn_bytes,
@@ -70,19 +70,20 @@ def recover(wal: Wal, layout: Layout, topics: list[TopicConfig], dedup: DedupInd
     return Recovered(committed, assigned, unflushed, damage, unreadable)
 
 
-def _committed_ends(layout: Layout, topics: list[TopicConfig], node: str) -> tuple[dict[PartitionKey, int],
-                                                                                    dict[str, str]]:
-    """Every readable topic's partition ends (committed_ends), and why each other topic's table could
-    not be read."""
+def _committed_ends(layout: Layout, topics: list[TopicConfig], node: str) -> tuple[
+        dict[PartitionKey, int], dict[PartitionKey, int], dict[str, str]]:
+    """Every readable topic's partition ends, this node's own and the table's (committed_ends), and
+    why each other topic's table could not be read."""
     committed: dict[PartitionKey, int] = {}
+    table_ends: dict[PartitionKey, int] = {}
     refused: dict[str, str] = {}
     for topic in topics:
         try:
-            committed.update(committed_ends(layout, [topic], mark=True, node=node))
+            committed.update(committed_ends(layout, [topic], mark=True, node=node, table_ends=table_ends))
         except DeltaError as exc:
             refused[topic.topic_id] = unreadable(layout, topic, exc).message
             log.error("%s", refused[topic.topic_id])
-    return committed, refused
+    return committed, table_ends, refused
 
 
 def replay_plan(items: Iterable[Record | Chunk], committed: Mapping[PartitionKey, int],

@@ -56,9 +56,14 @@ def describe_spans(spans: Iterable[CorruptSpan]) -> str:
 
 
 def find_damage(items: Iterable[Record | Chunk], committed: Mapping[PartitionKey, int],
-                topics: Mapping[bytes, str], corrupt: list[CorruptSpan]) -> list[Damage]:
+                topics: Mapping[bytes, str], corrupt: list[CorruptSpan],
+                table_ends: Mapping[PartitionKey, int] | None = None) -> list[Damage]:
     """Every hole in each partition's recovered items past what Delta holds, in offset order.
-    `items` are in log order; `topics` names the live topics by id (others are skipped)."""
+    `items` are in log order; `topics` names the live topics by id (others are skipped).
+
+    In a cluster `committed` is this node's own end, and a hole below the table's end
+    (`table_ends`) is no damage: offsets another node used while this one's messages went to it or
+    waited to be appended again at a claim, whose WAL copies this node let go."""
     # With no corrupt span left to name, the damaged segment was released by an earlier run
     # (its readable records were committed); the hole behind it is the same loss.
     spans = describe_spans(corrupt) or "a segment since released; its copy is in wal/quarantine/"
@@ -71,6 +76,8 @@ def find_damage(items: Iterable[Record | Chunk], committed: Mapping[PartitionKey
             continue
         at = expected.get(key, committed.get(key, 0))
         end = r.end if isinstance(r, Chunk) else r.offset + 1
+        if table_ends is not None:
+            at = max(at, table_ends.get(key, 0))
         if r.offset > at:
             found.append(Damage(name, r.topic_id, r.partition, at, r.offset - 1, spans))
         expected[key] = max(at, end)

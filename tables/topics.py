@@ -130,11 +130,13 @@ def may_have_holes(configuration: dict[str, str]) -> bool:
 
 
 def committed_ends(layout: Layout, topics: Iterable[TopicConfig], *, mark: bool = False,
-                   node: str | None = None) -> dict[tuple[bytes, int], int]:
+                   node: str | None = None,
+                   table_ends: dict[tuple[bytes, int], int] | None = None) -> dict[tuple[bytes, int], int]:
     """Every partition's committed end, keyed (topic id, partition) as the WAL keys them. With
     `mark`, a compact topic's table is marked key-compacted first (the broker's start: a table an
-    older broker left unmarked). With `node`, the end after that node's own newest commit or claim
-    (tables/fencing.py) where it has one: what of its WAL the table holds, whoever wrote since."""
+    older broker left unmarked). With `node`, the end after that node's own newest commit
+    (tables/fencing.py) where it has one: what of its WAL the table holds, whoever wrote since;
+    `table_ends` then gets the table's own ends too."""
     ends: dict[tuple[bytes, int], int] = {}
     for topic in topics:
         uri = layout.topic_table(topic)
@@ -142,6 +144,8 @@ def committed_ends(layout: Layout, topics: Iterable[TopicConfig], *, mark: bool 
             else delta.open_table(uri)
         for p in range(topic.partitions):
             end = delta.committed_end(table, p)
+            if table_ends is not None:
+                table_ends[(bytes.fromhex(topic.topic_id), p)] = end
             if node is not None and table is not None:
                 own = fencing.node_end(table, node, p)
                 # Never committed nor claimed by this node: none of its WAL is in the table, unless no node

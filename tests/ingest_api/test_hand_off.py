@@ -122,3 +122,40 @@ def test_messages_handed_to_the_owner_are_stored_once_after_the_sender_restarts_
             os.kill(a.proc.pid, signal.SIGCONT)
         a.stop()
         b.stop()
+
+
+def test_a_node_killed_after_claiming_a_partition_and_before_committing_to_it_keeps_its_messages(
+        tmp_path: Path) -> None:
+    """A claim is not a commit: b's rows fill the partition's offsets below a's first message there,
+    and a restart of a finds no WAL damage in that, only its messages to commit."""
+    root = tmp_path / "tables"
+    a = ServerProcess(tmp_path / "a", _env(root, LAKEBROKER_FLUSH_INTERVAL_MS="600000",
+                                           LAKEBROKER_FLUSH_MAX_RECORDS="1000000"))
+    b = ServerProcess(tmp_path / "b", _env(root))
+    try:
+        b.start()
+        assert httpx.post(f"{b.url}/v1/topics", json={"name": "orders", "partitions": PARTITIONS}).status_code == 201
+        for p, key in KEYS.items():
+            assert _produce(b.url, key, 0, value=f"b-{p}").status_code == 200
+        a.start()
+        until(lambda: len(set(_owners(b.url).values())) == 2, "a takes a share of the partitions", timeout=30)
+        mine = [p for p, url in _owners(b.url).items() if url == a.url]
+        for p in mine:  # in a's WAL only: its flush is ten minutes away
+            for i in range(3):
+                r = _produce(a.url, KEYS[p], 0, ack="wal", value=f"a-{p}-{i}")
+                assert r.status_code == 200 and r.json()["offset"] == 1 + i, r.text
+        a.kill()
+        for name in ("LAKEBROKER_FLUSH_INTERVAL_MS", "LAKEBROKER_FLUSH_MAX_RECORDS"):
+            a.env.pop(name)
+        a.start()
+        until(lambda: _settled(a), "a commits what its WAL held", timeout=30)
+        assert "WAL damage" not in a.log.read_text()
+        rows = _rows(root)
+        values = Counter(r["value"].decode().strip('"') for r in rows)
+        assert values == Counter([f"b-{p}" for p in KEYS] + [f"a-{p}-{i}" for p in mine for i in range(3)])
+        for p in KEYS:
+            offsets = sorted(r["offset"] for r in rows if r["partition"] == p)
+            assert offsets == list(range(len(offsets))), f"partition {p}: dense"
+    finally:
+        a.stop()
+        b.stop()
