@@ -121,7 +121,8 @@ class Broker:
         # Topics whose table could not be read (topic id -> why): their partitions wait for a claim that
         # reads the table, retried at each heartbeat; their items stay parked meanwhile.
         self.unreadable: dict[str, str] = {}
-        metrics.parked_messages.set_function(lambda: sum(_rows(i) for items in self.parked.values() for i in items))
+        metrics.parked_messages.set_function(
+            lambda: sum(_rows(i) for held in (self.parked, self._sending) for items in held.values() for i in items))
         self.cluster: Membership
         self.flusher.on_orphans = self.park
         self.flusher.on_deposed = self._deposed
