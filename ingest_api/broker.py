@@ -334,8 +334,8 @@ class Broker:
                 self.committer.submit([Pending(dataclasses.replace(item, offset=-1), future)])
             futures.append(future)
         if skipped:
-            log.warning("%s[%d]: %d of these messages were stored by another node already (this node handed "
-                        "them on before): not appended again", topic.name, key[1], skipped)
+            log.warning("%s[%d]: %d of these messages are stored already (by a node this node handed them to, "
+                        "or as a copy appended before): not appended again", topic.name, key[1], skipped)
 
         def durable(_: object) -> None:
             if all(f.done() and not f.cancelled() and f.exception() is None for f in futures):
