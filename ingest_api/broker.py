@@ -320,7 +320,6 @@ class Broker:
                 skipped += item.rows - (0 if chunk is None else chunk.rows)
                 if chunk is None:
                     continue
-                placed.update(_hashes_of(chunk, topic.topic_id))
                 future.add_done_callback(self._remember_chunk(topic.topic_id))
                 self.committer.submit([PendingChunk(dataclasses.replace(chunk, offset=-1), future)])
             else:
@@ -762,27 +761,17 @@ def _hashes(placed: pa.Table | None) -> set[tuple[int, int]]:
     return set(zip(placed["hash0"].to_pylist(), placed["hash1"].to_pylist(), strict=True))
 
 
-def _hashes_of(chunk: Chunk, topic_hex: str) -> list[tuple[int, int]]:
-    """The key_hash of each id in the chunk."""
-    columns = chunk.columns
-    ids = dedup_ids(columns["message_id"], columns["producer_id"], columns["sequence"]).to_pylist()
-    return [key_hash((topic_hex, did)) for did in ids if did is not None]
-
-
 def _without_placed(chunk: Chunk, topic_hex: str, placed: set[tuple[int, int]]) -> Chunk | None:
-    """The chunk without the rows whose id is in `placed` (by key_hash), and without a second row of
-    one id; None if none is left."""
-    if not placed:
-        return chunk
+    """The chunk without the rows whose id is in `placed` (by key_hash), or in a row before it; the
+    kept rows' ids join `placed`. None if none is left."""
     columns = chunk.columns
     ids = dedup_ids(columns["message_id"], columns["producer_id"], columns["sequence"]).to_pylist()
-    seen: set[tuple[int, int]] = set()
     keep = []
     for did in ids:
         hashed = None if did is None else key_hash((topic_hex, did))
-        keep.append(hashed is None or (hashed not in placed and hashed not in seen))
+        keep.append(hashed is None or hashed not in placed)
         if hashed is not None:
-            seen.add(hashed)
+            placed.add(hashed)
     if all(keep):
         return chunk
     if not any(keep):

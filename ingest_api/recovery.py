@@ -48,7 +48,7 @@ class Recovered:
 def recover(wal: Wal, layout: Layout, topics: list[TopicConfig], dedup: DedupIndex, metrics: IngestMetrics, *,
             dedup_window_s: float, node: str) -> Recovered:
     """Blocking: run it in a thread. `node`: this data dir's node id. Its WAL items below the end of
-    its own newest commit or claim of a partition are in the table; the rest are not, even where
+    its own newest commit to a partition are in the table; the rest are not, even where
     another node's commits have since passed their offsets (ingest_api/cluster.py sorts those out)."""
     committed, table_ends, unreadable = _committed_ends(layout, topics, node)
     report = wal.recover()

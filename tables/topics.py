@@ -148,7 +148,7 @@ def committed_ends(layout: Layout, topics: Iterable[TopicConfig], *, mark: bool 
                 table_ends[(bytes.fromhex(topic.topic_id), p)] = end
             if node is not None and table is not None:
                 own = fencing.node_end(table, node, p)
-                # Never committed nor claimed by this node: none of its WAL is in the table, unless no node
+                # Never committed to by this node: none of its WAL is in the table, unless no node
                 # ever claimed the partition (a table written before ownership: its one writer's).
                 end = own if own is not None else (0 if fencing.stored_epoch(table, p) else end)
             ends[(bytes.fromhex(topic.topic_id), p)] = end
