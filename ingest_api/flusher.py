@@ -98,6 +98,7 @@ class Flusher:
         self._pending: list[Record | Chunk] = []
         self._pending_bytes = 0
         self._pending_rows = 0  # rows, not items: a batch chunk holds thousands
+        self._flushing_bytes = 0  # taken by the flush in progress: not in the table yet either
         self._oldest: float | None = None
         self._wake = asyncio.Event()
         self._closing = False
@@ -124,7 +125,7 @@ class Flusher:
 
     @property
     def pending_bytes(self) -> int:
-        return self._pending_bytes + self._held_bytes
+        return self._pending_bytes + self._flushing_bytes + self._held_bytes
 
     def hold(self, key: PartitionKey, first_lost: int) -> None:
         """Keep `key`'s items from `first_lost` on out of every flush until `skip_lost`."""
@@ -278,39 +279,23 @@ class Flusher:
         return sorted(by_topic.items(), key=lambda item: taken[item[0]][0])
 
     async def _flush_locked(self) -> bool:
+        taken = self._take()
+        self._flushing_bytes = sum(r.size for _, records in taken for r in records)
+        try:
+            return await self._commit_taken(taken)
+        finally:
+            self._flushing_bytes = 0
+
+    async def _commit_taken(self, taken: list[tuple[str, list[Record | Chunk]]]) -> bool:
         failed: list[Record | Chunk] = []
         committed_any = False
         topics = self._topics()
-        for name, records in self._take():
-            topic = topics.get(name)
-            live = [r for r in records if topic is not None and r.topic_id == bytes.fromhex(topic.topic_id)]
-            if not live:
-                continue  # the topic was deleted (or re-created) after these were accepted
-            assert topic is not None
-            live = self._owned(topic, live)
-            if not live:
-                continue
-            started = time.perf_counter()
-            try:
-                try:
-                    ends = await asyncio.to_thread(self._commit, topic, live)
-                except fencing.Deposed as exc:
-                    log.warning("%s: partitions %s have another owner now; their messages are kept for it", name,
-                                sorted(exc.partitions))
-                    self.on_deposed(topic, exc.partitions)
-                    live = self._owned(topic, live)
-                    if not live:
-                        continue
-                    ends = await asyncio.to_thread(self._commit, topic, live)
-            except Exception:
-                log.exception("flush of %d records to topic %r failed; will retry", len(live), name)
-                self._metrics.flush_errors.labels(name).inc()
-                failed.extend(live)
-                continue
-            self._metrics.flush_latency.observe(time.perf_counter() - started)
-            self._metrics.flush_batch.observe(_rows(live))
-            self._mark_committed(topic, ends)
-            committed_any = True
+        for name, records in taken:
+            committed, kept = await self._commit_topic(topics.get(name), name, records)
+            committed_any |= committed
+            failed += kept
+            # Out of the backlog once in the table or parked; failed items stay in it, pending again below.
+            self._flushing_bytes -= sum(r.size for r in records) - sum(r.size for r in kept)
         if committed_any:  # one failing topic must not hold every other topic's WAL
             self._on_committed()
         if failed:
@@ -322,6 +307,37 @@ class Flusher:
             return False
         self.healthy = True
         return True
+
+    async def _commit_topic(self, topic: TopicConfig | None, name: str,
+                            records: list[Record | Chunk]) -> tuple[bool, list[Record | Chunk]]:
+        """Commit one topic's share: whether it committed, and the items to flush again."""
+        live = [r for r in records if topic is not None and r.topic_id == bytes.fromhex(topic.topic_id)]
+        if not live:
+            return False, []  # the topic was deleted (or re-created) after these were accepted
+        assert topic is not None
+        live = self._owned(topic, live)
+        if not live:
+            return False, []
+        started = time.perf_counter()
+        try:
+            try:
+                ends = await asyncio.to_thread(self._commit, topic, live)
+            except fencing.Deposed as exc:
+                log.warning("%s: partitions %s have another owner now; their messages are kept for it", name,
+                            sorted(exc.partitions))
+                self.on_deposed(topic, exc.partitions)
+                live = self._owned(topic, live)
+                if not live:
+                    return False, []
+                ends = await asyncio.to_thread(self._commit, topic, live)
+        except Exception:
+            log.exception("flush of %d records to topic %r failed; will retry", len(live), name)
+            self._metrics.flush_errors.labels(name).inc()
+            return False, live
+        self._metrics.flush_latency.observe(time.perf_counter() - started)
+        self._metrics.flush_batch.observe(_rows(live))
+        self._mark_committed(topic, ends)
+        return True, []
 
     def _owned(self, topic: TopicConfig, items: list[Record | Chunk]) -> list[Record | Chunk]:
         """The items of partitions this node owns; the others go to `on_orphans`."""

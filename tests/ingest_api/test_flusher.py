@@ -142,6 +142,36 @@ async def test_a_commit_that_lands_but_reports_failure_is_not_committed_again(tm
     assert len([c for c in table.history() if c.get("lakebroker.operation") == "flush"]) == 2
 
 
+async def test_the_backlog_counts_what_a_commit_in_progress_holds(tmp_path: Path,
+                                                                    monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """`lakebroker_wal_backlog_bytes` (pending_bytes) is what is not in the table yet: the items a
+    round has taken count until their commit returns, and a failed commit's stay in it."""
+    topic = new_topic("orders", 2)
+    flusher = flusher_for(tmp_path, topic)
+    chunks = flood_chunks(topic, per_partition=1, rows=10)
+    flusher.add(chunks)
+    seen: list[int] = []
+    real_append = delta.append
+
+    def observed(*args, **kwargs) -> None:  # type: ignore[no-untyped-def]
+        seen.append(flusher.pending_bytes)  # in the commit's thread, before it lands
+        real_append(*args, **kwargs)
+
+    monkeypatch.setattr(delta, "append", observed)
+    assert await flusher.flush_round()
+    assert seen == [sum(c.size for c in chunks)]
+    assert flusher.pending_bytes == 0
+
+    def fails(*args, **kwargs) -> None:  # type: ignore[no-untyped-def]
+        raise OSError("storage unreachable")
+
+    monkeypatch.setattr(delta, "append", fails)
+    second = [Chunk(c.topic, c.topic_id, c.partition, 10, c.timestamp_us, c.columns, c.size) for c in chunks]
+    flusher.add(second)
+    assert not await flusher.flush_round()
+    assert flusher.pending_bytes == sum(c.size for c in second)
+
+
 async def test_a_topic_table_checkpoints_every_10_commits(tmp_path: Path) -> None:
     """TOPIC_TABLE_PROPERTIES: delta-rs replays the log from the last checkpoint to write the next
     one, a blocking thread per commit file, so a busy topic's table checkpoints at Delta's own
