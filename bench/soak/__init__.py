@@ -87,6 +87,7 @@ SUBSCRIBED = {"orders": {"ordering": "partition", "batch_size": 10},
               "big": {"ordering": "partition", "batch_size": 1}}
 SILENT_CLIENTS = 20  # of each kind: body sent whole, body sent in part
 SILENT_CLOSE_S = 15.0  # within this the server must have closed each (its timeouts: 5 s keep-alive, 5 s body)
+RECREATE_SEEN_S = 10.0  # the longest a node may take to serve a re-created topic (docs/cluster.md: a heartbeat)
 JOBS = ("compaction", "retention", "key-compaction", "replication")
 # A cluster's leases, short as the delivery leases above: a killed node's partitions move within seconds.
 CLUSTER = {"LAKEBROKER_INGEST_LEASE_TTL_S": "4", "LAKEBROKER_INGEST_HEARTBEAT_S": "0.5"}
@@ -374,8 +375,24 @@ class Soak:
             r = client.post("/v1/topics", json=self._topic("churn"))
             if r.status_code != 201:
                 raise BenchError(f"re-creating churn: {r.status_code} {r.text}")
+        self._until_every_node_has("churn", r.json()["topic_id"])
         self.churn_since = time.time()
         self.report.recreates += 1
+
+    def _until_every_node_has(self, topic: str, topic_id: str) -> None:
+        """Wait until every node serves the topic's new incarnation: until then a node may acknowledge
+        a message for the one just deleted (docs/cluster.md: admin changes reach every node within a
+        heartbeat), so only what is sent after this counts as the new incarnation's."""
+        deadline = time.monotonic() + RECREATE_SEEN_S
+        for server in self.servers:
+            with httpx.Client(base_url=server.url, timeout=10) as client:
+                while (seen := client.get(f"/v1/topics/{topic}")).status_code != 200 or \
+                        seen.json()["topic_id"] != topic_id:
+                    if time.monotonic() > deadline:
+                        self.report.problems.append(f"{server.url} did not serve the re-created {topic} within "
+                                                    f"{RECREATE_SEEN_S:.0f} s")
+                        return
+                    time.sleep(0.1)
 
     def _drain(self, url: str) -> None:
         for other in self.servers[1:]:  # graceful: each hands its partitions over; the first takes them all

@@ -62,6 +62,11 @@ def _note(report: SoakReport, count: int, text: str) -> None:
         report.problems.append(text)
 
 
+def _answered(ack: dict[str, Any]) -> str:
+    """Who acknowledged a message, and how: for a loss's example."""
+    return f" (ack={ack.get('ack')} by {ack.get('node', '?')} at {ack['acked']:.1f})"
+
+
 def check_table(report: SoakReport, topic: str, spec: TopicSpec, stored: Stored, acks: list[dict[str, Any]]) -> None:
     """Exactly once, dense from the log start, and every acknowledged message where it was acknowledged.
     In a cluster, a message acknowledged at ack=wal by a node that died before its commit is appended
@@ -102,7 +107,8 @@ def check_table(report: SoakReport, topic: str, spec: TopicSpec, stored: Stored,
         elif where in stored.ids:
             if stored.ids[where] != a["id"]:
                 report.lost += 1
-                _note(report, report.lost, f"{topic}{list(where)}: acknowledged {a['id']}, stored {stored.ids[where]}")
+                _note(report, report.lost,
+                      f"{topic}{list(where)}: acknowledged {a['id']}, stored {stored.ids[where]}{_answered(a)}")
         elif spec.retention and a["offset"] < log.log_start:
             report.removed_by_retention += 1
         elif spec.compact and a["offset"] < log.committed_end and stored.superseded(*where, a["key"]):
@@ -110,7 +116,7 @@ def check_table(report: SoakReport, topic: str, spec: TopicSpec, stored: Stored,
         else:
             report.lost += 1
             _note(report, report.lost, f"{topic}{list(where)}: acknowledged {a['id']} is not in the table "
-                  f"(log {log.log_start}-{log.committed_end})")
+                  f"(log {log.log_start}-{log.committed_end}){_answered(a)}")
 
 
 def check_delivery(report: SoakReport, topic: str, spec: TopicSpec, stored: Stored,

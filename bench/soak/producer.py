@@ -1,12 +1,13 @@
 """The soak's producers, run as their own process: single, batch and Kafka REST v2 produce.
 
-Every acknowledged message becomes one JSON line in --out: {"topic", "partition", "offset",
-"id", "key", "sent", "acked", "kind", "ack"} ("sent" is time.time() when the first attempt began,
-"acked" when the answer came), since acknowledgements are what the soak checks. Each message
-carries its id in its value as well ({"id": ...}), so a REST v2 record, which has no message id,
-is still found in the table. Singles and batches are retried with the same ids until answered
-(the server may be down: it is SIGKILLed on purpose), so dedup must turn a retry into the
-original offset; REST v2 records are sent once (no id, so a retry would be a new message).
+Every acknowledged message becomes one JSON line in --out: {"topic", "partition", "offset", "id",
+"key", "sent", "acked", "kind", "ack", "node"} ("sent" is time.time() when the first attempt began,
+"acked" when the answer came, "node" the host:port that answered), since acknowledgements are what
+the soak checks. Each message carries its id in its value as well ({"id": ...}), so a REST v2
+record, which has no message id, is still found in the table. Singles and batches are retried with
+the same ids until answered (the server may be down: it is SIGKILLed on purpose), so dedup must
+turn a retry into the original offset; REST v2 records are sent once (no id, so a retry would be a
+new message).
 
 Given several --url (the nodes of a cluster), each request goes to the next node in turn, and a
 retry to the node after the one that failed it, as a client of a cluster does when a node dies.
@@ -66,13 +67,15 @@ class Producers:
         return n
 
     def _record(self, topic: str, kind: str, ids: list[str], keys: list[str | None], offsets: list[dict[str, Any]],
-                sent: float, ack: str) -> None:
+                sent: float, ack: str, answer: httpx.Response) -> None:
         acked = time.time()
+        node = answer.request.url.netloc.decode()
         for i, k, r in zip(ids, keys, offsets, strict=True):
             if r.get("offset") is None:
                 continue
             self.out.write(orjson.dumps({"topic": topic, "partition": r["partition"], "offset": r["offset"], "id": i,
-                                         "key": k, "sent": sent, "acked": acked, "kind": kind, "ack": ack}) + b"\n")
+                                         "key": k, "sent": sent, "acked": acked, "kind": kind, "ack": ack,
+                                         "node": node}) + b"\n")
             self.counts["acked"] += 1
         self.out.flush()
 
@@ -108,7 +111,7 @@ class Producers:
                 body = {"records": [{"key": k, "value": {"id": i}} for i, k in zip(ids, key_of, strict=True)]}
                 r = await self._until_answered(clients, f"/topics/{topic}", body, V2_JSON, retry=False)
                 if r is not None and r.status_code == 200:
-                    self._record(topic, kind, ids, key_of, r.json()["offsets"], sent, "wal")
+                    self._record(topic, kind, ids, key_of, r.json()["offsets"], sent, "wal", r)
                 elif r is not None:
                     self.counts["refused"] += 1
             else:
@@ -126,7 +129,7 @@ class Producers:
                 if r is not None and r.status_code == 200:
                     answer = r.json()
                     self._record(topic, kind, ids, key_of, answer["results"] if kind == "batch" else [answer], sent,
-                                 ack)
+                                 ack, r)
                 elif r is not None:
                     self.counts["refused"] += 1  # e.g. 404 while the churn topic is deleted
             next_at += 1 / rate
