@@ -23,7 +23,8 @@ def _stored(rows: dict[int, tuple[str, str]]) -> Stored:
 
 # offset 85 reused by another node after the failover; 87 (where the message went again) compacted away
 AFTER_FAILOVER = {85: ("other", "k7"), 86: ("m-86", "k20"), 88: ("newer", "k28")}
-ACK = {"partition": 0, "offset": 85, "id": "moved", "key": "k28", "ack": "wal"}
+ACK = {"partition": 0, "offset": 85, "id": "moved", "key": "k28", "ack": "wal", "sent": 1_800_000_000.0,
+       "acked": 1_800_000_000.5, "kind": "single", "node": "127.0.0.1:8001"}
 
 
 def _check(nodes: int, spec: TopicSpec, rows: dict[int, tuple[str, str]], ack: dict[str, Any]) -> SoakReport:
@@ -47,3 +48,5 @@ def test_what_no_failover_or_compaction_explains_is_lost(nodes: int, spec: Topic
                                                          rows: dict[int, tuple[str, str]], ack: dict[str, Any]) -> None:
     report = _check(nodes, spec, rows, ack)
     assert report.lost == 1 and report.problems, report
+    assert any(f"acknowledged moved, stored other (ack={ack['ack']} by 127.0.0.1:8001 at 1800000000.5)" in p
+               for p in report.problems), report.problems
