@@ -88,6 +88,9 @@ SUBSCRIBED = {"orders": {"ordering": "partition", "batch_size": 10},
 SILENT_CLIENTS = 20  # of each kind: body sent whole, body sent in part
 SILENT_CLOSE_S = 15.0  # within this the server must have closed each (its timeouts: 5 s keep-alive, 5 s body)
 RECREATE_SEEN_S = 10.0  # the longest a node may take to serve a re-created topic (docs/cluster.md: a heartbeat)
+# What a node that stops logs when acknowledged messages it holds for other nodes' partitions stay
+# in its WAL (ingest_api/router.py).
+STRANDED = b"stay in this node's WAL"
 JOBS = ("compaction", "retention", "key-compaction", "replication")
 # A cluster's leases, short as the delivery leases above: a killed node's partitions move within seconds.
 CLUSTER = {"LAKEBROKER_INGEST_LEASE_TTL_S": "4", "LAKEBROKER_INGEST_HEARTBEAT_S": "0.5"}
@@ -386,8 +389,7 @@ class Soak:
         deadline = time.monotonic() + RECREATE_SEEN_S
         for server in self.servers:
             with httpx.Client(base_url=server.url, timeout=10) as client:
-                while (seen := client.get(f"/v1/topics/{topic}")).status_code != 200 or \
-                        seen.json()["topic_id"] != topic_id:
+                while _serving(client, topic) != topic_id:
                     if time.monotonic() > deadline:
                         self.report.problems.append(f"{server.url} did not serve the re-created {topic} within "
                                                     f"{RECREATE_SEEN_S:.0f} s")
@@ -396,7 +398,12 @@ class Soak:
 
     def _drain(self, url: str) -> None:
         for other in self.servers[1:]:  # graceful: each hands its partitions over; the first takes them all
+            logged = other.log.stat().st_size
             other.stop()
+            with other.log.open("rb") as log:
+                log.seek(logged)
+                if STRANDED in log.read():  # these nodes do not start again: what their WALs keep is lost
+                    self.report.problems.append(f"{other.url} stopped with acknowledged messages in its WAL")
         self.server.stop()
         self.server.env.update(self._server_env(0, jobs=False))
         url = self.server.start(timeout=120)
@@ -525,6 +532,15 @@ class Soak:
             self.report.problems.append(f"{self.report.policy_patches} of 2 cleanup_policy PATCHes of profiles ran")
         required = JOBS if self._need_compaction else JOBS[1:]
         check_jobs(self.report, job_runs.last_runs(self._layout(), limit=100_000), required)
+
+
+def _serving(client: httpx.Client, topic: str) -> str | None:
+    """The id of the topic incarnation a node serves, None if none (or no answer)."""
+    try:
+        r = client.get(f"/v1/topics/{topic}")
+    except httpx.HTTPError:
+        return None
+    return str(r.json()["topic_id"]) if r.status_code == 200 else None
 
 
 def run(minutes: float, work: Path, *, kill_every_s: float = 60.0, seed: int = 12, nodes: int = 1) -> SoakReport:
