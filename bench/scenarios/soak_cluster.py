@@ -33,8 +33,8 @@ SCENARIO = Scenario(
            "topic in the receiver's records or the dead letters; the replica's verification; the delivery workers' "
            "peak RSS.",
     target="As the single-node soak: every acknowledged message in Delta exactly once at its acknowledged offset "
-           "(or, acknowledged at ack=wal by a node killed before its commit, at a later offset of its partition once "
-           "that node returned: docs/cluster.md#failover), with dense offsets across every change of owner; every "
+           "(or, acknowledged at ack=wal by a node that lost the partition before its commit, at another offset of "
+           "its partition: docs/cluster.md#failover), with dense offsets across every change of owner; every "
            "offset delivered or dead-lettered; no partition "
            f"stalled; the replica verifies; the delivery workers' peak RSS ≤ {DELIVERY_RSS_MB:,} MB.",
 )

@@ -22,7 +22,7 @@ class SoakReport:
     duplicates: int = 0  # ids stored more than once
     gaps: int = 0  # partitions not dense from log start to log end, or with a log start but no retention
     lost: int = 0  # acknowledged, above the log start, not in the table at their offset
-    moved_after_failover: int = 0  # cluster, ack=wal: appended again at a later offset once their node returned
+    moved_after_failover: int = 0  # cluster, ack=wal: appended again at another offset after a failover
     removed_by_retention: int = 0  # acknowledged, then removed by retention (after delivery)
     compacted_away: int = 0  # acknowledged on `profiles`, superseded and removed by key compaction
     expected_deliveries: int = 0
@@ -102,7 +102,7 @@ def to_result(r: SoakReport) -> Result:
         ("delivered / of them more than once", f"{r.delivered:,} / {r.delivered_more_than_once:,}"),
         ("dead-lettered", f"{r.dead_lettered:,}"),
         ("compacted away before delivery (`profiles`)", f"{r.compacted_before_delivery:,}"),
-        *([("acknowledged at ack=wal, stored at a later offset after their node's failover",
+        *([("acknowledged at ack=wal, stored at another offset after their node's failover",
             f"{r.moved_after_failover:,}")] if r.nodes > 1 else []),
         ("SIGKILLs of serve / of a worker" if r.nodes == 1 else f"SIGKILLs of a node (of {r.nodes}) / of a worker",
          f"{r.serve_kills} / {r.worker_kills}"),
