@@ -106,6 +106,7 @@ class Broker:
         self.acks = Acks(self.flusher, metrics)
         self.batch_turns = Turns()  # batch requests' CPU, one per loop pass (fairness to single messages)
         self._tasks: list[asyncio.Task[None]] = []
+        self._following = asyncio.Lock()  # the heartbeat and the topic follower both take changes in
         self.damage = HeldPartitions(self.flusher.hold, metrics)  # partitions WAL damage holds, until skipped
         # Ownership (ingest_api/cluster.py): the partitions this node may commit, with their epochs; those
         # open to produce (an owned partition being handed over is closed first); and this node's WAL
@@ -205,17 +206,20 @@ class Broker:
         await self.cluster.beat()  # its partitions get owners before the answer
         return created
 
-    async def follow_topics(self) -> None:
-        """Take in what other nodes changed in the topic table: new, changed and deleted topics."""
-        current = await asyncio.to_thread(self.store.load)
-        if current == self.topics:
-            return
-        gone = [t for name, t in self.topics.items() if current.get(name, t).topic_id != t.topic_id
-                or name not in current]
-        async with self.flusher.commit_lock:
-            self.topics = current
-        for topic in gone:
-            await self._forget_topic(topic)
+    async def follow_topics(self) -> bool:
+        """Take in what other nodes changed in the topic table: new, changed and deleted topics.
+        Whether anything changed."""
+        async with self._following:
+            current = await asyncio.to_thread(self.store.load)
+            if current == self.topics:
+                return False
+            gone = [t for name, t in self.topics.items() if current.get(name, t).topic_id != t.topic_id
+                    or name not in current]
+            async with self.flusher.commit_lock:
+                self.topics = current
+            for topic in gone:
+                await self._forget_topic(topic)
+            return True
 
     async def update_topic(self, name: str, **changes: object) -> TopicConfig:
         self.topic(name)

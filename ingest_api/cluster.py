@@ -2,7 +2,8 @@
 
 Nodes that share a table root are a cluster (tables/ownership.py holds who owns what). Every
 `ingest_heartbeat_s` this node reads the topics (a topic created, changed or deleted through any
-node shows here within a heartbeat), heartbeats into the ownership table, and then:
+node shows here within a heartbeat, also while a beat is busy claiming), heartbeats into the
+ownership table, and then:
 
 - claims the partitions the heartbeat gave it in their topic tables (tables/fencing.py) and only
   then opens them to produce (Broker.adopt);
@@ -147,6 +148,7 @@ class Membership:
         self._beat_lock = asyncio.Lock()
         self._closing = False
         self._task: asyncio.Task[None] | None = None
+        self._follower: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[None]] = set()  # hand-overs in progress
 
     def advertise(self, url: str) -> None:
@@ -158,12 +160,18 @@ class Membership:
         """The first heartbeat: take this node's partitions before it serves."""
         await self.beat()
         self._task = asyncio.create_task(self._run())
+        self._follower = asyncio.create_task(self._follow_topics())
 
     async def stop_beating(self) -> None:
         """End the heartbeat loop, after the beat in progress: at shutdown nothing is taken any more
         (the leases stay until `leave` or their TTL)."""
         self._closing = True
         self._wake.set()
+        if self._follower is not None:
+            self._follower.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._follower
+            self._follower = None
         if self._task is not None:
             await self._task
             self._task = None
@@ -190,6 +198,19 @@ class Membership:
                 await self.beat()
             except Exception:  # the next heartbeat tries again; the lease outlives a few misses
                 log.exception("cluster heartbeat failed")
+
+    async def _follow_topics(self) -> None:
+        """Topic changes every heartbeat, beside the beats: a beat that claims many partitions (a
+        node just started, or taking a dead node's share) can take seconds, and a topic deleted or
+        re-created elsewhere must not stay served here meanwhile. A change wakes the beat, which
+        gives new partitions their owners."""
+        while not self._closing:
+            await asyncio.sleep(self.heartbeat_s)
+            try:
+                if await self.broker.follow_topics():
+                    self._wake.set()
+            except Exception:  # the next round reads again
+                log.exception("reading the topics failed")
 
     def _pairs(self) -> dict[Pair, str]:
         return {(t.topic_id, p): t.name for t in self.broker.topics.values() for p in range(t.partitions)}

@@ -389,10 +389,12 @@ class Soak:
         deadline = time.monotonic() + RECREATE_SEEN_S
         for server in self.servers:
             with httpx.Client(base_url=server.url, timeout=10) as client:
-                while _serving(client, topic) != topic_id:
+                while (serving := _serving(client, topic)) != topic_id:
                     if time.monotonic() > deadline:
-                        self.report.problems.append(f"{server.url} did not serve the re-created {topic} within "
-                                                    f"{RECREATE_SEEN_S:.0f} s")
+                        self.report.problems.append(
+                            f"{server.url} did not serve the re-created {topic} within {RECREATE_SEEN_S:.0f} s: "
+                            f"it serves {f'the deleted incarnation {serving}' if serving else 'none'}, "
+                            f"the new one is {topic_id}")
                         return
                     time.sleep(0.1)
 

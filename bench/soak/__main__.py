@@ -8,6 +8,7 @@ and a kept work dir are options here.
 from __future__ import annotations
 
 import argparse
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -20,6 +21,16 @@ from bench.scenarios.soak_cluster import NODES
 from bench.scenarios.soak_cluster import SCENARIO as CLUSTER
 from bench.soak import run
 from bench.soak.report import passed, to_result
+
+
+def _keep_logs(work: Path) -> None:
+    """A failed soak's server and worker logs, kept past its temporary work dir for a post-mortem."""
+    kept = Path(tempfile.mkdtemp(prefix="lakebroker-soak-failed-"))
+    for log in work.rglob("*.log"):
+        target = kept / log.relative_to(work)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(log, target)
+    print(f"[soak] failed: its logs are kept in {kept}", file=sys.stderr)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -38,6 +49,8 @@ def main(argv: list[str] | None = None) -> None:
     else:
         with tempfile.TemporaryDirectory(prefix="lakebroker-soak-", ignore_cleanup_errors=True) as tmp:
             report = run(args.minutes, Path(tmp), kill_every_s=args.kill_every, nodes=args.nodes)
+            if not passed(to_result(report)):
+                _keep_logs(Path(tmp))
     result = to_result(report).stamp("full", report.seconds)
     scenario = SINGLE if args.nodes == 1 else CLUSTER
     made = "make soak" if args.nodes == 1 else "make soak-cluster"

@@ -1,0 +1,64 @@
+"""Topic changes made through another node reach this one within a heartbeat or two, even while
+one of its heartbeats is busy (claiming many partitions after a start or a failover can take
+seconds): a topic deleted elsewhere must not stay served here meanwhile."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from lakebroker.ingest_api.broker import Broker
+from lakebroker.ingest_api.metrics import IngestMetrics
+from lakebroker.tables.errors import NotFound
+from lakebroker.tables.settings import Settings
+from lakebroker.tables.topics import new_topic
+
+HEARTBEAT_S = 0.2
+
+
+def _node(tmp_path: Path, name: str, port: int) -> Broker:
+    settings = Settings(data_dir=tmp_path / name, tables_uri=str(tmp_path / "tables"), port=port,
+                        ingest_heartbeat_s=HEARTBEAT_S)
+    return Broker(settings, IngestMetrics(CollectorRegistry()))
+
+
+async def _until(check: object, what: str, within_s: float) -> None:
+    deadline = asyncio.get_running_loop().time() + within_s
+    while not check():  # type: ignore[operator]
+        if asyncio.get_running_loop().time() > deadline:
+            pytest.fail(f"not within {within_s} s: {what}")
+        await asyncio.sleep(0.05)
+
+
+async def test_a_topic_deleted_elsewhere_is_refused_here_while_a_heartbeat_is_stuck(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    a, b = _node(tmp_path, "a", 18301), _node(tmp_path, "b", 18302)
+    await a.start()
+    await b.start()
+    release = asyncio.Event()
+    try:
+        await a.create_topic(new_topic("t", 2))
+        await _until(lambda: "t" in b.topics, "b serves the new topic", 5)
+
+        stuck = asyncio.Event()
+
+        async def busy_beat() -> None:  # a beat that claims for as long as the test lets it
+            stuck.set()
+            await release.wait()
+
+        monkeypatch.setattr(b.cluster, "_beat", busy_beat)
+        b.cluster.wake()
+        await asyncio.wait_for(stuck.wait(), 5)
+
+        await a.delete_topic("t")
+        await _until(lambda: "t" not in b.topics, "b forgets the topic deleted through a", 10 * HEARTBEAT_S)
+        with pytest.raises(NotFound):
+            b.topic("t")
+        assert not release.is_set() and b.cluster._beat is busy_beat, "taken in beside the stuck beat"
+    finally:
+        release.set()
+        await b.stop()
+        await a.stop()
