@@ -32,6 +32,9 @@ from lakebroker.ingest_api.messages import AckMode, NewMessage
 from lakebroker.ingest_api.records import Record
 from lakebroker.tables.errors import LakebrokerError
 
+# Logged when a node stops with messages only its WAL holds (the soak looks for it in its logs).
+STRANDED = ("acknowledged messages of %d partitions other nodes own or will own stay in this node's WAL: "
+            "start it again with its data dir to hand them over")
 FORWARD_TIMEOUT_S = 120.0  # an ack=table answer waits for the owner's Delta commit
 RESEND_BATCH_MESSAGES = 5_000
 RESEND_BATCH_BYTES = 8 << 20
@@ -67,8 +70,7 @@ class Router:
                 if self.broker.parked_unowned():
                     await asyncio.sleep(self.broker.cluster.heartbeat_s)
             if left := self.broker.parked_unowned():
-                log.error("acknowledged messages of %d partitions other nodes own or will own stay in this node's "
-                          "WAL: start it again with its data dir to hand them over", len(left))
+                log.error(STRANDED, len(left))
         if self._forwarder is not None:
             await self._forwarder.close()
 
