@@ -11,6 +11,10 @@ They show how much of the gap to the baseline is the framework and not the broke
 `--http httptools` overrides the HTTP protocol, for a reference row: what the bare app does under
 the protocol `lakebroker serve` chose not to use.
 
+`--processes N` serves the bare app from N processes on one port through SO_REUSEPORT, each on a
+CPU of its own when there are enough, as `lakebroker serve --workers N` runs its workers: what the
+machine gives a server that adds processes and does no work of its own.
+
 Run as a process: `python -m bench.baseline_app --ready-file PATH`; it binds 127.0.0.1 on a free
 port and writes {"url": ..., "pid": ...} to PATH once it is listening.
 """
@@ -18,7 +22,9 @@ port and writes {"url": ..., "pid": ...} to PATH once it is listening.
 from __future__ import annotations
 
 import argparse
+import ctypes
 import os
+import signal
 import socket
 from enum import StrEnum
 from pathlib import Path
@@ -29,6 +35,7 @@ import uvicorn
 from fastapi import Depends, FastAPI, Query, Request
 from fastapi.responses import Response
 
+PR_SET_PDEATHSIG = 1  # prctl(2): the signal a process gets when its parent exits
 BODY = b'{"partition":0,"offset":0,"duplicate":false}'
 _HEADERS = [(b"content-type", b"application/json"), (b"content-length", str(len(BODY)).encode())]
 
@@ -110,14 +117,43 @@ def uvicorn_settings() -> dict[str, Any]:
     return {"log_level": "info", "access_log": False, **UVICORN_LIMITS}
 
 
-def serve(ready_file: Path, which: str = "bare", host: str = "127.0.0.1", http: str | None = None) -> None:
+def _bound(host: str, port: int, reuse_port: bool) -> socket.socket:
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, 0))
+    if reuse_port:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    sock.bind((host, port))
+    return sock
+
+
+def _fork_processes(processes: int, host: str, port: int) -> socket.socket | None:
+    """Forks processes 1..N-1, each with a socket of its own on `port`, and pins every process to a
+    CPU when there are enough. The socket of the process that returns, None in the first."""
+    cpus = sorted(os.sched_getaffinity(0))
+    pin = processes <= len(cpus)
+    for index in range(1, processes):
+        if os.fork() == 0:
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)  # ends with the first process
+            if pin:
+                os.sched_setaffinity(0, {cpus[index]})
+            return _bound(host, port, reuse_port=True)
+    if pin:
+        os.sched_setaffinity(0, {cpus[0]})
+    return None
+
+
+def serve(ready_file: Path, which: str = "bare", host: str = "127.0.0.1", http: str | None = None,
+          processes: int = 1) -> None:
+    sock = _bound(host, 0, reuse_port=processes > 1)
     port = sock.getsockname()[1]
-    settings = uvicorn_settings() if http is None else {**uvicorn_settings(), "http": http}
-    config = uvicorn.Config(app if which == "bare" else fastapi_app(), **settings)
-    server = uvicorn.Server(config)
+    if processes > 1:
+        own = _fork_processes(processes, host, port)
+        if own is not None:  # a forked process: it serves and writes no ready file
+            sock.close()
+            _serve_on(own, which, http)
+            return
+    server = _server(which, http)
     original = server.startup
 
     async def startup(sockets: list[socket.socket] | None = None) -> None:
@@ -131,13 +167,23 @@ def serve(ready_file: Path, which: str = "bare", host: str = "127.0.0.1", http: 
         ready_file.unlink(missing_ok=True)
 
 
+def _server(which: str, http: str | None) -> uvicorn.Server:
+    settings = uvicorn_settings() if http is None else {**uvicorn_settings(), "http": http}
+    return uvicorn.Server(uvicorn.Config(app if which == "bare" else fastapi_app(), **settings))
+
+
+def _serve_on(sock: socket.socket, which: str, http: str | None) -> None:
+    _server(which, http).run(sockets=[sock])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ready-file", type=Path, required=True)
     parser.add_argument("--app", choices=["bare", "fastapi"], default="bare")
     parser.add_argument("--http", choices=["h11", "httptools"], help="override the server's HTTP protocol")
+    parser.add_argument("--processes", type=int, default=1, help="serve from this many processes on one port")
     args = parser.parse_args()
-    serve(args.ready_file, args.app, http=args.http)
+    serve(args.ready_file, args.app, http=args.http, processes=args.processes)
 
 
 if __name__ == "__main__":

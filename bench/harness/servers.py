@@ -133,10 +133,10 @@ class Server:
         self.stop()
 
 
-def baseline_server(work: Path, app: str = "bare", http: str | None = None) -> Server:
-    name = app if http is None else f"{app}-{http}"
+def baseline_server(work: Path, app: str = "bare", http: str | None = None, processes: int = 1) -> Server:
+    name = (app if http is None else f"{app}-{http}") + ("" if processes == 1 else f"-x{processes}")
     ready = work / f"baseline-{name}.json"
-    extra = [] if http is None else ["--http", http]
+    extra = ([] if http is None else ["--http", http]) + ([] if processes == 1 else ["--processes", str(processes)])
     return Server(
         name=f"baseline ({name})",
         argv=[sys.executable, "-m", "bench.harness.baseline_app", "--app", app, "--ready-file", str(ready), *extra],
