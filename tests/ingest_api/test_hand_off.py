@@ -55,8 +55,9 @@ def _restore(node: ServerProcess, copy: Path) -> None:
 
 def test_messages_handed_to_the_owner_are_stored_once_after_the_sender_restarts_with_its_wal(tmp_path: Path) -> None:
     root = tmp_path / "tables"
-    # a commits only after 3 s: it is stopped before then.
-    a = ServerProcess(tmp_path / "a", _env(root, LAKEBROKER_FLUSH_INTERVAL_MS="3000"))
+    # a commits only after 10 s: it is stopped before then (its produce takes a second or two, and
+    # over 3 s beside a busy suite), and commits what it appends again later within the waits below.
+    a = ServerProcess(tmp_path / "a", _env(root, LAKEBROKER_FLUSH_INTERVAL_MS="10000"))
     b = ServerProcess(tmp_path / "b", _env(root))
     paused = False
     try:
@@ -87,7 +88,7 @@ def test_messages_handed_to_the_owner_are_stored_once_after_the_sender_restarts_
         os.kill(a.proc.pid, signal.SIGCONT)
         paused = False
         # a sends b what it holds of b's partitions; it may claim some back and append those itself.
-        until(lambda: all(stored()[v] >= 1 for v in values), "a's messages in the table", timeout=30)
+        until(lambda: all(stored()[v] >= 1 for v in values), "a's messages in the table", timeout=45)
         until(lambda: _settled(a), "a holds nothing of b's partitions", timeout=30)
         assert "parked messages sent to their owner" in a.log.read_text()
 
@@ -103,7 +104,7 @@ def test_messages_handed_to_the_owner_are_stored_once_after_the_sender_restarts_
         b.kill()
         a.start()
         until(lambda: set(_owners(a.url).values()) == {a.url}, "a owns every partition", timeout=TTL_S + 15)
-        until(lambda: _settled(a), "a commits what it appended again", timeout=30)
+        until(lambda: _settled(a), "a commits what it appended again", timeout=45)
         assert "stored already (by a node this node handed them to" in a.log.read_text()
         for p, key in KEYS.items():
             assert _produce(a.url, key, 0, value=f"after-{p}").status_code == 200
