@@ -127,6 +127,7 @@ class Broker:
         self.cluster: Membership
         self.flusher.on_orphans = self.park
         self.flusher.on_deposed = self._deposed
+        self.flusher.moved = _moved
         self.started = False
 
     # -- lifecycle ----------------------------------------------------------------------
@@ -353,9 +354,7 @@ class Broker:
             key = (bytes.fromhex(topic_hex), partition)
             self.accepting.discard(key)
             self.epochs.pop(key, None)
-            self.flusher.fail_waiters(key, NoOwnerYet(
-                f"partition {partition} moved to another node before this message's commit; it is kept and "
-                "committed there: retry with the same id to get its offset", 1.0))
+            self.flusher.fail_waiters(key, _moved(key))
         self._restrict_all()
         if pairs:
             self.flusher.wake()
@@ -829,3 +828,9 @@ def _settle_ids(ids: list[tuple[int, asyncio.Future[Placed]]]) -> Callable[[asyn
                 future.set_result((chunk.partition, chunk.offset + rank, chunk.timestamp_us))
 
     return done
+
+
+def _moved(key: PartitionKey) -> NoOwnerYet:
+    """What a wait for a message's commit gets when its partition left this node first."""
+    return NoOwnerYet(f"partition {key[1]} moved to another node before this message's commit; it is kept and "
+                      "committed again with a new offset: retry with the same id to get it", 1.0)

@@ -121,6 +121,8 @@ class Flusher:
         self.epochs: dict[PartitionKey, int] = {}
         self.on_orphans: Callable[[list[Record | Chunk]], None] = lambda items: None
         self.on_deposed: Callable[[TopicConfig, frozenset[int]], None] = lambda topic, partitions: None
+        # The error for a wait on a partition this node does not own (fail_waiters gives it too).
+        self.moved: Callable[[PartitionKey], Exception] = lambda key: StorageUnavailable("partition not owned here")
         self._verified: dict[str, int] = {}  # by topic id: the table version whose owner epochs were checked
 
     @property
@@ -188,9 +190,15 @@ class Flusher:
             self._ends.pop(topic.topic_id, None)  # read the partition ends again at the next flush
 
     def wait_committed(self, key: PartitionKey, offset: int) -> asyncio.Future[None]:
+        """Until the partition's committed end passes `offset`. On a partition this node no longer
+        owns that end says nothing of the message placed there before: the message is parked and
+        gets a new offset (here once claimed again, or at the owner), so the wait fails at once as
+        fail_waiters fails the waits of a partition when it goes."""
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         if self.committed.get(key, 0) > offset:
             future.set_result(None)
+        elif key not in self.epochs:
+            future.set_exception(self.moved(key))
         else:
             self._waiters[key].append((offset, future))
         return future

@@ -133,3 +133,21 @@ async def test_an_epoch_older_than_ours_in_the_table_is_a_split_brain_and_fences
         await _partition_0_refuses_a_message(broker, uri, [(0, 0, b"first"), (1, 0, b"first")])
     finally:
         await broker.stop()
+
+
+async def test_a_wait_for_a_commit_begun_after_the_partition_left_fails_instead_of_taking_a_later_offset(
+        tmp_path: Path) -> None:
+    """An ack=table wait that starts after its partition left this node (its WAL write finished
+    late) must not be answered by the partition's committed end: once this node claims it again,
+    its message is appended again at a new offset, and the end passing the old one says nothing of
+    it (the cluster soak saw a message acknowledged at offset 90 and stored at 91)."""
+    broker, _, topic_id = await _two_partition_broker(tmp_path)
+    try:
+        topic = broker.topic("t")
+        broker.disown({(topic.topic_id, 0)})
+        with pytest.raises(NoOwnerYet, match="retry with the same id"):
+            await asyncio.wait_for(broker.acks.in_table(topic_id, {0: 1}), 5)
+        await asyncio.wait_for(broker.acks.in_table(topic_id, {0: 0}), 5)  # committed before it left: answered
+        await asyncio.wait_for(broker.acks.in_table(topic_id, {1: 0}), 5)  # still owned, committed
+    finally:
+        await broker.stop()
