@@ -354,7 +354,7 @@ class Broker:
             key = (bytes.fromhex(topic_hex), partition)
             self.accepting.discard(key)
             self.epochs.pop(key, None)
-            self.flusher.fail_waiters(key, _moved(key))
+            self.flusher.fail_waiters(key)
         self._restrict_all()
         if pairs:
             self.flusher.wake()

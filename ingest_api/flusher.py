@@ -121,7 +121,7 @@ class Flusher:
         self.epochs: dict[PartitionKey, int] = {}
         self.on_orphans: Callable[[list[Record | Chunk]], None] = lambda items: None
         self.on_deposed: Callable[[TopicConfig, frozenset[int]], None] = lambda topic, partitions: None
-        # The error for a wait on a partition this node does not own (fail_waiters gives it too).
+        # The error of a wait for a commit on a partition that left this node (or had before it began).
         self.moved: Callable[[PartitionKey], Exception] = lambda key: StorageUnavailable("partition not owned here")
         self._verified: dict[str, int] = {}  # by topic id: the table version whose owner epochs were checked
 
@@ -361,12 +361,12 @@ class Flusher:
         topic_id = bytes.fromhex(topic.topic_id)
         self.epochs.update({(topic_id, p): epoch for p in range(topic.partitions)})
 
-    def fail_waiters(self, key: PartitionKey, error: Exception) -> None:
+    def fail_waiters(self, key: PartitionKey) -> None:
         """The partition went to another node: whoever waits for its commit here (ack=table) gets
-        `error`; its messages reach the table through the new owner."""
+        `moved`'s error; its messages reach the table with new offsets."""
         for _, future in self._waiters.pop(key, []):
             if not future.done():
-                future.set_exception(error)
+                future.set_exception(self.moved(key))
 
     def adopted(self, topic_id: str) -> None:
         """This node claimed partitions of the topic: read their ends and epochs again."""
