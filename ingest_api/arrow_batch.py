@@ -31,7 +31,7 @@ import pyarrow.compute as pc
 
 from lakebroker.ingest_api import ipc_frames
 from lakebroker.ingest_api.body import MAX_BATCH, MAX_KEY_CHARS, InvalidShape
-from lakebroker.ingest_api.chunks import CHUNK_SCHEMA, BatchResults, ColumnarBatch
+from lakebroker.ingest_api.chunks import CHUNK_SCHEMA, BatchResults, ColumnarBatch, one_array
 from lakebroker.ingest_api.messages import NewMessage
 from lakebroker.tables.errors import InvalidRequest, TooLarge
 from lakebroker.tables.topics import MAX_PARTITIONS
@@ -40,6 +40,7 @@ ARROW_STREAM = "application/vnd.apache.arrow.stream"
 COLUMNS = ("value", "key", "headers", "partition", "id")
 MAX_ID_CHARS = 256
 _HEADERS = CHUNK_SCHEMA.field("headers").type
+_FORMATS: dict[str, pa.Array] = {}  # a format repeated, sliced to each batch's length (_value)
 RESULTS_SCHEMA = pa.schema([
     pa.field("partition", pa.int32()),  # null: a duplicate whose original is not placed yet (ack=none)
     pa.field("offset", pa.int64()),  # null: not known yet (ack=none)
@@ -64,7 +65,7 @@ def parse_arrow_batch(body: bytes, max_decoded: int) -> ColumnarBatch:
         raise InvalidShape("invalid batch: a column name appears twice")
     if "value" not in names:
         raise InvalidShape("invalid batch: the value column is required (binary or string)")
-    got = {name: _plain(table.column(name).combine_chunks()) for name in names}
+    got = {name: _plain(one_array(table.column(name))) for name in names}
     value, fmt = _value(got["value"])
     key = _key(got["key"]) if "key" in got else pa.nulls(n, pa.string())
     message_id = _id(got["id"]) if "id" in got else pa.nulls(n, pa.string())
@@ -83,18 +84,22 @@ def parse_arrow_batch(body: bytes, max_decoded: int) -> ColumnarBatch:
 
 def results_arrow(results: BatchResults) -> bytes:
     """A batch's per-message results as an Arrow IPC stream of RESULTS_SCHEMA, in request order."""
-    known = results.offset >= 0
-    placed = results.partition >= 0
     batch = pa.record_batch([
-        pa.array(results.partition.astype(np.int32, copy=False), mask=~placed),
-        pa.array(results.offset, mask=~known),
+        _nullable(results.partition.astype(np.int32, copy=False)),
+        _nullable(results.offset),
         pa.array(results.duplicate),
-        pa.array(results.timestamp_us, mask=results.timestamp_us < 0).view(RESULTS_SCHEMA.field("timestamp").type),
+        _nullable(results.timestamp_us).view(RESULTS_SCHEMA.field("timestamp").type),
     ], schema=RESULTS_SCHEMA)
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, RESULTS_SCHEMA) as writer:
         writer.write_batch(batch)
     return bytes(sink.getvalue().to_pybytes())
+
+
+def _nullable(values: np.ndarray) -> pa.Array:
+    """`values` with null where negative (not known); no validity bitmap when all are known."""
+    missing = values < 0
+    return pa.array(values, mask=missing) if missing.any() else pa.array(values)
 
 
 def wants_arrow(accept: str) -> bool:
@@ -130,10 +135,18 @@ def _value(column: pa.Array) -> tuple[pa.Array, pa.Array]:
         fmt = "binary"
     else:
         raise InvalidShape(f"invalid batch: the value column must be binary or string, not {t}")
-    value = column.cast(pa.binary())
+    # string and binary share a layout: a view, where a cast would build a new array
+    value = column.view(pa.binary()) if t == pa.string() else column.cast(pa.binary())
     n = len(value)
-    formats = pa.repeat(fmt, n) if not value.null_count else pc.if_else(pc.is_valid(value), fmt, "json")
+    formats = _repeated(fmt, n) if not value.null_count else pc.if_else(pc.is_valid(value), fmt, "json")
     return value, formats
+
+
+def _repeated(fmt: str, n: int) -> pa.Array:
+    kept = _FORMATS.get(fmt)
+    if kept is None or len(kept) < n:
+        kept = _FORMATS[fmt] = pa.repeat(fmt, max(n, 2 * len(kept) if kept is not None else 0))
+    return kept.slice(0, n)
 
 
 def _key(column: pa.Array) -> pa.Array:

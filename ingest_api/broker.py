@@ -24,7 +24,7 @@ import pyarrow as pa
 
 from lakebroker.ingest_api.acks import Acks, highest_offsets
 from lakebroker.ingest_api.admission import Admission
-from lakebroker.ingest_api.chunks import BatchResults, Chunk, ColumnarBatch, chunk_bytes, split_by_bytes
+from lakebroker.ingest_api.chunks import BatchResults, Chunk, ColumnarBatch, chunk_bytes, one_array, split_by_bytes
 from lakebroker.ingest_api.cluster import Membership, NoOwnerYet, NotOwner
 from lakebroker.ingest_api.dedup import DedupIndex, DedupKey, Placed, dedup_id, dedup_ids, key_hash
 from lakebroker.ingest_api.dedup_rebuild import restore
@@ -37,7 +37,7 @@ from lakebroker.ingest_api.partitioner import Partitioner
 from lakebroker.ingest_api.records import Record
 from lakebroker.ingest_api.recovery import recover
 from lakebroker.ingest_api.turns import Turns
-from lakebroker.ingest_api.wal import PartitionKey, Wal
+from lakebroker.ingest_api.wal import PartitionKey, Wal, delete_segments
 from lakebroker.ingest_api.wal_damage import HeldPartitions
 from lakebroker.tables.errors import (
     NotFound,
@@ -106,6 +106,7 @@ class Broker:
         self.acks = Acks(self.flusher, metrics)
         self.batch_turns = Turns()  # batch requests' CPU, one per loop pass (fairness to single messages)
         self._tasks: list[asyncio.Task[None]] = []
+        self._deleting: set[asyncio.Future[None]] = set()  # released WAL segments being deleted
         self._following = asyncio.Lock()  # the heartbeat and the topic follower both take changes in
         self.damage = HeldPartitions(self.flusher.hold, metrics)  # partitions WAL damage holds, until skipped
         # Ownership (ingest_api/cluster.py): the partitions this node may commit, with their epochs; those
@@ -187,6 +188,7 @@ class Broker:
         await self.committer.drain()
         if self.flusher.pending_bytes:
             await self.flusher.flush_once()
+        await asyncio.gather(*self._deleting)
         self.wal.close(self._committed_below() if not self.flusher.pending_bytes else None)
         self.dedup.close()
         if not self.flusher.pending_bytes:  # all committed: the partitions go to other nodes at once
@@ -624,13 +626,13 @@ class Broker:
         keep = np.ones(n, np.bool_)
         waits: list[tuple[int, asyncio.Future[Placed]]] = []  # duplicates of messages in flight
         placing: dict[int, asyncio.Future[Placed]] = {}  # row → its id's future, for new messages with an id
-        ids = batch.columns.column("message_id").combine_chunks()
+        ids = one_array(batch.columns.column("message_id"))
         # Every message's partition, duplicates too (they take their turn in the keyless runs
         # as on the per-message path), checked before the dedup index hears of any id.
-        everyone = self.partitioner.columns(topic, batch.partitions, batch.columns.column("key").combine_chunks(),
+        everyone = self.partitioner.columns(topic, batch.partitions, one_array(batch.columns.column("key")),
                                             ids)
         topic_id = bytes.fromhex(topic.topic_id)
-        self._check_open(topic, topic_id, set(np.unique(everyone).tolist()))
+        self._check_open(topic, topic_id, set(np.flatnonzero(np.bincount(everyone)).tolist()))
         if ids.null_count < n:
             self._dedup_columns(topic, ids.to_pylist(), results, keep, waits, placing)
         kept = np.flatnonzero(keep)
@@ -745,9 +747,20 @@ class Broker:
         return committed_below
 
     def _release_wal(self) -> None:
-        self.wal.release(self._committed_below())
+        released = self.wal.release(self._committed_below())
+        if released:  # off the loop: unlinking a full segment holds a thread for milliseconds
+            deleting = asyncio.get_running_loop().run_in_executor(None, delete_segments, released)
+            self._deleting.add(deleting)
+            deleting.add_done_callback(self._deleted)
         self.metrics.wal_segments.set(self.wal.segment_count())
         self.metrics.wal_backlog_bytes.set(self.backlog_bytes)
+
+
+    def _deleted(self, deleting: asyncio.Future[None]) -> None:
+        self._deleting.discard(deleting)
+        if not deleting.cancelled() and deleting.exception() is not None:
+            log.error("WAL: could not delete released segments (they are skipped at the next start)",
+                      exc_info=deleting.exception())
 
 
 def _rows(item: Record | Chunk) -> int:

@@ -166,6 +166,11 @@ def _data_bytes(column: pa.ChunkedArray) -> int:
     return total
 
 
+def one_array(column: pa.ChunkedArray) -> pa.Array:
+    """A column as one array: its only chunk as it is (`combine_chunks` copies even that one)."""
+    return column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
+
+
 def message_sizes(columns: pa.Table) -> np.ndarray:
     """Each message's size as records.message_bytes measures it: key and value bytes, and its
     headers' names and values."""
@@ -173,11 +178,20 @@ def message_sizes(columns: pa.Table) -> np.ndarray:
     for name in ("key", "value"):
         column = columns.column(name)
         if column.null_count < len(column):
-            size += pc.fill_null(pc.binary_length(column), 0).to_numpy()
+            size += _lengths(one_array(column))
     headers = columns.column("headers")
     if headers.null_count < len(headers):
-        size += _header_bytes(headers.combine_chunks())
+        size += _header_bytes(one_array(headers))
     return size
+
+
+def _lengths(array: pa.Array) -> np.ndarray:
+    """Each value's length in bytes (0 for null) of a string or binary array, from its offsets."""
+    offsets = np.frombuffer(array.buffers()[1], np.int32, len(array) + 1, array.offset * 4)
+    lengths = np.diff(offsets).astype(np.int64)
+    if array.null_count:  # a null slot may still span bytes (the format allows it)
+        lengths[array.is_null().to_numpy(zero_copy_only=False)] = 0
+    return lengths
 
 
 def _header_bytes(headers: pa.MapArray) -> np.ndarray:

@@ -96,7 +96,9 @@ class RoundRobin:
         runs = max(1, min(width, count // MIN_RUN))
         first = self._runs
         self._runs = first + runs
-        spread = (first + np.arange(count, dtype=np.int64) * runs // count) % width
+        # run r holds the positions i with i * runs // count == r
+        starts = (np.arange(runs + 1, dtype=np.int64) * count + runs - 1) // runs
+        spread = np.repeat((first + np.arange(runs, dtype=np.int64)) % width, np.diff(starts))
         return spread if choices is None else choices[spread]
 
 
@@ -129,6 +131,11 @@ def partitions_for(explicit: pa.Array, keys: pa.Array, round_robin: RoundRobin, 
     """Each message's partition, as `Partitioner.each` picks it per message: the explicit
     partition, else the key's, else its place in the request's keyless runs."""
     partitions = cache.partitions
+    n = len(explicit)
+    if not keys.null_count and not explicit.null_count < n:  # every message keyed: no mask to build
+        return cache.lookup(keys)
+    if not explicit.null_count < n and keys.null_count == n:  # every message keyless
+        return round_robin.take(n, partitions).astype(np.int32)
     out: np.ndarray = pc.fill_null(explicit, -1).to_numpy(zero_copy_only=False).astype(np.int32)
     free = out < 0
     if not free.any():

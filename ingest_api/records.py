@@ -18,11 +18,11 @@ every byte position; a body is never longer than MAX_FRAME_BYTES, which bounds e
 from __future__ import annotations
 
 import struct
-import zlib
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import orjson
+from isal.isal_zlib import crc32  # zlib's CRC-32, an order of magnitude faster over large frames
 
 if TYPE_CHECKING:
     from typing_extensions import Buffer  # collections.abc.Buffer from Python 3.12
@@ -106,23 +106,23 @@ def seal(magic: bytes, body: bytes) -> bytes:
     length = len(body)
     if length > MAX_FRAME_BYTES:  # recovery would read it as corruption, so never write it
         raise ValueError(f"a WAL frame of {length} bytes is over the {MAX_FRAME_BYTES}-byte frame limit")
-    return FRAME_HEADER.pack(magic, length, zlib.crc32(body, zlib.crc32(_LEN.pack(length)))) + body
+    return FRAME_HEADER.pack(magic, length, crc32(body, crc32(_LEN.pack(length)))) + body
 
 
 def seal_parts(magic: bytes, body: list[Buffer]) -> list[Buffer]:
     """`seal` of a body given in pieces, as the pieces: a large frame is written as it is,
-    never copied into one bytes object while the GIL is held (zlib releases it over large data)."""
+    never copied into one bytes object."""
     length = sum(len(memoryview(part)) for part in body)
     if length > MAX_FRAME_BYTES:  # recovery would read it as corruption, so never write it
         raise ValueError(f"a WAL frame of {length} bytes is over the {MAX_FRAME_BYTES}-byte frame limit")
-    crc = zlib.crc32(_LEN.pack(length))
+    crc = crc32(_LEN.pack(length))
     for part in body:
-        crc = zlib.crc32(part, crc)
+        crc = crc32(part, crc)
     return [FRAME_HEADER.pack(magic, length, crc), *body]
 
 
 def frame_crc_ok(length: int, crc: int, body: bytes) -> bool:
-    return zlib.crc32(body, zlib.crc32(_LEN.pack(length))) == crc
+    return crc32(body, crc32(_LEN.pack(length))) == crc
 
 
 def decode(body: bytes) -> Record:

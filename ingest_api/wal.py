@@ -353,19 +353,21 @@ class Wal:
                               "until it fills", self._active.path.name)
 
     # -- release ------------------------------------------------------------------------
-    def release(self, committed_below: Callable[[PartitionKey], int]) -> int:
-        """Delete sealed segments whose every record is below its partition's committed log-end."""
+    def release(self, committed_below: Callable[[PartitionKey], int]) -> list[Path]:
+        """Take out the sealed segments whose every record is below its partition's committed
+        log-end, and return their files for `delete_segments`: deleting a full segment takes the
+        kernel milliseconds, which a caller on the event loop spends in a thread. A file a crash
+        leaves undeleted is read at the next start, and its records skipped as committed."""
         with self._sealed_lock:
             keep: list[_Segment] = []
-            deleted = 0
+            released: list[Path] = []
             for segment in self._sealed:
                 if all(offset < committed_below(key) for key, offset in segment.max_offsets.items()):
-                    segment.path.unlink(missing_ok=True)
-                    deleted += 1
+                    released.append(segment.path)
                 else:
                     keep.append(segment)
             self._sealed = keep
-            return deleted
+            return released
 
     def segment_count(self) -> int:
         with self._sealed_lock:
@@ -377,7 +379,7 @@ class Wal:
         only one left and all of it is committed: the next start then reads nothing it would
         only skip. (It stays, empty, so segment numbers keep growing.)"""
         if committed_below is not None:
-            self.release(committed_below)
+            delete_segments(self.release(committed_below))
         with self._lock:
             if self._fd < 0:
                 return
@@ -393,6 +395,12 @@ class Wal:
                 os.fdatasync(self._fd)
             os.close(self._fd)
             self._fd = -1
+
+
+def delete_segments(paths: Iterable[Path]) -> None:
+    """Delete released segment files (Wal.release)."""
+    for path in paths:
+        path.unlink(missing_ok=True)
 
 
 _IOV_MAX = 1024  # Linux's limit on the pieces of one pwritev

@@ -11,7 +11,7 @@ import pytest
 
 from lakebroker.ingest_api import wal as wal_module
 from lakebroker.ingest_api.records import FRAME_HEADER, Record, decode, encode
-from lakebroker.ingest_api.wal import GROUP_HEAD_BYTES, Wal, group_head
+from lakebroker.ingest_api.wal import GROUP_HEAD_BYTES, Wal, delete_segments, group_head
 
 pytestmark = pytest.mark.fault
 
@@ -179,8 +179,11 @@ def test_sealed_segment_is_released_only_once_committed(tmp_path: Path) -> None:
         wal.append([encode(rec(i))], [rec(i)])
     sealed_before = len(list(tmp_path.glob("*.wal")))
     assert sealed_before >= 3
-    assert wal.release(lambda key: 0) == 0  # nothing committed: nothing deleted
-    assert wal.release(lambda key: 3) >= 1  # records 0-2 committed
+    assert wal.release(lambda key: 0) == []  # nothing committed: nothing released
+    released = wal.release(lambda key: 3)  # records 0-2 committed
+    assert released and all(path.exists() for path in released), "released, for the caller to delete"
+    delete_segments(released)
+    assert not any(path.exists() for path in released)
     remaining = [r.offset for r in open_wal(tmp_path).recover().records]
     assert set(range(3, 6)) <= set(remaining)  # nothing uncommitted was released
     assert len(remaining) < 6  # and committed segments were
