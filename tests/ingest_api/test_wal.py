@@ -351,3 +351,46 @@ def test_a_segment_rolled_after_an_unsynced_write_is_synced_first(tmp_path: Path
     assert len(sorted(tmp_path.glob("*.wal"))) == 4
     assert len(synced) >= 3, "each unsynced write synced before its segment was sealed"
     assert [r.offset for r in open_wal(tmp_path).recover().records] == [0, 1, 2]
+
+
+async def test_a_serving_broker_deletes_committed_segments_off_the_event_loop(tmp_path: Path) -> None:
+    """Segments whose records are all committed are deleted while the broker serves, by a thread:
+    unlinking a full segment (64 MB by default) held the event loop for milliseconds."""
+    import asyncio
+    import threading
+
+    from prometheus_client import CollectorRegistry
+
+    from lakebroker.ingest_api.broker import Broker
+    from lakebroker.ingest_api.messages import AckMode, NewMessage
+    from lakebroker.ingest_api.metrics import IngestMetrics
+    from lakebroker.tables.settings import Settings
+    from lakebroker.tables.topics import new_topic
+
+    broker = Broker(Settings(data_dir=tmp_path / "data", wal_segment_bytes=2048, flush_interval_ms=20),
+                    IngestMetrics(CollectorRegistry()))
+    wal_dir = tmp_path / "data" / "wal"
+    deleted_by: list[str] = []
+    real_delete = wal_module.delete_segments
+
+    def deleting(paths: list[Path]) -> None:
+        deleted_by.append(threading.current_thread().name)
+        real_delete(paths)
+
+    await broker.start()
+    try:
+        await broker.create_topic(new_topic("t", 2))
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr("lakebroker.ingest_api.broker.delete_segments", deleting)
+            for i in range(40):  # ~200 bytes a frame: a new segment every ~10 messages
+                await broker.produce("t", [NewMessage(value=b"x" * 100, key=f"k{i}")], AckMode.WAL)
+            assert max(int(p.stem) for p in wal_dir.glob("*.wal")) >= 4, "the WAL rolled several segments"
+            assert await broker.flusher.flush_once()
+            for _ in range(200):  # the deletion runs in a thread after the commit: bounded wait
+                if len(list(wal_dir.glob("*.wal"))) == 1:
+                    break
+                await asyncio.sleep(0.01)
+        assert len(list(wal_dir.glob("*.wal"))) == 1, "every sealed segment was committed: only the active one stays"
+        assert deleted_by and threading.main_thread().name not in deleted_by
+    finally:
+        await broker.stop()
