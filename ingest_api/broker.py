@@ -34,7 +34,7 @@ from lakebroker.ingest_api.hand_off import identified
 from lakebroker.ingest_api.messages import AckMode, NewMessage
 from lakebroker.ingest_api.metrics import IngestMetrics
 from lakebroker.ingest_api.partitioner import Partitioner
-from lakebroker.ingest_api.records import Record
+from lakebroker.ingest_api.records import RECORD_OVERHEAD, Record
 from lakebroker.ingest_api.recovery import recover
 from lakebroker.ingest_api.turns import Turns
 from lakebroker.ingest_api.wal import PartitionKey, Wal, delete_segments
@@ -601,7 +601,7 @@ class Broker:
             if hit is not None:
                 return ProduceResult(-1, None, duplicate=True), None, hit
         record = Record(topic.name, topic_id, partition, -1, 0, m.key, m.value, m.format, m.headers,
-                        m.message_id, m.producer_id, m.sequence, -1 if size < 0 else 64 + size)
+                        m.message_id, m.producer_id, m.sequence, -1 if size < 0 else RECORD_OVERHEAD + size)
         future: asyncio.Future[Placed] | None = None
         if awaited or key is not None:
             future = asyncio.get_running_loop().create_future()
@@ -629,7 +629,7 @@ class Broker:
         ids = one_array(batch.columns.column("message_id"))
         # Every message's partition, duplicates too (they take their turn in the keyless runs
         # as on the per-message path), checked before the dedup index hears of any id.
-        everyone = self.partitioner.columns(topic, batch.partitions, one_array(batch.columns.column("key")),
+        everyone = self.partitioner.columns(topic, batch.partitions, one_array(batch.columns.column("key")), sizes,
                                             ids)
         topic_id = bytes.fromhex(topic.topic_id)
         self._check_open(topic, topic_id, set(np.flatnonzero(np.bincount(everyone)).tolist()))

@@ -25,7 +25,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from lakebroker.ingest_api.records import CHUNK_MAGIC, MAX_FRAME_BYTES, seal_parts
+from lakebroker.ingest_api.records import CHUNK_MAGIC, MAX_FRAME_BYTES, RECORD_OVERHEAD, seal_parts
 from lakebroker.tables.schemas import TOPIC_SCHEMA
 
 if TYPE_CHECKING:
@@ -146,8 +146,9 @@ def decode_chunk(body: bytes) -> Chunk:
 
 
 def chunk_bytes(columns: pa.Table) -> int:
-    """What Record.size would count over these messages: 64 per message plus key, value and headers."""
-    size = 64 * int(columns.num_rows)
+    """What Record.size would count over these messages: RECORD_OVERHEAD per message plus key,
+    value and headers."""
+    size = RECORD_OVERHEAD * int(columns.num_rows)
     for name in ("key", "value", "headers"):
         column = columns.column(name)
         if column.null_count < len(column):
@@ -206,7 +207,7 @@ def _header_bytes(headers: pa.MapArray) -> np.ndarray:
 def split_by_bytes(rows: np.ndarray, sizes: np.ndarray, limit: int = CHUNK_BYTES) -> list[np.ndarray]:
     """`rows` (one partition's messages, with their sizes) cut into runs of about `limit` bytes
     at most, each one WAL frame; a run holds at least one message."""
-    weights = sizes + 64
+    weights = sizes + RECORD_OVERHEAD
     if int(weights.sum()) <= limit:
         return [rows]
     cuts = np.flatnonzero(np.diff(np.cumsum(weights) // limit)) + 1

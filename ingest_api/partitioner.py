@@ -7,12 +7,13 @@ A keyless message that carries an id (`id`, or `producer_id` with `sequence`) go
 partition its dedup id hashes to, the same way: a retry sent through any node of a cluster then
 reaches the partition, and the node, that saw the first attempt, which answers it as a duplicate.
 
-Other keyless messages go round-robin per topic in runs, as Kafka's sticky partitioner (KIP-480) keeps
-a batch on one partition: a request's keyless messages are cut into consecutive runs of at least
-`MIN_RUN` messages, at most one per partition, and the next run starts on the next partition. A
-single message is a run of one, so single-message requests go plain round-robin. Consecutive
-messages stay together, and a large batch still spreads evenly; its runs need no gather to become
-one WAL chunk per partition.
+Other keyless messages go round-robin per topic in runs, as Kafka's sticky partitioner (KIP-480,
+KIP-794) keeps a batch of `batch.size` bytes on one partition: a request's keyless messages are cut
+into consecutive runs of about equal bytes, at least `MIN_RUN_BYTES` each, at most one per
+partition, and the next run starts on the next partition. A request under twice that is one run,
+so single-message requests go plain round-robin and a batch stays on one partition; a larger batch
+spreads evenly. Each run becomes one WAL chunk, whose fixed costs (an Arrow IPC stream, a
+future, a slice of a Delta commit) a run of a MiB makes small.
 
 `partitions_for` does the same for a whole columnar batch: keys seen before are looked up in
 a per-topic cache by Arrow (a hash lookup in C), and the hash runs once per new key.
@@ -29,6 +30,7 @@ import pyarrow.compute as pc
 
 from lakebroker.ingest_api.dedup import dedup_id
 from lakebroker.ingest_api.messages import NewMessage
+from lakebroker.ingest_api.records import RECORD_OVERHEAD, message_bytes
 from lakebroker.tables.topics import TopicConfig
 
 _M = 0x5BD1E995
@@ -69,7 +71,7 @@ def partition_for_key(key: str, partitions: int) -> int:
     return _positive_hash(key) % partitions
 
 
-MIN_RUN = 256
+MIN_RUN_BYTES = 1024 * 1024  # Kafka's batch.size, larger: a run's fixed costs are larger here
 
 
 class RoundRobin:
@@ -82,23 +84,27 @@ class RoundRobin:
         self.choices: np.ndarray | None = None
 
     def next(self, partitions: int) -> int:
-        """The partition of a request's only keyless message: `take(1, partitions)[0]`."""
+        """The partition of a request's only keyless message: `take(its size, partitions)[0]`."""
         n = self._runs
         self._runs = n + 1
         choices = self.choices
         return n % partitions if choices is None else int(choices[n % len(choices)])
 
-    def take(self, count: int, partitions: int) -> np.ndarray:
-        """The partitions of one request's `count` keyless messages, in order: up to one run
-        per partition, each of at least MIN_RUN messages (all of them if fewer), sizes within one."""
+    def take(self, sizes: np.ndarray, partitions: int) -> np.ndarray:
+        """The partitions of one request's keyless messages of these `sizes` (bytes, as
+        records.message_bytes counts them), in order: up to one run per partition, of about equal
+        bytes, each of at least MIN_RUN_BYTES (all of them if fewer)."""
         choices = self.choices
         width = partitions if choices is None else len(choices)
-        runs = max(1, min(width, count // MIN_RUN))
+        weights = sizes.astype(np.int64) + RECORD_OVERHEAD  # as the WAL and the backlog count a message
+        total = int(weights.sum())
+        runs = max(1, min(width, total // MIN_RUN_BYTES))
         first = self._runs
         self._runs = first + runs
-        # run r holds the positions i with i * runs // count == r
-        starts = (np.arange(runs + 1, dtype=np.int64) * count + runs - 1) // runs
-        spread = np.repeat((first + np.arange(runs, dtype=np.int64)) % width, np.diff(starts))
+        if runs == 1:
+            spread = np.full(len(sizes), first % width, np.int64)
+        else:  # a message belongs to the run its first byte falls in
+            spread = (first + (np.cumsum(weights) - weights) * runs // total) % width
         return spread if choices is None else choices[spread]
 
 
@@ -127,7 +133,8 @@ class KeyCache:
         return found
 
 
-def partitions_for(explicit: pa.Array, keys: pa.Array, round_robin: RoundRobin, cache: KeyCache) -> np.ndarray:
+def partitions_for(explicit: pa.Array, keys: pa.Array, sizes: np.ndarray, round_robin: RoundRobin,
+                   cache: KeyCache) -> np.ndarray:
     """Each message's partition, as `Partitioner.each` picks it per message: the explicit
     partition, else the key's, else its place in the request's keyless runs."""
     partitions = cache.partitions
@@ -135,7 +142,7 @@ def partitions_for(explicit: pa.Array, keys: pa.Array, round_robin: RoundRobin, 
     if not keys.null_count and not explicit.null_count < n:  # every message keyed: no mask to build
         return cache.lookup(keys)
     if not explicit.null_count < n and keys.null_count == n:  # every message keyless
-        return round_robin.take(n, partitions).astype(np.int32)
+        return round_robin.take(sizes, partitions).astype(np.int32)
     out: np.ndarray = pc.fill_null(explicit, -1).to_numpy(zero_copy_only=False).astype(np.int32)
     free = out < 0
     if not free.any():
@@ -145,7 +152,7 @@ def partitions_for(explicit: pa.Array, keys: pa.Array, round_robin: RoundRobin, 
         out[keyed] = cache.lookup(keys.filter(pa.array(keyed)))
     keyless = free & ~keyed
     if keyless.any():
-        out[keyless] = round_robin.take(int(keyless.sum()), partitions)
+        out[keyless] = round_robin.take(sizes[keyless], partitions)
     return out
 
 
@@ -186,21 +193,24 @@ class Partitioner:
                 else:
                     spread[i] = partition_for_key(did, n)
         if keyless:
-            spread.update(zip(keyless, self._keyless(topic).take(len(keyless), n).tolist(), strict=True))
+            sizes = np.array([message_bytes(messages[i].key, messages[i].value, messages[i].headers) for i in keyless],
+                             np.int64)
+            spread.update(zip(keyless, self._keyless(topic).take(sizes, n).tolist(), strict=True))
         return [m.partition if m.partition is not None else
                 partition_for_key(m.key, n) if m.key is not None else spread[i]
                 for i, m in enumerate(messages)]
 
-    def columns(self, topic: TopicConfig, explicit: pa.Array, keys: pa.Array,
+    def columns(self, topic: TopicConfig, explicit: pa.Array, keys: pa.Array, sizes: np.ndarray,
                 ids: pa.Array | None = None) -> np.ndarray:
-        """The partitions of a batch held as columns (`ids`: its message ids, null where none)."""
+        """The partitions of a batch held as columns (`sizes`: each message's, as message_bytes
+        counts it; `ids`: its message ids, null where none)."""
         cache = self._key_caches.get(topic.topic_id)
         if cache is None or cache.partitions != topic.partitions:
             cache = self._key_caches[topic.topic_id] = KeyCache(topic.partitions)
         if ids is not None and ids.null_count < len(ids):  # keyless messages with an id go by the id
             by_id = pc.binary_join_element_wise("m", ids, ":")
             keys = pc.if_else(pc.is_valid(keys), keys, by_id)
-        return partitions_for(explicit, keys, self._keyless(topic), cache)
+        return partitions_for(explicit, keys, sizes, self._keyless(topic), cache)
 
     def restrict(self, topic: TopicConfig, owned: list[int]) -> None:
         """Keyless messages of `topic` go to `owned` only (all partitions when it is empty or all)."""

@@ -62,8 +62,11 @@ class Record:
     def size(self) -> int:
         """Approximate bytes held, for backlog and batch-size accounting."""
         if self._size < 0:
-            self._size = 64 + message_bytes(self.key, self.value, self.headers)
+            self._size = RECORD_OVERHEAD + message_bytes(self.key, self.value, self.headers)
         return self._size
+
+
+RECORD_OVERHEAD = 64  # bytes a message is counted for beyond its key, value and headers (Record.size)
 
 
 def message_bytes(key: str | None, value: bytes | None, headers: dict[str, str] | None) -> int:
