@@ -40,7 +40,9 @@ ARROW_STREAM = "application/vnd.apache.arrow.stream"
 COLUMNS = ("value", "key", "headers", "partition", "id")
 MAX_ID_CHARS = 256
 _HEADERS = CHUNK_SCHEMA.field("headers").type
-_FORMATS: dict[str, pa.Array] = {}  # a format repeated, sliced to each batch's length (_value)
+# A format repeated, and a type's nulls, kept and sliced to each batch's length (`_repeated`):
+# building them per request allocated and zeroed fresh buffers for every absent column.
+_KEPT: dict[str | pa.DataType, pa.Array] = {}
 RESULTS_SCHEMA = pa.schema([
     pa.field("partition", pa.int32()),  # null: a duplicate whose original is not placed yet (ack=none)
     pa.field("offset", pa.int64()),  # null: not known yet (ack=none)
@@ -67,16 +69,16 @@ def parse_arrow_batch(body: bytes, max_decoded: int) -> ColumnarBatch:
         raise InvalidShape("invalid batch: the value column is required (binary or string)")
     got = {name: _plain(one_array(table.column(name))) for name in names}
     value, fmt = _value(got["value"])
-    key = _key(got["key"]) if "key" in got else pa.nulls(n, pa.string())
-    message_id = _id(got["id"]) if "id" in got else pa.nulls(n, pa.string())
-    partition = _partition(got["partition"]) if "partition" in got else pa.nulls(n, pa.int64())
-    headers = _headers(got["headers"]) if "headers" in got else pa.nulls(n, _HEADERS)
+    key = _key(got["key"]) if "key" in got else _repeated(pa.string(), n)
+    message_id = _id(got["id"]) if "id" in got else _repeated(pa.string(), n)
+    partition = _partition(got["partition"]) if "partition" in got else _repeated(pa.int64(), n)
+    headers = _headers(got["headers"]) if "headers" in got else _repeated(_HEADERS, n)
     if value.null_count:
         keyless = pc.and_(pc.is_null(value), pc.is_null(key))
         if pc.any(keyless).as_py():
             raise InvalidShape(f"invalid message {_first(keyless)}: a null value is a tombstone, which needs a key")
     columns = pa.Table.from_arrays(
-        [key, value, fmt, headers, message_id, pa.nulls(n, pa.string()), pa.nulls(n, pa.int64())],
+        [key, value, fmt, headers, message_id, _repeated(pa.string(), n), _repeated(pa.int64(), n)],
         schema=CHUNK_SCHEMA,
     )
     return ColumnarBatch(columns, partition, _messages(columns, partition))
@@ -142,10 +144,12 @@ def _value(column: pa.Array) -> tuple[pa.Array, pa.Array]:
     return value, formats
 
 
-def _repeated(fmt: str, n: int) -> pa.Array:
-    kept = _FORMATS.get(fmt)
+def _repeated(what: str | pa.DataType, n: int) -> pa.Array:
+    """`n` times a format (a string), or `n` nulls of a type."""
+    kept = _KEPT.get(what)
     if kept is None or len(kept) < n:
-        kept = _FORMATS[fmt] = pa.repeat(fmt, max(n, 2 * len(kept) if kept is not None else 0))
+        size = max(n, 2 * len(kept) if kept is not None else 0)
+        kept = _KEPT[what] = pa.repeat(what, size) if isinstance(what, str) else pa.nulls(size, what)
     return kept.slice(0, n)
 
 
