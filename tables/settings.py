@@ -108,8 +108,9 @@ class Settings(BaseSettings):
     # 250 ms, like a producer's linger: each commit costs delta-rs tens of ms of CPU whatever its size,
     # so 10 commits a second took a share of two cores from the event loop (docs/operations.md).
     flush_interval_ms: int = Field(250, gt=0, description="Longest a WAL record waits before its Delta commit.")
+    # Commits few enough for a flood to keep up beside other topics' commits (docs/operations.md).
     flush_max_records: int = Field(
-        100_000, gt=0,
+        500_000, gt=0,
         description="Records that trigger a Delta commit early; also the most one commit takes from a topic.",
     )
     flush_max_bytes: int = Field(
