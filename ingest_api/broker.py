@@ -755,7 +755,6 @@ class Broker:
         self.metrics.wal_segments.set(self.wal.segment_count())
         self.metrics.wal_backlog_bytes.set(self.backlog_bytes)
 
-
     def _deleted(self, deleting: asyncio.Future[None]) -> None:
         self._deleting.discard(deleting)
         if not deleting.cancelled() and deleting.exception() is not None:
