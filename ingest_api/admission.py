@@ -33,14 +33,15 @@ class Admission:
         self._backlog_bytes = backlog_bytes
         self._metrics = metrics
 
-    def check(self, topic: TopicConfig, messages: Sequence[NewMessage]) -> None:
-        """Every rule, message by message."""
+    def check(self, topic: TopicConfig, messages: Sequence[NewMessage]) -> list[int]:
+        """Every rule, message by message; returns each message's size (key, value and headers)."""
         try:
-            _check_messages(topic, messages)
+            sizes = _check_messages(topic, messages)
         except LakebrokerError as exc:
             self._metrics.rejected_for(exc.code).inc()
             raise
         self.check_backlog()
+        return sizes
 
     def check_one(self, topic: TopicConfig, message: NewMessage) -> int:
         """`check` of a single message; returns its size (key, value and headers)."""
@@ -74,11 +75,13 @@ class Admission:
             )
 
 
-def _check_messages(topic: TopicConfig, messages: Sequence[NewMessage]) -> None:
+def _check_messages(topic: TopicConfig, messages: Sequence[NewMessage]) -> list[int]:
     if not messages:
         raise InvalidRequest("no messages to produce")
+    sizes = []
     for i, m in enumerate(messages):
         size = message_bytes(m.key, m.value, m.headers)
+        sizes.append(size)
         if size > topic.max_message_bytes:
             raise TooLarge(
                 f"message {i} is {size} bytes (key, value and headers), over topic {topic.name!r}'s "
@@ -88,3 +91,4 @@ def _check_messages(topic: TopicConfig, messages: Sequence[NewMessage]) -> None:
             topic.check_partition(m.partition)
         if (m.producer_id is None) != (m.sequence is None) and m.message_id is None:
             raise InvalidRequest(f"message {i}: producer_id and sequence must be given together")
+    return sizes

@@ -484,15 +484,14 @@ class Broker:
         """`partitions`: the ones ingest_api/router.py picked, having admitted the messages already
         (else admitted and picked here)."""
         topic = self.topic(topic_name)
-        if partitions is None:
-            self.admission.check(topic, messages)
+        sizes = self.admission.check(topic, messages) if partitions is None else []
         started = time.perf_counter()
         topic_id = bytes.fromhex(topic.topic_id)
         results: list[ProduceResult] = []
         waits: list[tuple[int, asyncio.Future[Placed]]] = []
         pending: list[Pending] = []
         if partitions is None:
-            partitions = self.partitioner.each(topic, messages)
+            partitions = self.partitioner.each(topic, messages, sizes)
         self._check_open(topic, topic_id, set(partitions))
         for i, m in enumerate(messages):
             result, queued, original = self._place(topic, topic_id, m, partitions[i], awaited=ack is not _NONE)

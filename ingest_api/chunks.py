@@ -162,7 +162,7 @@ def _data_bytes(column: pa.ChunkedArray) -> int:
         if pa.types.is_map(array.type):
             total += _data_bytes(pa.chunked_array([array.keys])) + _data_bytes(pa.chunked_array([array.items]))
         else:
-            offsets = np.frombuffer(array.buffers()[1], np.int32, len(array) + 1, array.offset * 4)
+            offsets = _offsets(array)
             total += int(offsets[-1] - offsets[0])
     return total
 
@@ -188,11 +188,15 @@ def message_sizes(columns: pa.Table) -> np.ndarray:
 
 def _lengths(array: pa.Array) -> np.ndarray:
     """Each value's length in bytes (0 for null) of a string or binary array, from its offsets."""
-    offsets = np.frombuffer(array.buffers()[1], np.int32, len(array) + 1, array.offset * 4)
-    lengths = np.diff(offsets).astype(np.int64)
+    lengths = np.diff(_offsets(array)).astype(np.int64)
     if array.null_count:  # a null slot may still span bytes (the format allows it)
         lengths[array.is_null().to_numpy(zero_copy_only=False)] = 0
     return lengths
+
+
+def _offsets(array: pa.Array) -> np.ndarray:
+    """A string or binary array's value offsets (32-bit), its slice's only."""
+    return np.frombuffer(array.buffers()[1], np.int32, len(array) + 1, array.offset * 4)
 
 
 def _header_bytes(headers: pa.MapArray) -> np.ndarray:

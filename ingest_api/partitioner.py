@@ -30,7 +30,7 @@ import pyarrow.compute as pc
 
 from lakebroker.ingest_api.dedup import dedup_id
 from lakebroker.ingest_api.messages import NewMessage
-from lakebroker.ingest_api.records import RECORD_OVERHEAD, message_bytes
+from lakebroker.ingest_api.records import RECORD_OVERHEAD
 from lakebroker.tables.topics import TopicConfig
 
 _M = 0x5BD1E995
@@ -139,9 +139,9 @@ def partitions_for(explicit: pa.Array, keys: pa.Array, sizes: np.ndarray, round_
     partition, else the key's, else its place in the request's keyless runs."""
     partitions = cache.partitions
     n = len(explicit)
-    if not keys.null_count and not explicit.null_count < n:  # every message keyed: no mask to build
+    if not keys.null_count and explicit.null_count == n:  # every message keyed: no mask to build
         return cache.lookup(keys)
-    if not explicit.null_count < n and keys.null_count == n:  # every message keyless
+    if explicit.null_count == n and keys.null_count == n:  # every message keyless
         return round_robin.take(sizes, partitions).astype(np.int32)
     out: np.ndarray = pc.fill_null(explicit, -1).to_numpy(zero_copy_only=False).astype(np.int32)
     free = out < 0
@@ -178,8 +178,9 @@ class Partitioner:
                 return partition_for_key(did, topic.partitions)
         return self._keyless(topic).next(topic.partitions)
 
-    def each(self, topic: TopicConfig, messages: Sequence[NewMessage]) -> list[int]:
-        """The partitions of one request's messages, as `columns` picks them."""
+    def each(self, topic: TopicConfig, messages: Sequence[NewMessage], sizes: Sequence[int]) -> list[int]:
+        """The partitions of one request's messages, as `columns` picks them (`sizes`: each
+        message's, as Admission.check returns them)."""
         if len(messages) == 1:
             return [self.one(topic, messages[0])]
         n = topic.partitions
@@ -193,9 +194,8 @@ class Partitioner:
                 else:
                     spread[i] = partition_for_key(did, n)
         if keyless:
-            sizes = np.array([message_bytes(messages[i].key, messages[i].value, messages[i].headers) for i in keyless],
-                             np.int64)
-            spread.update(zip(keyless, self._keyless(topic).take(sizes, n).tolist(), strict=True))
+            runs = self._keyless(topic).take(np.array([sizes[i] for i in keyless], np.int64), n)
+            spread.update(zip(keyless, runs.tolist(), strict=True))
         return [m.partition if m.partition is not None else
                 partition_for_key(m.key, n) if m.key is not None else spread[i]
                 for i, m in enumerate(messages)]

@@ -36,6 +36,7 @@ GROUP_MAGIC = b"\xd3LBg"  # heads each WAL write: the byte length of the frames 
 UNSYNCED_GROUP_MAGIC = b"\xd3LBu"  # ... the same, heading a write whose previous write was not synced
 MAGICS = (FRAME_MAGIC, CHUNK_MAGIC, GROUP_MAGIC, UNSYNCED_GROUP_MAGIC)
 FRAME_HEADER = struct.Struct("<4sII")
+RECORD_OVERHEAD = 64  # bytes a message is counted for beyond its key, value and headers (Record.size)
 MAX_FRAME_BYTES = 128 * 1024 * 1024  # twice the largest max_message_bytes
 _FIXED = struct.Struct("<16sIQqBq")
 _LEN = struct.Struct("<i")
@@ -64,9 +65,6 @@ class Record:
         if self._size < 0:
             self._size = RECORD_OVERHEAD + message_bytes(self.key, self.value, self.headers)
         return self._size
-
-
-RECORD_OVERHEAD = 64  # bytes a message is counted for beyond its key, value and headers (Record.size)
 
 
 def message_bytes(key: str | None, value: bytes | None, headers: dict[str, str] | None) -> int:

@@ -144,8 +144,8 @@ class Router:
                       owners: list[str] | None = None) -> list[ProduceResult]:
         broker = self.broker
         topic = broker.topic(topic_name)
-        broker.admission.check(topic, messages)  # all of them, before any part is stored anywhere
-        partitions = broker.partitioner.each(topic, messages)
+        sizes = broker.admission.check(topic, messages)  # all of them, before any part is stored anywhere
+        partitions = broker.partitioner.each(topic, messages, sizes)
         topic_id = bytes.fromhex(topic.topic_id)
         accepting = broker.accepting
         remote = [i for i, p in enumerate(partitions) if (topic_id, p) not in accepting]
