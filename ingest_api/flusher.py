@@ -52,6 +52,7 @@ from lakebroker.tables import delta, fencing
 from lakebroker.tables.errors import NotFound, OffsetGap, StorageUnavailable
 from lakebroker.tables.layout import Layout
 from lakebroker.tables.lost_offsets import skip_in_table
+from lakebroker.tables.runtime_priority import RuntimePriority
 from lakebroker.tables.schemas import TOPIC_SCHEMA
 from lakebroker.tables.settings import Settings
 from lakebroker.tables.topics import TopicConfig, ensure_topic_table
@@ -103,6 +104,7 @@ class Flusher:
         self._wake = asyncio.Event()
         self._closing = False
         self.commit_lock = asyncio.Lock()
+        self._runtime_priority = RuntimePriority(settings.delta_threads_nice)
         self._tables: dict[str, delta.KeptTable] = {}  # by topic id
         # By topic id: each partition's log-end txn version as read from the table, then as this flusher's
         # own commits set it (no other writer sets these appIds). Reading it costs delta-rs a replay of the
@@ -215,6 +217,7 @@ class Flusher:
             if not self._pending:
                 continue
             backoff = 0.0 if await self.flush_round() else min(max(backoff * 2, interval), 5.0)
+            self._runtime_priority.refresh()  # the commits may have started runtime threads
 
     async def _sleep(self, seconds: float) -> None:
         with contextlib.suppress(TimeoutError):  # (not wait_for: it can swallow a cancel in 3.11)

@@ -118,6 +118,13 @@ class Settings(BaseSettings):
         description="Bytes that trigger a Delta commit early; also the most one commit takes from a topic.",
     )
 
+    # Below the event loop's, so a produce goes first when the CPU is full (tables/runtime_priority.py).
+    delta_threads_nice: int = Field(
+        10, ge=0, le=19,
+        description="CPU niceness of delta-rs's runtime threads (Parquet encoding, Delta commits) in a serving "
+        "broker; 0 keeps the server's own. Linux only.",
+    )
+
     # idempotent produce
     dedup_window_s: int = Field(3600, ge=0, description="How long a message id or producer sequence is remembered.")
     dedup_max_entries: int = Field(2_000_000, gt=0, description="Most ids remembered; the oldest are forgotten first.")
