@@ -49,6 +49,8 @@ RESULTS_SCHEMA = pa.schema([
     pa.field("duplicate", pa.bool_(), nullable=False),
     pa.field("timestamp", pa.timestamp("us", tz="UTC")),
 ])
+_RESULTS_SCHEMA_MESSAGE = RESULTS_SCHEMA.serialize().to_pybytes()
+_END_OF_STREAM = b"\xff\xff\xff\xff\x00\x00\x00\x00"  # a continuation marker and a zero length
 
 
 def parse_arrow_batch(body: bytes, max_decoded: int) -> ColumnarBatch:
@@ -85,23 +87,27 @@ def parse_arrow_batch(body: bytes, max_decoded: int) -> ColumnarBatch:
 
 
 def results_arrow(results: BatchResults) -> bytes:
-    """A batch's per-message results as an Arrow IPC stream of RESULTS_SCHEMA, in request order."""
+    """A batch's per-message results as an Arrow IPC stream of RESULTS_SCHEMA, in request order:
+    the schema message, one record batch, the end-of-stream marker (what pa.ipc.new_stream writes,
+    without a writer per answer)."""
+    duplicate = results.duplicate
+    packed = pa.py_buffer(np.packbits(duplicate, bitorder="little"))  # Arrow's booleans are bits
     batch = pa.record_batch([
-        _nullable(results.partition.astype(np.int32, copy=False)),
-        _nullable(results.offset),
-        pa.array(results.duplicate),
-        _nullable(results.timestamp_us).view(RESULTS_SCHEMA.field("timestamp").type),
+        _nullable(pa.int32(), results.partition.astype(np.int32, copy=False)),
+        _nullable(pa.int64(), results.offset),
+        pa.Array.from_buffers(pa.bool_(), len(duplicate), [None, packed]),
+        _nullable(RESULTS_SCHEMA.field("timestamp").type, results.timestamp_us),
     ], schema=RESULTS_SCHEMA)
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, RESULTS_SCHEMA) as writer:
-        writer.write_batch(batch)
-    return bytes(sink.getvalue().to_pybytes())
+    return b"".join((_RESULTS_SCHEMA_MESSAGE, batch.serialize(), _END_OF_STREAM))
 
 
-def _nullable(values: np.ndarray) -> pa.Array:
-    """`values` with null where negative (not known); no validity bitmap when all are known."""
+def _nullable(of: pa.DataType, values: np.ndarray) -> pa.Array:
+    """`values` (64- or 32-bit, as `of` stores them) with null where negative (not known); no
+    validity bitmap when all are known, and then no copy."""
     missing = values < 0
-    return pa.array(values, mask=missing) if missing.any() else pa.array(values)
+    if missing.any():
+        return pa.array(values, mask=missing).view(of)
+    return pa.Array.from_buffers(of, len(values), [None, pa.py_buffer(values)])
 
 
 def wants_arrow(accept: str) -> bool:

@@ -9,13 +9,15 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import orjson
 import pyarrow as pa
 import pytest
 from fastapi.testclient import TestClient
 
 from lakebroker.ingest_api.app import create_app
-from lakebroker.ingest_api.arrow_batch import ARROW_STREAM, RESULTS_SCHEMA
+from lakebroker.ingest_api.arrow_batch import ARROW_STREAM, RESULTS_SCHEMA, results_arrow
+from lakebroker.ingest_api.chunks import BatchResults
 from lakebroker.tables import delta
 from lakebroker.tables.layout import Layout
 from lakebroker.tables.settings import Settings
@@ -122,6 +124,7 @@ def test_arrow_results_on_request(pair: tuple[TestClient, TestClient], ack: str)
     assert r.status_code == (202 if ack == "none" else 200), r.text
     assert r.headers["content-type"] == ARROW_STREAM
     got = pa.ipc.open_stream(r.content).read_all()
+    got.validate(full=True)
     assert got.schema == RESULTS_SCHEMA and got.num_rows == len(MESSAGES)
     rows = got.to_pylist()
     if ack == "none":
@@ -137,6 +140,29 @@ def test_arrow_results_on_request(pair: tuple[TestClient, TestClient], ack: str)
         if not row["duplicate"]:
             by_partition.setdefault(row["partition"], []).append(row["offset"])
     assert all(offsets == list(range(len(offsets))) for offsets in by_partition.values()), "dense from 0"
+
+
+def test_the_results_stream_is_what_an_arrow_writer_writes() -> None:
+    """results_arrow assembles the stream itself: it must be byte for byte pyarrow's own, nulls
+    (not known yet) and duplicates included."""
+    n = 10
+    results = BatchResults(np.arange(n, dtype=np.int32) % 3, np.arange(100, 100 + n, dtype=np.int64),
+                           np.arange(n) % 4 == 1, np.full(n, 1_700_000_000_000_000, np.int64))
+    for unknown in ([], [2, 7]):
+        results.partition[unknown] = -1
+        results.offset[unknown] = -1
+        results.timestamp_us[unknown] = -1
+        table = pa.table({
+            "partition": pa.array(results.partition, mask=results.partition < 0),
+            "offset": pa.array(results.offset, mask=results.offset < 0),
+            "duplicate": pa.array(results.duplicate),
+            "timestamp": pa.array(results.timestamp_us, mask=results.timestamp_us < 0).view(
+                RESULTS_SCHEMA.field("timestamp").type),
+        }, schema=RESULTS_SCHEMA)
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_stream(sink, RESULTS_SCHEMA) as writer:
+            writer.write_table(table)
+        assert results_arrow(results) == sink.getvalue().to_pybytes(), unknown
 
 
 def _stream_of(**columns: pa.Array) -> bytes:
