@@ -152,7 +152,7 @@ class PartitionSource:
         """The rows in [start, end) as dicts in offset order (None: no table yet).
 
         The values are copied into Python one decoded chunk at a time (a row group's rows at most:
-        tables/row_groups.py), each chunk let go before the next, so a read of large values holds
+        tables/parquet_files.py), each chunk let go before the next, so a read of large values holds
         about one copy of them at once, not the decoded table, a sorted copy and every row's copy
         together. The rows own their values: none keeps the read's buffers alive, so what the
         read-ahead's byte bounds count is what it holds, whenever each row is done."""

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from lakebroker.spark_pipeline import s3a
 from lakebroker.tables import user_cache
-from lakebroker.tables.row_groups import ROW_GROUP_BYTES
+from lakebroker.tables.parquet_files import ROW_GROUP_BYTES
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -54,7 +54,7 @@ _BASE_CONF: dict[str, str] = {
     "spark.sql.shuffle.partitions": "4",
     # Delta's snapshot state reconstruction defaults to 50 partitions: pure overhead here.
     "spark.databricks.delta.snapshotPartitions": "4",
-    # Row groups a delivery read can skip (tables/row_groups.py), not Parquet's 128 MB: every file
+    # Row groups a delivery read can skip (tables/parquet_files.py), not Parquet's 128 MB: every file
     # the jobs rewrite (compaction, key compaction, retention, replicas) is read by offset range.
     "spark.hadoop.parquet.block.size": str(ROW_GROUP_BYTES),
     "spark.sql.session.timeZone": "UTC",

@@ -24,7 +24,7 @@ from deltalake import CommitProperties, DeltaTable, PostCommitHookProperties, Tr
 from deltalake.exceptions import CommitFailedError, DeltaError
 from deltalake.schema import Schema
 
-from lakebroker.tables import row_groups, storage
+from lakebroker.tables import parquet_files, storage
 from lakebroker.tables.schemas import HOT_PATH_TABLE_PROPERTIES, SCHEMA_VERSION_PROPERTY
 
 if TYPE_CHECKING:  # pyarrow.dataset imports pandas: a quarter second off every CLI start
@@ -228,14 +228,14 @@ def append(
     metadata: Mapping[str, Any] | None = None,
 ) -> None:
     """Append rows, and in the same commit record each txn appId at its version. Row groups are
-    bounded (tables/row_groups.py), so a reader of a few offsets decodes only the ones that hold them."""
+    bounded (tables/parquet_files.py), so a reader of a few offsets decodes only the ones that hold them."""
     props = CommitProperties(
         app_transactions=[Transaction(app_id, version) for app_id, version in (txns or {}).items()],
         custom_metadata=dict(metadata) if metadata else None,
         max_commit_retries=100,
     )
     write_deltalake(table, data, mode="append", commit_properties=props, post_commithook_properties=commit_hooks(table),
-                    writer_properties=row_groups.writer_properties(data))
+                    writer_properties=parquet_files.writer_properties(data))
 
 
 def set_properties(

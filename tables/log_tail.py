@@ -59,7 +59,7 @@ class RangeRead:
     def run(self) -> pa.Table:
         """The rows, in TOPIC_SCHEMA's column order, not yet sorted. The offset filter reaches the
         Parquet reader, which skips every row group whose offset statistics miss the range before
-        decoding it (writers keep row groups small: tables/row_groups.py)."""
+        decoding it (writers keep row groups small: tables/parquet_files.py)."""
         if self.snapshot is not None:
             return delta.read_offset_range(self.snapshot, self.partition, self.start, self.end, TOPIC_SCHEMA.names)
         if not self.paths:

@@ -21,7 +21,7 @@ from deltalake import WriterProperties, write_deltalake
 from bench.result import Check, Mode, Result, Scenario, table
 from lakebroker.tables import delta
 from lakebroker.tables.log_tail import TopicLogTail
-from lakebroker.tables.row_groups import ROW_GROUP_BYTES
+from lakebroker.tables.parquet_files import ROW_GROUP_BYTES
 from lakebroker.tables.schemas import TOPIC_SCHEMA
 from lakebroker.tables.topics import ensure_topic_table
 from tests.file_reads import ReadRecorder
@@ -238,7 +238,7 @@ SCENARIO = Scenario(
     setup="One partition's rows as one file, as compaction leaves a busy partition (it bin-packs up to "
           "`compaction_target_file_bytes`, 128 MB), written several ways in the same run: by delta-rs as one row "
           "group (what Spark's default `parquet.block.size` of 128 MB makes of any compacted file up to 128 MB), "
-          f"and in row groups of `ROW_GROUP_BYTES` ({_MIB} MiB, tables/row_groups.py) by `tables.delta.append`, the "
+          f"and in row groups of `ROW_GROUP_BYTES` ({_MIB} MiB, tables/parquet_files.py) by `tables.delta.append`, the "
           "flusher's writer, which sizes them in rows from each batch's Arrow bytes; in a full run also by the "
           "compaction job (Spark local[2]) from ten flush files, at 128 MB and at the session's "
           f"`parquet.block.size` of {_MIB} MiB, which counts encoded bytes.",

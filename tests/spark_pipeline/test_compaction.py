@@ -15,7 +15,7 @@ from lakebroker.spark_pipeline.jobs import compaction
 from lakebroker.tables import delta
 from lakebroker.tables.job_runs import Outcome
 from lakebroker.tables.layout import Layout
-from lakebroker.tables.row_groups import ROW_GROUP_BYTES
+from lakebroker.tables.parquet_files import ROW_GROUP_BYTES
 from tests.spark_pipeline.topics import (
     ConcurrentFlusher,
     commit_infos,
