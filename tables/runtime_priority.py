@@ -27,9 +27,9 @@ REFRESH_EVERY_S = 1.0
 _TASKS = Path("/proc/self/task")
 
 
-def lower_runtime_threads(nice: int, done: set[int] | None = None) -> list[int]:
-    """Set each tokio thread of this process to at least niceness `nice`; the thread ids changed.
-    `done` holds tokio threads already seen to (skipped, and updated)."""
+def lower_runtime_threads(nice: int, done: set[int]) -> list[int]:
+    """Set each tokio thread of this process not in `done` to at least niceness `nice`; the thread
+    ids changed. `done` is updated: the tokio threads seen, less those that ended."""
     if nice <= 0 or not sys.platform.startswith("linux"):
         return []
     changed = []
@@ -37,7 +37,7 @@ def lower_runtime_threads(nice: int, done: set[int] | None = None) -> list[int]:
     for entry in os.scandir(_TASKS):
         tid = int(entry.name)
         alive.add(tid)
-        if done is not None and tid in done:
+        if tid in done:
             continue
         try:  # a thread is named just after it starts: one not named yet is read again next time
             if Path(entry.path, "comm").read_text().rstrip("\n") not in TOKIO_THREAD_NAMES:
@@ -47,10 +47,8 @@ def lower_runtime_threads(nice: int, done: set[int] | None = None) -> list[int]:
                 changed.append(tid)
         except (FileNotFoundError, ProcessLookupError):
             continue  # the thread ended while we looked
-        if done is not None:
-            done.add(tid)
-    if done is not None:
-        done &= alive  # the kernel reuses the ids of ended threads
+        done.add(tid)
+    done &= alive  # the kernel reuses the ids of ended threads
     return changed
 
 
