@@ -50,7 +50,6 @@ RESULTS_SCHEMA = pa.schema([
     pa.field("timestamp", pa.timestamp("us", tz="UTC")),
 ])
 _RESULTS_SCHEMA_MESSAGE = RESULTS_SCHEMA.serialize().to_pybytes()
-_END_OF_STREAM = b"\xff\xff\xff\xff\x00\x00\x00\x00"  # a continuation marker and a zero length
 
 
 def parse_arrow_batch(body: bytes, max_decoded: int) -> ColumnarBatch:
@@ -98,7 +97,7 @@ def results_arrow(results: BatchResults) -> bytes:
         pa.Array.from_buffers(pa.bool_(), len(duplicate), [None, packed]),
         _nullable(RESULTS_SCHEMA.field("timestamp").type, results.timestamp_us),
     ], schema=RESULTS_SCHEMA)
-    return b"".join((_RESULTS_SCHEMA_MESSAGE, batch.serialize(), _END_OF_STREAM))
+    return b"".join((_RESULTS_SCHEMA_MESSAGE, batch.serialize(), ipc_frames.END_OF_STREAM))
 
 
 def _nullable(of: pa.DataType, values: np.ndarray) -> pa.Array:

@@ -25,6 +25,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from lakebroker.ingest_api.ipc_frames import END_OF_STREAM
 from lakebroker.ingest_api.records import CHUNK_MAGIC, MAX_FRAME_BYTES, RECORD_OVERHEAD, seal_parts
 from lakebroker.tables.schemas import TOPIC_SCHEMA
 
@@ -39,6 +40,7 @@ CHUNK_BYTES = MAX_FRAME_BYTES // 4  # a chunk's messages add up to about this at
 _FIXED = struct.Struct("<16sIQqI")
 _LEN = struct.Struct("<i")
 _TIMESTAMP = TOPIC_SCHEMA.field("timestamp").type
+_SCHEMA_MESSAGE = CHUNK_SCHEMA.serialize().to_pybytes()
 
 
 class ChunkFrameError(ValueError):
@@ -121,13 +123,14 @@ def encode_chunk(chunk: Chunk) -> bytes:
 
 
 def chunk_frame(chunk: Chunk) -> list[Buffer]:
-    """A chunk's WAL frame in pieces: its head, then the Arrow IPC stream, never copied."""
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, CHUNK_SCHEMA) as writer:
-        writer.write_table(chunk.columns)
+    """A chunk's WAL frame in pieces: its head with the stream's schema message, each record batch,
+    the end-of-stream marker; the bytes pa.ipc.new_stream writes. The WAL thread encodes it, and
+    one serialize() per batch gives up the GIL once where a stream writer gave it up several times:
+    each time the thread took it back, the event loop could be left waiting for it."""
     topic = chunk.topic.encode()
     head = _FIXED.pack(chunk.topic_id, chunk.partition, chunk.offset, chunk.timestamp_us, chunk.rows)
-    return seal_parts(CHUNK_MAGIC, [b"".join((head, _LEN.pack(len(topic)), topic)), sink.getvalue()])
+    return seal_parts(CHUNK_MAGIC, [b"".join((head, _LEN.pack(len(topic)), topic, _SCHEMA_MESSAGE)),
+                                    *[batch.serialize() for batch in chunk.columns.to_batches()], END_OF_STREAM])
 
 
 def decode_chunk(body: bytes) -> Chunk:

@@ -12,6 +12,7 @@ import struct
 
 import pyarrow as pa
 
+END_OF_STREAM = b"\xff\xff\xff\xff\x00\x00\x00\x00"  # ends an IPC stream: a continuation marker and a zero length
 _DICTIONARY_BATCH, _RECORD_BATCH = 2, 3  # MessageHeader union tags
 _PREFIX = 8  # the decoded length before each compressed buffer
 

@@ -70,6 +70,23 @@ def test_chunk_round_trip_keeps_every_column() -> None:
     assert [r["offset"] for r in rows] == list(range(42, 47)) and {r["partition"] for r in rows} == {1}
 
 
+def test_a_chunk_frame_holds_the_stream_an_arrow_writer_writes() -> None:
+    """The frame's stream is assembled from serialized pieces: it must be the bytes pa.ipc.new_stream
+    writes, here for a slice of a table whose columns are chunked at different rows."""
+    whole = pa.concat_tables([chunk(0, 9).columns, chunk(9, 6).columns])  # every column in chunks of 9 and 6
+    value = whole.column("value").combine_chunks()
+    rechunked = pa.chunked_array([value.slice(0, 5), value.slice(5)])  # the value column in chunks of 5 and 10
+    columns = whole.set_column(whole.schema.get_field_index("value"), "value", rechunked).slice(2, 11)
+    assert len({tuple(len(c) for c in columns.column(n).chunks) for n in columns.column_names}) > 1
+    c = Chunk("t", TOPIC_ID, 1, 2, 1_700_000_000_000_000, columns, chunk_bytes(columns))
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, CHUNK_SCHEMA) as writer:
+        writer.write_table(columns)
+    body = encode_chunk(c)[FRAME_HEADER.size:]
+    assert body.endswith(sink.getvalue().to_pybytes())
+    assert decode_chunk(body).columns.equals(columns)
+
+
 def test_records_and_chunks_recover_together_in_order(tmp_path: Path) -> None:
     groups: list[list[Record | Chunk]] = [[rec(0), chunk(0, 5), rec(1)], [chunk(5, 3)], [rec(2)]]
     write(tmp_path, groups)
