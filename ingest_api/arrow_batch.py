@@ -97,7 +97,7 @@ def results_arrow(results: BatchResults) -> bytes:
         pa.Array.from_buffers(pa.bool_(), len(duplicate), [None, packed]),
         _nullable(RESULTS_SCHEMA.field("timestamp").type, results.timestamp_us),
     ], schema=RESULTS_SCHEMA)
-    return b"".join((_RESULTS_SCHEMA_MESSAGE, batch.serialize(), ipc_frames.END_OF_STREAM))
+    return b"".join(ipc_frames.stream_pieces(_RESULTS_SCHEMA_MESSAGE, [batch]))
 
 
 def _nullable(of: pa.DataType, values: np.ndarray) -> pa.Array:

@@ -25,7 +25,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from lakebroker.ingest_api.ipc_frames import END_OF_STREAM
+from lakebroker.ingest_api.ipc_frames import stream_pieces
 from lakebroker.ingest_api.records import CHUNK_MAGIC, MAX_FRAME_BYTES, RECORD_OVERHEAD, seal_parts
 from lakebroker.tables.schemas import TOPIC_SCHEMA
 
@@ -123,14 +123,13 @@ def encode_chunk(chunk: Chunk) -> bytes:
 
 
 def chunk_frame(chunk: Chunk) -> list[Buffer]:
-    """A chunk's WAL frame in pieces: its head with the stream's schema message, each record batch,
-    the end-of-stream marker; the bytes pa.ipc.new_stream writes. The WAL thread encodes it, and
-    one serialize() per batch gives up the GIL once where a stream writer gave it up several times:
-    each time the thread took it back, the event loop could be left waiting for it."""
+    """A chunk's WAL frame in pieces: its head, then the Arrow IPC stream of its columns. The WAL
+    thread encodes it: one serialize() per batch gives up the GIL once where a stream writer gave
+    it up several times, and each time the thread took it back the event loop could be left waiting."""
     topic = chunk.topic.encode()
     head = _FIXED.pack(chunk.topic_id, chunk.partition, chunk.offset, chunk.timestamp_us, chunk.rows)
-    return seal_parts(CHUNK_MAGIC, [b"".join((head, _LEN.pack(len(topic)), topic, _SCHEMA_MESSAGE)),
-                                    *[batch.serialize() for batch in chunk.columns.to_batches()], END_OF_STREAM])
+    return seal_parts(CHUNK_MAGIC, [b"".join((head, _LEN.pack(len(topic)), topic)),
+                                    *stream_pieces(_SCHEMA_MESSAGE, chunk.columns.to_batches())])
 
 
 def decode_chunk(body: bytes) -> Chunk:

@@ -9,12 +9,23 @@ and whether they are compressed. pyarrow exposes neither, so the few fields need
 from __future__ import annotations
 
 import struct
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
-END_OF_STREAM = b"\xff\xff\xff\xff\x00\x00\x00\x00"  # ends an IPC stream: a continuation marker and a zero length
+if TYPE_CHECKING:
+    from typing_extensions import Buffer
+
+_END_OF_STREAM = b"\xff\xff\xff\xff\x00\x00\x00\x00"  # a continuation marker and a zero length
 _DICTIONARY_BATCH, _RECORD_BATCH = 2, 3  # MessageHeader union tags
 _PREFIX = 8  # the decoded length before each compressed buffer
+
+
+def stream_pieces(schema_message: bytes, batches: Iterable[pa.RecordBatch]) -> list[Buffer]:
+    """The IPC stream pa.ipc.new_stream writes, in pieces, without a writer: the schema's message
+    (serialized once, by the caller), each batch serialized, the end-of-stream marker."""
+    return [schema_message, *(batch.serialize() for batch in batches), _END_OF_STREAM]
 
 
 def decoded_size(message: pa.ipc.Message) -> int:
