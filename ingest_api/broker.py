@@ -27,7 +27,7 @@ from lakebroker.ingest_api.admission import Admission
 from lakebroker.ingest_api.chunks import BatchResults, Chunk, ColumnarBatch, chunk_bytes, one_array, split_by_bytes
 from lakebroker.ingest_api.cluster import Membership, NoOwnerYet, NotOwner
 from lakebroker.ingest_api.dedup import DedupIndex, DedupKey, Placed, dedup_id, dedup_ids, key_hash
-from lakebroker.ingest_api.dedup_rebuild import restore
+from lakebroker.ingest_api.dedup_rebuild import handed_ids, restore
 from lakebroker.ingest_api.flusher import Flusher
 from lakebroker.ingest_api.group_commit import GroupCommitter, Pending, PendingChunk
 from lakebroker.ingest_api.hand_off import identified
@@ -275,13 +275,28 @@ class Broker:
             restore(self.dedup, placed.slice(start, LEARN_SLICE))
             await asyncio.sleep(0)
 
+    async def learn_handed_ids(self, topic: TopicConfig, claimed: dict[int, tuple[int, int, int | None]]) -> None:
+        """Before `adopt`, as it takes them: the ids of the WAL items that go on at their own offsets
+        (see `adopt`), from the snapshot of what this node holds of those partitions now."""
+        topic_id = bytes.fromhex(topic.topic_id)
+        items = [item for p, (_, end, before) in claimed.items() if self.own_end((topic_id, p), before) == end
+                 for item in (*self.parked.get((topic_id, p), ()), *self._sending.get((topic_id, p), ()))]
+        if items:
+            await self.learn_ids(await asyncio.to_thread(handed_ids, items, self.cluster.node,
+                                                         window_s=self.settings.dedup_window_s))
+
     def adopt(self, topic: TopicConfig, claimed: dict[int, tuple[int, int, int | None]],
               others: pa.Table | None = None) -> None:
         """Open partitions this node has just claimed: partition -> (epoch, the end the claim found,
         this node's own end before it). This node's WAL items of a partition go on at their offsets
         if no other node committed to it since this node's last commit; otherwise they were never
         committed and are appended again, with new offsets after the claimed end, except the messages
-        whose ids are in `others` (dedup_rebuild.placed_by_others: a retry placed them elsewhere)."""
+        whose ids are in `others` (dedup_rebuild.placed_by_others: a retry placed them elsewhere).
+
+        Items that go on at their offsets are committed with the ids a hand-off gives them, which
+        `learn_handed_ids` taught the dedup index: this node (or its run before a restart) may have
+        sent them to a node that kept a copy and lost the partition before committing it. That copy,
+        appended again there or sent here, is then known by its id."""
         topic_id = bytes.fromhex(topic.topic_id)
         for partition, (epoch, end, before) in claimed.items():
             key = (topic_id, partition)
@@ -289,7 +304,7 @@ class Broker:
             self._handed.pop(key, None)  # from here on this node gives the partition's offsets again
             mine_until = self.own_end(key, before)
             if mine_until == end:
-                self.flusher.add(items)
+                self.flusher.add([identified(i, self.cluster.node) for i in items])
                 self.committer.next_offsets[key] = max(self.committer.next_offsets.get(key, 0), end)
                 self.flusher.committed[key] = max(end, self.flusher.committed.get(key, 0))
                 self._floors.pop(key, None)

@@ -276,7 +276,9 @@ class Membership:
             others = {p: (0 if unread else self.broker.own_end((tid, p), prev), end) for p, (end, prev) in ends.items()}
             placed = await asyncio.to_thread(placed_by_others, self.layout, topic, others, window_s=self.dedup_window_s)
             await self.broker.learn_ids(placed)
-            self.broker.adopt(topic, {p: (epochs[p], end, prev) for p, (end, prev) in ends.items()}, placed)
+            claimed = {p: (epochs[p], end, prev) for p, (end, prev) in ends.items()}
+            await self.broker.learn_handed_ids(topic, claimed)
+            self.broker.adopt(topic, claimed, placed)
 
     def _claim_in_table(self, topic: TopicConfig, epochs: dict[int, int]) -> dict[int, tuple[int, int | None]]:
         """Claim on a fresh snapshot, again after a concurrent commit; each partition's claimed end

@@ -24,6 +24,7 @@ from deltalake.exceptions import TableNotFoundError
 
 from lakebroker.ingest_api.chunks import Chunk
 from lakebroker.ingest_api.dedup import DedupIndex, dedup_ids, key_hashes
+from lakebroker.ingest_api.hand_off import identified
 from lakebroker.ingest_api.records import Record
 from lakebroker.ingest_api.wal import PartitionKey
 from lakebroker.tables import delta
@@ -102,6 +103,14 @@ def placed_by_others(layout: Layout, topic: TopicConfig, ranges: Mapping[int, tu
     horizon_us = int((time.time() - window_s) * 1_000_000)
     placed = _table_ids(_Source(topic.topic_id, table), horizon_us, None, where)
     return placed.take(pc.sort_indices(placed["timestamp"]))
+
+
+def handed_ids(items: Sequence[Record | Chunk], node: str, *, window_s: float) -> pa.Table:
+    """The ids within the window that `hand_off.identified` gives WAL items at their own offsets,
+    as `_PLACED`: the ids their copies carry wherever this node handed them."""
+    given = [identified(i, node) for i in items]
+    return _wal_ids([r for r in given if isinstance(r, Record)], [c for c in given if isinstance(c, Chunk)], {},
+                    {i.topic_id for i in given}, int((time.time() - window_s) * 1_000_000))
 
 
 def _has_id() -> pc.Expression:

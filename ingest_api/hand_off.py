@@ -2,8 +2,10 @@
 
 A node's WAL can hold acknowledged messages of partitions another node owns now (it lost the lease
 before committing them). It sends them to the owner, or appends them again with new offsets once it
-claims the partition back. Either can happen twice for one message: the node may die after the
-owner stored it and before its WAL let it go, and then its WAL hands the message on again. A message
+claims the partition back (at their own offsets if no other node committed to it meanwhile). Two of
+these can happen to one message: the node may die after the owner stored it and before its WAL let
+it go, and then its WAL hands the message on again; or the owner may keep the copy it was sent and
+lose the partition before committing it, while the node claims the partition back. A message
 with an id is recognised the second time by the owner's dedup index, or by the claim's look at what
 other nodes stored (dedup_rebuild.placed_by_others). A message without one gets one here: the
 producer id `lakebroker-node:<node id>:<partition>`, with the offset this node gave it as its

@@ -151,3 +151,41 @@ async def test_a_wait_for_a_commit_begun_after_the_partition_left_fails_instead_
         await asyncio.wait_for(broker.acks.in_table(topic_id, {1: 0}), 5)  # still owned, committed
     finally:
         await broker.stop()
+
+
+async def test_messages_a_node_claims_back_at_their_own_offsets_keep_the_id_their_hand_off_gave_them(
+        tmp_path: Path) -> None:
+    """A deposed owner sends its parked messages to the new owner, which may keep a copy in its WAL
+    and lose the partition before committing it; the old owner then claims the partition back with
+    no commit since its own and commits its copies at their offsets. Both copies must carry the
+    same id, or the new owner's copy, appended again later or sent here, is stored a second time
+    (the cluster soak saw ten messages of `orders` at offsets 56-65 and again at 107-116)."""
+    broker, uri, topic_id = await _two_partition_broker(tmp_path)
+    try:
+        key = (topic_id, 0)
+        [placed] = await broker.produce("t", [NewMessage(value=b"no id", partition=0)], AckMode.WAL)
+        assert placed.offset == 1
+        fencing.claim(delta.load(uri), {0: 2}, node="intruder")
+        assert await broker.flusher.flush_once()
+        assert key in broker.parked
+        for _ in range(5):  # lifted above the intruder's epoch, then claimed back
+            await broker.cluster.beat()
+            if key in broker.epochs:
+                break
+        assert key in broker.epochs, "the node claims partition 0 back: no other node is alive"
+        assert await broker.flusher.flush_once()
+        producer = f"lakebroker-node:{broker.cluster.node}:0"
+        rows = DeltaTable(uri).to_pyarrow_table(columns=["partition", "offset", "value", "producer_id", "sequence"])
+        assert sorted((r for r in rows.to_pylist() if r["partition"] == 0), key=lambda r: r["offset"]) == [
+            {"partition": 0, "offset": 0, "value": b"first", "producer_id": None, "sequence": None},
+            {"partition": 0, "offset": 1, "value": b"no id", "producer_id": producer, "sequence": 1}], \
+            "committed at its own offset, with the id its hand-off carried"
+
+        # The copy the intruder kept, sent here with that id: known, not stored again.
+        [again] = await broker.produce("t", [NewMessage(value=b"no id", partition=0, producer_id=producer,
+                                                        sequence=1)], AckMode.WAL)
+        assert (again.partition, again.offset, again.duplicate) == (0, 1, True)
+        assert await broker.flusher.flush_once()
+        assert _stored(uri) == [(0, 0, b"first"), (0, 1, b"no id"), (1, 0, b"first")]
+    finally:
+        await broker.stop()
