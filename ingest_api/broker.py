@@ -52,6 +52,9 @@ from lakebroker.tables.topics import TopicConfig, TopicStore
 
 log = logging.getLogger(__name__)
 _NEVER = 2**63
+# A topic's creation waits this long for its partitions' owners: a heartbeat busy claiming another
+# node's share can take far longer on a loaded machine, and the topic exists either way.
+OWNERS_WAIT_S = 10.0
 LEARN_SLICE = 8192  # ids a node takes over, remembered between the event loop's other turns
 
 
@@ -206,7 +209,7 @@ class Broker:
     async def create_topic(self, topic: TopicConfig) -> TopicConfig:
         created = await asyncio.to_thread(self.store.create, topic)
         self.topics = {**self.topics, created.name: created}
-        await self.cluster.beat()  # its partitions get owners before the answer
+        await self.cluster.beat_for(OWNERS_WAIT_S)  # its partitions get owners before the answer, mostly
         return created
 
     async def follow_topics(self) -> bool:
@@ -229,7 +232,7 @@ class Broker:
         updated = await asyncio.to_thread(self.store.update, name, **changes)
         self.topics = {**self.topics, name: updated}
         if "partitions" in changes:
-            await self.cluster.beat()  # the new partitions get owners before the answer
+            await self.cluster.beat_for(OWNERS_WAIT_S)  # the new partitions get owners before the answer, mostly
         return updated
 
     async def delete_topic(self, name: str) -> None:

@@ -150,6 +150,7 @@ class Membership:
         self._task: asyncio.Task[None] | None = None
         self._follower: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[None]] = set()  # hand-overs in progress
+        self._asked: set[asyncio.Task[None]] = set()  # beats topic changes asked for (beat_for)
 
     def advertise(self, url: str) -> None:
         """The URL others reach this node at, once `serve` knows its port."""
@@ -175,6 +176,9 @@ class Membership:
         if self._task is not None:
             await self._task
             self._task = None
+        for task in list(self._asked):  # a beat a topic change left running
+            with contextlib.suppress(Exception):
+                await task
 
     async def leave(self) -> None:
         """Stop heartbeating and release every lease (the broker has flushed what it holds)."""
@@ -218,6 +222,25 @@ class Membership:
     async def beat(self) -> None:
         async with self._beat_lock:  # the loop's beats and those a topic's creation asks for
             await self._beat()
+
+    async def beat_for(self, timeout_s: float) -> bool:
+        """A beat now, as a new topic or new partitions ask for it, waited for `timeout_s` at most:
+        then it goes on by itself (a claim is never cut off half done), and the producers of
+        partitions still without an owner get 503 and retry. Whether it finished in time."""
+        task = asyncio.create_task(self.beat())
+        self._asked.add(task)
+        task.add_done_callback(self._asked_done)
+        try:
+            await asyncio.wait_for(asyncio.shield(task), timeout_s)
+        except TimeoutError:
+            log.warning("a heartbeat is taking over %.0f s; the new partitions get owners when it ends", timeout_s)
+            return False
+        return True
+
+    def _asked_done(self, task: asyncio.Task[None]) -> None:
+        self._asked.discard(task)
+        if not task.cancelled() and (exc := task.exception()) is not None:
+            log.warning("a heartbeat a topic change asked for failed (%s); the next one takes its place", exc)
 
     async def _beat(self) -> None:
         await self.broker.follow_topics()

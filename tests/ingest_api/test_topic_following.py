@@ -10,7 +10,10 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry
 
+from lakebroker.ingest_api import broker as broker_module
 from lakebroker.ingest_api.broker import Broker
+from lakebroker.ingest_api.cluster import NoOwnerYet
+from lakebroker.ingest_api.messages import AckMode, NewMessage
 from lakebroker.ingest_api.metrics import IngestMetrics
 from lakebroker.tables.errors import NotFound
 from lakebroker.tables.settings import Settings
@@ -61,4 +64,42 @@ async def test_a_topic_deleted_elsewhere_is_refused_here_while_a_heartbeat_is_st
     finally:
         release.set()
         await b.stop()
+        await a.stop()
+
+
+async def test_a_topic_is_created_and_answered_while_a_heartbeat_is_stuck_and_owned_once_it_ends(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A beat busy claiming another node's share can outlast a client's timeout on a loaded machine
+    (the cluster soak saw a topic's creation go unanswered for 60 s): the creation waits for the
+    new partitions' owners a bounded time, answers, and the beat it asked for runs once the busy
+    one ends."""
+    monkeypatch.setattr(broker_module, "OWNERS_WAIT_S", 0.5)
+    a = _node(tmp_path, "a", 18303)
+    await a.start()
+    release = asyncio.Event()
+    real_beat = a.cluster._beat
+    try:
+        stuck = asyncio.Event()
+
+        async def busy_beat() -> None:
+            if not release.is_set():
+                stuck.set()
+                await release.wait()
+            await real_beat()
+
+        monkeypatch.setattr(a.cluster, "_beat", busy_beat)
+        a.cluster.wake()
+        await asyncio.wait_for(stuck.wait(), 5)
+
+        created = await asyncio.wait_for(a.create_topic(new_topic("t", 2)), 5)
+        assert created.name == "t" and "t" in a.topics
+        assert not a.owns("t", 0) and not a.owns("t", 1), "answered before the stuck beat ended"
+        with pytest.raises(NoOwnerYet):
+            await a.produce("t", [NewMessage(value=b"early", partition=0)], AckMode.WAL)
+        release.set()
+        await _until(lambda: a.owns("t", 0) and a.owns("t", 1), "the new partitions get their owner", 10)
+        [placed] = await a.produce("t", [NewMessage(value=b"later", partition=0)], AckMode.WAL)
+        assert placed.offset == 0
+    finally:
+        release.set()
         await a.stop()
