@@ -149,7 +149,9 @@ async def test_taking_over_many_partitions_reads_and_commits_offsets_once(
     partitions = 12
     data = tmp_path / "data"
     # No periodic commit during the test: every partition's progress is left for the stop to commit.
-    settings = worker_settings(data).model_copy(update={"offset_commit_interval_ms": 3_600_000})
+    # A lease long enough that a heartbeat slowed by a busy machine does not lose partitions midway:
+    # what is counted here is reads and commits, which a lost and retaken lease would repeat.
+    settings = worker_settings(data).model_copy(update={"offset_commit_interval_ms": 3_600_000, "lease_ttl_s": 15})
     create_topic(settings, "t", partitions=partitions)
     subscribe(data, "t", receiver.url)
     for p in range(partitions):
