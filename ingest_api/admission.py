@@ -58,7 +58,7 @@ class Admission:
         returns each message's size."""
         explicit = batch.partitions
         sizes = message_sizes(batch.columns)
-        if (sizes > topic.max_message_bytes).any() or (
+        if (len(sizes) and int(sizes.max()) > topic.max_message_bytes) or (
                 explicit.null_count < len(explicit) and pc.max(explicit).as_py() >= topic.partitions):
             self.check(topic, batch.messages())
         self.check_backlog()

@@ -89,13 +89,18 @@ def results_arrow(results: BatchResults) -> bytes:
     """A batch's per-message results as an Arrow IPC stream of RESULTS_SCHEMA, in request order:
     the schema message, one record batch, the end-of-stream marker (what pa.ipc.new_stream writes,
     without a writer per answer)."""
-    duplicate = results.duplicate
-    packed = pa.py_buffer(np.packbits(duplicate, bitorder="little"))  # Arrow's booleans are bits
+    n = len(results.duplicate)
+    if results.complete:  # no nulls to look for, no duplicate to pack
+        packed = pa.py_buffer(bytes((n + 7) // 8))
+        nullable = _as_is
+    else:
+        packed = pa.py_buffer(np.packbits(results.duplicate, bitorder="little"))  # Arrow's booleans are bits
+        nullable = _nullable
     batch = pa.record_batch([
-        _nullable(pa.int32(), results.partition.astype(np.int32, copy=False)),
-        _nullable(pa.int64(), results.offset),
-        pa.Array.from_buffers(pa.bool_(), len(duplicate), [None, packed]),
-        _nullable(RESULTS_SCHEMA.field("timestamp").type, results.timestamp_us),
+        nullable(pa.int32(), results.partition.astype(np.int32, copy=False)),
+        nullable(pa.int64(), results.offset),
+        pa.Array.from_buffers(pa.bool_(), n, [None, packed]),
+        nullable(RESULTS_SCHEMA.field("timestamp").type, results.timestamp_us),
     ], schema=RESULTS_SCHEMA)
     return b"".join(ipc_frames.stream_pieces(_RESULTS_SCHEMA_MESSAGE, [batch]))
 
@@ -106,6 +111,11 @@ def _nullable(of: pa.DataType, values: np.ndarray) -> pa.Array:
     missing = values < 0
     if missing.any():
         return pa.array(values, mask=missing).view(of)
+    return _as_is(of, values)
+
+
+def _as_is(of: pa.DataType, values: np.ndarray) -> pa.Array:
+    """`values`, every one known, without a copy."""
     return pa.Array.from_buffers(of, len(values), [None, pa.py_buffer(values)])
 
 

@@ -24,7 +24,15 @@ import pyarrow as pa
 
 from lakebroker.ingest_api.acks import Acks, highest_offsets
 from lakebroker.ingest_api.admission import Admission
-from lakebroker.ingest_api.chunks import BatchResults, Chunk, ColumnarBatch, chunk_bytes, one_array, split_by_bytes
+from lakebroker.ingest_api.chunks import (
+    BatchResults,
+    Chunk,
+    ColumnarBatch,
+    chunk_bytes,
+    one_array,
+    spans_by_bytes,
+    split_by_bytes,
+)
 from lakebroker.ingest_api.cluster import Membership, NoOwnerYet, NotOwner
 from lakebroker.ingest_api.dedup import DedupIndex, DedupKey, Placed, dedup_id, dedup_ids, key_hash
 from lakebroker.ingest_api.dedup_rebuild import handed_ids, restore
@@ -638,18 +646,22 @@ class Broker:
         sizes = self.admission.check_columns(topic, batch)
         started = time.perf_counter()
         n = batch.rows
-        results = BatchResults(np.full(n, -1, np.int32), np.full(n, -1, np.int64), np.zeros(n, np.bool_),
-                               np.full(n, -1, np.int64))
-        keep = np.ones(n, np.bool_)
-        waits: list[tuple[int, asyncio.Future[Placed]]] = []  # duplicates of messages in flight
-        placing: dict[int, asyncio.Future[Placed]] = {}  # row → its id's future, for new messages with an id
         ids = one_array(batch.columns.column("message_id"))
         # Every message's partition, duplicates too (they take their turn in the keyless runs
         # as on the per-message path), checked before the dedup index hears of any id.
         everyone = self.partitioner.columns(topic, batch.partitions, one_array(batch.columns.column("key")), sizes,
                                             ids)
         topic_id = bytes.fromhex(topic.topic_id)
-        self._check_open(topic, topic_id, set(np.flatnonzero(np.bincount(everyone)).tolist()))
+        runs = _runs(everyone)
+        self._check_open(topic, topic_id, {p for p, _, _ in runs} if runs is not None else
+                         set(np.flatnonzero(np.bincount(everyone)).tolist()))
+        if runs is not None and ids.null_count == n:
+            return await self._produce_runs(topic, topic_id, batch.columns, everyone, runs, sizes, ack, started)
+        results = BatchResults(np.full(n, -1, np.int32), np.full(n, -1, np.int64), np.zeros(n, np.bool_),
+                               np.full(n, -1, np.int64))
+        keep = np.ones(n, np.bool_)
+        waits: list[tuple[int, asyncio.Future[Placed]]] = []  # duplicates of messages in flight
+        placing: dict[int, asyncio.Future[Placed]] = {}  # row → its id's future, for new messages with an id
         if ids.null_count < n:
             self._dedup_columns(topic, ids.to_pylist(), results, keep, waits, placing)
         kept = np.flatnonzero(keep)
@@ -694,6 +706,41 @@ class Broker:
             highest = {int(p): int(results.offset[results.partition == p].max()) for p in np.unique(results.partition)}
             await self.acks.in_table(topic_id, highest)
         self.acks.answered(topic.name, ack.value, started, int(results.duplicate.sum()))
+        return results
+
+    async def _produce_runs(self, topic: TopicConfig, topic_id: bytes, columns: pa.Table, partitions: np.ndarray,
+                            runs: list[tuple[int, int, int]], sizes: np.ndarray, ack: AckMode,
+                            started: float) -> BatchResults:
+        """`produce_columns` for a batch whose messages carry no id, each partition's messages one
+        run of the request (keyless runs, a batch for one partition): every message is stored, in
+        chunks that are slices of the request, and its answers filled in by slices. A few array
+        operations per request, each of which lets other threads take the GIL from the event loop."""
+        loop = asyncio.get_running_loop()
+        spans: list[tuple[int, int, asyncio.Future[Chunk] | None]] = []
+        for partition, first, end in runs:
+            for start, stop in spans_by_bytes(sizes, first, end):
+                part = columns.slice(start, stop - start)
+                size = RECORD_OVERHEAD * (stop - start) + int(sizes[start:stop].sum())
+                future: asyncio.Future[Chunk] | None = None if ack is AckMode.NONE else loop.create_future()
+                self.committer.submit([PendingChunk(Chunk(topic.name, topic_id, partition, -1, 0, part, size), future)])
+                spans.append((start, stop, future))
+        n = len(partitions)
+        self.acks.queued(topic.name, ack.value, n)
+        if ack is AckMode.NONE:
+            return BatchResults(partitions, np.full(n, -1, np.int64), np.zeros(n, np.bool_), np.full(n, -1, np.int64))
+        await asyncio.gather(*(f for _, _, f in spans if f is not None), return_exceptions=True)
+        results = BatchResults(partitions, np.empty(n, np.int64), np.zeros(n, np.bool_), np.empty(n, np.int64),
+                               complete=True)
+        highest: dict[int, int] = {}
+        for start, stop, done in spans:  # together they cover the request
+            assert done is not None
+            chunk = done.result()  # re-raises StorageUnavailable for a group that failed
+            results.offset[start:stop] = np.arange(chunk.offset, chunk.end, dtype=np.int64)
+            results.timestamp_us[start:stop] = chunk.timestamp_us
+            highest[chunk.partition] = chunk.end - 1
+        if ack is AckMode.TABLE:
+            await self.acks.in_table(topic_id, highest)
+        self.acks.answered(topic.name, ack.value, started, 0)
         return results
 
     def _dedup_columns(self, topic: TopicConfig, ids: list[str | None], results: BatchResults, keep: np.ndarray,
@@ -826,6 +873,21 @@ def _uncommitted(items: list[Record | Chunk], end: int) -> list[Record | Chunk]:
             continue
         out.append(item)
     return out
+
+
+def _runs(parts: np.ndarray) -> list[tuple[int, int, int]] | None:
+    """(partition, start, end) of each run of a request's partitions, when each partition is one
+    run (keyless runs, one partition); else None."""
+    if len(parts) < 2:
+        return [(int(parts[0]), 0, 1)] if len(parts) else []
+    starts = np.flatnonzero(parts[1:] != parts[:-1])
+    if len(starts) >= 64:
+        return None
+    bounds = [0, *(starts + 1).tolist(), len(parts)]
+    partitions = [int(parts[i]) for i in bounds[:-1]]
+    if len(set(partitions)) < len(partitions):
+        return None
+    return list(zip(partitions, bounds[:-1], bounds[1:], strict=True))
 
 
 def _grouped(parts: np.ndarray, columns: pa.Table) -> tuple[np.ndarray, pa.Table]:

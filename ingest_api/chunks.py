@@ -16,6 +16,7 @@ Frame layout (little-endian), beside the per-record frame of records.py:
 
 from __future__ import annotations
 
+import itertools
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -68,6 +69,7 @@ class BatchResults:
     offset: np.ndarray  # -1: not yet known (ack=none)
     duplicate: np.ndarray
     timestamp_us: np.ndarray  # -1 where the offset is not known
+    complete: bool = False  # known without a look: every message stored anew, every answer known
 
 
 @dataclass(slots=True)
@@ -177,20 +179,23 @@ def one_array(column: pa.ChunkedArray) -> pa.Array:
 def message_sizes(columns: pa.Table) -> np.ndarray:
     """Each message's size as records.message_bytes measures it: key and value bytes, and its
     headers' names and values."""
-    size = np.zeros(columns.num_rows, np.int64)
-    for name in ("key", "value"):
-        column = columns.column(name)
-        if column.null_count < len(column):
-            size += _lengths(one_array(column))
+    parts = [_lengths(one_array(column)) for name in ("key", "value")
+             if (column := columns.column(name)).null_count < len(column)]
     headers = columns.column("headers")
     if headers.null_count < len(headers):
-        size += _header_bytes(one_array(headers))
+        parts.append(_header_bytes(one_array(headers)))
+    if not parts:
+        return np.zeros(columns.num_rows, np.int64)
+    size = parts[0]  # each part a new array: summed in place
+    for more in parts[1:]:
+        size += more
     return size
 
 
 def _lengths(array: pa.Array) -> np.ndarray:
     """Each value's length in bytes (0 for null) of a string or binary array, from its offsets."""
-    lengths = np.diff(_offsets(array)).astype(np.int64)
+    offsets = _offsets(array)
+    lengths: np.ndarray = np.subtract(offsets[1:], offsets[:-1], dtype=np.int64)
     if array.null_count:  # a null slot may still span bytes (the format allows it)
         lengths[array.is_null().to_numpy(zero_copy_only=False)] = 0
     return lengths
@@ -208,6 +213,15 @@ def _header_bytes(headers: pa.MapArray) -> np.ndarray:
     offsets = headers.offsets.to_numpy()
     rows = totals[offsets[1:]] - totals[offsets[:-1]]
     return np.where(headers.is_null().to_numpy(zero_copy_only=False), 0, rows)
+
+
+def spans_by_bytes(sizes: np.ndarray, start: int, end: int, limit: int = CHUNK_BYTES) -> list[tuple[int, int]]:
+    """`split_by_bytes` for the consecutive messages [start, end) of `sizes`, as (start, end) pairs."""
+    weights = sizes[start:end] + RECORD_OVERHEAD
+    if int(weights.sum()) <= limit:
+        return [(start, end)]
+    cuts = [start, *(np.flatnonzero(np.diff(np.cumsum(weights) // limit)) + 1 + start).tolist(), end]
+    return [(a, b) for a, b in itertools.pairwise(cuts) if b > a]
 
 
 def split_by_bytes(rows: np.ndarray, sizes: np.ndarray, limit: int = CHUNK_BYTES) -> list[np.ndarray]:

@@ -163,6 +163,15 @@ def test_the_results_stream_is_what_an_arrow_writer_writes() -> None:
         with pa.ipc.new_stream(sink, RESULTS_SCHEMA) as writer:
             writer.write_table(table)
         assert results_arrow(results) == sink.getvalue().to_pybytes(), unknown
+    # A batch stored whole (`complete`: nothing unknown, no duplicate) is written without a look.
+    whole = BatchResults(np.arange(n, dtype=np.int32) % 3, np.arange(100, 100 + n, dtype=np.int64),
+                         np.zeros(n, np.bool_), np.full(n, 1_700_000_000_000_000, np.int64), complete=True)
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, RESULTS_SCHEMA) as writer:
+        stamps = pa.array(whole.timestamp_us).view(RESULTS_SCHEMA.field("timestamp").type)
+        writer.write_table(pa.table({"partition": whole.partition, "offset": whole.offset, "duplicate": whole.duplicate,
+                                     "timestamp": stamps}, schema=RESULTS_SCHEMA))
+    assert results_arrow(whole) == sink.getvalue().to_pybytes()
 
 
 def _stream_of(**columns: pa.Array) -> bytes:

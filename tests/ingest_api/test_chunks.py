@@ -20,6 +20,7 @@ from lakebroker.ingest_api.chunks import (
     chunks_to_arrow,
     decode_chunk,
     encode_chunk,
+    spans_by_bytes,
     split_by_bytes,
 )
 from lakebroker.ingest_api.flusher import Flusher
@@ -197,3 +198,12 @@ async def test_a_chunk_straddling_the_committed_end_is_committed_from_it(tmp_pat
     assert rows.column("offset").to_pylist() == list(range(13))
     assert rows.select(CHUNK_SCHEMA.names).equals(pa.concat_tables([first.columns, chunk(10, 3).columns]))
     assert delta.txn_version(table, delta.partition_app_id(1)) == 13
+
+
+def test_spans_by_bytes_cuts_a_range_where_split_by_bytes_cuts_its_rows() -> None:
+    sizes = np.array([10, 500, 30, 700, 20, 20, 900, 5, 5, 400], np.int64)
+    for start, end in ((0, 10), (2, 9), (3, 4), (5, 5 + 5)):
+        for limit in (100, 1000, 1 << 20):
+            rows = np.arange(start, end)
+            expected = [(int(piece[0]), int(piece[-1]) + 1) for piece in split_by_bytes(rows, sizes[start:end], limit)]
+            assert spans_by_bytes(sizes, start, end, limit) == expected, (start, end, limit)

@@ -56,6 +56,8 @@ BODIES = {  # each is produced twice in a row: round-robin state and dedup carry
                               {"partition": 1, "value": f"r{i}"} if i % 89 == 0 else
                               {"id": f"r{i % 400}", "value": f"r{i}"} if i % 7 == 0 else {"value": f"r{i}"}
                               for i in range(900)])),
+    # no ids, keyless, over 3 MiB: runs over several partitions, each stored as a slice of the request
+    "big-runs": (JSON, _json([{"value": f"{i:04d}" + "x" * 1000} for i in range(3000)])),
 }
 
 
@@ -119,7 +121,9 @@ async def test_columnar_batch_equals_the_per_message_path(tmp_path: Path, ack: A
         with_id = [i for i in range(900) if i % 7 == 0 and i % 97 and i % 89]
         # the ids body: its 5 ids once, its id-less message twice; the runs body: its ids once too
         runs_rows = 2 * (900 - len(with_id)) + len({i % 400 for i in with_id})
-        assert len(stored) == 2 * (23 + 40 + 10 + 5) + 6 + 1 + 2 + runs_rows
+        assert len(stored) == 2 * (23 + 40 + 10 + 5 + 3000) + 6 + 1 + 2 + runs_rows
+        big = [row["partition"] for row in stored if (row["value"] or b"").endswith(b"x" * 1000)]
+        assert len(set(big)) >= 3, "the big body's keyless runs go to several partitions"
         runs = [row["partition"] for row in stored if (row["value"] or b"").startswith(b"r") and row["key"] is None]
         assert len(set(runs)) == PARTITIONS  # the keyless runs spread over every partition
     finally:
