@@ -82,15 +82,35 @@ def measure(server: Server, path: str, work: Path, name: str, body: bytes, conte
     return into
 
 
+@dataclass(frozen=True)
+class Target:
+    """One closed loop's target: a server, a path and the body posted to it."""
+
+    server: Server
+    path: str
+    name: str
+    body: bytes
+    content_type: str
+    accept: str | None = None
+
+
 def alternate(rounds: int, duration_s: float, pairs: list[tuple[Server, str]], work: Path, name: str, body: bytes,
               content_type: str, connections: int, accept: str | None = None) -> list[Measured]:
     """Measure each (server, path) in turn, reversing the order every round (A-B, B-A, ...)."""
-    out = [Measured() for _ in pairs]
+    return interleave(rounds, duration_s, [Target(server, path, f"{name}-{i}", body, content_type, accept)
+                                           for i, (server, path) in enumerate(pairs)], work, connections)
+
+
+def interleave(rounds: int, duration_s: float, targets: list[Target], work: Path, connections: int) -> list[Measured]:
+    """`alternate` over targets that may differ in body too: figures compared with each other are
+    measured in the same minutes, so a host that speeds up or slows down between phases moves them
+    alike."""
+    out = [Measured() for _ in targets]
     for k in range(rounds):
-        order = list(range(len(pairs)))
+        order = list(range(len(targets)))
         if k % 2:
             order.reverse()
         for i in order:
-            server, path = pairs[i]
-            measure(server, path, work, f"{name}-{i}", body, content_type, connections, duration_s, out[i], accept)
+            t = targets[i]
+            measure(t.server, t.path, work, t.name, t.body, t.content_type, connections, duration_s, out[i], t.accept)
     return out
