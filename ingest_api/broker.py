@@ -894,10 +894,7 @@ def _grouped(parts: np.ndarray, columns: pa.Table) -> tuple[np.ndarray, pa.Table
     """The rows in an order that makes each partition's rows one run, and the columns in it:
     as they are when each partition already is one run (keyless runs, a sorted batch), else
     one stable gather."""
-    if len(parts) < 2:  # nothing kept (every message a duplicate), or one message
-        return np.arange(len(parts)), columns
-    starts = np.flatnonzero(np.diff(parts)) + 1
-    if len(starts) < 64 and len(set(parts[np.concatenate(([0], starts))].tolist())) == len(starts) + 1:
+    if _runs(parts) is not None:  # (also nothing kept: every message a duplicate)
         return np.arange(len(parts)), columns
     order = np.argsort(parts, kind="stable")
     return order, columns.take(pa.array(order))
