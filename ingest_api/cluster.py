@@ -151,6 +151,7 @@ class Membership:
         self._follower: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[None]] = set()  # hand-overs in progress
         self._asked: set[asyncio.Task[None]] = set()  # beats topic changes asked for (beat_for)
+        self._draining = False
 
     def advertise(self, url: str) -> None:
         """The URL others reach this node at, once `serve` knows its port."""
@@ -188,6 +189,13 @@ class Membership:
 
     def wake(self) -> None:
         """Beat now (a topic was created or deleted through this node)."""
+        self._wake.set()
+
+    def drain(self) -> None:
+        """The node is stopping: from its next beat on it takes no partition and starts no
+        hand-over, and every node's plan gives its partitions to the others (tables/ownership.py);
+        those it holds stay its own until it stops."""
+        self._draining = True
         self._wake.set()
 
     async def _run(self) -> None:
@@ -245,7 +253,8 @@ class Membership:
     async def _beat(self) -> None:
         await self.broker.follow_topics()
         release = frozenset(self._released)
-        beat: Heartbeat = await asyncio.to_thread(self.table.heartbeat, self._pairs(), release)
+        beat: Heartbeat = await asyncio.to_thread(self.table.heartbeat, self._pairs(), release,
+                                                  draining=self._draining)
         self._released -= release
         self.view = beat.view
         owned = self.broker.owned_pairs()
@@ -253,6 +262,8 @@ class Membership:
         if lost:
             log.warning("lost the lease of %d partitions; another node takes them", len(lost))
             self.broker.disown(lost)
+        if self._draining:  # it holds what it holds until it stops: broker.stop commits and releases it
+            return
         taken = {pair: epoch for pair, epoch in beat.held.items() if pair not in owned}
         if taken:
             await self._claim(taken)

@@ -59,7 +59,9 @@ class Router:
         """At shutdown, parked items go to their owners first (for STOP_RESEND_S at most): a node
         stopped for good must not keep acknowledged messages in its WAL that live owners could take.
         A partition between owners (its owner stopped just before this node) is waited for: a live
-        node claims it within a heartbeat or two."""
+        node claims it within a heartbeat or two. The node drains first (Membership.drain), so it
+        claims nothing back meanwhile and the partitions go to the nodes that stay."""
+        self.broker.cluster.drain()
         if self._resending is not None:
             self._resending.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -203,6 +203,8 @@ class NodePublic(BaseModel):
     since: str = Field(description="When the node first joined the cluster.")
     lease_expires_at: str = Field(description="Its partitions move to live nodes after this, unless it heartbeats.")
     alive: bool
+    draining: bool = Field(False, description="Stopping: no partition is given to it, and those it holds move on "
+                                              "once it stops.")
 
 
 class PartitionOwnerPublic(BaseModel):

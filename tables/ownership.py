@@ -6,6 +6,11 @@ and holds its partitions' leases through the same row: a lease lives while its o
 does. From the live nodes and the topics, every node computes the same balanced plan
 (`balance`), takes the free partitions the plan gives it, and lets go of those it gives to others.
 
+A node that is stopping drains: its row's epoch becomes DRAINING, and from then on no plan gives
+it a partition, while the leases it holds stay its own until it releases them. So its partitions
+and the messages it still keeps for other nodes go to nodes that stay, and it takes nothing back
+meanwhile (a stopping node that claimed partitions again deposed the nodes taking them over).
+
 Taking a partition bumps its epoch. A lease alone does not make a node the only writer (clocks
 skew, processes pause): the new owner claims the epoch in the topic table before it accepts a
 message (tables/fencing.py), and that claim is what refuses the old owner's late commits.
@@ -25,6 +30,7 @@ from lakebroker.tables.state_table import Rows, StateTable
 
 Pair = tuple[str, int]  # (topic id, partition)
 FORGET_NODES_AFTER_TTLS = 10  # a node row this many TTLs past its expiry is dropped from the table
+DRAINING = -1  # a node row's epoch while the node stops (0 otherwise): planned no partitions
 
 
 @dataclass(frozen=True)
@@ -33,6 +39,7 @@ class NodeInfo:
     url: str
     since: datetime
     expires_at: datetime
+    draining: bool = False
 
     def alive(self, now: datetime) -> bool:
         return self.expires_at > now
@@ -121,7 +128,7 @@ def balance(pairs: Sequence[Pair], nodes: Sequence[str], owners: Mapping[Pair, s
 
 
 def _node(row: dict[str, Any]) -> NodeInfo:
-    return NodeInfo(row["node"], row["url"] or "", row["since"], row["expires_at"])
+    return NodeInfo(row["node"], row["url"] or "", row["since"], row["expires_at"], row["epoch"] == DRAINING)
 
 
 def _owner(row: dict[str, Any]) -> Owner:
@@ -148,10 +155,12 @@ class OwnershipTable:
 
 
     def heartbeat(self, pairs: Mapping[Pair, str], release: frozenset[Pair] = frozenset(), *,
-                  leave: bool = False) -> Heartbeat:
+                  leave: bool = False, draining: bool = False) -> Heartbeat:
         """Renew this node and its leases, release `release` (drained by the caller), and take the
         free pairs of `pairs` (pair -> topic name: the topics as this node knows them) that the plan
-        gives this node, in one commit. `leave` releases everything and ends the node's heartbeat."""
+        gives this node, in one commit. `leave` releases everything and ends the node's heartbeat;
+        `draining` marks the node as stopping (DRAINING), so that no plan gives it a pair."""
+        state = DRAINING if draining else 0
 
         def change(rows: Rows) -> tuple[Rows, Heartbeat]:
             now = datetime.now(UTC)
@@ -162,12 +171,12 @@ class OwnershipTable:
             me = next((r for r in nodes if r["node"] == self.node), None)
             if me is None:
                 me = {"kind": "node", "node": self.node, "url": self.url, "topic_id": "", "topic": "",
-                      "partition": -1, "epoch": 0, "since": now, "expires_at": expires}
+                      "partition": -1, "epoch": state, "since": now, "expires_at": expires}
                 nodes.append(me)
-            elif leave or me["url"] != self.url or me["expires_at"] - now < self.ttl / 2:
+            elif leave or me["url"] != self.url or me["epoch"] != state or me["expires_at"] - now < self.ttl / 2:
                 # Renewed at half its life: a heartbeat that changes nothing else commits nothing.
-                me.update(url=self.url, expires_at=expires)
-            live = sorted(r["node"] for r in nodes if r["expires_at"] > now)
+                me.update(url=self.url, epoch=state, expires_at=expires)
+            live = sorted(r["node"] for r in nodes if r["expires_at"] > now and r["epoch"] != DRAINING)
             by_pair = {(r["topic_id"], r["partition"]): r for r in out if r["kind"] == "partition"}
             owners = {pair: r["node"] for pair, r in by_pair.items() if r["node"] and r["expires_at"] > now}
             pins = [r for r in out if r["kind"] == "pin"]

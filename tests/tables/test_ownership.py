@@ -92,3 +92,25 @@ def test_leaving_releases_everything_and_deleted_topics_are_forgotten(layout: La
     assert a.heartbeat(pairs).held == {pair: 3 for pair in pairs}, "a held them last: the same epoch"
     b.forget_topic("id-orders")
     assert set(b.view().owners) == {("id-audit", 0)}
+
+
+def test_a_draining_node_is_planned_nothing_takes_nothing_and_keeps_what_it_holds(layout: Layout) -> None:
+    """A stopping node drains: the others' plans share every partition among themselves, it takes
+    none back, and the leases it holds stay its own until it releases them."""
+    pairs = _pairs({"orders": 4})
+    a = OwnershipTable(layout, "a", "http://127.0.0.1:1", ttl_s=30)
+    b = OwnershipTable(layout, "b", "http://127.0.0.1:2", ttl_s=30)
+    assert a.heartbeat(pairs).taken == set(pairs)
+    b.heartbeat(pairs)
+    released = a.heartbeat(pairs, release=a.heartbeat(pairs).give_up)  # half of them move to b
+    assert b.heartbeat(pairs).taken == set(pairs) - set(released.held)
+    kept = set(released.held)
+
+    draining = a.heartbeat(pairs, draining=True)
+    assert set(draining.held) == kept and draining.taken == set(), "it keeps what it holds, takes nothing"
+    assert draining.give_up == kept, "every plan gives its pairs to the nodes that stay"
+    assert b.heartbeat(pairs).taken == set(), "b waits for a to release them"
+    assert [n.draining for n in b.view().nodes] == [True, False]
+    assert a.heartbeat(pairs, release=kept, draining=True).held == {}
+    assert b.heartbeat(pairs).taken == kept and a.heartbeat(pairs, draining=True).taken == set()
+    assert set(b.heartbeat(pairs).held) == set(pairs)
