@@ -207,7 +207,7 @@ class Membership:
             if self._closing:
                 return
             try:
-                await self.beat()
+                await self.beat(bounded=True)
             except Exception:  # the next heartbeat tries again; the lease outlives a few misses
                 log.exception("cluster heartbeat failed")
 
@@ -227,9 +227,12 @@ class Membership:
     def _pairs(self) -> dict[Pair, str]:
         return {(t.topic_id, p): t.name for t in self.broker.topics.values() for p in range(t.partitions)}
 
-    async def beat(self) -> None:
+    async def beat(self, *, bounded: bool = False) -> None:
+        """One heartbeat and what it leads to. `bounded`: claims stop a quarter TTL after the
+        heartbeat and the next beat comes at once, so the leases are renewed on time while a node
+        takes over many partitions on a slow machine (the rest are claimed then)."""
         async with self._beat_lock:  # the loop's beats and those a topic's creation asks for
-            await self._beat()
+            await self._beat(bounded)
 
     async def beat_for(self, timeout_s: float) -> bool:
         """A beat now, as a new topic or new partitions ask for it, waited for `timeout_s` at most:
@@ -250,11 +253,13 @@ class Membership:
         if not task.cancelled() and (exc := task.exception()) is not None:
             log.warning("a heartbeat a topic change asked for failed (%s); the next one takes its place", exc)
 
-    async def _beat(self) -> None:
+    async def _beat(self, bounded: bool = False) -> None:
         await self.broker.follow_topics()
         release = frozenset(self._released)
         beat: Heartbeat = await asyncio.to_thread(self.table.heartbeat, self._pairs(), release,
                                                   draining=self._draining)
+        loop = asyncio.get_running_loop()
+        claims_until = loop.time() + self.table.ttl.total_seconds() / 4 if bounded else None
         self._released -= release
         self.view = beat.view
         owned = self.broker.owned_pairs()
@@ -266,18 +271,24 @@ class Membership:
             return
         taken = {pair: epoch for pair, epoch in beat.held.items() if pair not in owned}
         if taken:
-            await self._claim(taken)
+            await self._claim(taken, claims_until)
         for pair in beat.give_up - self._handing_over:
             self._handing_over.add(pair)
             self._tasks.add(task := asyncio.create_task(self._hand_over(pair)))
             task.add_done_callback(self._tasks.discard)
 
-    async def _claim(self, taken: dict[Pair, int]) -> None:
+    async def _claim(self, taken: dict[Pair, int], until: float | None = None) -> None:
+        """Claim `taken` topic by topic; past `until` (loop time) the rest wait for the next beat,
+        which comes at once."""
         by_topic: dict[str, dict[int, int]] = defaultdict(dict)
         for (topic_id, partition), epoch in taken.items():
             by_topic[topic_id][partition] = epoch
         topics = {t.topic_id: t for t in self.broker.topics.values()}
+        loop = asyncio.get_running_loop()
         for topic_id, epochs in by_topic.items():
+            if until is not None and loop.time() > until:
+                self._wake.set()
+                return
             topic = topics.get(topic_id)
             if topic is None:
                 continue  # deleted since the heartbeat
