@@ -24,13 +24,14 @@ def register(app: typer.Typer, settings: Callable[[], Settings], fail: Callable[
     def show(
         json_out: Annotated[bool, typer.Option("--json", help="One JSON document on stdout.")] = False,
     ) -> None:
-        """The nodes (id, URL, alive) and every topic partition's owner, epoch and pin."""
+        """The nodes (id, URL, alive, draining) and every topic partition's owner, epoch and pin."""
         found = _show(settings())
         if json_out:
             sys.stdout.buffer.write(orjson.dumps(found, option=orjson.OPT_INDENT_2) + b"\n")
             return
-        print_rows(["node", "url", "alive", "partitions", "lease_expires_at"],
-                   [[n["id"], n["url"], n["alive"], n["partitions"], n["lease_expires_at"]] for n in found["nodes"]])
+        print_rows(["node", "url", "alive", "draining", "partitions", "lease_expires_at"],
+                   [[n["id"], n["url"], n["alive"], n["draining"], n["partitions"], n["lease_expires_at"]]
+                    for n in found["nodes"]])
         print_rows(["topic", "partition", "owner", "epoch", "pinned_to"],
                    [[p["topic"], p["partition"], p["owner"] or "-", p["epoch"], p["pinned_to"] or ""]
                     for p in found["partitions"]])
@@ -79,6 +80,7 @@ def _show(settings: Settings) -> dict[str, Any]:
             row = view.owners.get((topic.topic_id, p))
             partitions.append({"topic": topic.name, "partition": p, "owner": owner.node if owner else None,
                                "epoch": row.epoch if row else 0, "pinned_to": view.pins.get((topic.topic_id, p))})
-    nodes = [{"id": n.node, "url": n.url, "alive": n.node in live, "lease_expires_at": n.expires_at.isoformat(),
+    nodes = [{"id": n.node, "url": n.url, "alive": n.node in live, "draining": n.draining,
+              "lease_expires_at": n.expires_at.isoformat(),
               "partitions": sum(1 for p in partitions if p["owner"] == n.node)} for n in view.nodes]
     return {"nodes": nodes, "partitions": partitions}

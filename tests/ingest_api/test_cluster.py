@@ -146,6 +146,7 @@ def test_two_nodes_share_partitions_forward_and_fail_over(nodes: tuple[Path, Ser
     shown = orjson.loads(_cli(root, a, "cluster", "show", "--json").stdout)
     ids = {n["url"]: n["id"] for n in shown["nodes"]}
     assert {n["partitions"] for n in shown["nodes"]} == {PARTITIONS // 2} and len(ids) == 2
+    assert not any(n["draining"] for n in shown["nodes"]), "both serve"
     moved = theirs  # a's
     assert "pinned to" in _cli(root, a, "cluster", "move", "orders", str(moved), "--to", ids[b.url]).stdout
     until(lambda: _owners(a.url)[moved] == b.url, "the partition moved to b", timeout=10)
