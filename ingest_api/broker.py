@@ -718,9 +718,8 @@ class Broker:
         loop = asyncio.get_running_loop()
         spans: list[tuple[int, int, asyncio.Future[Chunk] | None]] = []
         for partition, first, end in runs:
-            for start, stop in spans_by_bytes(sizes, first, end):
+            for start, stop, size in spans_by_bytes(sizes, first, end):
                 part = columns.slice(start, stop - start)
-                size = RECORD_OVERHEAD * (stop - start) + int(sizes[start:stop].sum())
                 future: asyncio.Future[Chunk] | None = None if ack is AckMode.NONE else loop.create_future()
                 self.committer.submit([PendingChunk(Chunk(topic.name, topic_id, partition, -1, 0, part, size), future)])
                 spans.append((start, stop, future))

@@ -215,20 +215,22 @@ def _header_bytes(headers: pa.MapArray) -> np.ndarray:
     return np.where(headers.is_null().to_numpy(zero_copy_only=False), 0, rows)
 
 
-def spans_by_bytes(sizes: np.ndarray, start: int, end: int, limit: int = CHUNK_BYTES) -> list[tuple[int, int]]:
-    """`split_by_bytes` for the consecutive messages [start, end) of `sizes`, as (start, end) pairs."""
+def spans_by_bytes(sizes: np.ndarray, start: int, end: int,
+                   limit: int = CHUNK_BYTES) -> list[tuple[int, int, int]]:
+    """The consecutive messages [start, end) of `sizes` cut into runs of about `limit` bytes at
+    most, each one WAL frame and holding at least one message: (start, end, the bytes Record.size
+    counts for them) each."""
     weights = sizes[start:end] + RECORD_OVERHEAD
-    if int(weights.sum()) <= limit:
-        return [(start, end)]
-    cuts = [start, *(np.flatnonzero(np.diff(np.cumsum(weights) // limit)) + 1 + start).tolist(), end]
-    return [(a, b) for a, b in itertools.pairwise(cuts) if b > a]
+    total = int(weights.sum())
+    if total <= limit:
+        return [(start, end, total)]
+    summed = np.cumsum(weights)
+    cuts = [0, *(np.flatnonzero(np.diff(summed // limit)) + 1).tolist(), end - start]
+    before = [0, *summed[np.array(cuts[1:]) - 1].tolist()]  # the bytes before each cut
+    return [(start + a, start + b, after - upto) for (a, b), (upto, after)
+            in zip(itertools.pairwise(cuts), itertools.pairwise(before), strict=True) if b > a]
 
 
 def split_by_bytes(rows: np.ndarray, sizes: np.ndarray, limit: int = CHUNK_BYTES) -> list[np.ndarray]:
-    """`rows` (one partition's messages, with their sizes) cut into runs of about `limit` bytes
-    at most, each one WAL frame; a run holds at least one message."""
-    weights = sizes + RECORD_OVERHEAD
-    if int(weights.sum()) <= limit:
-        return [rows]
-    cuts = np.flatnonzero(np.diff(np.cumsum(weights) // limit)) + 1
-    return [piece for piece in np.split(rows, cuts) if len(piece)]
+    """`rows` (one partition's messages, with their sizes) cut as `spans_by_bytes` cuts them."""
+    return [rows[a:b] for a, b, _ in spans_by_bytes(sizes, 0, len(sizes), limit)]

@@ -25,7 +25,7 @@ from lakebroker.ingest_api.chunks import (
 )
 from lakebroker.ingest_api.flusher import Flusher
 from lakebroker.ingest_api.metrics import IngestMetrics
-from lakebroker.ingest_api.records import FRAME_HEADER, Record, encode
+from lakebroker.ingest_api.records import FRAME_HEADER, RECORD_OVERHEAD, Record, encode
 from lakebroker.ingest_api.wal import GROUP_HEAD_BYTES, Wal, _write_all, group_head
 from lakebroker.tables import delta
 from lakebroker.tables.layout import Layout
@@ -205,5 +205,6 @@ def test_spans_by_bytes_cuts_a_range_where_split_by_bytes_cuts_its_rows() -> Non
     for start, end in ((0, 10), (2, 9), (3, 4), (5, 5 + 5)):
         for limit in (100, 1000, 1 << 20):
             rows = np.arange(start, end)
-            expected = [(int(piece[0]), int(piece[-1]) + 1) for piece in split_by_bytes(rows, sizes[start:end], limit)]
+            expected = [(int(p[0]), int(p[-1]) + 1, int(sizes[p].sum()) + RECORD_OVERHEAD * len(p))
+                        for p in split_by_bytes(rows, sizes[start:end], limit)]
             assert spans_by_bytes(sizes, start, end, limit) == expected, (start, end, limit)
