@@ -5,32 +5,10 @@ its WAL)."""
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 
-import pytest
-from prometheus_client import CollectorRegistry
-
-from lakebroker.ingest_api.broker import Broker
-from lakebroker.ingest_api.metrics import IngestMetrics
-from lakebroker.tables.settings import Settings
 from lakebroker.tables.topics import new_topic
-
-HEARTBEAT_S = 0.2
-
-
-def _node(tmp_path: Path, name: str, port: int) -> Broker:
-    settings = Settings(data_dir=tmp_path / name, tables_uri=str(tmp_path / "tables"), port=port,
-                        ingest_heartbeat_s=HEARTBEAT_S)
-    return Broker(settings, IngestMetrics(CollectorRegistry()))
-
-
-async def _until(check: object, what: str, within_s: float) -> None:
-    deadline = asyncio.get_running_loop().time() + within_s
-    while not check():  # type: ignore[operator]
-        if asyncio.get_running_loop().time() > deadline:
-            pytest.fail(f"not within {within_s} s: {what}")
-        await asyncio.sleep(0.05)
+from tests.ingest_api.test_topic_following import _node, _until
 
 
 async def test_a_draining_node_takes_nothing_back_and_the_others_get_what_it_lets_go(tmp_path: Path) -> None:
