@@ -1,5 +1,5 @@
 """Real topic tables for job tests: created through TopicStore, appended as the flusher appends
-(one delta-rs commit per batch, carrying each partition's log-end offset as a txn)."""
+(one commit per batch, carrying each partition's log-end offset as a txn)."""
 
 from __future__ import annotations
 
