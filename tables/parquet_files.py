@@ -94,14 +94,13 @@ def write_partition_file(fs: pafs.FileSystem, root: str, partition_column: str, 
     names = rows.column_names
     per_group = max(1, ROW_GROUP_BYTES * rows.num_rows // max(1, rows.nbytes))
     buffer = pa.BufferOutputStream()
-    writer = pq.ParquetWriter(
-        buffer, rows.schema, compression="snappy",
+    footer: list[pq.FileMetaData] = []
+    pq.write_table(
+        rows, buffer, row_group_size=per_group, compression="snappy",
         use_dictionary=[n for n in names if n != OFFSET_COLUMN],
         column_encoding={OFFSET_COLUMN: "DELTA_BINARY_PACKED"} if OFFSET_COLUMN in names else None,
-        write_statistics=[n for n in names if n != PAYLOAD_COLUMN],
+        write_statistics=[n for n in names if n != PAYLOAD_COLUMN], metadata_collector=footer,
     )
-    with writer:
-        writer.write_table(rows, row_group_size=per_group)
     written = buffer.getvalue()
     relative = f"{partition_column}={value}/part-00000-{uuid.uuid4()}-c000.snappy.parquet"
     directory = f"{root}/{partition_column}={value}"
@@ -110,7 +109,7 @@ def write_partition_file(fs: pafs.FileSystem, root: str, partition_column: str, 
     with fs.open_output_stream(f"{root}/{relative}") as out:
         out.write(written)
     return WrittenFile(relative, written.size, {partition_column: str(value)},
-                       file_stats(writer.writer.metadata, rows), int(time.time() * 1000))
+                       file_stats(footer[0], rows), int(time.time() * 1000))
 
 
 def file_stats(metadata: pq.FileMetaData, rows: pa.Table) -> str:
