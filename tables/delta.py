@@ -259,6 +259,9 @@ def append_partitions(
     table.create_write_transaction(actions, mode="append", schema=schema, partition_by=[column],
                                    commit_properties=_commit_properties(txns, metadata),
                                    post_commithook_properties=commit_hooks(table))
+    # Unlike write_deltalake, this leaves the handle at the version it was read at: a next commit
+    # planned on it would conflict with this one's txns.
+    table.update_incremental()
 
 
 def _commit_properties(txns: Mapping[str, int] | None, metadata: Mapping[str, Any] | None) -> CommitProperties:

@@ -102,8 +102,10 @@ def test_the_flushers_files_are_logged_with_the_statistics_delta_rs_gives_the_sa
     parts = {0: _rows(0, 3000, 0), 1: _rows(1, 50, 7), 2: _rows(2, 1, 9)}
     ours, theirs = ensure_topic_table(str(tmp_path / "ours")), ensure_topic_table(str(tmp_path / "theirs"))
     txns = {delta.partition_app_id(p): 100 + rows.num_rows for p, rows in parts.items()}
+    before = ours.version()
     delta.append_partitions(ours, parts, txns=txns)
     delta.append(theirs, pa.concat_tables(parts.values()), txns=txns)
+    assert ours.version() == before + 1  # the handle is at its commit, as write_deltalake leaves it
 
     mine, delta_rs = _adds(str(tmp_path / "ours")), _adds(str(tmp_path / "theirs"))
     assert mine.keys() == delta_rs.keys() == {"0", "1", "2"}
@@ -142,3 +144,14 @@ def test_a_key_longer_than_parquets_statistics_is_still_bounded_as_delta_rs_boun
     assert (stats["minValues"]["key"], stats["maxValues"]["key"]) == ("a", long_key)
     found = delta.read_rows(delta.load(str(tmp_path / "t")), pc.field("key") == long_key, ["offset"])
     assert found["offset"].to_pylist() == [109]
+
+
+def test_commits_one_after_another_on_one_handle(tmp_path: Path) -> None:
+    """Each commit plans on the handle the one before left: a handle left at its old version would
+    plan the next commit against a log that lacks the last one, whose txns then conflict."""
+    table = ensure_topic_table(str(tmp_path / "t"))
+    for n in range(1, 4):
+        delta.append_partitions(table, {0: _rows(0, 5, n)}, txns={delta.partition_app_id(0): 100 * n})
+    stored = delta.load(str(tmp_path / "t"))
+    assert stored.transaction_version(delta.partition_app_id(0)) == 300
+    assert stored.to_pyarrow_table().num_rows == 15
