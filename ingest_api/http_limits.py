@@ -75,7 +75,7 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
     _heads = 0  # request heads completed on this connection
     _message_done = True  # the request in progress has its whole body (or there is none in progress)
     _drain: asyncio.TimerHandle | None = None  # the deadline of a body left unread by an early answer
-    _whole_body = False  # the request in progress declared a body of at most WHOLE_BODY_BYTES
+    _parts: list[bytes] | None = None  # the reads so far of a body of at most WHOLE_BODY_BYTES
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -158,6 +158,7 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
     def on_message_begin(self) -> None:
         self._begin_message()
         self._idle, self._in_head, self._head_bytes, self._message_done = False, True, 0, False
+        self._parts = None
 
     def _begin_message(self) -> None:
         super().on_message_begin()
@@ -172,19 +173,24 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
     def _take_head(self) -> None:
         """The head is whole: uvicorn builds its request cycle and starts the app."""
         super().on_headers_complete()
-        self._whole_body = 0 <= _declared_length(self.headers) <= WHOLE_BODY_BYTES
+        self._parts = [] if 0 <= _declared_length(self.headers) <= WHOLE_BODY_BYTES else None
 
     def on_body(self, body: bytes) -> None:
-        cycle = self.cycle
-        if self._whole_body and not cycle.response_complete and not self.parser.should_upgrade():
+        parts = self._parts
+        if parts is not None and not self.cycle.response_complete and not self.parser.should_upgrade():
             # uvicorn's on_body, without its pause at 64 KiB and its wake-up of the app per read:
-            # the app's receive() wakes once, at on_message_complete, with the whole body. The body
-            # is a bytearray, so each read appends in place (linear in the body, not quadratic).
-            cycle.body += body
+            # the app's receive() wakes once, at on_message_complete, with the whole body. The
+            # reads are kept as they come and joined once: appending to uvicorn's bytearray
+            # copies each read again as the array grows, and receive() copies the array once more
+            # (bytes() of a bytes object is that object).
+            parts.append(body)
             return
         super().on_body(body)
 
     def on_message_complete(self) -> None:
+        if self._parts and not self.cycle.response_complete:
+            self.cycle.body = b"".join(self._parts)  # type: ignore[assignment]
+        self._parts = None
         self._message_done = True
         self._complete_message()
         self._idle = True
