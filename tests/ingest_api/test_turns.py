@@ -37,3 +37,55 @@ async def test_a_cancelled_waiter_passes_its_turn_on() -> None:
     second.cancel()
     await asyncio.gather(first, third)
     assert order == ["a", "c"] and second.cancelled()
+
+
+async def test_a_lone_caller_takes_its_turn_without_waiting_a_pass() -> None:
+    turns, order = Turns(), []
+
+    async def other() -> None:
+        order.append("other")
+
+    asyncio.get_running_loop().create_task(other())  # ready now: it runs in the next pass
+    await turns.wait()
+    order.append("batch")
+    await asyncio.sleep(0)
+    assert order == ["batch", "other"]
+
+
+async def test_a_second_caller_in_the_same_pass_waits_for_the_next() -> None:
+    turns, order = Turns(), []
+
+    async def other() -> None:
+        order.append("other")
+
+    await turns.wait()  # taken at once: this pass's turn
+    asyncio.get_running_loop().create_task(other())
+    await turns.wait()  # the same pass: the next pass's turn, after what became ready meanwhile
+    order.append("second batch")
+    assert order == ["other", "second batch"]
+
+
+async def test_no_two_turns_run_in_one_pass_when_the_queue_empties() -> None:
+    """The last waiter granted runs in the pass after its grant; a caller arriving in that pass
+    waits, though nobody is queued any more."""
+    turns, runs = Turns(), []
+    loop = asyncio.get_running_loop()
+    passes = 0
+
+    def count() -> None:
+        nonlocal passes
+        passes += 1
+        if passes < 12:
+            loop.call_soon(count)
+
+    async def batch(name: str, delay_passes: int = 0) -> None:
+        for _ in range(delay_passes):
+            await asyncio.sleep(0)
+        await turns.wait()
+        runs.append((name, passes))
+
+    loop.call_soon(count)
+    await asyncio.gather(batch("a"), batch("b"), batch("late", delay_passes=2), batch("later", delay_passes=3))
+    at = [p for _, p in runs]
+    assert len(set(at)) == len(at), runs  # one turn per pass
+    assert [n for n, _ in runs][:2] == ["a", "b"]
