@@ -413,9 +413,9 @@ class Flusher:
             fresh = _contiguous_from(ends, _runs(records))
             if not fresh:
                 return ends
-            delta.append(
+            delta.append_partitions(
                 table,
-                _assemble(fresh),
+                {partition: _assemble(pieces) for partition, pieces in _by_partition(fresh).items()},
                 txns=fencing.commit_txns(self.node, epochs, ends),
                 metadata={"lakebroker.operation": "flush"},
             )
@@ -504,6 +504,14 @@ def _contiguous_from(ends: dict[int, int], runs: list[_Run]) -> list[tuple[_Run,
             )
         out.append((run, expected - run.offset))
         ends[run.partition] = run.end
+    return out
+
+
+def _by_partition(pieces: list[tuple[_Run, int]]) -> dict[int, list[tuple[_Run, int]]]:
+    """The pieces of each partition, in their order: each partition's rows go to a file of their own."""
+    out: dict[int, list[tuple[_Run, int]]] = {}
+    for run, skip in pieces:
+        out.setdefault(run.partition, []).append((run, skip))
     return out
 
 

@@ -23,6 +23,7 @@ import pyarrow.compute as pc
 from deltalake import CommitProperties, DeltaTable, PostCommitHookProperties, Transaction, write_deltalake
 from deltalake.exceptions import CommitFailedError, DeltaError
 from deltalake.schema import Schema
+from deltalake.transaction import AddAction, RemoveAction
 
 from lakebroker.tables import parquet_files, storage
 from lakebroker.tables.schemas import HOT_PATH_TABLE_PROPERTIES, SCHEMA_VERSION_PROPERTY
@@ -229,13 +230,46 @@ def append(
 ) -> None:
     """Append rows, and in the same commit record each txn appId at its version. Row groups are
     bounded (tables/parquet_files.py), so a reader of a few offsets decodes only the ones that hold them."""
-    props = CommitProperties(
+    write_deltalake(table, data, mode="append", commit_properties=_commit_properties(txns, metadata),
+                    post_commithook_properties=commit_hooks(table),
+                    writer_properties=parquet_files.writer_properties(data))
+
+
+def append_partitions(
+    table: DeltaTable,
+    parts: Mapping[int, pa.Table],
+    *,
+    txns: Mapping[str, int] | None = None,
+    metadata: Mapping[str, Any] | None = None,
+) -> None:
+    """`append` for a table partitioned by one column, given each partition value's rows apart:
+    one Parquet file per partition, written by pyarrow, then one commit of their add actions and
+    the txns. Files a failed commit leaves behind are in no version; VACUUM deletes them."""
+    import pyarrow.fs as pafs
+
+    (column,) = table.metadata().partition_columns
+    schema = pa.schema(table.schema().to_arrow())
+    if wrong := [value for value, rows in parts.items() if not rows.schema.equals(schema)]:
+        raise ValueError(f"{table.table_uri}: rows of partitions {wrong} do not have the table's schema")
+    fs, root = storage.filesystem(table.table_uri)
+    assert isinstance(fs, pafs.FileSystem)
+    written = [parquet_files.write_partition_file(fs, root, column, value, rows) for value, rows in parts.items()]
+    actions: list[AddAction | RemoveAction] = [
+        AddAction(f.path, f.size, f.partition_values, f.modification_time, True, f.stats) for f in written]
+    table.create_write_transaction(actions, mode="append", schema=schema, partition_by=[column],
+                                   commit_properties=_commit_properties(txns, metadata),
+                                   post_commithook_properties=commit_hooks(table))
+    # Unlike write_deltalake, this leaves the handle at the version it was read at: a next commit
+    # planned on it would conflict with this one's txns.
+    table.update_incremental()
+
+
+def _commit_properties(txns: Mapping[str, int] | None, metadata: Mapping[str, Any] | None) -> CommitProperties:
+    return CommitProperties(
         app_transactions=[Transaction(app_id, version) for app_id, version in (txns or {}).items()],
         custom_metadata=dict(metadata) if metadata else None,
         max_commit_retries=100,
     )
-    write_deltalake(table, data, mode="append", commit_properties=props, post_commithook_properties=commit_hooks(table),
-                    writer_properties=parquet_files.writer_properties(data))
 
 
 def set_properties(

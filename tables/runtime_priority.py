@@ -1,6 +1,7 @@
 """The CPU priority of delta-rs's runtime threads, below the server's own.
 
-delta-rs encodes Parquet and commits on its tokio threads, which hold no Python lock. On a small
+delta-rs commits (and encodes the system tables' Parquet; the flusher encodes the topic tables'
+itself, tables/parquet_files.py) on its tokio threads, which hold no Python lock. On a small
 machine under a flood they compete for the cores with the event loop, which every produce waits
 for: on 2 cores the loop spent a fifth of its time runnable but not running. Lowering their
 priority, as RocksDB lowers its compaction threads', lets the loop and the WAL writer run first

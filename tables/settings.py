@@ -121,7 +121,7 @@ class Settings(BaseSettings):
     # Below the event loop's, so a produce goes first when the CPU is full (tables/runtime_priority.py).
     delta_threads_nice: int = Field(
         10, ge=0, le=19,
-        description="CPU niceness of delta-rs's runtime threads (Parquet encoding, Delta commits) in a serving "
+        description="CPU niceness of delta-rs's runtime threads (Delta commits and checkpoints) in a serving "
         "broker; 0 keeps the server's own. Linux only.",
     )
 

@@ -24,6 +24,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
+from urllib.request import url2pathname
 
 from lakebroker.tables.errors import InvalidRequest
 
@@ -125,11 +126,13 @@ def delta_options(uri: str) -> dict[str, str] | None:
 
 
 def filesystem(uri: str) -> tuple[object, str]:
-    """A pyarrow filesystem and the path of `uri` inside it (bucket/key for S3)."""
+    """A pyarrow filesystem and the path of `uri` inside it (bucket/key for S3). `uri` may also be
+    a file: URI, as delta-rs gives a local table's."""
     import pyarrow.fs as pafs
 
     if not is_s3(uri):
-        return pafs.LocalFileSystem(), str(Path(uri))
+        parts = urlsplit(uri)
+        return pafs.LocalFileSystem(), url2pathname(parts.path) if parts.scheme == "file" else str(Path(uri))
     bucket, key = bucket_and_key(uri)
     return _s3_filesystem(S3Endpoint.from_env()), f"{bucket}/{key}".rstrip("/")
 

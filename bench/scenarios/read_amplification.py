@@ -95,7 +95,7 @@ def write_one_group(uri: str, data: pa.Table) -> None:
 
 
 def write_bounded(uri: str, data: pa.Table) -> None:
-    delta.append(ensure_topic_table(uri), data, txns={delta.partition_app_id(0): data.num_rows})
+    delta.append_partitions(ensure_topic_table(uri), {0: data}, txns={delta.partition_app_id(0): data.num_rows})
 
 
 def write_by_compaction(block_size: int | None) -> Callable[[str, pa.Table], None]:
@@ -110,7 +110,8 @@ def write_by_compaction(block_size: int | None) -> Callable[[str, pa.Table], Non
         table = ensure_topic_table(uri)
         step = -(-data.num_rows // 10)
         for start in range(0, data.num_rows, step):
-            delta.append(table, data.slice(start, step), txns={delta.partition_app_id(0): start + step})
+            delta.append_partitions(table, {0: data.slice(start, step)},
+                                    txns={delta.partition_app_id(0): start + step})
             table.update_incremental()
         if block_size is not None:
             spark.conf.set("parquet.block.size", str(block_size))
@@ -156,7 +157,7 @@ def read_variants(rows: int, value_bytes: int, reads: int, work: Path, spark: bo
     mib = ROW_GROUP_BYTES >> 20
     writers: list[tuple[str, Callable[[str, pa.Table], None]]] = [  # pairs: a baseline, then the bounded file
         ("delta-rs, one row group (as Spark's default 128 MB `parquet.block.size` writes it)", write_one_group),
-        (f"delta-rs, row groups of {mib} MiB (`tables.delta.append`)", write_bounded),
+        (f"the flusher's writer, row groups of {mib} MiB (`tables.delta.append_partitions`)", write_bounded),
     ]
     if spark:
         writers += [("compaction job, Spark's default 128 MB row groups", write_by_compaction(SPARK_DEFAULT_BLOCK)),
@@ -238,8 +239,9 @@ SCENARIO = Scenario(
     setup="One partition's rows as one file, as compaction leaves a busy partition (it bin-packs up to "
           "`compaction_target_file_bytes`, 128 MB), written several ways in the same run: by delta-rs as one row "
           "group (what Spark's default `parquet.block.size` of 128 MB makes of any compacted file up to 128 MB), "
-          f"and in row groups of `ROW_GROUP_BYTES` ({_MIB} MiB, tables/parquet_files.py) by `tables.delta.append`, the "
-          "flusher's writer, which sizes them in rows from each batch's Arrow bytes; in a full run also by the "
+          f"and in row groups of `ROW_GROUP_BYTES` ({_MIB} MiB, tables/parquet_files.py) by "
+          "`tables.delta.append_partitions`, the flusher's writer (pyarrow), which sizes them in rows from each "
+          "batch's Arrow bytes; in a full run also by the "
           "compaction job (Spark local[2]) from ten flush files, at 128 MB and at the session's "
           f"`parquet.block.size` of {_MIB} MiB, which counts encoded bytes.",
     load=f"{_FULL.rows:,} rows of {_FULL.value_bytes}-byte hex values (quick: {SIZES['quick'].rows:,}, without "

@@ -84,7 +84,8 @@ def build_topic(settings: Settings, name: str, partitions: int, files: int, rows
         first_row = i * per_file
         data = _batch(p, ends[p], per_file, start_us + first_row * step, step)
         ends[p] += per_file
-        delta.append(table, data, txns={delta.partition_app_id(p): ends[p]}, metadata={"lakebroker.operation": "flush"})
+        delta.append_partitions(table, {p: data}, txns={delta.partition_app_id(p): ends[p]},
+                                metadata={"lakebroker.operation": "flush"})
     return time.perf_counter() - t0
 
 
@@ -223,7 +224,7 @@ def result(comp: dict[str, Any], ret: dict[str, Any], query: dict[str, Any]) -> 
                f"the offsets check and VACUUM (`vacuum_retention_hours` = {ret['vacuum_hours']:g}, which lists the "
                "table)" if whole else "")
             + f". Building the topics, not timed, took {comp['build_s']:.0f} s (compaction) and {ret['build_s']:.0f} s "
-            "(retention) of delta-rs appends.",
+            "(retention) of flusher commits.",
             f"The query `{query['query']}` read {query['rows']:,} rows from {query['files_read']} file(s) "
             f"({_mb(query['bytes_read'])}) in {query['seconds']:.2f} s. The executed plan's scan:\n\n"
             f"```\n{query['scan']}\n```",
@@ -252,7 +253,8 @@ _FULL = SIZES["full"]
 SCENARIO = Scenario(
     name="spark_jobs", title="Spark jobs", measure=measure,
     setup="Local Spark as the jobs run it (`spark_for`: master `local[*]`, driver memory 1g, Delta 4.4.0) on topic "
-          "tables built with delta-rs as the flusher writes them: one commit per file, each carrying its "
+          "tables built as the flusher writes them (`tables.delta.append_partitions`): one commit per file, each "
+          "carrying its "
           "partition's log end as a txn. Each job first runs once on a throwaway topic, so the timings leave out "
           "the JVM's first-use cost; building the topics is not timed.",
     load=f"Compaction of one partition of {_FULL.compaction_files:,} small files ({_FULL.compaction_rows:,} rows, "

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pyarrow as pa
 import pytest
@@ -16,7 +17,11 @@ from fastapi.testclient import TestClient
 from lakebroker.ingest_api import dedup_rebuild
 from lakebroker.ingest_api.dedup import DedupIndex, DedupKey, Placed, dedup_id, dedup_ids, key_hash, key_hashes
 from lakebroker.server import build_app
+from lakebroker.tables import delta
+from lakebroker.tables.layout import Layout
+from lakebroker.tables.schemas import TOPIC_SCHEMA
 from lakebroker.tables.settings import Settings
+from tests.spark_pipeline.topics import create_topic, settings_for
 
 TOPIC = "5f1d0c2a9b8e4f7c8a6b3d2e1f0a9b8c"  # a topic id as the broker keys it (hex)
 
@@ -293,3 +298,24 @@ def test_a_restart_over_max_entries_keeps_exactly_the_newest_ids_in_age_order(
             gone = [k for k in left if index.lookup((topic_ids[k[0]], "m:" + k[1])) is None]
             assert len(gone) == 1 and left[gone[0]] == min(left.values()), f"after {n + 1} new ids: {gone}"
             del left[gone[0]]
+
+
+def test_a_rebuild_range_starting_within_a_files_last_logged_millisecond_still_reads_its_ids(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ranges start at ids' own times, and the flusher logs a file's timestamp bounds truncated to
+    the millisecond: a range starting at .0095, the last id of a file logged as ending at .009,
+    must still read that file (delta-rs's reader widens the bound), or the id is forgotten over a
+    restart."""
+    monkeypatch.setattr(dedup_rebuild, "RANGE_IDS", 1)  # a range per id
+    settings = settings_for(tmp_path)
+    topic = create_topic(settings, "t", partitions=1)
+    base = (int(time.time()) - 60) * 1_000_000  # a whole second, within the window
+    rows = {"partition": [0, 0], "offset": [0, 1], "timestamp": [base, base + 9_500], "key": [None, None],
+            "value": [b"a", b"b"], "format": ["text", "text"], "headers": [None, None],
+            "message_id": ["first", "second"], "producer_id": [None, None], "sequence": [None, None]}
+    table = delta.load(Layout.of(settings).topic_table(topic))
+    delta.append_partitions(table, {0: pa.table(rows, schema=TOPIC_SCHEMA)},
+                            txns={delta.partition_app_id(0): 2})
+    index = DedupIndex(window_s=3600, max_entries=100)
+    assert dedup_rebuild.rebuild(index, Layout.of(settings), [topic], [], [], {}, window_s=3600) == 2
+    assert index.lookup((topic.topic_id, "m:second")) == (0, 1, base + 9_500)

@@ -103,7 +103,7 @@ async def test_a_claim_a_commit_was_rebased_over_still_fences_the_claimed_partit
     delta-rs retries that commit over the claim (no application id in common), so the version it
     lands at was never checked for partition 0."""
     broker, uri, _ = await _two_partition_broker(tmp_path)
-    real_append = delta.append
+    real_append = delta.append_partitions
     intruded = []
 
     def append_after_a_claim(*args: object, **kwargs: object) -> None:
@@ -111,7 +111,7 @@ async def test_a_claim_a_commit_was_rebased_over_still_fences_the_claimed_partit
             intruded.append(fencing.claim(delta.load(uri), {0: 2}, node="intruder"))
         real_append(*args, **kwargs)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(delta, "append", append_after_a_claim)
+    monkeypatch.setattr(delta, "append_partitions", append_after_a_claim)
     try:
         await broker.produce("t", [NewMessage(value=b"one", partition=1)], AckMode.WAL)
         assert await broker.flusher.flush_once()

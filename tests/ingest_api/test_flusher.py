@@ -118,18 +118,18 @@ async def test_a_commit_that_lands_but_reports_failure_is_not_committed_again(tm
     flusher.add(flood_chunks(topic, per_partition=1, rows=10))
     assert await flusher.flush_round()  # the log-ends are now kept: 10 and 10
 
-    real_append = delta.append
+    real_append = delta.append_partitions
 
     def lands_then_fails(*args, **kwargs) -> None:  # type: ignore[no-untyped-def]
         real_append(*args, **kwargs)
         raise OSError("the connection dropped after the commit")
 
-    monkeypatch.setattr(delta, "append", lands_then_fails)
+    monkeypatch.setattr(delta, "append_partitions", lands_then_fails)
     second = [Chunk(c.topic, c.topic_id, c.partition, 10, c.timestamp_us, c.columns, c.size)
               for c in flood_chunks(topic, per_partition=1, rows=10)]
     flusher.add(second)
     assert not await flusher.flush_round()  # reported failed, kept pending
-    monkeypatch.setattr(delta, "append", real_append)
+    monkeypatch.setattr(delta, "append_partitions", real_append)
     assert await flusher.flush_round()  # the retry finds the rows in the table and commits nothing
 
     table = delta.open_table(Layout(tmp_path).topic_table("orders"))
@@ -151,13 +151,13 @@ async def test_the_backlog_counts_what_a_commit_in_progress_holds(tmp_path: Path
     chunks = flood_chunks(topic, per_partition=1, rows=10)
     flusher.add(chunks)
     seen: list[int] = []
-    real_append = delta.append
+    real_append = delta.append_partitions
 
     def observed(*args, **kwargs) -> None:  # type: ignore[no-untyped-def]
         seen.append(flusher.pending_bytes)  # in the commit's thread, before it lands
         real_append(*args, **kwargs)
 
-    monkeypatch.setattr(delta, "append", observed)
+    monkeypatch.setattr(delta, "append_partitions", observed)
     assert await flusher.flush_round()
     assert seen == [sum(c.size for c in chunks)]
     assert flusher.pending_bytes == 0
@@ -165,7 +165,7 @@ async def test_the_backlog_counts_what_a_commit_in_progress_holds(tmp_path: Path
     def fails(*args, **kwargs) -> None:  # type: ignore[no-untyped-def]
         raise OSError("storage unreachable")
 
-    monkeypatch.setattr(delta, "append", fails)
+    monkeypatch.setattr(delta, "append_partitions", fails)
     second = [Chunk(c.topic, c.topic_id, c.partition, 10, c.timestamp_us, c.columns, c.size) for c in chunks]
     flusher.add(second)
     assert not await flusher.flush_round()

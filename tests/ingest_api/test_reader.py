@@ -13,8 +13,10 @@ from lakebroker.ingest_api.broker import Broker
 from lakebroker.ingest_api.messages import AckMode, NewMessage
 from lakebroker.ingest_api.metrics import IngestMetrics
 from lakebroker.tables import delta
+from lakebroker.tables.layout import Layout
 from lakebroker.tables.settings import Settings
 from lakebroker.tables.topics import new_topic
+from tests.spark_pipeline.topics import create_topic, produce, settings_for
 
 
 async def test_a_retention_commit_during_a_read_gives_no_false_gap(tmp_path: Path,
@@ -74,3 +76,19 @@ async def test_serve_marks_a_compact_topics_table_an_older_broker_left_unmarked(
         assert [m["offset"] for m in read["messages"]] == [0, 1, 4, 5]
     finally:
         await again.stop()
+
+
+def test_a_seek_to_a_moment_finds_a_message_within_the_millisecond_after_its_files_logged_end(tmp_path: Path) -> None:
+    """The flusher logs a file's timestamp bounds truncated to the millisecond, as delta-rs does (a
+    file whose last message was appended at .0095 says it ends at .009), and relies on delta-rs's
+    reader to widen them by a millisecond: a seek to .0092 must find that message, not skip its
+    file for the next one."""
+    settings = settings_for(tmp_path)
+    topic = create_topic(settings, "t", partitions=1)
+    base = 1_795_909_900_000_000
+    produce(settings, "t", 0, 2, ts_us=[base, base + 9_500])  # offsets 0-1, logged as ending at .009
+    produce(settings, "t", 0, 1, ts_us=base + 1_000_000)  # offset 2, a second later
+    layout = Layout.of(settings)
+    assert reader.offset_for_timestamp(layout, topic, 0, base + 9_200) == 1
+    assert reader.offset_for_timestamp(layout, topic, 0, base + 9_501) == 2
+    assert reader.offset_for_timestamp(layout, topic, 0, base + 1_000_001) is None

@@ -1,5 +1,5 @@
 """Real topic tables for job tests: created through TopicStore, appended as the flusher appends
-(one delta-rs commit per batch, carrying each partition's log-end offset as a txn)."""
+(one commit per batch, carrying each partition's log-end offset as a txn)."""
 
 from __future__ import annotations
 
@@ -65,8 +65,8 @@ def produce(settings: Settings, topic: str, partition: int, n: int, *, ts_us: in
         "producer_id": pa.array([None] * n, pa.string()),
         "sequence": pa.array([None] * n, pa.int64()),
     }, schema=TOPIC_SCHEMA)
-    delta.append(t, rows, txns={delta.partition_app_id(partition): start + n},
-                 metadata={"lakebroker.operation": "flush"})
+    delta.append_partitions(t, {partition: rows}, txns={delta.partition_app_id(partition): start + n},
+                            metadata={"lakebroker.operation": "flush"})
     return start, start + n
 
 
