@@ -17,13 +17,12 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Callable
 
 
 class Turns:
     def __init__(self) -> None:
         self._waiting: deque[asyncio.Future[None]] = deque()
-        self._granting = False  # waiters are queued (or the last one granted is yet to run)
+        self._granting = False  # waiters are queued and a grant is scheduled
         self._taken = 0  # a turn runs in this pass while nonzero: the pass's generation
         self._generation = 0
 
@@ -31,7 +30,7 @@ class Turns:
         """Return at this caller's turn: one caller's turn per pass of the loop."""
         loop = asyncio.get_running_loop()
         if not self._taken and not self._granting:
-            self._take(loop, loop.call_soon)
+            loop.call_soon(self._release, self._take())
             return
         future: asyncio.Future[None] = loop.create_future()
         self._waiting.append(future)
@@ -40,15 +39,18 @@ class Turns:
             loop.call_soon(self._grant)
         await future
 
-    def _take(self, loop: asyncio.AbstractEventLoop, after: Callable[..., object]) -> None:
-        """Mark a turn taken until `after` runs the release (a later pass)."""
+    def _take(self) -> int:
+        """Mark a turn taken; its generation, for the release a later pass makes."""
         self._generation += 1
         self._taken = self._generation
-        after(self._release, self._generation)
+        return self._generation
 
     def _release(self, generation: int) -> None:
         if self._taken == generation:
             self._taken = 0
+
+    def _release_next_pass(self, generation: int) -> None:
+        asyncio.get_running_loop().call_soon(self._release, generation)
 
     def _grant(self) -> None:
         loop = asyncio.get_running_loop()
@@ -57,7 +59,7 @@ class Turns:
             if not future.done():  # a cancelled waiter gives its turn to the next one
                 future.set_result(None)
                 # it runs in the next pass: the turn is taken until the pass after that
-                self._take(loop, lambda *args: loop.call_soon(loop.call_soon, *args))
+                loop.call_soon(self._release_next_pass, self._take())
                 break
         if self._waiting:
             loop.call_soon(self._grant)
