@@ -11,6 +11,7 @@ import signal
 import socket
 from collections.abc import Callable
 from typing import Any
+from urllib.parse import urlsplit
 
 import orjson
 import uvicorn
@@ -21,7 +22,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from lakebroker.delivery_worker.embedded import embedded_delivery
 from lakebroker.ingest_api import create_app
 from lakebroker.ingest_api.auth import is_loopback
-from lakebroker.ingest_api.cluster import refuse_twin
+from lakebroker.ingest_api.cluster import advertised_url, refuse_twin
 from lakebroker.ingest_api.fast_produce import FastProduce
 from lakebroker.ingest_api.http_fast_produce import fast_protocol
 from lakebroker.ingest_api.http_limits import BoundedHttpToolsProtocol, bounded_protocol
@@ -70,6 +71,14 @@ def listen(host: str, port: int, *, reuse_port: bool = False) -> socket.socket:
     return sock
 
 
+def worker_url(settings: Settings, port: int) -> str:
+    """The URL one of `serve --workers`' processes advertises: a single node's (`advertised_url`:
+    the setting, else HOST, with the machine's name for a wildcard HOST) at the worker's own port.
+    That port is the worker's alone and speaks plain HTTP, so only the host is kept."""
+    host = urlsplit(advertised_url(settings)).hostname or settings.host
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
 def run_server(settings: Settings, *, reuse_port: bool = False) -> None:
     """Serve until SIGTERM or SIGINT. `reuse_port`: as one of `serve --workers`' processes, which share
     the port; each also listens on a port of its own, which it advertises to the other nodes."""
@@ -87,7 +96,7 @@ def run_server(settings: Settings, *, reuse_port: bool = False) -> None:
     if reuse_port:  # forwarded messages must reach this process, not whichever one the kernel picks
         own = listen(settings.host, 0)
         sockets.append(own)
-        update["advertised_url"] = f"http://{host}:{own.getsockname()[1]}"
+        update["advertised_url"] = worker_url(settings, own.getsockname()[1])
     settings = settings.model_copy(update=update)
     layout = Layout.of(settings)
     refuse_twin(settings)

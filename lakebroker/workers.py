@@ -6,7 +6,7 @@ and each is a cluster node (ingest_api/cluster.py) with its own WAL and dedup st
 table root: the data dir's own tables, unless `tables_uri` names others. Worker 0 keeps the data
 dir itself, so a data dir served by one process and later by several keeps its WAL; worker i > 0
 uses `DATA_DIR/nodes/i`. Each worker advertises a port of its own for the messages other nodes
-forward to it.
+forward to it, at the host a single node would advertise (lakebroker/server.py `worker_url`).
 
 When there are no more workers than CPUs this process may use, worker i runs on the i-th of them,
 as a thread-per-core broker runs a shard per core: left to the scheduler, two workers and the
@@ -28,7 +28,6 @@ import time
 from pathlib import Path
 
 from lakebroker.server import listen
-from lakebroker.tables.errors import InvalidRequest
 from lakebroker.tables.layout import Layout
 from lakebroker.tables.lock import DataDirLock
 from lakebroker.tables.logs import configure_logging
@@ -54,9 +53,6 @@ def worker_cpus(workers: int, pin: bool) -> list[int | None]:
 
 def run_workers(settings: Settings, workers: int, *, pin_cpus: bool = True) -> int:
     configure_logging(settings)
-    if settings.advertised_url:
-        raise InvalidRequest("advertised_url names one node; with --workers each worker advertises a port of its "
-                             "own on HOST: unset it")
     settings.ensure_dirs()
     for index in range(workers):  # refused here, not by a worker restarted every second
         data = worker_dir(settings, index)
@@ -64,7 +60,7 @@ def run_workers(settings: Settings, workers: int, *, pin_cpus: bool = True) -> i
     # Bound (not listening) for as long as the workers run: the port is ours even when it was 0.
     held = listen(settings.host, settings.port, reuse_port=True)
     port = held.getsockname()[1]
-    env = {k: v for k, v in os.environ.items() if k != "LAKEBROKER_ADVERTISED_URL"}
+    env = dict(os.environ)  # LAKEBROKER_ADVERTISED_URL too: each worker advertises its host (server.worker_url)
     env["LAKEBROKER_TABLES_URI"] = Layout.of(settings).tables_root
     env.update({f"LAKEBROKER_{job}_INTERVAL_S": "0" for job in _JOBS})  # scheduled here, once
     cpus = worker_cpus(workers, pin_cpus)
