@@ -176,7 +176,11 @@ class Flusher:
                 raise StorageUnavailable(f"partition {partition} of {topic.name!r}: the commits before its lost "
                                          "offsets are failing (see the log); retry the skip once they succeed")
         async with self.commit_lock:
-            end = await asyncio.to_thread(self._commit_skip, topic, partition, first, last, metadata)
+            try:
+                end = await asyncio.to_thread(self._commit_skip, topic, partition, first, last, metadata)
+            except fencing.Deposed as exc:
+                self.on_deposed(topic, exc.partitions)  # as after a fenced flush: the partition is another's
+                raise
             self._mark_committed(topic, {partition: end})
             del self._held_from[key]
             held = self._held.pop(key)
@@ -186,8 +190,13 @@ class Flusher:
 
     def _commit_skip(self, topic: TopicConfig, partition: int, first: int, last: int,
                      metadata: dict[str, str]) -> int:
+        epoch = self.epochs.get((bytes.fromhex(topic.topic_id), partition))
+        if epoch is None:
+            raise fencing.Deposed(f"partition {partition} of {topic.name!r} is not this node's: nothing skipped",
+                                  {partition: 0})
         try:
-            return skip_in_table(self._table(topic), topic.name, partition, first, last, metadata)
+            return skip_in_table(self._table(topic), topic.name, partition, first, last, metadata,
+                                 node=self.node, epoch=epoch)
         finally:
             self._ends.pop(topic.topic_id, None)  # read the partition ends again at the next flush
 

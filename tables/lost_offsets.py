@@ -5,7 +5,8 @@ Delta, its partition's table would have a hole there, and the flusher never comm
 so the partition stops. An operator moves it on with `lakebroker wal skip`: the loss is recorded
 here first, then one commit to the topic table moves the partition's log end past the lost
 offsets and names them in the table's `lakebroker.lostOffsets` property (tables/topics.py
-`Holes`), which is how readers tell the recorded loss from damage. A skip that crashed in between
+`Holes`), which is how readers tell the recorded loss from damage. That commit is the partition
+owner's, fenced by its epoch as a flush is (tables/fencing.py). A skip that crashed in between
 is done again by the next `wal skip`, and `lost_offsets` returns its record once.
 """
 
@@ -16,8 +17,10 @@ from datetime import datetime
 
 import pyarrow as pa
 from deltalake import DeltaTable
+from deltalake.exceptions import CommitFailedError
 
-from lakebroker.tables import delta
+from lakebroker.tables import delta, fencing
+from lakebroker.tables.conflicts import retry_conflicts
 from lakebroker.tables.errors import OffsetGap
 from lakebroker.tables.layout import Layout
 from lakebroker.tables.schemas import LOST_OFFSETS_PROPERTY, LOST_OFFSETS_SCHEMA, LOST_OFFSETS_SCHEMA_VERSION
@@ -49,21 +52,37 @@ def record_loss(layout: Layout, loss: LostOffsets) -> None:
 
 
 def skip_in_table(table: DeltaTable, topic: str, partition: int, first: int, last: int,
-                  metadata: dict[str, str]) -> int:
+                  metadata: dict[str, str], *, node: str, epoch: int) -> int:
     """Move a partition's log end from `first` past `last` in one commit that names the range in
     the table's lost-offsets property; returns the new log end. Done already (a skip redone after
-    a crash): nothing is committed. Raises OffsetGap if the log end is anywhere else."""
-    app_id = delta.partition_app_id(partition)
-    end = delta.txn_version(table, app_id) or 0
-    if end > last:
-        return end
-    if end != first:
-        raise OffsetGap(f"partition {partition} of {topic!r} ends at {end} in Delta, not at its first "
-                        f"lost offset {first}: nothing skipped")
-    config = table.metadata().configuration
-    delta.set_properties(table, {LOST_OFFSETS_PROPERTY: with_lost(config, partition, first, last)},
-                         txns={app_id: last + 1}, metadata={"lakebroker.operation": "wal-skip", **metadata})
-    return last + 1
+    a crash): nothing is committed. Raises OffsetGap if the log end is anywhere else.
+
+    Fenced as the owner's flush is (tables/fencing.py): the commit records `epoch`, the partition's
+    epoch as `node` owns it, and raises fencing.Deposed once another node has claimed the partition."""
+
+    def once() -> int:
+        if fencing.deposed(table, {partition: epoch}):
+            raise fencing.Deposed(f"partition {partition} of {topic!r} has another owner: nothing skipped",
+                                  {partition: fencing.stored_epoch(table, partition)})
+        end = delta.committed_end(table, partition)
+        if end > last:
+            return end
+        if end != first:
+            raise OffsetGap(f"partition {partition} of {topic!r} ends at {end} in Delta, not at its first "
+                            f"lost offset {first}: nothing skipped")
+        config = table.metadata().configuration
+        try:
+            delta.set_properties(table, {LOST_OFFSETS_PROPERTY: with_lost(config, partition, first, last)},
+                                 txns=fencing.commit_txns(node, {partition: epoch}, {partition: last + 1}),
+                                 metadata={"lakebroker.operation": "wal-skip", **metadata})
+        except CommitFailedError:
+            # A commit since this snapshot won, perhaps a claim: decide again on the table as it is now.
+            table.update_incremental()
+            raise
+        return last + 1
+
+    return retry_conflicts(once, what=f"skipping lost offsets of partition {partition} of {topic!r}",
+                           attempts=20, pause_s=0.05)
 
 
 def lost_offsets(layout: Layout, *, topic: str | None = None) -> list[LostOffsets]:
