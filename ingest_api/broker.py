@@ -44,12 +44,14 @@ from lakebroker.ingest_api.metrics import IngestMetrics
 from lakebroker.ingest_api.partitioner import Partitioner
 from lakebroker.ingest_api.records import RECORD_OVERHEAD, Record
 from lakebroker.ingest_api.recovery import recover
+from lakebroker.ingest_api.table_ends import TableEnds
 from lakebroker.ingest_api.turns import Turns
 from lakebroker.ingest_api.wal import PartitionKey, Wal, delete_segments
 from lakebroker.ingest_api.wal_damage import HeldPartitions
 from lakebroker.tables.errors import (
+    LakebrokerError,
     NotFound,
-    StorageUnavailable,
+    TableUnreadable,
 )
 from lakebroker.tables.layout import Layout
 from lakebroker.tables.lost_offsets import LostOffsets, record_loss
@@ -112,8 +114,9 @@ class Broker:
         self.admission = Admission(settings.max_backlog_bytes, lambda: self.backlog_bytes, metrics)
         self._topic_ids: dict[str, bytes] = {}  # a topic id's bytes, for the single-message path
         self.wal = Wal(self.layout.wal_dir, segment_bytes=settings.wal_segment_bytes, fsync=settings.wal_fsync)
-        self.flusher = Flusher(settings, self.layout, lambda: self.topics, metrics, self._release_wal)
-        self.committer = GroupCommitter(self.wal, {}, self._durable, metrics)
+        self.committer = GroupCommitter(self.wal, {}, self._durable, metrics, moved=_moved)
+        self.flusher = Flusher(settings, self.layout, lambda: self.topics, metrics, self._release_wal,
+                               stale=self.committer.stale)
         self.acks = Acks(self.flusher, metrics)
         self.batch_turns = Turns()  # batch requests' CPU, one per loop pass (fairness to single messages)
         self._tasks: list[asyncio.Task[None]] = []
@@ -125,6 +128,7 @@ class Broker:
         # items of partitions it does not own, kept (their WAL segments too) until it owns them again.
         self.epochs: dict[PartitionKey, int] = self.flusher.epochs
         self.group_offsets = OffsetsTable(self.layout)  # followed between /metrics scrapes (group lag)
+        self.table_ends = TableEnds(self.layout)  # the ends of partitions other nodes own
         self.accepting: set[PartitionKey] = set()
         self.parked: dict[PartitionKey, list[Record | Chunk]] = {}
         self._floors: dict[PartitionKey, int] = {}  # the WAL keeps each such partition's items from here
@@ -137,7 +141,7 @@ class Broker:
         metrics.parked_messages.set_function(
             lambda: sum(_rows(i) for held in (self.parked, self._sending) for items in held.values() for i in items))
         self.cluster: Membership
-        self.flusher.on_orphans = self.park
+        self.flusher.on_orphans = self._orphaned
         self.flusher.on_deposed = self._deposed
         self.flusher.moved = _moved
         self.started = False
@@ -179,6 +183,8 @@ class Broker:
         damage = self.damage.first(key)
         if damage is None:
             raise NotFound(f"partition {partition} of {topic_name!r} has no WAL damage to skip")
+        if key not in self.epochs:  # checked before the loss is recorded: a skip that cannot land leaves no record
+            raise self.not_here(topic, partition)
         loss = LostOffsets(topic.name, topic.topic_id, partition, damage.first, damage.last, damage.spans,
                            datetime.now(UTC), by)
         await asyncio.to_thread(record_loss, self.layout, loss)
@@ -257,6 +263,7 @@ class Broker:
         await self.flusher.forget(topic.topic_id)
         self.damage.forget_topic(topic.name)
         self.unreadable.pop(topic.topic_id, None)
+        self.table_ends.forget(topic.topic_id)
         topic_id = bytes.fromhex(topic.topic_id)
         for key in [k for k in (*self.epochs, *self.parked) if k[0] == topic_id]:
             self.epochs.pop(key, None)
@@ -320,8 +327,12 @@ class Broker:
                 self.flusher.committed[key] = max(end, self.flusher.committed.get(key, 0))
                 self._floors.pop(key, None)
             else:
-                self.committer.next_offsets[key] = end
+                # Everything this node took of the partition goes on after the claimed end: what is
+                # parked or on its way here, pending in the flusher, and (once durable: `_durable`)
+                # what the WAL writer holds; none of it is in the table.
+                self.committer.rebase(key, end)
                 self.flusher.committed[key] = end
+                items = sorted(items + self.flusher.take_pending(key), key=lambda i: i.offset)
                 again = _uncommitted(items, mine_until)
                 if again:
                     log.warning("%s[%d]: appending %d messages again that this node took before another node "
@@ -494,11 +505,33 @@ class Broker:
     # A partition has two ends. The assigned end is the next offset produce will give (what the WAL
     # holds); the committed end is the next offset the Delta table will hold (what readers see).
     # The API calls the first `log_end_offset`, as Kafka does, and the second `committed_offset`.
+    # Only the owner knows the assigned end; another node answers with the end in the table, as of
+    # its last `follow_ends`.
     def assigned_end(self, topic: TopicConfig, partition: int) -> int:
-        return self.committer.next_offsets.get((bytes.fromhex(topic.topic_id), partition), 0)
+        key = (bytes.fromhex(topic.topic_id), partition)
+        if key in self.epochs:
+            return self.committer.next_offsets.get(key, 0)
+        return self.table_ends.committed_end(topic, partition)
 
     def committed_end(self, topic: TopicConfig, partition: int) -> int:
-        return self.flusher.committed.get((bytes.fromhex(topic.topic_id), partition), 0)
+        key = (bytes.fromhex(topic.topic_id), partition)
+        if key in self.epochs:
+            return self.flusher.committed.get(key, 0)
+        return self.table_ends.committed_end(topic, partition)
+
+    async def follow_ends(self, *topics: TopicConfig) -> None:
+        """Before answering with ends: read those of the topics' partitions other nodes own from
+        their tables (no I/O for a topic whose partitions are all this node's)."""
+        for topic in topics:
+            topic_id = bytes.fromhex(topic.topic_id)
+            if any((topic_id, p) not in self.epochs for p in range(topic.partitions)):
+                await self.table_ends.follow(topic)
+
+    async def follow_all_ends(self) -> None:
+        """`follow_ends` of every topic whose table reads (an overview shows the others as unavailable)."""
+        for topic in list(self.topics.values()):
+            with contextlib.suppress(TableUnreadable):
+                await self.follow_ends(topic)
 
     # -- produce ------------------------------------------------------------------------
     @property
@@ -554,7 +587,7 @@ class Broker:
         if one.waits():
             future = one.original if one.queued is None else one.queued.future
             assert future is not None, "start_one gives an awaited message a future"
-            with contextlib.suppress(StorageUnavailable):  # finish_one raises it
+            with contextlib.suppress(LakebrokerError):  # finish_one raises it
                 await future
         result = self.finish_one(one)
         if one.ack is _TABLE:
@@ -598,7 +631,7 @@ class Broker:
             return one.result
         if one.queued is not None:
             outcome = one.queued.outcome
-            if isinstance(outcome, StorageUnavailable):
+            if isinstance(outcome, LakebrokerError):
                 raise outcome
             assert outcome is not None, "finish_one before the message's group was written"
             result = ProduceResult(outcome[0], outcome[1], False, outcome[2])
@@ -792,7 +825,35 @@ class Broker:
 
     # -- pipeline callbacks -------------------------------------------------------------
     def _durable(self, records: list[Record | Chunk]) -> None:
+        if self.committer.claims:
+            records = self._placed_again_if_stale(records)
         self.flusher.add(records)
+
+    def _orphaned(self, items: list[Record | Chunk]) -> None:
+        """Items a flush left out: parked if their partition is not this node's, else (stale) placed again."""
+        self.park(self._placed_again_if_stale(items))
+
+    def _placed_again_if_stale(self, items: list[Record | Chunk]) -> list[Record | Chunk]:
+        """The items that are not stale items of an owned partition; those are appended again, after
+        the partition's rebase (`adopt`). Their waiters were told the partition moved."""
+        stale: dict[PartitionKey, list[Record | Chunk]] = {}
+        rest = []
+        for item in items:
+            key = (item.topic_id, item.partition)
+            if key in self.epochs and self.committer.stale(item):
+                stale.setdefault(key, []).append(item)
+            else:
+                rest.append(item)
+        topics = {bytes.fromhex(t.topic_id): t for t in self.topics.values()}
+        for key, held in stale.items():
+            topic = topics.get(key[0])
+            if topic is None:
+                continue  # deleted meanwhile
+            log.warning("%s[%d]: appending %d messages again that this node gave offsets before another node "
+                        "committed to the partition", topic.name, key[1], sum(_rows(i) for i in held))
+            self._floors[key] = min(self._floors.get(key, held[0].offset), min(i.offset for i in held))
+            self._append_again(topic, sorted(held, key=lambda i: i.offset), key, set())
+        return rest
 
     def _committed_below(self) -> Callable[[PartitionKey], int]:
         """Each partition's committed end, as the WAL's release asks it (or where its items handed

@@ -81,6 +81,7 @@ class Chunk:
     timestamp_us: int
     columns: pa.Table  # CHUNK_SCHEMA, one row per message in request order
     size: int  # bytes for backlog and batch-size accounting, as Record.size counts them
+    claim: int = 0  # GroupCommitter.claims when its offsets were given
 
     @property
     def rows(self) -> int:

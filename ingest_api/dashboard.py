@@ -183,6 +183,7 @@ class Dashboard:
     async def _compute(self) -> dict[str, Any]:
         broker = self.broker
         topics = sorted(broker.topics.values(), key=lambda t: t.name)
+        await broker.follow_all_ends()
         reads = await asyncio.to_thread(_read_tables, broker.layout, topics, self._offsets)
         now = time.monotonic()
         topic_rows = [self._topic(t, reads.files.get(t.name, {}), now, reads.unreadable.get(t.name)) for t in topics]

@@ -90,8 +90,10 @@ class Flusher:
         topics: Callable[[], dict[str, TopicConfig]],
         metrics: IngestMetrics,
         on_committed: Callable[[], None],
+        stale: Callable[[Record | Chunk], bool] = lambda item: False,
     ) -> None:
         self._settings = settings
+        self._stale = stale  # an item given its offset before its partition was rebased (GroupCommitter.rebase)
         self._layout = layout
         self._topics = topics
         self._metrics = metrics
@@ -117,8 +119,8 @@ class Flusher:
         self._held: dict[PartitionKey, list[Record | Chunk]] = {}  # its items past the hole
         self._held_bytes = 0
         # Ownership (ingest_api/cluster.py): this node's id and the epochs of the partitions it owns,
-        # which every commit records (tables/fencing.py). Items of other partitions are handed to
-        # `on_orphans`; partitions the table shows another owner of go to `on_deposed` first.
+        # which every commit records (tables/fencing.py). Items of other partitions, and stale ones,
+        # are handed to `on_orphans`; partitions the table shows another owner of go to `on_deposed` first.
         self.node = ""
         self.epochs: dict[PartitionKey, int] = {}
         self.on_orphans: Callable[[list[Record | Chunk]], None] = lambda items: None
@@ -342,10 +344,11 @@ class Flusher:
         try:
             try:
                 ends = await asyncio.to_thread(self._commit, topic, live)
-            except fencing.Deposed as exc:
-                log.warning("%s: partitions %s have another owner now; their messages are kept for it", name,
-                            sorted(exc.partitions))
-                self.on_deposed(topic, exc.partitions)
+            except (fencing.Deposed, _Rebased) as exc:
+                if isinstance(exc, fencing.Deposed):
+                    log.warning("%s: partitions %s have another owner now; their messages are kept for it", name,
+                                sorted(exc.partitions))
+                    self.on_deposed(topic, exc.partitions)
                 live = self._owned(topic, live)
                 if not live:
                     return False, []
@@ -360,11 +363,13 @@ class Flusher:
         return True, []
 
     def _owned(self, topic: TopicConfig, items: list[Record | Chunk]) -> list[Record | Chunk]:
-        """The items of partitions this node owns; the others go to `on_orphans`."""
-        epochs = self.epochs
-        mine = [r for r in items if (r.topic_id, r.partition) in epochs]
+        """The items of partitions this node owns, given their offsets under its current claim; the
+        others go to `on_orphans`."""
+        epochs, stale = self.epochs, self._stale
+        mine = [r for r in items if (r.topic_id, r.partition) in epochs and not stale(r)]
         if len(mine) < len(items):
-            self.on_orphans([r for r in items if (r.topic_id, r.partition) not in epochs])
+            kept = set(map(id, mine))
+            self.on_orphans([r for r in items if id(r) not in kept])
         return mine
 
     def own(self, topic: TopicConfig, epoch: int = 1) -> None:
@@ -372,6 +377,15 @@ class Flusher:
         writer (benchmarks, tests); a broker's partitions are claimed (ingest_api/cluster.py)."""
         topic_id = bytes.fromhex(topic.topic_id)
         self.epochs.update({(topic_id, p): epoch for p in range(topic.partitions)})
+
+    def take_pending(self, key: PartitionKey) -> list[Record | Chunk]:
+        """The partition's pending items, out of the flusher (not those of a flush under way)."""
+        taken = [r for r in self._pending if (r.topic_id, r.partition) == key]
+        if taken:
+            self._pending = [r for r in self._pending if (r.topic_id, r.partition) != key]
+            self._pending_bytes -= sum(r.size for r in taken)
+            self._pending_rows -= _rows(taken)
+        return taken
 
     def fail_waiters(self, key: PartitionKey) -> None:
         """The partition went to another node: whoever waits for its commit here (ack=table) gets
@@ -401,6 +415,8 @@ class Flusher:
             if gone := {p for p in partitions if (topic_id, p) not in self.epochs}:  # lost since `_owned`
                 raise fencing.Deposed(f"partitions {sorted(gone)} went to another node while this flush was "
                                       "planned", dict.fromkeys(gone, 0))
+            if any(map(self._stale, records)):  # rebased since `_owned`: their offsets are others' now
+                raise _Rebased
             epochs = {p: self.epochs[(topic_id, p)] for p in partitions}
             version = table.version()
             if self._verified.get(topic.topic_id) != version:
@@ -453,6 +469,10 @@ class Flusher:
                     if o < end and not f.done():
                         f.set_result(None)
                 self._waiters[key] = still
+
+
+class _Rebased(Exception):
+    """A partition of a flush was claimed back over another node's commits while it was planned."""
 
 
 class _Run(Protocol):

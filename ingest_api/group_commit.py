@@ -47,6 +47,12 @@ paid for a guarantee it does not give. The next synced write, or the clean stop,
 Offsets are assigned on the loop only, in hand-off order, and the thread writes in that order.
 A write that fails (disk full) fails its groups and every group handed after them, and the offsets
 roll back to the first of them, so no gap is left and a retry is accepted afresh.
+
+A partition this node claims back after another node committed to it goes on from the claimed end
+(`rebase`). Its items given offsets before that carry an older claim (`stale`): a failed write
+never rolls the offsets back to them, and a write of them that lands after the claim does not
+answer their old offsets: their waiters are told the partition moved, and the broker places them
+again.
 """
 
 from __future__ import annotations
@@ -67,7 +73,7 @@ from lakebroker.ingest_api.dedup import Placed
 from lakebroker.ingest_api.metrics import IngestMetrics
 from lakebroker.ingest_api.records import Record, encode
 from lakebroker.ingest_api.wal import PartitionKey, Wal
-from lakebroker.tables.errors import StorageUnavailable
+from lakebroker.tables.errors import LakebrokerError, StorageUnavailable
 
 if TYPE_CHECKING:
     from typing_extensions import Buffer
@@ -87,7 +93,7 @@ class Pending:
     record: Record  # offset and timestamp are filled in by the committer
     future: asyncio.Future[Placed] | None = field(default=None)  # for whoever awaits it (and the dedup index)
     then: Callable[[], None] | None = field(default=None)  # called on the loop once `outcome` is set
-    outcome: Placed | StorageUnavailable | None = field(default=None)  # where it went, or why it is not durable
+    outcome: Placed | LakebrokerError | None = field(default=None)  # where it went, or why it is not answered
     early: bool = field(default=False)  # ack=none: `then` is called at the end of the loop pass that queued it
 
 
@@ -164,9 +170,14 @@ class GroupCommitter:
         on_durable: Callable[[list[Record | Chunk]], None],
         metrics: IngestMetrics,
         max_group: int = 65536,
+        moved: Callable[[PartitionKey], LakebrokerError] = lambda key: StorageUnavailable("partition moved"),
     ) -> None:
         self._wal = wal
         self.next_offsets = next_offsets
+        # Per partition, how often its offsets were rebased; items carry the count they were given
+        # offsets under (empty until the first rebase, so the hot path stamps nothing).
+        self.claims: dict[PartitionKey, int] = {}
+        self._moved = moved
         self._on_durable = on_durable
         self._metrics = metrics
         self._max_group = max_group
@@ -280,6 +291,18 @@ class GroupCommitter:
                 error = exc
             self._written([group], error, time.perf_counter() - started)
 
+    def rebase(self, key: PartitionKey, end: int) -> None:
+        """The partition's offsets go on from `end`: another node committed to it since this node gave
+        offsets to the items it holds of it, which are now stale."""
+        self.claims[key] = self.claims.get(key, 0) + 1
+        self.next_offsets[key] = end
+        for group in self._unwritten:
+            group.saved.pop(key, None)  # a failed write rolls back no further than `end`
+
+    def stale(self, item: Record | Chunk) -> bool:
+        """Whether the item was given its offset before its partition's last rebase."""
+        return item.claim != self.claims.get((item.topic_id, item.partition), 0)
+
     # -- on the loop --------------------------------------------------------------------
     def _hand_off(self) -> None:
         self._scheduled = False
@@ -381,12 +404,15 @@ class GroupCommitter:
         self._last_ts = now
         saved: dict[PartitionKey, int] = {}
         offsets = self.next_offsets
+        claims = self.claims
         for r in records:
             key = (r.topic_id, r.partition)
             nxt = offsets.get(key, 0)
             if key not in saved:
                 saved[key] = nxt
             r.offset = nxt
+            if claims:
+                r.claim = claims.get(key, 0)
             r.timestamp_us = now
             offsets[key] = nxt + (1 if isinstance(r, Record) else r.rows)
         return saved
@@ -407,7 +433,7 @@ class GroupCommitter:
                 self._unwritten_rows -= group.rows
                 self.queued_bytes -= group.size
                 records += group.records
-                _answer(group)
+                _answer(group, stale=self.stale if self.claims else None, moved=self._moved)
             self._metrics.wal_group_size.observe(sum(g.rows for g in groups))  # made durable by one fdatasync
             self._on_durable(records)
         if self._queue:
@@ -446,24 +472,32 @@ def _inline(queue: list[Queued]) -> bool:
     return 0 < size <= INLINE_GROUP_BYTES
 
 
-def _answer(group: _Group, error: StorageUnavailable | None = None) -> None:
+def _answer(group: _Group, error: LakebrokerError | None = None, *,
+            stale: Callable[[Record | Chunk], bool] | None = None,
+            moved: Callable[[PartitionKey], LakebrokerError] | None = None) -> None:
+    """Answer the group's waiters: with their placement, or `error`; an item `stale` says was
+    given its offset before its partition was rebased gets `moved`'s error instead."""
     for p in group.items:
+        item = p.record if isinstance(p, Pending) else p.chunk
+        failure = error
+        if failure is None and stale is not None and moved is not None and stale(item):
+            failure = moved((item.topic_id, item.partition))
         if isinstance(p, Pending):
             r = p.record
-            p.outcome = (r.partition, r.offset, r.timestamp_us) if error is None else error
+            p.outcome = (r.partition, r.offset, r.timestamp_us) if failure is None else failure
             future = p.future
             if future is not None and not future.done():
-                if error is None:
+                if failure is None:
                     future.set_result(p.outcome)  # type: ignore[arg-type]
                 else:
-                    future.set_exception(error)
+                    future.set_exception(failure)
             if p.then is not None:
                 _call(p)
         elif p.future is not None and not p.future.done():
-            if error is None:
+            if failure is None:
                 p.future.set_result(p.chunk)
             else:
-                p.future.set_exception(error)
+                p.future.set_exception(failure)
 
 
 def _call(p: Pending) -> None:

@@ -58,6 +58,7 @@ class Record:
     producer_id: str | None
     sequence: int | None
     _size: int = field(default=-1, compare=False, repr=False)  # `size`, computed once: several stages count it
+    claim: int = field(default=0, compare=False, repr=False)  # GroupCommitter.claims when its offset was given
 
     @property
     def size(self) -> int:

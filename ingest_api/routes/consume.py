@@ -56,6 +56,7 @@ async def read_partition(
     config.check_partition(partition)
     if offset is not None and timestamp is not None:
         raise InvalidRequest("give offset or timestamp, not both")
+    await broker.follow_ends(config)
     committed = broker.committed_end(config, partition)
     if timestamp is not None:
         found = await asyncio.to_thread(offset_for_timestamp, broker.layout, config, partition,

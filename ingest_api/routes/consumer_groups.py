@@ -54,6 +54,7 @@ async def commit_group_offsets(topic: str, group: str, body: GroupOffsetsCommit,
     """Commit positions (next offset to read) of some or all partitions; others keep theirs."""
     config = broker.topic(topic)
     name = pull_group(group)
+    await broker.follow_ends(config)
     for partition, offset in body.offsets.items():
         config.check_partition(partition)
         end = broker.assigned_end(config, partition)

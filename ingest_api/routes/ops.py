@@ -50,6 +50,7 @@ async def metrics(broker: BrokerDep) -> Response:
     """Prometheus text format."""
     broker.metrics.wal_backlog_bytes.set(broker.backlog_bytes)
     broker.metrics.topic_unavailable.clear()  # a topic deleted since the last scrape goes too
+    await broker.follow_all_ends()
     for topic in broker.topics.values():
         broker.metrics.topic_unavailable.labels(topic.name).set(1 if topic.topic_id in broker.unreadable else 0)
         for p in range(topic.partitions):

@@ -168,6 +168,7 @@ async def _check_url(broker: Broker, url: str) -> str:
 
 async def _targets(broker: Broker, topic: TopicConfig, how: str) -> dict[int, int]:
     """Per-partition offsets for earliest, latest or a timestamp."""
+    await broker.follow_ends(topic)
     files = await asyncio.to_thread(partition_files, broker.layout, topic)
     out: dict[int, int] = {}
     for p in range(topic.partitions):
@@ -183,6 +184,8 @@ async def _targets(broker: Broker, topic: TopicConfig, how: str) -> dict[int, in
 
 
 async def _status(request: Request, broker: Broker, sub: Subscription) -> SubscriptionStatusPublic:
+    if sub.topic in broker.topics:
+        await broker.follow_ends(broker.topics[sub.topic])
     groups = await asyncio.to_thread(read_groups, broker.layout, sub.name, with_retention_skips=True)
     return SubscriptionStatusPublic.model_validate(subscription_status(broker, request.app.state.live_status, sub,
                                                                        groups))
@@ -285,6 +288,7 @@ async def seek(name: str, body: SeekRequest, broker: BrokerDep, store: StoreDep)
     if len(given) != 1:
         raise InvalidRequest("give exactly one of to, timestamp or offsets")
     if body.offsets is not None:
+        await broker.follow_ends(topic)
         files = await asyncio.to_thread(partition_files, broker.layout, topic)
         targets: dict[int, int] = {}
         for key, offset in body.offsets.items():

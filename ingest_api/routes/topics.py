@@ -21,6 +21,7 @@ _ERRORS: dict[int | str, dict[str, Any]] = {code: {"model": ErrorPublic} for cod
 async def _public(broker: BrokerDep, topic: TopicConfig, with_offsets: bool) -> TopicPublic:
     out = TopicPublic(**topic.public())
     if with_offsets:
+        await broker.follow_ends(topic)
         files = await asyncio.to_thread(partition_files, broker.layout, topic)
         out.partition_offsets = []
         for p in range(topic.partitions):

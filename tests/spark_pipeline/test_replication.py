@@ -174,7 +174,7 @@ def test_replica_follows_hole_properties(spark: Any, tmp_path: Path) -> None:
 
     # Offsets 5-7 of partition 0 lost to WAL damage and skipped, as `lakebroker wal skip` does.
     record_loss(layout, LostOffsets("events", "t", 0, 5, 7, "00000000.wal bytes 0-10", datetime.now(UTC), "test"))
-    assert skip_in_table(delta.load(layout.topic_table("events")), "events", 0, 5, 7, {}) == 8
+    assert skip_in_table(delta.load(layout.topic_table("events")), "events", 0, 5, 7, {}, node="test", epoch=1) == 8
     lagging = verify(spark, settings, str(replica), max_lag_messages=0)
     assert any("lakebroker.lostOffsets" in p for p in lagging.problems), lagging.problems
     result = replication.run(spark, settings, to=str(replica))

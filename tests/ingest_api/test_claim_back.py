@@ -1,0 +1,175 @@
+"""A partition taken back: this node lost a partition while it still held messages of it, another
+node committed to it, and this node claimed it again. Every message it had accepted, wherever it
+sat (pending in the flusher, in a flush under way, inside the WAL writer, parked), is stored once
+at a new offset after the other node's rows, or failed to its waiter; none is dropped as "already in
+the table", and no offset is answered for two messages."""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import threading
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from deltalake import DeltaTable
+from prometheus_client import CollectorRegistry
+
+from lakebroker.ingest_api.broker import Broker
+from lakebroker.ingest_api.cluster import NoOwnerYet
+from lakebroker.ingest_api.flusher import records_to_arrow
+from lakebroker.ingest_api.messages import AckMode, NewMessage
+from lakebroker.ingest_api.metrics import IngestMetrics
+from lakebroker.ingest_api.records import Record
+from lakebroker.tables import delta, fencing
+from lakebroker.tables.errors import StorageUnavailable
+from lakebroker.tables.settings import Settings
+from lakebroker.tables.topics import TopicConfig, new_topic
+
+
+@pytest.fixture
+async def broker(tmp_path: Path) -> AsyncIterator[Broker]:
+    settings = Settings(data_dir=tmp_path / "data", flush_interval_ms=3_600_000)  # flushed only when asked
+    broker = Broker(settings, IngestMetrics(CollectorRegistry()))
+    await broker.start()
+    try:
+        topic = await broker.create_topic(new_topic("t", 1))
+        await broker.produce("t", [NewMessage(value=b"first", partition=0)], AckMode.WAL)
+        assert await broker.flusher.flush_once()
+        assert topic.partitions == 1
+        yield broker
+    finally:
+        await broker.stop()
+
+
+def _rows(uri: str) -> list[tuple[int, bytes]]:
+    rows = DeltaTable(uri).to_pyarrow_table(columns=["offset", "value"]).to_pylist()
+    return sorted((r["offset"], r["value"]) for r in rows)
+
+
+def _intruder_commits_one_row(uri: str, topic: TopicConfig) -> None:
+    """Another node claims partition 0 (epoch 2) and commits one row at offset 1."""
+    fencing.claim(delta.load(uri), {0: 2}, node="intruder")
+    row = Record("t", bytes.fromhex(topic.topic_id), 0, 1, 1, None, b"B-row", "binary", None, None, None, None)
+    delta.append(delta.load(uri), records_to_arrow([row]), txns=fencing.commit_txns("intruder", {0: 2}, {0: 2}))
+
+
+async def _claim_back(broker: Broker, key: tuple[bytes, int]) -> None:
+    for _ in range(5):  # lifted above the intruder's epoch, then claimed back: no other node is alive
+        await broker.cluster.beat()
+        if key in broker.epochs:
+            return
+    raise AssertionError("the node did not claim partition 0 back")
+
+
+def _key(broker: Broker) -> tuple[bytes, int]:
+    return bytes.fromhex(broker.topic("t").topic_id), 0
+
+
+async def _answers(broker: Broker, values: list[bytes]) -> list[Any]:
+    return [(r.partition, r.offset) for r in
+            await broker.produce("t", [NewMessage(value=v, partition=0) for v in values], AckMode.WAL)]
+
+
+def _check_each_stored_once(uri: str, moved: list[bytes], after_claim: dict[bytes, int]) -> None:
+    """`moved` were taken before the partition moved (placed again, in their order, after the other
+    node's row); `after_claim` were acknowledged after the claim, at these offsets."""
+    rows = _rows(uri)
+    offsets = [o for o, _ in rows]
+    assert offsets == list(range(len(rows))), f"dense offsets: {rows}"
+    values = [v for _, v in rows]
+    assert sorted(values) == sorted([b"first", b"B-row", *moved, *after_claim]), f"every message once: {rows}"
+    assert values[:2] == [b"first", b"B-row"]
+    assert [v for v in values if v in moved] == moved, f"in the order they were taken: {rows}"
+    for value, offset in after_claim.items():
+        assert (offset, value) in rows, f"{value!r} was acknowledged at {offset}: {rows}"
+
+
+async def test_messages_pending_in_the_flusher_are_placed_again_after_the_other_nodes_rows(broker: Broker) -> None:
+    uri, key = broker.layout.topic_table("t"), _key(broker)
+    async with broker.flusher.commit_lock:  # a slow flush: nothing is committed meanwhile
+        old = await _answers(broker, [b"A0", b"A1", b"A2"])
+        assert old == [(0, 1), (0, 2), (0, 3)]
+        broker.disown({(broker.topic("t").topic_id, 0)})
+        _intruder_commits_one_row(uri, broker.topic("t"))
+        await _claim_back(broker, key)
+        [(_, n1)] = await _answers(broker, [b"N1"])
+    for _ in range(3):
+        await asyncio.sleep(0.05)
+        assert await broker.flusher.flush_once()
+    _check_each_stored_once(uri, [b"A0", b"A1", b"A2"], {b"N1": n1})
+
+
+async def test_messages_inside_the_wal_writer_are_placed_again_after_the_other_nodes_rows(broker: Broker) -> None:
+    """As above, with A0..A2 given offsets but not yet durable when the partition moves: their write
+    lands after the claim, so their producers are told the partition moved (retry with the same id)
+    rather than answered at offsets that are the other node's now, and they are placed again."""
+    uri, key = broker.layout.topic_table("t"), _key(broker)
+    release = threading.Event()
+    real_append = broker.wal.append
+
+    def slow_append(*args: Any, **kwargs: Any) -> Any:
+        release.wait(30)
+        return real_append(*args, **kwargs)
+
+    broker.wal.append = slow_append  # type: ignore[method-assign]
+    broker.committer.fast_writes = 0  # every group through the writer thread, not inline
+    broker.committer._proven = False
+    try:
+        writing = asyncio.ensure_future(_answers(broker, [b"A0", b"A1", b"A2"]))
+        await asyncio.sleep(0.1)
+        assert not writing.done()
+        broker.disown({(broker.topic("t").topic_id, 0)})
+        _intruder_commits_one_row(uri, broker.topic("t"))
+        await _claim_back(broker, key)
+        n1 = asyncio.ensure_future(_answers(broker, [b"N1"]))
+        await asyncio.sleep(0.05)
+        release.set()
+        with pytest.raises(NoOwnerYet, match="retry with the same id"):
+            await writing
+        [(_, n1_offset)] = await n1
+    finally:
+        release.set()
+        broker.wal.append = real_append  # type: ignore[method-assign]
+    for _ in range(3):
+        await asyncio.sleep(0.05)
+        assert await broker.flusher.flush_once()
+    _check_each_stored_once(uri, [b"A0", b"A1", b"A2"], {b"N1": n1_offset})
+
+
+async def test_a_failed_wal_write_never_rolls_offsets_below_a_claimed_end(broker: Broker) -> None:
+    """A write handed before the partition moved fails after it was claimed back: the offsets roll
+    back to where the claim left them, never below the other node's rows."""
+    uri, key = broker.layout.topic_table("t"), _key(broker)
+    release = threading.Event()
+    real_append = broker.wal.append
+    failed: list[bool] = []
+
+    def failing_append(*args: Any, **kwargs: Any) -> Any:
+        release.wait(30)
+        if not failed:
+            failed.append(True)
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_append(*args, **kwargs)
+
+    broker.wal.append = failing_append  # type: ignore[method-assign]
+    broker.committer.fast_writes = 0
+    broker.committer._proven = False
+    try:
+        writing = asyncio.ensure_future(_answers(broker, [b"A0", b"A1", b"A2"]))
+        await asyncio.sleep(0.1)
+        broker.disown({(broker.topic("t").topic_id, 0)})
+        _intruder_commits_one_row(uri, broker.topic("t"))
+        await _claim_back(broker, key)
+        release.set()
+        with pytest.raises(StorageUnavailable):
+            await writing
+    finally:
+        release.set()
+        broker.wal.append = real_append  # type: ignore[method-assign]
+    [(_, n1)] = await _answers(broker, [b"N1"])
+    assert n1 == 2, "the next offset after the other node's row"
+    assert await broker.flusher.flush_once()
+    assert _rows(uri) == [(0, b"first"), (1, b"B-row"), (2, b"N1")]
