@@ -18,7 +18,12 @@ so partitions, offsets, dedup and the rows in Delta are the same as for that bat
 The IPC stream is validated in full (offsets inside their buffers, strings valid UTF-8): a stream
 that lies about its buffers would otherwise read out of bounds in the compute kernels. A compressed
 stream (LZ4 or ZSTD buffers) is accepted while what its buffers declare they decode to fits the
-request limit, checked before any is decoded: a few MB of zeros decode to hundreds.
+request limit, checked before any is decoded: a few MB of zeros decode to hundreds. So is a
+dictionary-encoded column: what it decodes to is summed from its entries' lengths by its indices
+and held to the same limit before it is decoded (one 1 MiB entry and 100,000 one-byte indices
+decode to 100 GiB). The time a body holds the event loop is bounded too: its record and dictionary
+batches are counted as the stream is read (MAX_RECORD_BATCHES, MAX_DICTIONARY_BATCHES), and a
+dictionary that many batches share, which validation reads again with each, counts with each.
 """
 
 from __future__ import annotations
@@ -39,7 +44,13 @@ from lakebroker.tables.topics import MAX_PARTITIONS
 ARROW_STREAM = "application/vnd.apache.arrow.stream"
 COLUMNS = ("value", "key", "headers", "partition", "id")
 MAX_ID_CHARS = 256
+# pyarrow's writer writes a record batch per chunk of the table, and a dictionary batch where a
+# chunk's dictionary is new: a producer's body holds few. Each takes time to read, though empty:
+# 50,000 empty batches (8 MB) held the event loop most of a second; at these bounds, under 0.1 s.
+MAX_RECORD_BATCHES = 1024
+MAX_DICTIONARY_BATCHES = 1024
 _HEADERS = CHUNK_SCHEMA.field("headers").type
+_OFFSETS = {pa.string(): np.int32, pa.binary(): np.int32, pa.large_string(): np.int64, pa.large_binary(): np.int64}
 # A format repeated, and a type's nulls, kept and sliced to each batch's length (`_repeated`):
 # building them per request allocated and zeroed fresh buffers for every absent column.
 _KEPT: dict[str | pa.DataType, pa.Array] = {}
@@ -53,10 +64,11 @@ _RESULTS_SCHEMA_MESSAGE = RESULTS_SCHEMA.serialize().to_pybytes()
 
 
 def parse_arrow_batch(body: bytes, max_decoded: int) -> ColumnarBatch:
-    """The batch in `body`, as columns in CHUNK_SCHEMA. A body that is no Arrow IPC stream is a 400;
-    one that decodes to more than `max_decoded` bytes a 413; a stream of the wrong shape (a column,
-    a type, a row) a 422 naming it."""
-    table = _read(body, max_decoded)
+    """The batch in `body`, as columns in CHUNK_SCHEMA. A body that is no Arrow IPC stream, or that
+    Arrow cannot read as one, is a 400; one that decodes to more than `max_decoded` bytes (its
+    dictionary-encoded columns decoded), or reads as more, a 413; a stream of the wrong shape (a
+    column, a type, a row, too many batches) a 422 naming it."""
+    table, decoded = _read(body, max_decoded)
     n = table.num_rows
     if not 1 <= n <= MAX_BATCH:
         raise InvalidShape(f"invalid batch: an Arrow body must hold 1 to {MAX_BATCH} rows, not {n}")
@@ -68,7 +80,16 @@ def parse_arrow_batch(body: bytes, max_decoded: int) -> ColumnarBatch:
         raise InvalidShape("invalid batch: a column name appears twice")
     if "value" not in names:
         raise InvalidShape("invalid batch: the value column is required (binary or string)")
-    got = {name: _plain(one_array(table.column(name))) for name in names}
+    try:
+        _within(decoded + sum(_dictionary_decoded(table.column(name)) for name in names), max_decoded)
+        return _batch(table)
+    except pa.ArrowException as exc:  # a kernel's own limit (a 2 GiB offset, say) is the body's fault too
+        raise InvalidRequest(f"the Arrow IPC stream cannot be read as a batch: {exc}") from None
+
+
+def _batch(table: pa.Table) -> ColumnarBatch:
+    n = table.num_rows
+    got = {name: _plain(table.column(name)) for name in table.column_names}
     value, fmt = _value(got["value"])
     key = _key(got["key"]) if "key" in got else _repeated(pa.string(), n)
     message_id = _id(got["id"]) if "id" in got else _repeated(pa.string(), n)
@@ -124,23 +145,86 @@ def wants_arrow(accept: str) -> bool:
     return ARROW_STREAM in accept.lower()
 
 
-def _read(body: bytes, max_decoded: int) -> pa.Table:
+def _read(body: bytes, max_decoded: int) -> tuple[pa.Table, int]:
+    """The stream as a table, validated, and what its messages decode to (a dictionary-encoded
+    column as its dictionary and indices)."""
     try:
         buffer = pa.py_buffer(body)
-        decoded = sum(ipc_frames.decoded_size(m) for m in pa.ipc.MessageReader.open_stream(buffer))
-        if decoded > max_decoded:
-            raise TooLarge(f"the Arrow IPC stream decodes to {decoded} bytes, over the request limit of "
-                           f"{max_decoded}: send it in smaller requests")
+        decoded = _decoded_size(pa.ipc.MessageReader.open_stream(buffer))
+        _within(decoded, max_decoded)
         table = pa.ipc.open_stream(buffer).read_all()
+        table.validate()  # the layout, which the buffer sizes below rely on
+        # Full validation reads a chunk's dictionary with each chunk, shared or not: 1,024 batches
+        # sharing 100,000 entries took seconds.
+        read = sum(chunk.get_total_buffer_size() for column in table.columns for chunk in column.chunks)
+        if read > max_decoded:
+            raise TooLarge(f"the Arrow IPC stream reads as {read} bytes, each batch with its dictionaries, over "
+                           f"the request limit of {max_decoded}: send it in fewer batches or smaller requests")
         table.validate(full=True)
     except (pa.ArrowException, ValueError) as exc:  # ArrowInvalid is both
         raise InvalidRequest(f"malformed Arrow IPC stream: {exc}") from None
-    return table
+    return table, decoded
 
 
-def _plain(column: pa.Array) -> pa.Array:
-    """A dictionary-encoded column (a pandas category, say) as the plain column it stands for."""
-    return column.dictionary_decode() if pa.types.is_dictionary(column.type) else column
+def _decoded_size(messages: pa.ipc.MessageReader) -> int:
+    """The sum of the messages' decoded sizes, read one by one: one past a bound on their count is
+    refused before the next is read."""
+    decoded = batches = others = 0
+    for message in messages:
+        if message.type == "record batch":
+            batches += 1
+            if batches > MAX_RECORD_BATCHES:
+                raise InvalidShape(f"invalid batch: an Arrow body holds at most {MAX_RECORD_BATCHES} record "
+                                   "batches: write its rows in fewer (a table's chunks are its batches; "
+                                   "combine_chunks() makes one)")
+        else:
+            others += 1
+            if others > 1 + MAX_DICTIONARY_BATCHES:  # and the schema
+                raise InvalidShape(f"invalid batch: an Arrow body holds at most {MAX_DICTIONARY_BATCHES} "
+                                   "dictionary batches: write its rows in fewer batches (combine_chunks() "
+                                   "makes one, with one dictionary per column)")
+        decoded += ipc_frames.decoded_size(message)
+    return decoded
+
+
+def _within(decoded: int, max_decoded: int) -> None:
+    if decoded > max_decoded:
+        raise TooLarge(f"the Arrow IPC stream decodes to {decoded} bytes, over the request limit of "
+                       f"{max_decoded}: send it in smaller requests")
+
+
+def _dictionary_decoded(column: pa.ChunkedArray) -> int:
+    """What a dictionary-encoded column's values take decoded (0 for a plain column), summed from
+    its entries' lengths by its indices without decoding a row."""
+    if not pa.types.is_dictionary(column.type):
+        return 0
+    t = column.type.value_type
+    if pa.types.is_primitive(t) or pa.types.is_fixed_size_binary(t):  # a partition, say: one width for every row
+        return len(column) * max(1, int(t.bit_width) // 8)
+    width = _OFFSETS.get(t)
+    if width is None:  # views too: Arrow cannot decode those
+        raise InvalidShape(f"invalid batch: only strings, bytes and integers may be dictionary-encoded, not {t}")
+    total = 0
+    for chunk in column.chunks:  # each chunk may have a dictionary of its own
+        at = chunk.indices.drop_null() if chunk.indices.null_count else chunk.indices
+        if not len(at):
+            continue
+        # Entry i spans offsets i to i + 1: only the rows' entries are looked at, however large the dictionary
+        # (validated: every index is an entry's).
+        entries = chunk.dictionary
+        offsets = np.frombuffer(entries.buffers()[1], width)[entries.offset:]
+        rows = at.to_numpy().astype(np.int64)
+        total += int((offsets[rows + 1] - offsets[rows]).sum())
+    return total
+
+
+def _plain(column: pa.ChunkedArray) -> pa.Array:
+    """A column as one array. A dictionary-encoded one (a pandas category, say) is decoded chunk by
+    chunk, its size decoded held to the request limit first (`_dictionary_decoded`): each chunk may
+    have a dictionary of its own, and together they may not fit the indices' type."""
+    if pa.types.is_dictionary(column.type):
+        column = column.cast(column.type.value_type)
+    return one_array(column)
 
 
 def _value(column: pa.Array) -> tuple[pa.Array, pa.Array]:

@@ -5,6 +5,8 @@ names what is wrong."""
 from __future__ import annotations
 
 import base64
+import contextlib
+import resource
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,9 +18,11 @@ import pytest
 from fastapi.testclient import TestClient
 
 from lakebroker.ingest_api.app import create_app
-from lakebroker.ingest_api.arrow_batch import ARROW_STREAM, RESULTS_SCHEMA, results_arrow
+from lakebroker.ingest_api.arrow_batch import ARROW_STREAM, RESULTS_SCHEMA, parse_arrow_batch, results_arrow
+from lakebroker.ingest_api.body import InvalidShape
 from lakebroker.ingest_api.chunks import BatchResults
 from lakebroker.tables import delta
+from lakebroker.tables.errors import TooLarge
 from lakebroker.tables.layout import Layout
 from lakebroker.tables.settings import Settings
 
@@ -203,6 +207,9 @@ BAD: dict[str, tuple[bytes, int, str]] = {
     "empty id": (_stream_of(value=pa.array(["a", "b"]), id=pa.array(["x", ""])), 422,
                  "invalid message 1: id must be 1 to 256 characters"),
     "message over the topic's limit": (_stream_of(value=pa.array(["a", "x" * 2_000_000])), 413, "message 1 is"),
+    "dictionary of views": (_stream_of(value=pa.DictionaryArray.from_arrays(pa.array([0], pa.int8()),
+                                                                           pa.array(["a"], pa.string_view()))),
+                            422, "only strings, bytes and integers may be dictionary-encoded, not string_view"),
 }
 
 
@@ -262,3 +269,136 @@ def test_a_compressed_arrow_body_is_read_within_the_request_limit(tmp_path: Path
         assert "decodes to" in r.json()["error"]["message"], r.text[:500]
         after = client.post("/v1/topics/t/messages?ack=table", json={"value": "after", "partition": 0})
         assert after.json()["offset"] == 50, "nothing of the refused body took an offset"
+
+
+def _one_batch(table: pa.Table) -> bytes:
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    return bytes(sink.getvalue().to_pybytes())
+
+
+def _dictionary(entries: pa.Array, rows: int) -> pa.DictionaryArray:
+    """`rows` rows of int8 indices cycling over `entries`."""
+    indices = pa.array(np.arange(rows) % len(entries), pa.int8())
+    return pa.DictionaryArray.from_arrays(indices, entries)
+
+
+# A body of about 100 KB or 1 MB whose one dictionary entry, repeated by 100,000 one-byte indices,
+# decodes to 100 MB, or 100 GiB (as large_binary: past what a binary's 32-bit offsets can hold).
+HOSTILE = {"1000-byte string": pa.array(["x" * 1000]),
+           "1 MiB large_binary": pa.array([b"k" * 2**20], pa.large_binary())}
+
+
+@contextlib.contextmanager
+def _address_space(headroom: int) -> Iterator[None]:
+    """The process may map only `headroom` more bytes: were a hostile body decoded, the test fails
+    with a MemoryError instead of taking the machine's memory."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    with open("/proc/self/statm") as statm:
+        mapped = int(statm.read().split()[0]) * resource.getpagesize()
+    resource.setrlimit(resource.RLIMIT_AS, (mapped + headroom if hard == resource.RLIM_INFINITY
+                                            else min(hard, mapped + headroom), hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+
+
+@pytest.mark.parametrize("entry", list(HOSTILE))
+@pytest.mark.parametrize("column", ["value", "key"])
+def test_a_dictionary_that_decodes_past_the_limit_is_refused_before_it_is_decoded(column: str, entry: str) -> None:
+    rows = 100_000
+    other = "key" if column == "value" else "value"
+    body = _one_batch(pa.table({column: _dictionary(HOSTILE[entry], rows), other: _dictionary(pa.array(["v"]), rows)}))
+    assert len(body) < 2**20 + 300_000  # the entry, and 100 KB of indices for each column
+    limit = 32 * 1024 * 1024
+    with _address_space(2 * 1024**3), pytest.raises(TooLarge, match=f"over the request limit of {limit}"):
+        parse_arrow_batch(body, limit)
+
+
+def test_a_hostile_dictionary_body_is_a_413(pair: tuple[TestClient, TestClient]) -> None:
+    _, client = pair
+    body = _one_batch(pa.table({"value": _dictionary(HOSTILE["1 MiB large_binary"], 100_000)}))
+    with _address_space(2 * 1024**3):
+        r = client.post("/v1/topics/t/batch", content=body, headers={"content-type": ARROW_STREAM})
+    assert r.status_code == 413, r.text[:500]
+    assert "over the request limit of" in r.json()["error"]["message"], r.text[:500]
+    _nothing_stored(client)
+
+
+def test_dictionary_columns_within_the_limit_store_what_their_plain_columns_do(
+        pair: tuple[TestClient, TestClient]) -> None:
+    """Categories as pandas writes them (int8 indices), in two chunks with a dictionary each (two
+    frames concatenated): 200 entries in all, more than one int8 dictionary can number."""
+    plain_client, dictionary_client = pair
+    rows = 300
+    plain = pa.table({
+        "value": pa.array([None if i % 50 == 7 else f"{'vw'[i * 2 // rows]}{i % 100} ü" for i in range(rows)]),
+        "key": pa.array([f"user-{i % 4}" if i % 5 else None for i in range(rows)], pa.large_binary()),
+        "partition": pa.array([None if i % 3 else i % PARTITIONS for i in range(rows)], pa.int16()),
+    })
+
+    def categories(column: pa.ChunkedArray) -> pa.ChunkedArray:
+        halves = [column.slice(0, rows // 2).combine_chunks(), column.slice(rows // 2).combine_chunks()]
+        encoded = [half.dictionary_encode() for half in halves]
+        return pa.chunked_array([pa.DictionaryArray.from_arrays(e.indices.cast(pa.int8()), e.dictionary)
+                                 for e in encoded])
+
+    encoded = pa.table({name: categories(plain.column(name)) for name in plain.column_names})
+    assert len(encoded.column("value").chunk(0).dictionary) + len(encoded.column("value").chunk(1).dictionary) > 128
+    for client, table in ((plain_client, plain), (dictionary_client, encoded)):
+        r = client.post("/v1/topics/t/batch?ack=table", content=_one_batch(table),
+                        headers={"content-type": ARROW_STREAM})
+        assert r.status_code == 200, r.text[:500]
+    stored = _rows(dictionary_client.app.state.settings)  # type: ignore[attr-defined]
+    assert len(stored) == rows
+    assert stored == _rows(plain_client.app.state.settings)  # type: ignore[attr-defined]
+
+
+def test_a_dictionary_shared_by_many_batches_counts_with_each() -> None:
+    """Validation reads a chunk's dictionary with each chunk: 1,024 one-row batches sharing 100,000
+    entries (a 3 MB body) held the event loop for seconds."""
+    entries = pa.array([f"entry {i}" for i in range(100_000)])
+    schema = pa.schema([("value", pa.dictionary(pa.int32(), pa.string()))])
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, schema) as writer:
+        for i in range(1024):
+            writer.write_batch(pa.record_batch([pa.DictionaryArray.from_arrays(pa.array([i], pa.int32()), entries)],
+                                               schema=schema))
+    with pytest.raises(TooLarge, match="each batch with its dictionaries, over the request limit of 33554432"):
+        parse_arrow_batch(sink.getvalue().to_pybytes(), 32 * 1024 * 1024)
+
+
+def _batches(count: int, then: bytes = b"") -> bytes:
+    """A stream of `count` record batches, all empty but the last (one row), then `then`."""
+    schema = pa.schema([("value", pa.string())])
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, schema) as writer:
+        empty = pa.record_batch([pa.array([], pa.string())], schema=schema)
+        for _ in range(count - 1):
+            writer.write_batch(empty)
+        writer.write_batch(pa.record_batch([pa.array(["x"])], schema=schema))
+    return bytes(sink.getvalue().to_pybytes()) + then
+
+
+def test_a_body_of_too_many_record_batches_is_refused() -> None:
+    """50,001 batches (8 MB) held the event loop most of a second; the bound is counted as the
+    stream is read, so what follows the batch past it is never read."""
+    with pytest.raises(InvalidShape, match="at most 1024 record batches"):
+        parse_arrow_batch(_batches(50_001), 32 * 1024 * 1024)
+    with pytest.raises(InvalidShape, match="at most 1024 record batches"):
+        parse_arrow_batch(_batches(1025, then=b"not read" * 1000), 32 * 1024 * 1024)
+    assert parse_arrow_batch(_batches(1024), 32 * 1024 * 1024).columns.num_rows == 1
+
+
+def test_a_body_of_too_many_dictionary_batches_is_refused() -> None:
+    """A dictionary replaced with each batch: 513 batches of two such columns are 1,026 dictionaries."""
+    schema = pa.schema([(name, pa.dictionary(pa.int32(), pa.string())) for name in ("value", "key")])
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, schema) as writer:
+        for i in range(513):
+            writer.write_batch(pa.record_batch([pa.DictionaryArray.from_arrays(pa.array([0], pa.int32()),
+                                                                               pa.array([f"{i}"]))] * 2, schema=schema))
+    with pytest.raises(InvalidShape, match="at most 1024 dictionary batches"):
+        parse_arrow_batch(sink.getvalue().to_pybytes(), 32 * 1024 * 1024)
