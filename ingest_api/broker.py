@@ -374,7 +374,7 @@ class Broker:
                     continue
                 placed.add(hashed)
                 future.add_done_callback(self._dedup_callback((topic.topic_id, did)))
-                self.committer.submit([Pending(dataclasses.replace(item, offset=-1), future)])
+                self.committer.submit([Pending(dataclasses.replace(item, offset=-1), future, in_order=True)])
             futures.append(future)
         if skipped:
             log.warning("%s[%d]: %d of these messages are stored already (by a node this node handed them to, "

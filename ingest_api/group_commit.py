@@ -95,6 +95,7 @@ class Pending:
     then: Callable[[], None] | None = field(default=None)  # called on the loop once `outcome` is set
     outcome: Placed | LakebrokerError | None = field(default=None)  # where it went, or why it is not answered
     early: bool = field(default=False)  # ack=none: `then` is called at the end of the loop pass that queued it
+    in_order: bool = field(default=False)  # one of a partition's log appended again: never moves ahead
 
 
 @dataclass(slots=True)
@@ -225,7 +226,8 @@ class GroupCommitter:
         """The next group: queued items in order up to max_group messages (at least one item).
         Single messages queued behind that bound join it, up to max_group of them, so a one-message
         request waits for one group, not for every batch queued before it. They only move ahead of
-        other requests' chunks: each request's messages keep their order, so offsets stay in it."""
+        other requests' chunks: each request's messages keep their order, so offsets stay in it. A
+        message `in_order` (a log appended again) moves ahead of nothing."""
         rows, n = 0, 0
         for p in self._queue:
             if rows >= self._max_group:
@@ -237,7 +239,7 @@ class GroupCommitter:
             later: list[Queued] = []
             singles = 0
             for p in rest:
-                if isinstance(p, Pending) and singles < self._max_group:
+                if type(p) is Pending and not p.in_order and singles < self._max_group:
                     group.append(p)
                     singles += 1
                 else:

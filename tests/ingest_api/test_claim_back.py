@@ -13,11 +13,13 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 from prometheus_client import CollectorRegistry
 
 from lakebroker.ingest_api.broker import Broker
+from lakebroker.ingest_api.chunks import CHUNK_SCHEMA, Chunk, chunk_bytes
 from lakebroker.ingest_api.cluster import NoOwnerYet
 from lakebroker.ingest_api.flusher import records_to_arrow
 from lakebroker.ingest_api.messages import AckMode, NewMessage
@@ -173,3 +175,27 @@ async def test_a_failed_wal_write_never_rolls_offsets_below_a_claimed_end(broker
     assert n1 == 2, "the next offset after the other node's row"
     assert await broker.flusher.flush_once()
     assert _rows(uri) == [(0, b"first"), (1, b"B-row"), (2, b"N1")]
+
+
+async def test_messages_appended_again_keep_their_order_past_a_full_group(broker: Broker) -> None:
+    """A WAL backlog appended again alternates batch chunks and single records: single messages may
+    move ahead of other requests' chunks into a group, but these are one partition's log, and
+    their order must hold however the groups are cut."""
+    topic = broker.topic("t")
+    topic_id = bytes.fromhex(topic.topic_id)
+    broker.committer._max_group = 4  # a group is full after 4 messages, as after 65,536 in production
+
+    def chunk(first: int, values: list[bytes]) -> Chunk:
+        columns = pa.Table.from_pylist([{"value": v, "format": "binary"} for v in values], schema=CHUNK_SCHEMA)
+        return Chunk("t", topic_id, 0, first, 1, columns, chunk_bytes(columns))
+
+    def record(offset: int, value: bytes) -> Record:
+        return Record("t", topic_id, 0, offset, 1, None, value, "binary", None, None, None, None)
+
+    items: list[Record | Chunk] = [chunk(1, [b"c0", b"c1", b"c2", b"c3", b"c4"]), record(6, b"r5"),
+                                   chunk(7, [b"c6", b"c7"]), record(9, b"r8"), record(10, b"r9")]
+    broker._append_again(topic, items, (topic_id, 0), set())
+    await asyncio.sleep(0.2)
+    assert await broker.flusher.flush_once()
+    assert [v for _, v in _rows(broker.layout.topic_table("t"))] == [
+        b"first", b"c0", b"c1", b"c2", b"c3", b"c4", b"r5", b"c6", b"c7", b"r8", b"r9"]
