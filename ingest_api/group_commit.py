@@ -301,6 +301,14 @@ class GroupCommitter:
         for group in self._unwritten:
             group.saved.pop(key, None)  # a failed write rolls back no further than `end`
 
+    def queues(self, key: PartitionKey) -> bool:
+        """Whether a message of the partition waits for its offset (queued, not yet handed to the WAL)."""
+        for p in self._queue:
+            item = p.record if isinstance(p, Pending) else p.chunk
+            if item.partition == key[1] and item.topic_id == key[0]:
+                return True
+        return False
+
     def stale(self, item: Record | Chunk) -> bool:
         """Whether the item was given its offset before its partition's last rebase."""
         return item.claim != self.claims.get((item.topic_id, item.partition), 0)
