@@ -65,6 +65,17 @@ def test_an_arrow_table_is_stored_row_for_row_in_requests_of_max_rows(broker: Br
     assert stored[(results["partition"][0].as_py(), 0)].headers == {"row": "0"}
 
 
+def test_a_table_of_many_small_pieces_is_sent_as_batches_the_broker_takes(broker: Broker) -> None:
+    """A table concatenated from many small ones holds a record batch per piece; the broker takes at
+    most 1,024 a body, so the client joins them first."""
+    topic = broker.create_topic("arrow-pieces", partitions=1)
+    table = pa.concat_tables([pa.table({"value": pa.array([f"v{i}".encode()], pa.binary())}) for i in range(2000)])
+    assert len(table.to_batches()) == 2000
+    with Producer(broker.url, broker.token) as p:
+        results = p.send_arrow(topic, table)
+    assert results.column("offset").to_pylist() == list(range(2000))
+
+
 def test_pandas_and_polars_frames_go_through_it(broker: Broker) -> None:
     topic = broker.create_topic("arrow-frames", partitions=2)
     frame = pd.DataFrame({"payload": [f"p{i}" for i in range(100)], "customer": [f"c{i % 7}" for i in range(100)]})

@@ -76,9 +76,14 @@ def slices(table: pa.Table, max_rows: int, max_bytes: int) -> list[pa.Table]:
     return [table.slice(start, rows) for start in range(0, table.num_rows, rows)]
 
 
+MAX_RECORD_BATCHES = 1024  # the broker refuses a body of more (a table of many small pieces)
+
+
 def ipc_body(table: pa.Table) -> bytes:
     import pyarrow as pa
 
+    if len(table.to_batches()) > MAX_RECORD_BATCHES:
+        table = table.combine_chunks()
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, table.schema) as writer:
         writer.write_table(table)
