@@ -5,10 +5,15 @@ decided, and with its id, producer id and sequence, so the owner deduplicates it
 Authorization header goes along: tokens are the cluster's (one `_system/tokens` table), and the
 owner checks the caller's scopes and topics again. A forwarded request carries FORWARDED_BY, and
 a node never forwards such a request again: one hop at most, whatever the owners did meanwhile.
+
+Each owner has a pool of its own, so one that accepts connections and never answers (paused, or
+stuck) holds only its own; and a forward waits one lease TTL at most: an owner silent that long
+has lost its partitions, or will within a heartbeat, and the producer retries.
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -24,6 +29,7 @@ FORWARDED_BY = "lakebroker-forwarded-by"
 FORWARDED_BY_BYTES = FORWARDED_BY.encode()
 Placed = tuple[int, int | None, bool, int | None]  # partition, offset, duplicate, timestamp (µs)
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+OWNER_CONNECTIONS = 64  # per owner
 
 
 class Refused(LakebrokerError):
@@ -61,14 +67,24 @@ def message_json(m: NewMessage, partition: int) -> dict[str, Any]:
 
 class Forwarder:
     def __init__(self, node: str, timeout_s: float) -> None:
+        """`timeout_s`: the whole forward's deadline, waiting for a connection included (the lease TTL)."""
         self.node = node
-        self._client = httpx.AsyncClient(
-            timeout=httpx.Timeout(timeout_s, connect=min(5.0, timeout_s)),
-            limits=httpx.Limits(max_connections=64, max_keepalive_connections=32, keepalive_expiry=30),
-        )
+        self.timeout_s = timeout_s
+        self._clients: dict[str, httpx.AsyncClient] = {}
+
+    def _client(self, url: str) -> httpx.AsyncClient:
+        client = self._clients.get(url)
+        if client is None:
+            client = self._clients[url] = httpx.AsyncClient(
+                timeout=httpx.Timeout(self.timeout_s, connect=min(5.0, self.timeout_s)),
+                limits=httpx.Limits(max_connections=OWNER_CONNECTIONS, max_keepalive_connections=32,
+                                    keepalive_expiry=30),
+            )
+        return client
 
     async def close(self) -> None:
-        await self._client.aclose()
+        for client in self._clients.values():
+            await client.aclose()
 
     async def batch(self, url: str, topic: str, messages: list[NewMessage], partitions: list[int], ack: AckMode,
                     authorization: str | None) -> list[Placed]:
@@ -78,8 +94,14 @@ class Forwarder:
             headers["authorization"] = authorization
         body = orjson.dumps({"messages": [message_json(m, p) for m, p in zip(messages, partitions, strict=True)]})
         try:
-            r = await self._client.post(f"{url}/v1/topics/{topic}/batch", params={"ack": ack.value}, content=body,
-                                        headers=headers)
+            async with asyncio.timeout(self.timeout_s):
+                r = await self._client(url).post(f"{url}/v1/topics/{topic}/batch", params={"ack": ack.value},
+                                                 content=body, headers=headers)
+        except (TimeoutError, httpx.TimeoutException):
+            # Its messages may be stored all the same: a retry with ids is answered from the dedup index.
+            raise NoOwnerYet(f"the owner of these partitions, {url}, did not answer within {self.timeout_s:g} s "
+                             "(the lease TTL; an owner that stays silent loses them to a live node); retry in a "
+                             "second", 1.0) from None
         except httpx.HTTPError as exc:
             raise Refused(503, "owner_unreachable", f"the owner of these partitions, {url}, did not answer "
                           f"({type(exc).__name__}: {exc}); retry") from None

@@ -35,7 +35,6 @@ from lakebroker.tables.errors import LakebrokerError
 # Logged when a node stops with messages only its WAL holds (the soak looks for it in its logs).
 STRANDED = ("acknowledged messages of %d partitions other nodes own or will own stay in this node's WAL: "
             "start it again with its data dir to hand them over")
-FORWARD_TIMEOUT_S = 120.0  # an ack=table answer waits for the owner's Delta commit
 RESEND_BATCH_MESSAGES = 5_000
 RESEND_BATCH_BYTES = 8 << 20
 STOP_RESEND_S = 15.0  # at shutdown, parked items' last chance to reach their owners (uvicorn waits for this)
@@ -51,7 +50,8 @@ class Router:
 
     def start(self, authorization: str | None = None) -> None:
         """`authorization`: this node's own credential, for the messages it sends on by itself."""
-        self._forwarder = Forwarder(self.broker.cluster.node, FORWARD_TIMEOUT_S)
+        # An owner silent for a lease TTL loses its partitions: the producer retries at the next owner.
+        self._forwarder = Forwarder(self.broker.cluster.node, self.broker.settings.ingest_lease_ttl_s)
         self._authorization = authorization
         self._resending = asyncio.create_task(self._resend_parked())
 
@@ -66,11 +66,12 @@ class Router:
             self._resending.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._resending
-            deadline = asyncio.get_running_loop().time() + STOP_RESEND_S
-            while self.broker.parked_unowned() and asyncio.get_running_loop().time() < deadline:
-                await self._send_parked()
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + STOP_RESEND_S
+            while self.broker.parked_unowned() and loop.time() < deadline:
+                await self._send_parked(deadline)
                 if self.broker.parked_unowned():
-                    await asyncio.sleep(self.broker.cluster.heartbeat_s)
+                    await asyncio.sleep(max(0.0, min(self.broker.cluster.heartbeat_s, deadline - loop.time())))
             if left := self.broker.parked_unowned():
                 log.error(STRANDED, len(left))
         if self._forwarder is not None:
@@ -84,15 +85,20 @@ class Router:
             await asyncio.sleep(self.broker.cluster.heartbeat_s)
             await self._send_parked()
 
-    async def _send_parked(self) -> None:
+    async def _send_parked(self, deadline: float | None = None) -> None:
+        """One round; `deadline` (loop time) holds inside it too, not only between rounds."""
         for topic, partition, url in self.broker.parked_elsewhere():
             items = self.broker.take_parked(topic, partition)
             if not items:
                 continue
             try:
-                for batch in _batches(items, self.broker.cluster.node):
-                    await self.forwarder.batch(url, topic.name, batch, [partition] * len(batch), AckMode.TABLE,
-                                               self._authorization)
+                async with asyncio.timeout_at(deadline):
+                    for batch in _batches(items, self.broker.cluster.node):
+                        await self.forwarder.batch(url, topic.name, batch, [partition] * len(batch), AckMode.TABLE,
+                                                   self._authorization)
+            except TimeoutError:  # the WAL keeps what is left
+                self.broker.parked_unsent(topic, partition)
+                return
             except LakebrokerError as exc:
                 log.warning("%s[%d]: sending %d parked items to %s failed (%s); will retry", topic.name,
                             partition, len(items), url, exc)
