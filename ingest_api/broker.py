@@ -239,6 +239,9 @@ class Broker:
                 self.topics = current
             for topic in gone:
                 await self._forget_topic(topic)
+                # No flush of it comes after the swap above: what this node's flushes wrote where the
+                # deleted table was, before it saw the delete (a partial log), goes now.
+                await asyncio.to_thread(self.store.remove_if_deleted, topic)
             return True
 
     async def update_topic(self, name: str, **changes: object) -> TopicConfig:

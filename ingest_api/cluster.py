@@ -39,7 +39,7 @@ from lakebroker.tables.layout import Layout
 from lakebroker.tables.ownership import ClusterView, Heartbeat, NodeInfo, OwnershipTable, Pair
 from lakebroker.tables.settings import Settings
 from lakebroker.tables.tokens import TokenStore
-from lakebroker.tables.topics import TopicConfig, ensure_topic_table
+from lakebroker.tables.topics import TopicConfig, TopicGone
 
 if TYPE_CHECKING:
     from lakebroker.ingest_api.broker import Broker
@@ -140,7 +140,8 @@ class Membership:
         self.node = node_id(self.layout)
         self.heartbeat_s = settings.ingest_heartbeat_s
         self.dedup_window_s = settings.dedup_window_s
-        self.table = OwnershipTable(self.layout, self.node, advertised_url(settings), settings.ingest_lease_ttl_s)
+        self.table = OwnershipTable(self.layout, self.node, advertised_url(settings), settings.ingest_lease_ttl_s,
+                                    live_topics=broker.store.topic_ids)
         self.view: ClusterView | None = None
         self._released: set[Pair] = set()  # handed over and flushed: released at the next heartbeat
         self._handing_over: set[Pair] = set()
@@ -294,6 +295,8 @@ class Membership:
                 continue  # deleted since the heartbeat
             try:
                 ends = await asyncio.to_thread(self._claim_in_table, topic, epochs)
+            except TopicGone:
+                continue  # deleted through another node: this node forgets it as it follows the delete
             except fencing.Deposed as exc:
                 # The table holds a newer epoch than our lease: a newer owner claimed first, or the
                 # ownership table was reset. Lift our lease above it; the next heartbeat claims again.
@@ -327,11 +330,12 @@ class Membership:
 
     def _claim_in_table(self, topic: TopicConfig, epochs: dict[int, int]) -> dict[int, tuple[int, int | None]]:
         """Claim on a fresh snapshot, again after a concurrent commit; each partition's claimed end
-        and this node's end before the claim."""
-        uri = self.layout.topic_table(topic)
+        and this node's end before the claim. TopicGone if the topic was deleted, before or while it
+        claimed: a node that has not yet seen a delete must not bring the table back."""
+        store = self.broker.store
 
         def once() -> dict[int, tuple[int, int | None]]:
-            table = delta.load(uri) if delta.exists(uri) else ensure_topic_table(uri)
+            table = store.live_table(topic)
             before = {p: fencing.node_end(table, self.node, p) for p in epochs}
             # No claim where the table holds this epoch already (this node held the partition last) or
             # where there can be no earlier owner to fence (a partition's first epoch, never claimed).
@@ -342,8 +346,11 @@ class Membership:
                 ends.update(fencing.claim(table, {p: e for p, e in epochs.items() if p not in kept}, node=self.node))
             return {p: (ends[p], before[p]) for p in epochs}
 
-        return retry_conflicts(once, what=f"claiming partitions of {topic.name}", attempts=20, pause_s=0.05,
+        ends = retry_conflicts(once, what=f"claiming partitions of {topic.name}", attempts=20, pause_s=0.05,
                                conflicts=(CommitFailedError,))
+        if store.remove_if_deleted(topic):  # a delete that removed the table as this claim wrote to it
+            raise TopicGone(f"topic {topic.name!r} was deleted while this node claimed its partitions")
+        return ends
 
     async def _hand_over(self, pair: Pair) -> None:
         """Close the partition to produce, commit what it holds, then release it at the next beat."""

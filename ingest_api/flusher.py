@@ -43,6 +43,7 @@ from typing import Protocol
 
 import pyarrow as pa
 from deltalake import DeltaTable
+from deltalake.exceptions import DeltaError
 
 from lakebroker.ingest_api.chunks import Chunk, chunks_to_arrow
 from lakebroker.ingest_api.metrics import IngestMetrics
@@ -55,7 +56,7 @@ from lakebroker.tables.lost_offsets import skip_in_table
 from lakebroker.tables.runtime_priority import RuntimePriority
 from lakebroker.tables.schemas import TOPIC_SCHEMA
 from lakebroker.tables.settings import Settings
-from lakebroker.tables.topics import TopicConfig, ensure_topic_table
+from lakebroker.tables.topics import TopicConfig, ensure_topic_table, open_topic_table
 
 log = logging.getLogger(__name__)
 
@@ -354,7 +355,14 @@ class Flusher:
                     return False, []
                 ends = await asyncio.to_thread(self._commit, topic, live)
         except Exception:
-            log.exception("flush of %d records to topic %r failed; will retry", len(live), name)
+            if await asyncio.to_thread(self._table_gone, topic):
+                # Deleted through another node that this one has not followed yet: its items wait for
+                # the follow, which drops them with the topic; no retry writes where the table was.
+                self._tables.pop(topic.topic_id, None)
+                log.warning("flush of %d records to topic %r: its table is gone (deleted through another node); "
+                            "they go with the topic once this node sees the delete", len(live), name)
+            else:
+                log.exception("flush of %d records to topic %r failed; will retry", len(live), name)
             self._metrics.flush_errors.labels(name).inc()
             return False, live
         self._metrics.flush_latency.observe(time.perf_counter() - started)
@@ -403,9 +411,20 @@ class Flusher:
         kept = self._tables.get(topic.topic_id)
         if kept is None:
             uri = self._layout.topic_table(topic)
-            kept = self._tables[topic.topic_id] = delta.KeptTable(uri, functools.partial(ensure_topic_table, uri))
+            # A node's topic tables are made with their topics and opened by its claims: one missing here
+            # was deleted through another node, and is not made again (TopicGone). A flusher of no node
+            # (its table's only writer: tests, benchmarks) makes its own.
+            opener: Callable[[str], DeltaTable] = open_topic_table if self.node else ensure_topic_table
+            kept = self._tables[topic.topic_id] = delta.KeptTable(uri, functools.partial(opener, uri))
             self._metrics.flush_errors.labels(topic.name)  # starts at zero, visible before a failure
         return kept.current()
+
+    def _table_gone(self, topic: TopicConfig) -> bool:
+        """Whether the topic's table is missing, asked after a failed flush."""
+        try:
+            return not delta.exists(self._layout.topic_table(topic))
+        except (DeltaError, OSError):  # the storage failed the flush too: no sign of a delete
+            return False
 
     def _commit(self, topic: TopicConfig, records: list[Record | Chunk]) -> dict[int, int]:
         try:

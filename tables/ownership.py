@@ -19,7 +19,7 @@ message (tables/fencing.py), and that claim is what refuses the old owner's late
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -144,11 +144,15 @@ def _view(rows: Rows, now: datetime) -> ClusterView:
 
 
 class OwnershipTable:
-    def __init__(self, layout: Layout, node: str, url: str, ttl_s: float) -> None:
+    def __init__(self, layout: Layout, node: str, url: str, ttl_s: float,
+                 live_topics: Callable[[], Collection[str]] | None = None) -> None:
+        """`live_topics`: the ids of the topics the topic store has (TopicStore.topic_ids); the heartbeat
+        keeps the table to them. None: every topic a heartbeat is given is live (this table's own tests)."""
         self.table = StateTable(layout.owners_table, OWNERS_SCHEMA, OWNERS_SCHEMA_VERSION)
         self.node = node
         self.url = url
         self.ttl = timedelta(seconds=ttl_s)
+        self._live_topics = live_topics
 
     def view(self) -> ClusterView:
         return _view(self.table.read(), datetime.now(UTC))
@@ -165,7 +169,12 @@ class OwnershipTable:
         def change(rows: Rows) -> tuple[Rows, Heartbeat]:
             now = datetime.now(UTC)
             expires = now if leave else now + self.ttl
-            out = [dict(r) for r in rows]
+            # Read after the rows, in every attempt: a topic deleted before this commit's snapshot is
+            # gone here too, so a node that has not seen the delete writes back none of the rows it
+            # removed, and rows of a deleted topic (written before, or a pin) leave with this commit.
+            ids = None if self._live_topics is None else self._live_topics()
+            out = [dict(r) for r in rows if ids is None or r["kind"] == "node" or r["topic_id"] in ids]
+            serving = {pair: topic for pair, topic in pairs.items() if ids is None or pair[0] in ids}
             nodes = [r for r in out if r["kind"] == "node"
                      and r["expires_at"] > now - self.ttl * FORGET_NODES_AFTER_TTLS]
             me = next((r for r in nodes if r["node"] == self.node), None)
@@ -180,11 +189,11 @@ class OwnershipTable:
             by_pair = {(r["topic_id"], r["partition"]): r for r in out if r["kind"] == "partition"}
             owners = {pair: r["node"] for pair, r in by_pair.items() if r["node"] and r["expires_at"] > now}
             pins = [r for r in out if r["kind"] == "pin"]
-            plan = balance(list(pairs), live, owners, {(r["topic_id"], r["partition"]): r["node"] for r in pins})
+            plan = balance(list(serving), live, owners, {(r["topic_id"], r["partition"]): r["node"] for r in pins})
             held: dict[Pair, int] = {}
             taken: set[Pair] = set()
             give_up: set[Pair] = set()
-            for pair, topic in pairs.items():
+            for pair, topic in serving.items():
                 row = by_pair.get(pair)
                 mine = row is not None and row["node"] == self.node and row["expires_at"] > now
                 if row is not None and mine:

@@ -105,12 +105,26 @@ def new_topic(name: str, partitions: int, **config: Any) -> TopicConfig:
     )
 
 
+class TopicGone(NotFound):
+    """A topic this node still serves was deleted (through another node, whose delete this one has
+    not followed yet): nothing may write its table again."""
+
+
 def ensure_topic_table(uri: str, *, key_compacted: bool = False) -> DeltaTable:
     """A topic's message table, created if missing, with TOPIC_TABLE_PROPERTIES set, and marked as
     one whose offsets may have holes when its topic is (or becomes) key-compacted."""
     properties = {**TOPIC_TABLE_PROPERTIES, **({KEY_COMPACTED_PROPERTY: "true"} if key_compacted else {})}
     return delta.ensure_table(uri, TOPIC_SCHEMA, partition_by=TOPIC_PARTITION_COLUMNS, version=TOPIC_SCHEMA_VERSION,
                               properties=properties)
+
+
+def open_topic_table(uri: str) -> DeltaTable:
+    """A topic's table as it is, never made: a broker's topic tables are made with their topics
+    (TopicStore.create), so a missing one is a deleted topic's."""
+    table = delta.open_table(uri)
+    if table is None:
+        raise TopicGone(f"there is no topic table at {uri}: its topic was deleted")
+    return table
 
 
 def mark_key_compacted(uri: str) -> DeltaTable | None:
@@ -205,6 +219,34 @@ class TopicStore:
 
     def load(self) -> dict[str, TopicConfig]:
         return {r["name"]: _from_row(r) for r in self._table.read()}
+
+    def topic_ids(self) -> set[str]:
+        """The ids of the topics the store has now (a topic created again under a deleted one's
+        name has an id of its own)."""
+        return {r["topic_id"] for r in self._table.read()}
+
+    def live_table(self, topic: TopicConfig) -> DeltaTable:
+        """The topic's table, for a writer that may not have seen the topic deleted (a claim):
+        TopicGone if the store no longer has it, else its table, made again if it is missing."""
+        if topic.topic_id not in self.topic_ids():
+            raise TopicGone(f"topic {topic.name!r} ({topic.topic_id}) was deleted")
+        uri = self.layout.topic_table(topic)
+        if delta.exists(uri):
+            return delta.load(uri)
+        return ensure_topic_table(uri, key_compacted=topic.cleanup_policy is CleanupPolicy.COMPACT)
+
+    def remove_if_deleted(self, topic: TopicConfig) -> bool:
+        """Remove a deleted topic's table again, with whatever a node that had not yet seen the
+        delete wrote there after the delete removed it (a claim, a flush); whether it is deleted.
+        Only on the store's word: a missing store proves nothing, and a location a live topic
+        has (one an older version let a new topic reuse) stays."""
+        if not delta.exists(self._table.uri):
+            return False
+        live = self.load().values()
+        if any(t.topic_id == topic.topic_id or t.location == topic.location for t in live):
+            return False
+        storage.remove_tree(self.layout.topic_table(topic))
+        return True
 
     def get(self, name: str) -> TopicConfig:
         validate_name(name)
