@@ -19,12 +19,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import socket
 import time
 import uuid
 from collections import defaultdict
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING
 
 from deltalake.exceptions import CommitFailedError, DeltaError
@@ -38,6 +39,7 @@ from lakebroker.tables.errors import Backpressure, LakebrokerError
 from lakebroker.tables.layout import Layout
 from lakebroker.tables.ownership import ClusterView, Heartbeat, NodeInfo, OwnershipTable, Pair
 from lakebroker.tables.settings import Settings
+from lakebroker.tables.storage_clock import max_skew_s, skew_s
 from lakebroker.tables.tokens import TokenStore
 from lakebroker.tables.topics import TopicConfig, TopicGone
 
@@ -45,6 +47,7 @@ if TYPE_CHECKING:
     from lakebroker.ingest_api.broker import Broker
 
 log = logging.getLogger(__name__)
+CLOCK_CHECK_S = 10.0  # how often a node compares its clock with the storage's
 TWIN_POLL_S = 0.25
 
 
@@ -153,6 +156,10 @@ class Membership:
         self._tasks: set[asyncio.Task[None]] = set()  # hand-overs in progress
         self._asked: set[asyncio.Task[None]] = set()  # beats topic changes asked for (beat_for)
         self._draining = False
+        self.max_skew_s = max_skew_s(settings.ingest_lease_ttl_s)
+        self._clock_off = False  # this clock is further from the storage's than the leases tolerate
+        self._skew = timedelta(0)  # how far ahead of the storage's it is
+        self._clock_checked = -float("inf")  # monotonic time of the last check
 
     def advertise(self, url: str) -> None:
         """The URL others reach this node at, once `serve` knows its port."""
@@ -254,15 +261,45 @@ class Membership:
         if not task.cancelled() and (exc := task.exception()) is not None:
             log.warning("a heartbeat a topic change asked for failed (%s); the next one takes its place", exc)
 
+    async def _check_clock(self) -> None:
+        """Every CLOCK_CHECK_S: a node whose clock is too far off takes no partitions and hands over
+        those it holds (its heartbeat is marked as draining, so no plan gives it any), until it is
+        back within the bound."""
+        if time.monotonic() - self._clock_checked < CLOCK_CHECK_S:
+            return
+        self._clock_checked = time.monotonic()
+        try:
+            skew = await asyncio.to_thread(skew_s, self.layout.system_root, self.node)
+        except OSError as exc:  # the heartbeat's own commit says whether the storage is there
+            log.warning("could not compare this node's clock with the table storage's: %s", exc)
+            return
+        metrics = self.broker.metrics
+        metrics.clock_skew.set(skew)
+        self._skew = timedelta(seconds=skew)
+        off = abs(skew) > self.max_skew_s
+        if off != self._clock_off:
+            if off:
+                log.error("this node's clock is %.1f s %s the table storage's, more than the %.1f s the leases "
+                          "tolerate (a quarter of LAKEBROKER_INGEST_LEASE_TTL_S): it takes no partitions and "
+                          "hands over those it holds until its clock is set right (NTP)", abs(skew),
+                          "ahead of" if skew > 0 else "behind", self.max_skew_s)
+            else:
+                log.warning("this node's clock is within %.1f s of the table storage's again (%.1f s): it takes "
+                            "partitions again", self.max_skew_s, skew)
+        self._clock_off = off
+        metrics.clock_refused.set(1 if off else 0)
+
     async def _beat(self, bounded: bool = False) -> None:
         await self.broker.follow_topics()
+        await self._check_clock()
         release = frozenset(self._released)
         beat: Heartbeat = await asyncio.to_thread(self.table.heartbeat, self._pairs(), release,
-                                                  draining=self._draining)
+                                                  draining=self._draining or self._clock_off)
         loop = asyncio.get_running_loop()
         claims_until = loop.time() + self.table.ttl.total_seconds() / 4 if bounded else None
         self._released -= release
-        self.view = beat.view
+        # Routing judges the others' leases: by the storage's time when this clock is known to be off.
+        self.view = dataclasses.replace(beat.view, at=beat.view.at - self._skew) if self._clock_off else beat.view
         owned = self.broker.owned_pairs()
         lost = owned - beat.held.keys()
         if lost:
@@ -271,7 +308,7 @@ class Membership:
         if self._draining:  # it holds what it holds until it stops: broker.stop commits and releases it
             return
         taken = {pair: epoch for pair, epoch in beat.held.items() if pair not in owned}
-        if taken:
+        if taken and not self._clock_off:
             await self._claim(taken, claims_until)
         for pair in beat.give_up - self._handing_over:
             self._handing_over.add(pair)

@@ -118,6 +118,12 @@ class IngestMetrics:
             buckets=(1, 4, 16, 64, 256, 1024, 4096, 16384, 65536), registry=registry,
         )
         self.wal_segments = Gauge("lakebroker_wal_segments", "WAL segment files on disk.", registry=registry)
+        self.clock_skew = Gauge(
+            "lakebroker_clock_skew_seconds", "How far this node's clock is ahead of the table storage's (negative: "
+            "behind). Past a quarter of the lease TTL the node takes no partitions.", registry=registry)
+        self.clock_refused = Gauge(
+            "lakebroker_clock_refused", "1 while this node takes no partitions because its clock is too far off.",
+            registry=registry)
         self.parked_messages = Gauge(
             "lakebroker_parked_messages",
             "Acknowledged messages this node holds of partitions it does not own, until their owner has "

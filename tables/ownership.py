@@ -31,6 +31,8 @@ from lakebroker.tables.state_table import Rows, StateTable
 Pair = tuple[str, int]  # (topic id, partition)
 FORGET_NODES_AFTER_TTLS = 10  # a node row this many TTLs past its expiry is dropped from the table
 DRAINING = -1  # a node row's epoch while the node stops (0 otherwise): planned no partitions
+# The expiry a release writes: past on every clock, so a node whose clock runs ahead lets go at once.
+RELEASED = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 @dataclass(frozen=True)
@@ -145,6 +147,7 @@ def _view(rows: Rows, now: datetime) -> ClusterView:
 
 class OwnershipTable:
     def __init__(self, layout: Layout, node: str, url: str, ttl_s: float,
+                 clock: Callable[[], datetime] = lambda: datetime.now(UTC),
                  live_topics: Callable[[], Collection[str]] | None = None) -> None:
         """`live_topics`: the ids of the topics the topic store has (TopicStore.topic_ids); the heartbeat
         keeps the table to them. None: every topic a heartbeat is given is live (this table's own tests)."""
@@ -152,10 +155,11 @@ class OwnershipTable:
         self.node = node
         self.url = url
         self.ttl = timedelta(seconds=ttl_s)
+        self._clock = clock
         self._live_topics = live_topics
 
     def view(self) -> ClusterView:
-        return _view(self.table.read(), datetime.now(UTC))
+        return _view(self.table.read(), self._clock())
 
 
     def heartbeat(self, pairs: Mapping[Pair, str], release: frozenset[Pair] = frozenset(), *,
@@ -167,8 +171,8 @@ class OwnershipTable:
         state = DRAINING if draining else 0
 
         def change(rows: Rows) -> tuple[Rows, Heartbeat]:
-            now = datetime.now(UTC)
-            expires = now if leave else now + self.ttl
+            now = self._clock()
+            expires = RELEASED if leave else now + self.ttl
             # Read after the rows, in every attempt: a topic deleted before this commit's snapshot is
             # gone here too, so a node that has not seen the delete writes back none of the rows it
             # removed, and rows of a deleted topic (written before, or a pin) leave with this commit.
@@ -198,7 +202,7 @@ class OwnershipTable:
                 mine = row is not None and row["node"] == self.node and row["expires_at"] > now
                 if row is not None and mine:
                     if leave or pair in release:
-                        row.update(expires_at=now)  # the node stays named: it alone may take it back as it was
+                        row.update(expires_at=RELEASED)  # the node stays named: it alone may take it back as it was
                         continue
                     row["expires_at"] = me["expires_at"]
                     held[pair] = row["epoch"]
@@ -229,7 +233,7 @@ class OwnershipTable:
         one than this table remembers: it was reset, or restored from a replica); None if not held."""
 
         def change(rows: Rows) -> tuple[Rows, int | None]:
-            now = datetime.now(UTC)
+            now = self._clock()
             out = [dict(r) for r in rows]
             for r in out:
                 if r["kind"] == "partition" and (r["topic_id"], r["partition"]) == pair:
@@ -247,7 +251,7 @@ class OwnershipTable:
         def change(rows: Rows) -> tuple[Rows, None]:
             out = [r for r in rows if not (r["kind"] == "pin" and (r["topic_id"], r["partition"]) == pair)]
             if node is not None:
-                now = datetime.now(UTC)
+                now = self._clock()
                 out.append({"kind": "pin", "node": node, "url": None, "topic_id": pair[0], "topic": topic,
                             "partition": pair[1], "epoch": 0, "since": now, "expires_at": now})
             return out, None

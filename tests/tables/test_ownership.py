@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -92,6 +93,23 @@ def test_leaving_releases_everything_and_deleted_topics_are_forgotten(layout: La
     assert a.heartbeat(pairs).held == {pair: 3 for pair in pairs}, "a held them last: the same epoch"
     b.forget_topic("id-orders")
     assert set(b.view().owners) == {("id-audit", 0)}
+
+
+def test_a_node_whose_clock_runs_ahead_lets_go_at_once_when_it_leaves_or_releases(layout: Layout) -> None:
+    """A release is explicit, whatever the releasing node's clock: one a minute ahead wrote its own
+    "now" as the expiry, which the others saw as a live lease for another minute."""
+    pairs = _pairs({"orders": 2})
+    ahead = OwnershipTable(layout, "ahead", "http://127.0.0.1:1", ttl_s=30,
+                           clock=lambda: datetime.now(UTC) + timedelta(seconds=60))
+    other = OwnershipTable(layout, "other", "http://127.0.0.1:2", ttl_s=30)
+    held = ahead.heartbeat(pairs).held
+    assert held.keys() == pairs.keys()
+    one = next(iter(pairs))
+    ahead.heartbeat(pairs, release=frozenset({one}))
+    assert other.heartbeat(pairs).held == {one: 2}, "a released lease is free on every clock"
+    ahead.heartbeat(pairs, leave=True)
+    assert other.heartbeat(pairs).held.keys() == pairs.keys(), "so is a leaving node's every lease"
+    assert set(other.view().live_nodes()) == {"other"}
 
 
 def test_a_draining_node_is_planned_nothing_takes_nothing_and_keeps_what_it_holds(layout: Layout) -> None:

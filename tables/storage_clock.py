@@ -1,0 +1,45 @@
+"""How far this process's clock is from the table storage's: leases are times, and every node
+judges them by its own clock.
+
+A node writes a small probe object under `_system/clocks/` and compares its own time at the write
+with the modification time the storage gives the object: the file system's clock on local storage,
+the object store's on S3 (whole seconds there). The storage is the one clock every node shares.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pyarrow.fs as pafs
+
+from lakebroker.tables import storage
+
+
+def max_skew_s(lease_ttl_s: float) -> float:
+    """The skew the leases tolerate. A lease is renewed at half its life, so a node whose clock runs
+    behind by S looks expired to the others S before it renews: a quarter of the TTL, with heartbeats
+    more frequent than that, leaves another quarter for the heartbeat and its commit."""
+    return lease_ttl_s / 4
+
+
+def skew_s(system_root: str, node: str) -> float:
+    """Seconds this clock is ahead of the storage's (negative: behind). Blocking I/O."""
+    fs, root = storage.filesystem(storage.join(system_root, "clocks"))
+    assert isinstance(fs, pafs.FileSystem)
+    if isinstance(fs, pafs.LocalFileSystem):  # an object store needs no folders
+        fs.create_dir(root, recursive=True)
+    path = f"{root}/{node}"
+    before = time.time()
+    with fs.open_output_stream(path) as out:
+        out.write(str(before).encode())
+    after = time.time()
+    if isinstance(fs, pafs.LocalFileSystem):
+        # The kernel's own record, read by Python's stat: an LD_PRELOAD clock (libfaketime) also
+        # shifts the times pyarrow's stat reads, and would hide the very skew looked for.
+        stored = os.stat(path).st_mtime
+    else:
+        mtime = fs.get_file_info(path).mtime
+        assert mtime is not None, f"{path}: the storage gives no modification time"
+        stored = mtime.timestamp() + 0.5  # whole seconds (Last-Modified): the middle of that second
+    return (before + after) / 2 - stored
