@@ -102,9 +102,10 @@ class Forwarder:
             raise NoOwnerYet(f"the owner of these partitions, {url}, did not answer within {self.timeout_s:g} s "
                              "(the lease TTL; an owner that stays silent loses them to a live node); retry in a "
                              "second", 1.0) from None
-        except httpx.HTTPError as exc:
-            raise Refused(503, "owner_unreachable", f"the owner of these partitions, {url}, did not answer "
-                          f"({type(exc).__name__}: {exc}); retry") from None
+        except httpx.HTTPError as exc:  # refused or reset: the owner died, and its lease has not yet run out
+            raise NoOwnerYet(f"the owner of these partitions, {url}, did not answer ({type(exc).__name__}: {exc}); "
+                             "its partitions move to a live node within the lease TTL: retry in a second",
+                             1.0) from None
         answer = _json(r)
         if r.status_code not in (200, 202):
             error = answer.get("error") if isinstance(answer, dict) else None

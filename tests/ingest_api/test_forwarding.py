@@ -43,3 +43,20 @@ async def test_an_owner_that_no_longer_owns_the_partition_means_retry_not_misdir
         assert owner.answers == [421, 500]
     finally:
         await forwarder.close()
+
+
+async def test_an_owner_that_refuses_connections_means_retry_once_its_lease_moves() -> None:
+    """A dead owner refuses connections until its lease runs out and a live node takes its
+    partitions: the producer gets 503 partition_unavailable with a Retry-After, as for a partition
+    between owners."""
+    receiver = Receiver()
+    url = receiver.url
+    receiver.close()  # nothing listens there any more
+    forwarder = Forwarder("node-a", 5)
+    try:
+        with pytest.raises(NoOwnerYet) as dead:
+            await forwarder.batch(url, "orders", [NewMessage(b"x", key="k")], [0], AckMode.WAL, None)
+        assert dead.value.status == 503 and dead.value.code == "partition_unavailable"
+        assert dead.value.retry_after_s == 1.0 and url in dead.value.message
+    finally:
+        await forwarder.close()
