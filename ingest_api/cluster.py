@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import logging
 import socket
 import time
@@ -156,6 +157,9 @@ class Membership:
         self._tasks: set[asyncio.Task[None]] = set()  # hand-overs in progress
         self._asked: set[asyncio.Task[None]] = set()  # beats topic changes asked for (beat_for)
         self._draining = False
+        self._held: dict[Pair, int] = {}  # the leases this node held at its last heartbeat, with their epochs
+        self._opening: set[Pair] = set()  # claimed, their ids being learnt before they open (`_open`)
+        self._openings: set[asyncio.Task[None]] = set()
         self.max_skew_s = max_skew_s(settings.ingest_lease_ttl_s)
         self._clock_off = False  # this clock is further from the storage's than the leases tolerate
         self._skew = timedelta(0)  # how far ahead of the storage's it is
@@ -185,6 +189,10 @@ class Membership:
         if self._task is not None:
             await self._task
             self._task = None
+        for opening in list(self._openings):  # nothing opens once the node stops
+            opening.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await opening
         for task in list(self._asked):  # a beat a topic change left running
             with contextlib.suppress(Exception):
                 await task
@@ -307,7 +315,8 @@ class Membership:
             self.broker.disown(lost)
         if self._draining:  # it holds what it holds until it stops: broker.stop commits and releases it
             return
-        taken = {pair: epoch for pair, epoch in beat.held.items() if pair not in owned}
+        self._held = beat.held
+        taken = {pair: epoch for pair, epoch in beat.held.items() if pair not in owned and pair not in self._opening}
         if taken and not self._clock_off:
             await self._claim(taken, claims_until)
         for pair in beat.give_up - self._handing_over:
@@ -351,19 +360,45 @@ class Membership:
                     log.error("%s", reason)
                 self.broker.unreadable[topic_id] = reason
                 continue
-            # Rows other nodes committed since this node's own last commit: their ids must be known
-            # before a retry of one of them can arrive here. A table unreadable at start was never
-            # read for ids: all of it within the window.
-            tid = bytes.fromhex(topic_id)
             unread = self.broker.unreadable.pop(topic_id, None) is not None
             if unread:
                 log.warning("topic %r: its table reads again; its partitions are open", topic.name)
-            others = {p: (0 if unread else self.broker.own_end((tid, p), prev), end) for p, (end, prev) in ends.items()}
-            placed = await asyncio.to_thread(placed_by_others, self.layout, topic, others, window_s=self.dedup_window_s)
-            await self.broker.learn_ids(placed)
             claimed = {p: (epochs[p], end, prev) for p, (end, prev) in ends.items()}
-            await self.broker.learn_handed_ids(topic, claimed)
-            self.broker.adopt(topic, claimed, placed)
+            if until is None:  # a start or a topic's creation: open before the beat ends
+                await self._open(topic, claimed, unread)
+                continue
+            # The loop's beats renew the leases: the learning runs beside them (it can take seconds).
+            pairs = {(topic_id, p) for p in claimed}
+            self._opening |= pairs
+            task = asyncio.create_task(self._open(topic, claimed, unread))
+            self._openings.add(task)
+            task.add_done_callback(functools.partial(self._opened, pairs))
+
+    async def _open(self, topic: TopicConfig, claimed: dict[int, tuple[int, int, int | None]], unread: bool) -> None:
+        """Open claimed partitions (partition -> (epoch, claimed end, this node's end before)) once the
+        ids other nodes committed to them since this node's own last commit are learnt: a retry of one
+        of them must get its first answer here. A table unreadable at start was never read for ids:
+        all of it within the window. Those whose lease this node lost meanwhile stay closed."""
+        tid = bytes.fromhex(topic.topic_id)
+        others = {p: (0 if unread else self.broker.own_end((tid, p), prev), end)
+                  for p, (_, end, prev) in claimed.items()}
+        placed = await asyncio.to_thread(placed_by_others, self.layout, topic, others, window_s=self.dedup_window_s)
+        await self.broker.learn_ids(placed)
+        await self.broker.learn_handed_ids(topic, claimed)
+        current = self.broker.topics.get(topic.name)
+        if current is None or current.topic_id != topic.topic_id:
+            return  # deleted (or made again) meanwhile
+        held = {p: c for p, c in claimed.items() if self._held.get((topic.topic_id, p)) == c[0]}
+        if held:
+            self.broker.adopt(current, held, placed)
+
+    def _opened(self, pairs: set[Pair], task: asyncio.Task[None]) -> None:
+        self._opening -= pairs
+        self._openings.discard(task)
+        if not task.cancelled() and (exc := task.exception()) is not None:
+            log.error("opening partitions this node claimed failed (%s); the next heartbeat claims them again",
+                      exc, exc_info=exc)
+        self._wake.set()
 
     def _claim_in_table(self, topic: TopicConfig, epochs: dict[int, int]) -> dict[int, tuple[int, int | None]]:
         """Claim on a fresh snapshot, again after a concurrent commit; each partition's claimed end
