@@ -10,9 +10,12 @@ Exactly once comes from message ids. Every row goes with an id naming its place 
 recomputes, or a micro-batch a restarted query replays sends the same ids, and the broker answers
 the rows it holds already from its dedup index (as duplicates, with their first offsets) instead
 of storing them again. That holds while a partition's rows come in the same order each time it is
-computed (Spark's own task retries assume a deterministic plan too) and within the broker's dedup
-window (`dedup_window_s`, an hour by default). A DataFrame with a stable unique key per row can
-name that column as `id` instead of relying on row order.
+computed (Spark's own task retries assume a deterministic plan too), and while the broker still
+remembers the ids: within its dedup window (`dedup_window_s`, an hour by default) and among the
+newest `dedup_max_entries` ids it placed (2,000,000 by default, counted over every producer of the
+node), so a re-run of a write larger than that, or after that many other ids, stores its oldest
+rows again. A DataFrame with a stable unique key per row can name that column as `id` instead of
+relying on row order; a row whose id is null is refused (it could not be deduplicated).
 """
 
 from __future__ import annotations
@@ -51,17 +54,19 @@ def write_to_topic(df: DataFrame, topic: str, *, value: str = "value", key: str 
     partition: optional columns of keys (string; Kafka's murmur2 picks the partition), headers (map
     of string to string) and explicit partitions. id: a column of message ids, unique and stable
     per row; without one each row's id is its place in this write, under `write_id` (default: a
-    new one per call; pass the same one to make a re-run of the same input idempotent).
+    new one per call; pass the same one to make a re-run of the same input idempotent). A row
+    whose `id` is null is not sent: its task raises ValueError naming the row, which fails the write.
     broker_url: any node of the broker (default: the environment's `LAKEBROKER_ADVERTISED_URL`,
     else this machine's `LAKEBROKER_PORT`). ack: as for any produce; the write returns once every
-    message is acknowledged so. Raises the client's RequestRefused for a row the broker refuses,
-    naming the column or row, and ValueError for a column `df` lacks."""
+    message is acknowledged so. A row the broker refuses fails the write with Spark's error, which
+    carries the client's RequestRefused naming the column or row; the rows sent before it stay.
+    Raises ValueError for a column `df` lacks, before anything is sent."""
     if ack not in ("none", "wal", "table"):
         raise ValueError(f"ack must be 'none', 'wal' or 'table', not {ack!r}")
     if max_rows < 1:
         raise ValueError("max_rows must be positive")
     wire = _wire_columns(df, value=value, key=key, headers=headers, partition=partition, id=id)
-    send = _sender(topic, broker_url or _default_url(), token, ack, write_id or uuid.uuid4().hex, max_rows)
+    send = _sender(topic, broker_url or _default_url(), token, ack, write_id or uuid.uuid4().hex, max_rows, id)
     from pyspark.sql import functions as F
 
     totals = df.select(*wire).mapInArrow(send, RESULT_SCHEMA) \
@@ -103,8 +108,8 @@ def _default_url() -> str:
     return (settings.advertised_url or f"http://127.0.0.1:{settings.port}").rstrip("/")
 
 
-def _sender(topic: str, url: str, token: str | None, ack: Ack, write_id: str,
-            max_rows: int) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+def _sender(topic: str, url: str, token: str | None, ack: Ack, write_id: str, max_rows: int,
+            id_column: str | None) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
     """The function each task runs (pickled to the executors: plain values only)."""
 
     def send(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
@@ -115,16 +120,23 @@ def _sender(topic: str, url: str, token: str | None, ack: Ack, write_id: str,
         from lakebroker_client import Producer
 
         context = TaskContext.get()
-        prefix = f"{write_id}:{0 if context is None else context.partitionId()}:"
+        partition = 0 if context is None else context.partitionId()
+        prefix = f"{write_id}:{partition}:"
         rows = duplicates = 0
         with Producer(url, token) as producer:
             for batch in batches:
                 if not batch.num_rows:
                     continue
                 table = pa.Table.from_batches([batch])
-                if "id" not in table.column_names:
+                if id_column is None:
                     numbers = pc.cast(pa.array(range(rows, rows + batch.num_rows), pa.int64()), pa.string())
                     table = table.append_column("id", pc.binary_join_element_wise(prefix, numbers, ""))
+                elif table.column("id").null_count:
+                    # The broker would store it without an id, so a retry or re-run would store it again.
+                    first = pc.index(pc.is_null(table.column("id")), True).as_py()
+                    raise ValueError(f"row {rows + first} of Spark partition {partition} has a null id (column "
+                                     f"{id_column!r}): every row needs an id, or leave out id= to use each "
+                                     "row's place in the write")
                 answers = producer.send_arrow(topic, table, ack=ack, max_rows=max_rows)
                 duplicates += pc.sum(answers.column("duplicate")).as_py() or 0
                 rows += batch.num_rows

@@ -106,6 +106,27 @@ def test_the_same_write_id_run_again_stores_nothing_twice(spark: Any, broker: Se
     _assert_once_and_dense(_stored(broker, "rerun"), {f"v{i}".encode() for i in range(500)})
 
 
+@pytest.mark.xfail(strict=True, raises=AssertionError,
+                   reason="needs the broker to keep a per-producer high-water mark (ingest_api): its dedup index "
+                   "holds one entry per id, so a write's ids beyond dedup_max_entries are forgotten (9,000 rows)")
+def test_a_rerun_larger_than_the_dedup_index_stores_nothing_twice(spark: Any, tmp_path: Path) -> None:
+    # The index holds 1,000 ids: a 5,000-row write's first 4,000 are forgotten by the time it ends.
+    small = ServerProcess(tmp_path / "data", env={"LAKEBROKER_FLUSH_INTERVAL_MS": "50",
+                                                  "LAKEBROKER_DEDUP_MAX_ENTRIES": "1000"})
+    small.start()
+    try:
+        _topic(small, "big-rerun")
+        df = spark.createDataFrame([(f"v{i}".encode(),) for i in range(5_000)], "value binary").repartition(2)
+        first = write_to_topic(df, "big-rerun", broker_url=small.url, write_id="backfill-2026-12", ack="table")
+        again = write_to_topic(df, "big-rerun", broker_url=small.url, write_id="backfill-2026-12", ack="table")
+        stored = _stored(small, "big-rerun")
+    finally:
+        small.stop()
+    assert len(stored) == 5_000, f"{len(stored)} rows stored for a 5,000-row write run twice"
+    assert first == Published(5_000, 0) and again == Published(5_000, 5_000)
+    _assert_once_and_dense(stored, {f"v{i}".encode() for i in range(5_000)})
+
+
 def test_an_id_column_makes_rows_their_own_ids(spark: Any, broker: ServerProcess) -> None:
     _topic(broker, "by-id")
     df = spark.createDataFrame([(f"order-{i % 50}", f"v{i % 50}") for i in range(200)], "order string, body string")
@@ -113,6 +134,15 @@ def test_an_id_column_makes_rows_their_own_ids(spark: Any, broker: ServerProcess
     assert published == Published(200, 150)
     rows = _stored(broker, "by-id")
     assert sorted(r["message_id"] for r in rows) == sorted(f"order-{i}" for i in range(50))
+
+
+def test_a_null_id_is_refused_before_its_batch_is_sent(spark: Any, broker: ServerProcess) -> None:
+    _topic(broker, "null-ids")
+    df = spark.createDataFrame([("order-1", "a"), (None, "b"), ("order-3", "c")], "order string, body string") \
+        .coalesce(1)
+    with pytest.raises(Exception, match=r"row 1 of Spark partition 0 has a null id \(column 'order'\)"):
+        write_to_topic(df, "null-ids", value="body", id="order", broker_url=broker.url, ack="table")
+    assert _stored(broker, "null-ids") == [], "a row without an id would be stored again by a re-run"
 
 
 def test_bad_arguments_are_refused_before_anything_is_sent(spark: Any, broker: ServerProcess) -> None:
