@@ -3,7 +3,8 @@
 - `read_topic(spark, topic, starting=..., ending=...)`: a topic as a DataFrame of decoded messages
   between two positions;
 - `read_topic_stream(spark, topic, starting=..., group=...)`: the same as a streaming DataFrame,
-  with a group's position committed after each micro-batch;
+  with a group's position committed after each micro-batch; `group_commits(spark, topic)` says
+  how those commits went;
 - `write_to_topic(df, topic, key=..., value=...)`: every row of a DataFrame published to a topic
   through the broker, exactly once; `topic_sink(topic, ...)` the same for `foreachBatch`;
 - `spark_session()`: the session lakebroker builds, for the environment's settings.
@@ -22,15 +23,15 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from lakebroker.spark_pipeline.topic_reads import Position, TableVersion, read_topic
-from lakebroker.spark_pipeline.topic_streams import read_topic_stream
+from lakebroker.spark_pipeline.topic_streams import GroupCommits, group_commits, read_topic_stream
 from lakebroker.spark_pipeline.topic_writes import Published, topic_sink, write_to_topic
 from lakebroker.tables.settings import Settings
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-__all__ = ["Position", "Published", "TableVersion", "read_topic", "read_topic_stream", "spark_session", "topic_sink",
-           "write_to_topic"]
+__all__ = ["GroupCommits", "Position", "Published", "TableVersion", "group_commits", "read_topic", "read_topic_stream",
+           "spark_session", "topic_sink", "write_to_topic"]
 
 
 def spark_session(settings: Settings | None = None, *, app_name: str = "lakebroker") -> SparkSession:

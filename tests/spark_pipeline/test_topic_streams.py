@@ -5,6 +5,7 @@ it to the log end; a query that fell behind retention reads on from what is left
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections import defaultdict
@@ -13,17 +14,20 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from deltalake import DeltaTable
 from fastapi.testclient import TestClient
 
 from lakebroker.ingest_api.app import create_app
-from lakebroker.spark import TableVersion, read_topic_stream
+from lakebroker.spark import TableVersion, group_commits, read_topic_stream
 from lakebroker.spark_pipeline.jobs import compaction, key_compaction, retention
+from lakebroker.tables import storage
 from lakebroker.tables.layout import Layout
 from lakebroker.tables.offsets import OffsetReason, OffsetsTable, pull_group
 from lakebroker.tables.settings import Settings
 from tests.spark_pipeline.topics import NOW_US, create_topic, file_count, log_ends, produce, settings_for, table
 
 HOUR_US = 3_600_000_000
+IGNORE_MISSING_FILES = "spark.sql.files.ignoreMissingFiles"
 
 
 class Collected:
@@ -130,6 +134,67 @@ def test_a_stream_behind_retention_reads_on_from_what_is_left(spark: Any, tmp_pa
         again.wait(lambda: _group(settings, "late", "trail") == {0: 18}, "the group at the log end")
     finally:
         query.stop()
+
+
+def test_a_stream_reads_past_a_deleted_file_and_the_sessions_setting_stays(spark: Any, tmp_path: Path) -> None:
+    settings = settings_for(tmp_path / "data")
+    create_topic(settings, "swept", partitions=1)
+    for _ in range(3):
+        produce(settings, "swept", 0, 2)  # offsets 0-1, 2-3, 4-5: a file each
+    log = table(settings, "swept")
+    uri, newest = log.table_uri, log.version()
+    middle = set(DeltaTable(uri, version=newest - 1).file_uris()) - set(DeltaTable(uri, version=newest - 2).file_uris())
+    (gone,) = middle
+    Path(gone.removeprefix("file://")).unlink()  # as a vacuum after retention, while the log still adds it
+    spark.conf.set(IGNORE_MISSING_FILES, "false")
+    sink = Collected()
+    stream = read_topic_stream(spark, "swept", starting="earliest", settings=settings)
+    stream.writeStream.foreachBatch(sink).option("checkpointLocation", str(tmp_path / "cp")) \
+        .trigger(availableNow=True).start().awaitTermination(120)
+    assert spark.conf.get(IGNORE_MISSING_FILES) == "false", "the caller's session keeps its own setting"
+    assert sink.offsets() == {0: [0, 1, 4, 5]}, "the stream reads on past the deleted file"
+    with pytest.raises(Exception, match=r"FILE_NOT_EXIST|does not exist"):
+        spark.read.format("delta").load(storage.spark_uri(uri)).collect()  # the session's own reads still fail
+
+
+def test_a_failed_group_commit_is_logged_counted_and_tried_again(spark: Any, tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch,
+                                                                caplog: pytest.LogCaptureFixture) -> None:
+    settings = settings_for(tmp_path / "data")
+    create_topic(settings, "unwritable", partitions=1)
+    produce(settings, "unwritable", 0, 3)
+
+    def refuse(*args: Any, **kwargs: Any) -> None:
+        raise OSError("the offsets table is not writable")
+
+    monkeypatch.setattr(OffsetsTable, "commit", refuse)
+    caplog.set_level(logging.INFO, logger="lakebroker.spark_pipeline.topic_streams")
+    sink = Collected()
+    stream = read_topic_stream(spark, "unwritable", starting="earliest", group="auditors", settings=settings)
+    stream.sparkSession.conf.set("spark.sql.streaming.noDataProgressEventInterval", "200")  # idle events, quickly
+    query = stream.writeStream.foreachBatch(sink).option("checkpointLocation", str(tmp_path / "cp")) \
+        .trigger(processingTime="300 milliseconds").start()
+    try:
+        sink.wait(lambda: group_commits(spark, "unwritable").failures >= 1, "a failed commit counted")
+        failing = group_commits(spark, "unwritable")
+        assert (failing.group, failing.committed, failing.pending, failing.commits) == ("auditors", {}, {0: 3}, 0)
+        assert failing.last_error == "OSError: the offsets table is not writable"
+        errors = [r for r in caplog.records if r.levelno == logging.ERROR]
+        assert errors and "group 'auditors' could not commit its position {0: 3} on topic 'unwritable'" in \
+            errors[0].getMessage()
+        assert _group(settings, "auditors", "unwritable") == {}
+        assert sink.offsets() == {0: [0, 1, 2]}, "the query itself goes on"
+
+        monkeypatch.undo()  # writable again: the idle query commits what is pending, with no new batch
+        sink.wait(lambda: _group(settings, "auditors", "unwritable") == {0: 3}, "the pending position committed")
+        recovered = group_commits(stream.sparkSession, "unwritable")
+        assert (recovered.committed, recovered.pending, recovered.commits) == ({0: 3}, {}, 1)
+        assert recovered.last_error is None and recovered.failures >= failing.failures
+        assert any("committed its position on topic 'unwritable' again" in r.getMessage() for r in caplog.records)
+    finally:
+        query.stop()
+    with pytest.raises(ValueError, match="no stream of topic 'nothing' with a group"):
+        group_commits(spark, "nothing")
 
 
 def test_starting_positions_and_a_groups_position(spark: Any, tmp_path: Path) -> None:
