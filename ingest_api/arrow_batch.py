@@ -9,6 +9,9 @@ A producer that holds its messages as columns (a DataFrame, an Arrow table) send
     headers    map of string to string, optional, null for none
     partition  any integer type, optional, null for the partitioner's choice
     id         string, optional: the message id that deduplicates a retry
+    producer_id, sequence
+               string and integer, optional, together: a producer's id and its sequence, which
+               increases in each partition (Kafka's idempotent-producer contract: ingest_api/sequences.py)
 
 The body is read without a copy (the columns point into it) and checked whole, before anything is
 stored: the stream, every column's type, and the rows (lengths, nulls, ranges), with the first
@@ -42,7 +45,7 @@ from lakebroker.tables.errors import InvalidRequest, TooLarge
 from lakebroker.tables.topics import MAX_PARTITIONS
 
 ARROW_STREAM = "application/vnd.apache.arrow.stream"
-COLUMNS = ("value", "key", "headers", "partition", "id")
+COLUMNS = ("value", "key", "headers", "partition", "id", "producer_id", "sequence")
 MAX_ID_CHARS = 256
 # pyarrow's writer writes a record batch per chunk of the table, and a dictionary batch where a
 # chunk's dictionary is new: a producer's body holds few. Each takes time to read, though empty:
@@ -93,6 +96,7 @@ def _batch(table: pa.Table) -> ColumnarBatch:
     value, fmt = _value(got["value"])
     key = _key(got["key"]) if "key" in got else _repeated(pa.string(), n)
     message_id = _id(got["id"]) if "id" in got else _repeated(pa.string(), n)
+    producer, sequence = _producer(got.get("producer_id"), got.get("sequence"), n)
     partition = _partition(got["partition"]) if "partition" in got else _repeated(pa.int64(), n)
     headers = _headers(got["headers"]) if "headers" in got else _repeated(_HEADERS, n)
     if value.null_count:
@@ -100,7 +104,7 @@ def _batch(table: pa.Table) -> ColumnarBatch:
         if pc.any(keyless).as_py():
             raise InvalidShape(f"invalid message {_first(keyless)}: a null value is a tombstone, which needs a key")
     columns = pa.Table.from_arrays(
-        [key, value, fmt, headers, message_id, _repeated(pa.string(), n), _repeated(pa.int64(), n)],
+        [key, value, fmt, headers, message_id, producer, sequence],
         schema=CHUNK_SCHEMA,
     )
     return ColumnarBatch(columns, partition, _messages(columns, partition))
@@ -274,6 +278,28 @@ def _id(column: pa.Array) -> pa.Array:
     return ids
 
 
+def _producer(producer: pa.Array | None, sequence: pa.Array | None, n: int) -> tuple[pa.Array, pa.Array]:
+    if producer is None and sequence is None:
+        return _repeated(pa.string(), n), _repeated(pa.int64(), n)
+    if producer is None or sequence is None:
+        raise InvalidShape("invalid batch: producer_id and sequence come together")
+    if not _is_string(producer.type):
+        raise InvalidShape(f"invalid batch: the producer_id column must be a string, not {producer.type}")
+    if not pa.types.is_integer(sequence.type):
+        raise InvalidShape(f"invalid batch: the sequence column must be of an integer type, not {sequence.type}")
+    producer = producer.cast(pa.string())
+    _lengths(producer, "producer_id", 1, MAX_ID_CHARS)
+    lone = pc.xor(pc.is_valid(producer), pc.is_valid(sequence))
+    if pc.any(lone).as_py():
+        raise InvalidShape(f"invalid message {_first(lone)}: producer_id and sequence come together")
+    if sequence.null_count < len(sequence):
+        wrong = pc.less(sequence, 0) if pa.types.is_signed_integer(sequence.type) else \
+            pc.greater(sequence, pa.scalar(2**63 - 1, pa.uint64()))
+        if pc.any(wrong).as_py():
+            raise InvalidShape(f"invalid message {_first(wrong)}: sequence must be between 0 and 2^63 - 1")
+    return producer, sequence.cast(pa.int64())
+
+
 def _partition(column: pa.Array) -> pa.Array:
     if not pa.types.is_integer(column.type):
         raise InvalidShape(f"invalid batch: the partition column must be of an integer type, not {column.type}")
@@ -325,9 +351,10 @@ def _messages(columns: pa.Table, partitions: pa.Array) -> Callable[[], list[NewM
     def messages() -> list[NewMessage]:
         rows = zip(columns.column("key").to_pylist(), columns.column("value").to_pylist(),
                    columns.column("format").to_pylist(), columns.column("headers").to_pylist(),
-                   columns.column("message_id").to_pylist(), partitions.to_pylist(), strict=True)
+                   columns.column("message_id").to_pylist(), columns.column("producer_id").to_pylist(),
+                   columns.column("sequence").to_pylist(), partitions.to_pylist(), strict=True)
         return [NewMessage(value=value, format=fmt, key=key, headers=dict(headers) if headers else None,
-                           partition=partition, message_id=mid)
-                for key, value, fmt, headers, mid, partition in rows]
+                           partition=partition, message_id=mid, producer_id=producer, sequence=sequence)
+                for key, value, fmt, headers, mid, producer, sequence, partition in rows]
 
     return messages

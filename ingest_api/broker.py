@@ -44,6 +44,7 @@ from lakebroker.ingest_api.metrics import IngestMetrics
 from lakebroker.ingest_api.partitioner import Partitioner
 from lakebroker.ingest_api.records import RECORD_OVERHEAD, Record
 from lakebroker.ingest_api.recovery import recover
+from lakebroker.ingest_api.sequences import SequenceMarks, chunk_marks
 from lakebroker.ingest_api.table_ends import TableEnds
 from lakebroker.ingest_api.turns import Turns
 from lakebroker.ingest_api.wal import PartitionKey, Wal, delete_segments
@@ -111,6 +112,7 @@ class Broker:
         self.topics: dict[str, TopicConfig] = {}
         self.dedup: DedupIndex  # at start: its ring file is the data dir's, so only the lock's holder opens it
         self.partitioner = Partitioner()
+        self.marks = SequenceMarks(settings.dedup_window_s)  # producers' sequences per partition (Arrow batches)
         self.admission = Admission(settings.max_backlog_bytes, lambda: self.backlog_bytes, metrics)
         self._topic_ids: dict[str, bytes] = {}  # a topic id's bytes, for the single-message path
         self.wal = Wal(self.layout.wal_dir, segment_bytes=settings.wal_segment_bytes, fsync=settings.wal_fsync)
@@ -156,7 +158,7 @@ class Broker:
         self.flusher.node = self.cluster.node
         recovered = await asyncio.to_thread(recover, self.wal, self.layout, list(self.topics.values()), self.dedup,
                                             self.metrics, dedup_window_s=self.settings.dedup_window_s,
-                                            node=self.cluster.node)
+                                            node=self.cluster.node, marks=self.marks)
         for damage in recovered.damage:
             self.damage.add(damage)
         self.committer.next_offsets = recovered.assigned
@@ -267,6 +269,7 @@ class Broker:
         self.damage.forget_topic(topic.name)
         self.unreadable.pop(topic.topic_id, None)
         self.table_ends.forget(topic.topic_id)
+        self.marks.forget_topic(topic.topic_id)
         topic_id = bytes.fromhex(topic.topic_id)
         for key in [k for k in (*self.epochs, *self.parked) if k[0] == topic_id]:
             self.epochs.pop(key, None)
@@ -683,7 +686,13 @@ class Broker:
         sizes = self.admission.check_columns(topic, batch)
         started = time.perf_counter()
         n = batch.rows
-        ids = one_array(batch.columns.column("message_id"))
+        producers = one_array(batch.columns.column("producer_id"))
+        sequenced = producers.null_count < n  # an Arrow batch's producer_id and sequence columns (sequences.py)
+        ids = one_array(batch.columns.column("message_id"))  # then their dedup ids, null where none
+        if sequenced:
+            ids = dedup_ids(ids, producers, one_array(batch.columns.column("sequence")))
+        elif ids.null_count < n:
+            ids = dedup_ids(ids)
         # Every message's partition, duplicates too (they take their turn in the keyless runs
         # as on the per-message path), checked before the dedup index hears of any id.
         everyone = self.partitioner.columns(topic, batch.partitions, one_array(batch.columns.column("key")), sizes,
@@ -700,7 +709,11 @@ class Broker:
         waits: list[tuple[int, asyncio.Future[Placed]]] = []  # duplicates of messages in flight
         placing: dict[int, asyncio.Future[Placed]] = {}  # row → its id's future, for new messages with an id
         if ids.null_count < n:
-            self._dedup_columns(topic, ids.to_pylist(), results, keep, waits, placing)
+            marks = None
+            if sequenced:
+                marks = (everyone.tolist(), producers.to_pylist(), batch.columns.column("sequence").to_pylist(),
+                         one_array(batch.columns.column("message_id")).is_null().to_pylist())
+            self._dedup_columns(topic, ids.to_pylist(), results, keep, waits, placing, marks)
         kept = np.flatnonzero(keep)
         columns = batch.columns if len(kept) == n else batch.columns.take(pa.array(kept))
         parts = everyone if len(kept) == n else everyone[kept]
@@ -725,6 +738,8 @@ class Broker:
             if mine:
                 assert future is not None
                 future.add_done_callback(_settle_ids(mine))
+                if sequenced:
+                    future.add_done_callback(self._raise_marks())
             self.committer.submit([PendingChunk(chunk, future)])
         self.acks.queued(topic.name, ack.value, len(kept))
         if ack is AckMode.NONE:
@@ -781,15 +796,27 @@ class Broker:
 
     def _dedup_columns(self, topic: TopicConfig, ids: list[str | None], results: BatchResults, keep: np.ndarray,
                        waits: list[tuple[int, asyncio.Future[Placed]]],
-                       placing: dict[int, asyncio.Future[Placed]]) -> None:
+                       placing: dict[int, asyncio.Future[Placed]],
+                       marks: tuple[list[int], list[str | None], list[int | None], list[bool]] | None) -> None:
         """As `produce` does per message: a known id answers with its original placement, an id
-        in flight waits for it, a new id is registered before any later message can look it up."""
+        in flight waits for it, a new id is registered before any later message can look it up.
+        With `marks` (each message's partition, producer id, sequence, and whether it has no
+        message id), an unknown id whose sequence is at or below its producer's mark in its
+        partition is a retry too, of a message placed at an offset no longer known (sequences.py)."""
         loop = asyncio.get_running_loop()
-        for i, mid in enumerate(ids):
-            if mid is None:
+        for i, did in enumerate(ids):
+            if did is None:
                 continue
-            key: DedupKey = (topic.topic_id, "m:" + mid)
+            key: DedupKey = (topic.topic_id, did)
             hit = self.dedup.lookup(key)
+            if hit is None and marks is not None and marks[3][i] and (producer := marks[1][i]) is not None:
+                partition, sequence = marks[0][i], marks[2][i]
+                assert sequence is not None
+                if self.marks.covers((topic.topic_id, partition, producer), sequence):
+                    keep[i] = False
+                    results.duplicate[i] = True
+                    results.partition[i] = partition
+                    continue
             if hit is None:
                 future: asyncio.Future[Placed] = loop.create_future()
                 self.dedup.begin(key, future)
@@ -802,6 +829,15 @@ class Broker:
                 results.partition[i], results.offset[i], results.timestamp_us[i] = hit
             else:
                 waits.append((i, hit))
+
+    def _raise_marks(self) -> Callable[[asyncio.Future[Chunk]], None]:
+        """A durable chunk of sequenced messages: its producers' marks in its partition."""
+
+        def done(future: asyncio.Future[Chunk]) -> None:
+            if not future.cancelled() and future.exception() is None:
+                self.marks.raise_all(chunk_marks(future.result()))
+
+        return done
 
     def _remember_chunk(self, topic_hex: str) -> Callable[[asyncio.Future[Chunk]], None]:
         """A chunk appended again: its ids at their new offsets."""

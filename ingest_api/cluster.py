@@ -382,7 +382,8 @@ class Membership:
         tid = bytes.fromhex(topic.topic_id)
         others = {p: (0 if unread else self.broker.own_end((tid, p), prev), end)
                   for p, (_, end, prev) in claimed.items()}
-        placed = await asyncio.to_thread(placed_by_others, self.layout, topic, others, window_s=self.dedup_window_s)
+        placed = await asyncio.to_thread(placed_by_others, self.layout, topic, others, window_s=self.dedup_window_s,
+                                         marks=self.broker.marks)
         await self.broker.learn_ids(placed)
         await self.broker.learn_handed_ids(topic, claimed)
         current = self.broker.topics.get(topic.name)

@@ -26,6 +26,7 @@ from lakebroker.ingest_api.chunks import Chunk
 from lakebroker.ingest_api.dedup import DedupIndex, dedup_ids, key_hashes
 from lakebroker.ingest_api.hand_off import identified
 from lakebroker.ingest_api.records import Record
+from lakebroker.ingest_api.sequences import MarkKey, SequenceMarks, chunk_marks, marks_of
 from lakebroker.ingest_api.wal import PartitionKey
 from lakebroker.tables import delta
 from lakebroker.tables.layout import Layout
@@ -47,14 +48,21 @@ class _Source:
 
 def rebuild(index: DedupIndex, layout: Layout, topics: Sequence[TopicConfig], wal_records: list[Record],
             wal_chunks: list[Chunk], committed: Mapping[PartitionKey, int], *, window_s: float,
-            unreadable: Collection[str] = ()) -> int:
+            unreadable: Collection[str] = (), marks: SequenceMarks | None = None) -> int:
     """Remember in `index` the ids placed within the window; returns how many. `committed` holds
     each partition's log end in its table: WAL items below it are read from the table. The tables
-    of `unreadable` topic ids are not read (their ids are learnt when their partitions are claimed)."""
+    of `unreadable` topic ids are not read (their ids are learnt when their partitions are claimed).
+    `marks` learns each producer's highest sequence per partition within the window."""
     horizon_us = int((time.time() - window_s) * 1_000_000)
     sources = [_Source(t.topic_id, table) for t in topics if t.topic_id not in unreadable
                and (table := delta.open_table(layout.topic_table(t))) is not None]
     live = {bytes.fromhex(t.topic_id) for t in topics}
+    if marks is not None:
+        for source in sources:
+            marks.raise_all(sequence_marks(source.topic_id, source.table, horizon_us))
+        for chunk in wal_chunks:
+            if chunk.topic_id in live and chunk.timestamp_us >= horizon_us:
+                marks.raise_all(chunk_marks(chunk))
     wal = _wal_ids(wal_records, wal_chunks, committed, live, horizon_us)  # held in memory by recovery anyway
     stamps = np.concatenate([wal["timestamp"].to_numpy(), *(_times(s.table, horizon_us) for s in sources)])
     if not len(stamps):
@@ -82,10 +90,11 @@ def restore(index: DedupIndex, placed: pa.Table) -> None:
 
 
 def placed_by_others(layout: Layout, topic: TopicConfig, ranges: Mapping[int, tuple[int, int]], *,
-                     window_s: float) -> pa.Table:
+                     window_s: float, marks: SequenceMarks | None = None) -> pa.Table:
     """The ids within the window at partition -> [start, end) offsets of a topic table, oldest first,
     as `_PLACED`: what other nodes placed in partitions this node takes over, so that a retry of a
-    message the old owner acknowledged gets its first answer here too."""
+    message the old owner acknowledged gets its first answer here too. `marks` learns those rows'
+    producer sequences."""
     wanted = {p: r for p, r in ranges.items() if r[0] < r[1]}
     if not wanted:
         return _PLACED.empty_table()
@@ -101,8 +110,27 @@ def placed_by_others(layout: Layout, topic: TopicConfig, ranges: Mapping[int, tu
         where = one if where is None else where | one
     assert where is not None
     horizon_us = int((time.time() - window_s) * 1_000_000)
+    if marks is not None:
+        marks.raise_all(sequence_marks(topic.topic_id, table, horizon_us, where))
     placed = _table_ids(_Source(topic.topic_id, table), horizon_us, None, where)
     return placed.take(pc.sort_indices(placed["timestamp"]))
+
+
+def sequence_marks(topic_id: str, table: DeltaTable, since_us: int, rows: pc.Expression | None = None,
+                   ) -> list[tuple[MarkKey, int, float]]:
+    """Each producer's highest sequence per partition among a table's rows from `since_us` on (and
+    `rows`), a record batch at a time: one entry per producer and partition in memory, not per row."""
+    where = (pc.field("timestamp") >= delta.timestamp_literal(since_us)) & pc.field("producer_id").is_valid()
+    if rows is not None:
+        where &= rows
+    highest: dict[MarkKey, tuple[int, float]] = {}
+    for batch in delta.read_batches(table, where, ["partition", "producer_id", "sequence", "timestamp"]):
+        some = pa.table({"partition": batch["partition"], "producer_id": batch["producer_id"],
+                         "sequence": batch["sequence"], "timestamp": pc.cast(batch["timestamp"], pa.int64())})
+        for key, sequence, at_s in marks_of(topic_id, some):
+            known = highest.get(key)
+            highest[key] = (max(sequence, known[0]), max(at_s, known[1])) if known else (sequence, at_s)
+    return [(key, sequence, at_s) for key, (sequence, at_s) in highest.items()]
 
 
 def handed_ids(items: Sequence[Record | Chunk], node: str, *, window_s: float) -> pa.Table:

@@ -203,13 +203,12 @@ class Partitioner:
     def columns(self, topic: TopicConfig, explicit: pa.Array, keys: pa.Array, sizes: np.ndarray,
                 ids: pa.Array | None = None) -> np.ndarray:
         """The partitions of a batch held as columns (`sizes`: each message's, as message_bytes
-        counts it; `ids`: its message ids, null where none)."""
+        counts it; `ids`: its dedup ids (dedup.dedup_ids), null where none)."""
         cache = self._key_caches.get(topic.topic_id)
         if cache is None or cache.partitions != topic.partitions:
             cache = self._key_caches[topic.topic_id] = KeyCache(topic.partitions)
         if ids is not None and ids.null_count < len(ids):  # keyless messages with an id go by the id
-            by_id = pc.binary_join_element_wise("m", ids, ":")
-            keys = pc.if_else(pc.is_valid(keys), keys, by_id)
+            keys = pc.if_else(pc.is_valid(keys), keys, ids)
         return partitions_for(explicit, keys, sizes, self._keyless(topic), cache)
 
     def restrict(self, topic: TopicConfig, owned: list[int]) -> None:

@@ -25,6 +25,7 @@ from lakebroker.ingest_api.dedup_rebuild import rebuild as rebuild_dedup
 from lakebroker.ingest_api.metrics import IngestMetrics
 from lakebroker.ingest_api.reader import unreadable
 from lakebroker.ingest_api.records import Record
+from lakebroker.ingest_api.sequences import SequenceMarks
 from lakebroker.ingest_api.wal import PartitionKey, Wal
 from lakebroker.ingest_api.wal_damage import Damage, find_damage
 from lakebroker.tables.layout import Layout
@@ -46,7 +47,7 @@ class Recovered:
 
 
 def recover(wal: Wal, layout: Layout, topics: list[TopicConfig], dedup: DedupIndex, metrics: IngestMetrics, *,
-            dedup_window_s: float, node: str) -> Recovered:
+            dedup_window_s: float, node: str, marks: SequenceMarks | None = None) -> Recovered:
     """Blocking: run it in a thread. `node`: this data dir's node id. Its WAL items below the end of
     its own newest commit to a partition are in the table; the rest are not, even where
     another node's commits have since passed their offsets (ingest_api/cluster.py sorts those out)."""
@@ -66,7 +67,7 @@ def recover(wal: Wal, layout: Layout, topics: list[TopicConfig], dedup: DedupInd
     del report  # what is in the tables already goes before the dedup index's rebuild reads them
     rebuild_dedup(dedup, layout, topics, [r for r in unflushed if isinstance(r, Record)],
                   [c for c in unflushed if isinstance(c, Chunk)], committed, window_s=dedup_window_s,
-                  unreadable=set(unreadable))
+                  unreadable=set(unreadable), marks=marks)
     return Recovered(committed, assigned, unflushed, damage, unreadable)
 
 

@@ -5,17 +5,17 @@ Python client's `Producer.send_arrow`: straight to each partition's owner, retri
 lost connections), and the broker assigns the offsets. Nothing is appended to the topic table
 behind the broker's back, which would break dense offsets, dedup and delivery.
 
-Exactly once comes from message ids. Every row goes with an id naming its place in the write,
-`<write id>:<Spark partition>:<row number in it>`, so a task Spark runs again, a stage it
-recomputes, or a micro-batch a restarted query replays sends the same ids, and the broker answers
-the rows it holds already from its dedup index (as duplicates, with their first offsets) instead
-of storing them again. That holds while a partition's rows come in the same order each time it is
-computed (Spark's own task retries assume a deterministic plan too), and while the broker still
-remembers the ids: within its dedup window (`dedup_window_s`, an hour by default) and among the
-newest `dedup_max_entries` ids it placed (2,000,000 by default, counted over every producer of the
-node), so a re-run of a write larger than that, or after that many other ids, stores its oldest
-rows again. A DataFrame with a stable unique key per row can name that column as `id` instead of
-relying on row order; a row whose id is null is refused (it could not be deduplicated).
+Exactly once comes from producer sequences, as Kafka's idempotent producer has them: each task is
+a producer, `<write id>:<Spark partition>`, and each row's number in it is its sequence. A task
+Spark runs again, a stage it recomputes, or a micro-batch a restarted query replays sends the same
+producers and sequences, and the broker answers the rows it holds already as duplicates instead of
+storing them again: it keeps each producer's highest sequence per partition within its dedup
+window (`dedup_window_s`, an hour by default; ingest_api/sequences.py), one entry per task and
+partition whatever the write's size. That holds while a partition's rows come in the same order
+each time it is computed (Spark's own task retries assume a deterministic plan too). A DataFrame
+with a stable unique key per row can name that column as `id` instead; those rows are deduplicated
+by id, among the newest `dedup_max_entries` ids the broker placed, and a row whose id is null is
+refused (it could not be deduplicated).
 """
 
 from __future__ import annotations
@@ -53,8 +53,9 @@ def write_to_topic(df: DataFrame, topic: str, *, value: str = "value", key: str 
     value: the column of message values (binary, or string: stored as text). key, headers,
     partition: optional columns of keys (string; Kafka's murmur2 picks the partition), headers (map
     of string to string) and explicit partitions. id: a column of message ids, unique and stable
-    per row; without one each row's id is its place in this write, under `write_id` (default: a
-    new one per call; pass the same one to make a re-run of the same input idempotent). A row
+    per row; without one each task is a producer under `write_id` and each row's place in it its
+    sequence (default: a new write id per call; pass the same one to make a re-run of the same
+    input idempotent). A row
     whose `id` is null is not sent: its task raises ValueError naming the row, which fails the write.
     broker_url: any node of the broker (default: the environment's `LAKEBROKER_ADVERTISED_URL`,
     else this machine's `LAKEBROKER_PORT`). ack: as for any produce; the write returns once every
@@ -121,16 +122,16 @@ def _sender(topic: str, url: str, token: str | None, ack: Ack, write_id: str, ma
 
         context = TaskContext.get()
         partition = 0 if context is None else context.partitionId()
-        prefix = f"{write_id}:{partition}:"
+        producer_id = pa.scalar(f"{write_id}:{partition}")
         rows = duplicates = 0
         with Producer(url, token) as producer:
             for batch in batches:
                 if not batch.num_rows:
                     continue
                 table = pa.Table.from_batches([batch])
-                if id_column is None:
-                    numbers = pc.cast(pa.array(range(rows, rows + batch.num_rows), pa.int64()), pa.string())
-                    table = table.append_column("id", pc.binary_join_element_wise(prefix, numbers, ""))
+                if id_column is None:  # the task is a producer, its rows' numbers the sequence (sequences.py)
+                    table = table.append_column("producer_id", pa.repeat(producer_id, batch.num_rows))
+                    table = table.append_column("sequence", pa.array(range(rows, rows + batch.num_rows), pa.int64()))
                 elif table.column("id").null_count:
                     # The broker would store it without an id, so a retry or re-run would store it again.
                     first = pc.index(pc.is_null(table.column("id")), True).as_py()

@@ -106,9 +106,6 @@ def test_the_same_write_id_run_again_stores_nothing_twice(spark: Any, broker: Se
     _assert_once_and_dense(_stored(broker, "rerun"), {f"v{i}".encode() for i in range(500)})
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="needs the broker to keep a per-producer high-water mark (ingest_api): its dedup index "
-                   "holds one entry per id, so a write's ids beyond dedup_max_entries are forgotten (9,000 rows)")
 def test_a_rerun_larger_than_the_dedup_index_stores_nothing_twice(spark: Any, tmp_path: Path) -> None:
     # The index holds 1,000 ids: a 5,000-row write's first 4,000 are forgotten by the time it ends.
     small = ServerProcess(tmp_path / "data", env={"LAKEBROKER_FLUSH_INTERVAL_MS": "50",

@@ -18,12 +18,13 @@ if TYPE_CHECKING:
     ArrowTable: TypeAlias = pa.Table  # for the other modules' annotations, which import no pyarrow
 
 ARROW_STREAM = "application/vnd.apache.arrow.stream"
-WIRE_COLUMNS = ("value", "key", "headers", "partition", "id")
+WIRE_COLUMNS = ("value", "key", "headers", "partition", "id", "producer_id", "sequence")
 
 
 def as_table(data: Any, columns: Mapping[str, str] | None) -> pa.Table:
     """`data` (a pyarrow Table or RecordBatch, a pandas or Polars DataFrame) as an Arrow table of
-    the wire's columns: `columns` maps a wire name (value, key, headers, partition, id) to the
+    the wire's columns: `columns` maps a wire name (value, key, headers, partition, id, producer_id,
+    sequence) to the
     column of `data` that holds it; without it, the columns are taken by those names as they are."""
     try:
         import pyarrow as pa
@@ -55,9 +56,10 @@ def as_table(data: Any, columns: Mapping[str, str] | None) -> pa.Table:
 
 
 def with_ids(table: pa.Table) -> pa.Table:
-    """The table with an `id` column where it has none: a random prefix and the row's number, so a
-    retried request is answered from the broker's dedup index instead of stored again."""
-    if "id" in table.column_names:
+    """The table with an `id` column where it has none (nor producer_id and sequence): a random
+    prefix and the row's number, so a retried request is answered from the broker's dedup index
+    instead of stored again."""
+    if "id" in table.column_names or "producer_id" in table.column_names:
         return table
     import pyarrow as pa
     import pyarrow.compute as pc
