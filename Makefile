@@ -70,7 +70,9 @@ fault: setup
 soak: setup
 	$(PY) -m bench.soak --minutes 10 $(SOAK_ARGS)
 
-# The same on three nodes sharing a table root, one SIGKILLed every minute (bench/scenarios/soak_cluster.py).
+# The same on three nodes sharing a table root, under a nemesis drawn from a seed (bench/soak/nemesis.py):
+# 30 faults, five of each kind: SIGKILL, SIGSTOP past the lease TTL, a clock off, a leave and join, a partition
+# moved back and forth, a topic re-created; also bounds each partition's outage after its owner's death.
 soak-cluster: setup
 	$(PY) -m bench.soak --minutes 10 --nodes 3 $(SOAK_ARGS)
 

@@ -12,7 +12,11 @@ bench/soak/report.py turns the counts into a Result, each invariant a Check. One
   gets its turn between kills), and two `lakebroker deliver` workers;
 * a webhook receiver on loopback that fails 30 % of requests, with odd headers, and is slow at times;
 * every `kill_every_s`: SIGKILL of serve (then restarted), and half a period later SIGKILL of one
-  worker (then restarted); every `recreate_every_s`: the topic `churn` deleted and created again;
+  worker (then restarted); every `recreate_every_s`: the topic `churn` deleted and created again.
+  On a cluster (`nodes` > 1) the nemesis (bench/soak/nemesis.py) replaces the SIGKILLs of serve and
+  the re-creates: `plan.fault_slots` faults drawn from the seed (SIGKILL, SIGSTOP past the lease TTL,
+  a clock off, a leave and join, a partition moved back and forth, `churn` re-created), each run to
+  its end, and after each SIGKILL or SIGSTOP each partition of the node is probed until it answers;
 * `big` gets messages of just under 1 MiB, and its subscription lags: paused until half the load
   is done, so the delivery workers then catch up through large rows (their peak RSS is reported);
 * `profiles` (compact) is PATCHed to `cleanup_policy=delete` at 40 % of the load and back at 60 %;
@@ -70,7 +74,8 @@ from deltalake import DeltaTable
 from bench.harness.memory import peak_rss_mb
 from bench.harness.servers import BenchError
 from bench.result import REPO
-from bench.soak.checks import TopicSpec, check_all, check_jobs, topic_table
+from bench.soak.checks import TopicSpec, check_all, check_jobs, check_nemesis, topic_table
+from bench.soak.nemesis import Fault, Nemesis, schedule
 from bench.soak.report import SoakReport
 from lakebroker.ingest_api.router import STRANDED
 from lakebroker.tables.layout import Layout
@@ -115,6 +120,8 @@ class SoakPlan:
     # The short form's retention window (20 s) is shorter than delivery's lag can be when it runs
     # beside the whole test suite: there retention runs only once delivery has drained.
     retention_during_load: bool = True
+    outages_checked: bool = True  # the bound on a partition's outage after its owner's death (report.py)
+    fault_slots: int = 0  # a cluster's nemesis (bench/soak/nemesis.py): faults in the load, each kind slots // 6 times
 
     @classmethod
     def for_minutes(cls, minutes: float, kill_every_s: float = 60.0) -> SoakPlan:
@@ -122,7 +129,8 @@ class SoakPlan:
         return cls(minutes=minutes, kill_every_s=kill_every_s, recreate_every_s=kill_every_s * 0.75,
                    job_interval_s=(3, 4, 5, 6) if short else (15, 20, 25, 30),
                    retention_ms=20_000 if short else 60_000, max_messages=int(minutes * 60 * 150),
-                   drain_timeout_s=300 if short else 600, jobs_timeout_s=1500, retention_during_load=not short)
+                   drain_timeout_s=300 if short else 600, jobs_timeout_s=1500, retention_during_load=not short,
+                   outages_checked=not short, fault_slots=len(Fault) if short else max(len(Fault), int(minutes * 3)))
 
 
 def odd_receiver(seed: int) -> Receiver:
@@ -186,6 +194,14 @@ class Soak:
         self.shared = {} if nodes == 1 else {"LAKEBROKER_TABLES_URI": str(self.tables), **CLUSTER}
         self.replica = work / "replica"
         self.report = SoakReport(minutes=plan.minutes, nodes=nodes)
+        self.nemesis: Nemesis | None = None
+        if nodes > 1:
+            self.report.seed, self.report.outages_checked = seed, plan.outages_checked
+            self.report.fault_schedule = [f.value for f in schedule(seed, plan.fault_slots)]
+            self.report.faults_planned = dict(sorted(Counter(self.report.fault_schedule).items()))
+            self.nemesis = Nemesis(self, seed, float(CLUSTER["LAKEBROKER_INGEST_LEASE_TTL_S"]),
+                                   float(CLUSTER["LAKEBROKER_INGEST_HEARTBEAT_S"]))
+            print(f"[soak] nemesis seed {seed}: " + " ".join(self.report.fault_schedule), file=sys.stderr, flush=True)
         self.receiver = odd_receiver(seed)
         self.receiver.server.handle_error = lambda *args: None  # type: ignore[method-assign]  # broken pipes
         self.servers = [ServerProcess(self.data if i == 0 else work / f"node-{i}", env=self._server_env(0),
@@ -271,29 +287,51 @@ class Soak:
             cwd=REPO, stdout=subprocess.PIPE, stderr=(self.work / "producer.log").open("ab"))
         begin = time.monotonic()
         every = self.plan.kill_every_s
-        events = sorted([(begin + every * (k + 0.5), "serve") for k in range(int(seconds / every))]
-                        + [(begin + every * (k + 1), "worker") for k in range(int(seconds / every))]
-                        + [(begin + self.plan.recreate_every_s * (k + 1), "recreate")
-                           for k in range(int(seconds / self.plan.recreate_every_s))]
-                        + [(begin + seconds * 0.4, "to_delete"), (begin + seconds * 0.5, "resume_big"),
-                           (begin + seconds * 0.6, "to_compact")])
+        events: list[tuple[float, str, Any]] = [
+            (begin + every * (k + 1), "worker", self._worker) for k in range(int(seconds / every))]
+        events += [(begin + seconds * 0.4, "to_delete", self._to_delete),
+                   (begin + seconds * 0.5, "resume_big", self._resume_big),
+                   (begin + seconds * 0.6, "to_compact", self._to_compact)]
+        if self.nemesis is None:  # one node: SIGKILLs of serve, and `churn` re-created, at fixed periods
+            events += [(begin + every * (k + 0.5), "serve", self._serve) for k in range(int(seconds / every))]
+            events += [(begin + self.plan.recreate_every_s * (k + 1), "recreate", self.recreate)
+                       for k in range(int(seconds / self.plan.recreate_every_s))]
+        else:  # a cluster: the nemesis's faults at its slots, each run to its end even past the load's
+            nemesis = self.nemesis
+            step = (seconds - 3) / len(self.report.fault_schedule)
+            events += [(begin + step * (k + 0.5), "fault", lambda f=Fault(fault): nemesis.inject(f))
+                       for k, fault in enumerate(self.report.fault_schedule)]
         try:
-            for at, what in events:
-                if at > begin + seconds - 3:
+            for at, what, do in sorted(events, key=lambda e: e[0]):
+                if at > begin + seconds - 3 and what != "fault":
                     continue  # leave the end of the load undisturbed
                 time.sleep(max(0.0, at - time.monotonic()))
-                getattr(self, f"_{what}")()
+                do()
             out, _ = producer.communicate(timeout=seconds + 120)
         finally:
             if producer.poll() is None:
                 producer.kill()
                 producer.wait()
+            if self.nemesis is not None:
+                self._note_nemesis(self.nemesis, time.monotonic() - begin > seconds)
         self.report.producer = orjson.loads(out.strip().splitlines()[-1])
+
+    def _note_nemesis(self, nemesis: Nemesis, past_load: bool) -> None:
+        self.report.faults = {f.value: nemesis.injected.get(f.value, 0) for f in Fault}
+        self.report.outages = nemesis.outages
+        self.report.outage_bound_s = nemesis.bound_s
+        self.report.nemesis_log = nemesis.log
+        self.report.faults_past_load = past_load
 
     def _serve(self) -> None:
         """SIGKILL serve (in a cluster, each node in turn) and start it again on its data dir and port."""
-        victim = self.servers[self.report.serve_kills % len(self.servers)]
+        self.kill_and_restart(self.servers[self.report.serve_kills % len(self.servers)])
+
+    def kill_and_restart(self, victim: ServerProcess, probe: Any = None) -> None:
+        """SIGKILL a node and start it again on its data dir and port; `probe` runs right after the kill."""
         victim.kill()
+        if probe is not None:
+            probe()
         self.report.serve_kills += 1
         self._read_wal(victim.data_dir)
         victim.env.update(self._server_env(self.report.serve_kills))
@@ -301,6 +339,16 @@ class Soak:
         if self._silent is None:
             self._silent = threading.Thread(target=self._silent_clients, args=(url,), daemon=True)
             self._silent.start()
+
+    def stop_node(self, node: ServerProcess) -> None:
+        """SIGTERM a node: it hands its partitions over; acknowledged messages it keeps in its WAL are a problem
+        only if it is not started again (the drain), so they are noted, not counted, here."""
+        logged = node.log.stat().st_size
+        node.stop()
+        with node.log.open("rb") as log:
+            log.seek(logged)
+            if STRANDED_LOG in log.read():
+                self.report.stranded_stops += 1
 
     def _read_wal(self, data: Path) -> None:
         """Whether the WAL a restart recovers holds batch chunks and single records of one partition."""
@@ -371,7 +419,7 @@ class Soak:
         self.report.worker_kills += 1
         self.workers[name] = self._start_worker(name)
 
-    def _recreate(self) -> None:
+    def recreate(self) -> None:
         with httpx.Client(base_url=self.server.url, timeout=60) as client:
             r = client.delete("/v1/topics/churn")
             if r.status_code != 204:
@@ -515,13 +563,20 @@ class Soak:
     def _check(self) -> None:
         from lakebroker.tables import job_runs
 
-        acks = [orjson.loads(line) for line in self.acks_file.read_bytes().splitlines() if line.strip()]
+        probes = self.work / "probe-acks.jsonl"
+        lines = self.acks_file.read_bytes().splitlines() + (probes.read_bytes().splitlines() if probes.exists() else [])
+        acks = [orjson.loads(line) for line in lines if line.strip()]
+        self.report.probes_acked = sum(1 for a in acks if a["kind"] == "probe")
+        self.report.acked_by_mode = dict(sorted(Counter(
+            f"ack={a['ack']}, {'keyed' if a.get('key') is not None else 'keyless'}" for a in acks).items()))
         acks = [a for a in acks if a["topic"] != "churn" or a["sent"] >= self.churn_since]  # this incarnation
         self.report.receiver_answers = {str(k): v for k, v in sorted(Counter(self.receiver.answers).items())}
         logs = "".join(server.log.read_text() for server in self.servers)
         starts = re.findall(r"lakebroker\.spark_pipeline\.scheduler: starting ([a-z-]+):", logs)
         self.report.job_starts = dict(sorted(Counter(starts).items()))
         check_all(self.report, self.tables, SPECS, acks, self.receiver.messages(), self._dead)
+        if self.nemesis is not None:
+            check_nemesis(self.report)
         if self._silent is not None:
             self._silent.join(timeout=SILENT_CLOSE_S + 10)
         open_ = sum(1 for t in self.report.silent_clients if t is None)

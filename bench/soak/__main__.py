@@ -17,7 +17,7 @@ from bench.report import render
 from bench.result import REPO, RESULTS_DIR
 from bench.scenarios import every
 from bench.scenarios.soak import SCENARIO as SINGLE
-from bench.scenarios.soak_cluster import NODES
+from bench.scenarios.soak_cluster import NODES, SEED
 from bench.scenarios.soak_cluster import SCENARIO as CLUSTER
 from bench.soak import run
 from bench.soak.report import passed, to_result
@@ -39,24 +39,26 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--kill-every", type=float, default=60.0, help="seconds between SIGKILLs of serve")
     parser.add_argument("--nodes", type=int, choices=(1, NODES), default=1,
                         help=f"serve processes; {NODES}: a cluster sharing a table root, one killed at a time")
+    parser.add_argument("--seed", type=int, help=f"the load's and the nemesis's seed (default 12; {SEED} on a cluster)")
     parser.add_argument("--work", type=Path, help="keep data and logs here")
     parser.add_argument("--no-docs", action="store_true", help="print only; write no result and leave docs/ alone")
     parser.add_argument("--results-dir", type=Path, default=RESULTS_DIR, help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path, default=REPO / "docs" / "benchmarks.md", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    seed = args.seed if args.seed is not None else (12 if args.nodes == 1 else SEED)
     if args.work is not None:
-        report = run(args.minutes, args.work, kill_every_s=args.kill_every, nodes=args.nodes)
+        report = run(args.minutes, args.work, kill_every_s=args.kill_every, seed=seed, nodes=args.nodes)
     else:
         with tempfile.TemporaryDirectory(prefix="lakebroker-soak-", ignore_cleanup_errors=True) as tmp:
-            report = run(args.minutes, Path(tmp), kill_every_s=args.kill_every, nodes=args.nodes)
+            report = run(args.minutes, Path(tmp), kill_every_s=args.kill_every, seed=seed, nodes=args.nodes)
             if not passed(to_result(report)):
                 _keep_logs(Path(tmp))
     result = to_result(report).stamp("full", report.seconds)
     scenario = SINGLE if args.nodes == 1 else CLUSTER
     made = "make soak" if args.nodes == 1 else "make soak-cluster"
-    result.command = made if (args.minutes, args.kill_every) == (10.0, 60.0) else (
+    result.command = made if (args.minutes, args.kill_every, args.seed) == (10.0, 60.0, None) else (
         f"python -m bench.soak --minutes {args.minutes:g} --kill-every {args.kill_every:g}"
-        + ("" if args.nodes == 1 else f" --nodes {args.nodes}"))
+        + ("" if args.nodes == 1 else f" --nodes {args.nodes}") + ("" if args.seed is None else f" --seed {seed}"))
     for line in result.headlines:
         print(f"{scenario.title}: {line}", flush=True)
     for c in result.checks:

