@@ -15,7 +15,7 @@ import httpx
 import pytest
 from deltalake import DeltaTable
 
-from lakebroker.ingest_api.partitioner import partition_for_key
+from tests.ingest_api.test_cluster import keys_by_partition
 from tests.receivers import Receiver
 from tests.servers import ServerProcess, until
 
@@ -29,8 +29,7 @@ def _env(root: Path) -> dict[str, str]:
             "LAKEBROKER_INGEST_HEARTBEAT_S": "0.3", "LAKEBROKER_ALLOW_PRIVATE_WEBHOOKS": "1"}
 
 
-def _key_for(partition: int) -> str:
-    return next(k for k in (f"k{i}" for i in range(1000)) if partition_for_key(k, PARTITIONS) == partition)
+KEYS = keys_by_partition(PARTITIONS)
 
 
 @pytest.fixture
@@ -77,7 +76,7 @@ def test_every_read_route_through_every_node_agrees_with_the_table(three: tuple[
         for p in range(PARTITIONS):
             for n in range(p + 2):
                 r = httpx.post(f"{owners[p]}/v1/topics/r/messages", params={"ack": "table"},
-                               json={"key": _key_for(p), "value": {"p": p, "n": n}}, timeout=30)
+                               json={"key": KEYS[p], "value": {"p": p, "n": n}}, timeout=30)
                 assert r.status_code == 200 and r.json()["partition"] == p, r.text
         stored = _table(root)
         assert {p: len(rows) for p, rows in stored.items()} == {p: p + 2 for p in range(PARTITIONS)}

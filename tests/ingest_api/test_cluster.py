@@ -37,17 +37,17 @@ def _env(root: Path, **extra: str) -> dict[str, str]:
             "LAKEBROKER_INGEST_HEARTBEAT_S": "0.2", **extra}
 
 
-def _keys() -> dict[int, str]:
-    """A key for each partition."""
+def keys_by_partition(partitions: int) -> dict[int, str]:
+    """A key for each partition, by Kafka's murmur2."""
     keys: dict[int, str] = {}
     i = 0
-    while len(keys) < PARTITIONS:
-        keys.setdefault(partition_for_key(f"k{i}", PARTITIONS), f"k{i}")
+    while len(keys) < partitions:
+        keys.setdefault(partition_for_key(f"k{i}", partitions), f"k{i}")
         i += 1
     return keys
 
 
-KEYS = _keys()
+KEYS = keys_by_partition(PARTITIONS)
 
 
 def _cluster(url: str) -> dict[str, Any]:

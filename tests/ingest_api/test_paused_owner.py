@@ -25,9 +25,9 @@ import pytest
 from lakebroker.ingest_api import router as router_module
 from lakebroker.ingest_api.broker import Broker
 from lakebroker.ingest_api.forwarding import OWNER_CONNECTIONS
-from lakebroker.ingest_api.partitioner import partition_for_key
 from lakebroker.ingest_api.records import Record
 from lakebroker.ingest_api.router import Router
+from tests.ingest_api.test_cluster import keys_by_partition
 from tests.servers import ServerProcess, until
 
 pytestmark = [pytest.mark.timeout(300)]
@@ -38,16 +38,7 @@ TO_PAUSED = 100  # concurrent forwards to the paused owner: more than its pool h
 CLIENT_TIMEOUT_S = 20.0  # well above TTL_S, well below the old 120 s forward timeout
 
 
-def _keys() -> dict[int, str]:
-    keys: dict[int, str] = {}
-    i = 0
-    while len(keys) < PARTITIONS:
-        keys.setdefault(partition_for_key(f"k{i}", PARTITIONS), f"k{i}")
-        i += 1
-    return keys
-
-
-KEYS = _keys()
+KEYS = keys_by_partition(PARTITIONS)
 
 
 @dataclass
