@@ -1,0 +1,240 @@
+"""Every front door gives the same outcome for the same produce, each in its own wire form.
+
+One table of cases, run through every door against real `lakebroker serve` processes: a single
+message answered below ASGI (the fast path) and through ASGI (`fast_produce` off), a JSON batch,
+an NDJSON batch, an Arrow IPC batch, and Confluent's REST Proxy v2 (its errors in Confluent's
+`error_code`s; a record's own fault is that record's slot, not the request's). A rule copied into
+one door and missed in another shows here as a door that answers differently.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import orjson
+import pyarrow as pa
+import pytest
+
+from lakebroker.ingest_api.partitioner import partition_for_key
+from lakebroker.tables.layout import Layout
+from lakebroker.tables.tokens import TokenStore
+from tests.servers import ServerProcess
+
+pytestmark = [pytest.mark.timeout(300)]
+
+PARTITIONS = 4
+MAX_MESSAGE_BYTES = 1_000
+ARROW = "application/vnd.apache.arrow.stream"
+V2_JSON = "application/vnd.kafka.json.v2+json"
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """A door's answer to one message, in common terms: stored (partition, offset, duplicate) or
+    refused (the HTTP status, our error code, and whether the producer may retry as it is)."""
+
+    status: int
+    code: str | None = None  # refused: our error code (v2's error_code, for the REST Proxy door)
+    partition: int | None = None
+    offset: int | None = None
+    duplicate: bool = False
+    retry_after: str | None = None
+
+
+@dataclass(frozen=True)
+class Server:
+    url: str
+    admin: str  # an admin token's header value
+    narrow: str  # a produce token for the topic `other` alone
+
+
+def _server(tmp_path_factory: pytest.TempPathFactory, name: str, **env: str) -> Iterator[Server]:
+    root = tmp_path_factory.mktemp(name)
+    node = ServerProcess(root / "data", {"LAKEBROKER_AUTH": "required", **env})
+    tokens = TokenStore(Layout(root / "data"))
+    _, admin = tokens.create(["admin"], name="admin")
+    _, narrow = tokens.create(["produce"], topics=["other"], name="narrow")
+    try:
+        node.start()
+        server = Server(node.url, f"Bearer {admin}", f"Bearer {narrow}")
+        for topic in ("t", "other"):
+            r = httpx.post(f"{server.url}/v1/topics", headers={"authorization": server.admin}, timeout=30,
+                           json={"name": topic, "partitions": PARTITIONS, "max_message_bytes": MAX_MESSAGE_BYTES})
+            assert r.status_code == 201, r.text
+        yield server
+    finally:
+        node.stop()
+
+
+@pytest.fixture(scope="module")
+def fast(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    yield from _server(tmp_path_factory, "fast")
+
+
+@pytest.fixture(scope="module")
+def asgi(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    yield from _server(tmp_path_factory, "asgi", LAKEBROKER_FAST_PRODUCE="false")
+
+
+@pytest.fixture(scope="module")
+def full(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """A backlog limit of one byte and no flush for an hour: past its first message, every produce
+    meets backpressure."""
+    yield from _server(tmp_path_factory, "full", LAKEBROKER_MAX_BACKLOG_BYTES="1",
+                       LAKEBROKER_FLUSH_INTERVAL_MS="3600000")
+
+
+# -- the doors: each sends one message (a dict in the JSON batch's form) and reads its outcome ----------
+def _ours(r: httpx.Response, one: Callable[[dict[str, Any]], dict[str, Any]]) -> Outcome:
+    body = orjson.loads(r.content)
+    if r.status_code != 200:
+        return Outcome(r.status_code, body["error"]["code"], retry_after=r.headers.get("retry-after"))
+    placed = one(body)
+    return Outcome(200, None, placed["partition"], placed["offset"], placed["duplicate"])
+
+
+def _single(server: Server, topic: str, m: dict[str, Any], auth: str, raw: bytes | None) -> Outcome:
+    r = httpx.post(f"{server.url}/v1/topics/{topic}/messages", params={"ack": "wal"}, timeout=30,
+                   content=raw if raw is not None else orjson.dumps(m),
+                   headers={"authorization": auth, "content-type": "application/json"})
+    return _ours(r, lambda body: body)
+
+
+def _batch(kind: str) -> Callable[[Server, str, dict[str, Any], str, bytes | None], Outcome]:
+    def send(server: Server, topic: str, m: dict[str, Any], auth: str, raw: bytes | None) -> Outcome:
+        if raw is not None:
+            body = raw
+        elif kind == "application/json":
+            body = orjson.dumps({"messages": [m]})
+        elif kind == "application/x-ndjson":
+            body = orjson.dumps(m) + b"\n"
+        else:
+            body = _arrow(m)
+        r = httpx.post(f"{server.url}/v1/topics/{topic}/batch", params={"ack": "wal"}, content=body, timeout=30,
+                       headers={"authorization": auth, "content-type": kind})
+        return _ours(r, lambda answer: answer["results"][0])
+
+    return send
+
+
+def _arrow(m: dict[str, Any]) -> bytes:
+    columns: dict[str, pa.Array] = {"value": pa.array([m["value"]], pa.string())}
+    if "key" in m:
+        columns["key"] = pa.array([m["key"]], pa.string())
+    if "partition" in m:
+        columns["partition"] = pa.array([m["partition"]], pa.int64())
+    if "id" in m:
+        columns["id"] = pa.array([m["id"]], pa.string())
+    if "headers" in m:
+        columns["headers"] = pa.array([list(m["headers"].items())], pa.map_(pa.string(), pa.string()))
+    table = pa.table(columns)
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    return sink.getvalue().to_pybytes()
+
+
+def _v2(server: Server, topic: str, m: dict[str, Any], auth: str, raw: bytes | None) -> Outcome:
+    record = {k: v for k, v in m.items() if k in ("key", "value", "partition")}
+    r = httpx.post(f"{server.url}/topics/{topic}", timeout=30,
+                   content=raw if raw is not None else orjson.dumps({"records": [record]}),
+                   headers={"authorization": auth, "content-type": V2_JSON})
+    body = orjson.loads(r.content)
+    if r.status_code != 200:
+        return Outcome(r.status_code, str(body["error_code"]), retry_after=r.headers.get("retry-after"))
+    slot = body["offsets"][0]
+    if slot["error_code"] is not None:
+        return Outcome(200, str(slot["error_code"]))  # the record's own fault, in its slot
+    return Outcome(200, None, slot["partition"], slot["offset"], False)
+
+
+Door = Callable[[Server, str, dict[str, Any], str, bytes | None], Outcome]
+DOORS: dict[str, Door] = {
+    "single": _single,
+    "json": _batch("application/json"),
+    "ndjson": _batch("application/x-ndjson"),
+    "arrow": _batch(ARROW),
+    "rest-v2": _v2,
+}
+# A record's own fault (its size, its partition) through REST Proxy v2: that record's slot, not retriable.
+RECORD_FAULT = "50002"
+
+
+def _v2_form(expected: Outcome) -> Outcome:
+    """A request's refusal through REST Proxy v2: its status, with Confluent's error_code."""
+    return expected if expected.status == 200 else Outcome(expected.status, str(expected.status * 100 + 1))
+
+
+@dataclass(frozen=True)
+class Case:
+    topic: str
+    message: dict[str, Any]
+    expected: Outcome  # in our own wire form; _v2_form gives the REST Proxy's
+    raw: bytes | None = None  # a body sent as it is (the same bytes through every door)
+    narrow: bool = False  # sent with the token for the topic `other` alone
+    v2: Outcome | None = None  # the REST Proxy's outcome, where _v2_form does not tell it
+    doors: tuple[str, ...] = tuple(DOORS)
+
+
+KEY = "user-1"
+CASES = {
+    "a key's murmur2 partition": Case("t", {"key": KEY, "value": "v"}, Outcome(200, partition=partition_for_key(
+        KEY, PARTITIONS))),
+    "unknown topic": Case("nope", {"value": "v"}, Outcome(404, "not_found")),
+    "partition out of range": Case("t", {"value": "v", "partition": PARTITIONS}, Outcome(400, "invalid_request"),
+                                   v2=Outcome(200, RECORD_FAULT)),
+    "malformed body": Case("t", {}, Outcome(400, "invalid_request"), raw=b"{not json",
+                           doors=("single", "json", "ndjson", "rest-v2")),
+    "value over the topic's limit": Case("t", {"value": "x" * (MAX_MESSAGE_BYTES + 1)}, Outcome(413, "too_large"),
+                                         v2=Outcome(200, RECORD_FAULT)),
+    "key over the topic's limit": Case("t", {"key": "k" * (MAX_MESSAGE_BYTES + 1), "value": "v"},
+                                       Outcome(413, "too_large"), v2=Outcome(200, RECORD_FAULT)),
+    "headers that are not strings": Case("t", {"value": "v", "headers": {"n": 1}}, Outcome(422, "invalid_request"),
+                                         doors=("single", "json", "ndjson")),
+    "a token without the topic": Case("t", {"value": "v"}, Outcome(403, "forbidden"), narrow=True),
+}
+
+
+def _check(server: Server, name: str, case: Case) -> None:
+    for door, send in DOORS.items():
+        if door not in case.doors:
+            continue
+        got = send(server, case.topic, case.message, server.narrow if case.narrow else server.admin, case.raw)
+        want = (case.v2 or _v2_form(case.expected)) if door == "rest-v2" else case.expected
+        if want.status == 200 and want.code is None:
+            assert (got.status, got.code) == (200, None), (name, door, got)
+            if want.partition is not None:
+                assert got.partition == want.partition, (name, door, got)
+        else:
+            assert (got.status, got.code) == (want.status, want.code), (name, door, got)
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_every_door_gives_the_same_outcome(name: str, fast: Server, asgi: Server) -> None:
+    for server in (fast, asgi):  # the single door below ASGI, then through it
+        _check(server, name, CASES[name])
+
+
+def test_a_duplicate_id_answers_its_first_placement_through_every_door(fast: Server, asgi: Server) -> None:
+    for server in (fast, asgi):
+        for door, send in DOORS.items():
+            if door == "rest-v2":
+                continue  # the REST Proxy's records carry no id
+            message = {"value": "once", "id": f"dup-{door}-{server.url}"}
+            first = send(server, "t", message, server.admin, None)
+            again = send(server, "t", message, server.admin, None)
+            assert first.status == 200 and not first.duplicate, (door, first)
+            assert (again.partition, again.offset, again.duplicate) == (first.partition, first.offset, True), door
+
+
+def test_backpressure_is_a_429_with_retry_after_through_every_door(full: Server) -> None:
+    first = _single(full, "t", {"value": "fills the backlog"}, full.admin, None)
+    assert first.status == 200, first
+    for door, send in DOORS.items():
+        got = send(full, "t", {"value": "v"}, full.admin, None)
+        want = Outcome(429, "42901" if door == "rest-v2" else "backpressure")
+        assert (got.status, got.code) == (want.status, want.code), (door, got)
+        assert got.retry_after is not None and int(got.retry_after) >= 1, (door, got)
