@@ -11,9 +11,7 @@ from bench.soak import run
 from bench.soak.report import DELIVERY_RSS_MB, to_result
 
 NODES = 3
-# The nemesis's seed (bench/soak/nemesis.py): the short form's six slots then hold its SIGKILL second
-# (after a pause), when the victim's WAL holds batch chunks and singles of a partition, and its clock
-# fault and its moves while the load runs.
+# The nemesis's seed (bench/soak/nemesis.py) in `make soak-cluster` (the short form has no nemesis).
 SEED = 38
 
 

@@ -201,7 +201,7 @@ def check_all(report: SoakReport, data: Path, topics: dict[str, TopicSpec], acks
 def check_nemesis(report: SoakReport) -> None:
     """Every fault kind the schedule drew was injected as often; after each SIGKILL or SIGSTOP of a
     node, each partition it owned answered a produce within the bound (the TTL, a heartbeat and the
-    slack bench/soak/nemesis.py documents): counted always, a problem only where the run checks it."""
+    slack bench/soak/nemesis.py documents)."""
     short = {kind: (report.faults.get(kind, 0), drawn) for kind, drawn in report.faults_planned.items()
              if report.faults.get(kind, 0) < drawn}
     report.faults_missing = len(short)
@@ -211,11 +211,9 @@ def check_nemesis(report: SoakReport) -> None:
     for o in report.outages:
         if o["seconds"] is None or o["seconds"] > report.outage_bound_s:
             report.outages_over_bound += 1
-            if not report.outages_checked:
-                continue
             took = "was not back" if o["seconds"] is None else f"was unavailable for {o['seconds']:.1f} s"
             _note(report, report.outages_over_bound,
                   f"{o['topic']}[{o['partition']}] {took} after a {o['fault']} of its owner {o['node']} "
                   f"(bound {report.outage_bound_s:g} s)")
-    if report.outages_checked and report.outages_over_bound > MAX_EXAMPLES:
+    if report.outages_over_bound > MAX_EXAMPLES:
         report.problems.append(f"{report.outages_over_bound} partitions over the outage bound in all")

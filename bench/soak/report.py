@@ -62,9 +62,6 @@ class SoakReport:
     outages: list[dict[str, Any]] = field(default_factory=list)  # fault, node, topic, partition, seconds
     outage_bound_s: float = 0.0  # TTL + heartbeat + slack
     outages_over_bound: int = 0  # partitions unavailable longer than the bound after their owner died
-    # Whether the bound is a check: not in the short form, where a takeover beside the whole test suite on
-    # two cores can take longer (a 6.5-minute run saw a claimer miss its renewal and a second takeover: 15 s).
-    outages_checked: bool = True
     clock_refusals: int = 0  # nodes restarted with their clock off that took no partition and said so
     moves: int = 0  # `lakebroker cluster move`s seen done in GET /v1/cluster
     stranded_stops: int = 0  # graceful leaves that kept acknowledged messages in the WAL until the restart
@@ -85,9 +82,9 @@ def checks(r: SoakReport) -> list[Check]:
 
     nemesis = [
         none("fault kinds injected fewer times than the schedule drew", r.faults_missing, "kinds"),
-        *([none("partitions unavailable longer than TTL + heartbeat + slack after their owner died",
-                r.outages_over_bound, "partitions")] if r.outages_checked else []),
-    ] if r.nodes > 1 else []
+        none("partitions unavailable longer than TTL + heartbeat + slack after their owner died",
+             r.outages_over_bound, "partitions"),
+    ] if r.nodes > 1 and r.faults_planned else []
     return [
         *nemesis,
         none("acknowledged messages lost from Delta", r.lost, "messages"),
@@ -133,7 +130,7 @@ def to_result(r: SoakReport) -> Result:
         ("SIGKILLs of serve / of a worker" if r.nodes == 1 else f"SIGKILLs of a node (of {r.nodes}) / of a worker",
          f"{r.serve_kills} / {r.worker_kills}"),
         ("topic re-creates", f"{r.recreates}"),
-        *(_nemesis_rows(r) if r.nodes > 1 else []),
+        *(_nemesis_rows(r) if r.faults_planned else []),
         ("restarts of serve whose WAL held batch chunks and singles of one partition",
          f"{r.mixed_wal_restarts} of {r.serve_kills}"),
         ("silent clients after an early answer closed by the server / slowest",
@@ -153,7 +150,7 @@ def to_result(r: SoakReport) -> Result:
         f"{r.duplicates} stored twice, {r.skipped} offsets neither delivered nor dead-lettered; "
         f"{r.delivered_more_than_once:,} offsets were delivered more than once (delivery is at least once). "
         f"The delivery workers peaked at {r.delivery_peak_rss_mb:.0f} MB of RSS.")
-    if r.nodes > 1:
+    if r.faults_planned:
         known = [o["seconds"] for o in r.outages if o["seconds"] is not None]
         result.notes.append(
             f"The nemesis (seed {r.seed}) injected " + ", ".join(f"{n} {k}" for k, n in sorted(r.faults.items()))
@@ -189,7 +186,7 @@ def _nemesis_rows(r: SoakReport) -> list[tuple[str, str]]:
             f"{k}: {r.faults.get(k, 0)} / {n}" for k, n in sorted(r.faults_planned.items()))
          + (" (the last after the load ended)" if r.faults_past_load else "")),
         (f"outage after a SIGKILL / a SIGSTOP of its owner (bound {r.outage_bound_s:g} s"
-         + ("" if r.outages_checked else ", not checked in this run") + ")",
+         + ")",
          f"{longest('kill')} / {longest('pause')}" + f" ({r.outages_over_bound} over the bound)"),
         ("nodes restarted with their clock off that held no partition and said so", f"{r.clock_refusals}"),
         ("`lakebroker cluster move`s done", f"{r.moves}"),

@@ -2,19 +2,14 @@
 
 The short form runs on a cluster of three `serve` nodes sharing a table root (the form that covers
 the single node's recovery and failover too): about a minute of mixed produce (single, batch, REST
-v2; keyed and keyless; ack=table and ack=wal) spread over the nodes, to four topics, under the
-nemesis (bench/soak/nemesis.py) with the seed bench/scenarios/soak_cluster.py names: one fault of
-each kind (a SIGKILL, a SIGSTOP longer than the lease TTL, a restart with the clock off, a leave
-and join, a partition moved back and forth, `churn` deleted and re-created; those its slots push
-past the minute run after the load), while a delivery worker is SIGKILLed every 20 s, the
+v2) spread over the nodes, to four topics, while one node (each in turn) and a delivery worker are
+SIGKILLed every 20 s, a topic is deleted and re-created, the
 scheduler runs key compaction and replication (and compaction, which a 20 s life rarely lets
 finish), and the receiver fails 30 % of requests with odd headers. Retention runs once delivery
 has drained: its 20 s window is shorter than delivery's lag beside the whole suite (the
 10-minute form runs it during the load). Then every
-invariant of the soak must hold. Each partition's outage after its owner's SIGKILL or SIGSTOP is
-measured, and bounded only by the 10-minute form: here, beside the whole suite on two cores, a
-node that takes a partition over can miss its first renewal, and a second takeover follows.
-Its Spark runs take most of its time: a few minutes in all."""
+invariant of the soak must hold. Its Spark runs take most of its time: a few minutes in all.
+"""
 
 from __future__ import annotations
 
@@ -31,10 +26,8 @@ from bench.result import Result
 from bench.scenarios.soak import MINUTES, SCENARIO
 from bench.scenarios.soak_cluster import NODES, SEED
 from bench.scenarios.soak_cluster import SCENARIO as CLUSTER
-from bench.soak.nemesis import Fault
 from bench.soak.report import DELIVERY_RSS_MB, SoakReport, passed, to_result
 
-NEMESIS = ("fault kinds injected fewer times than the schedule drew",)
 INVARIANTS = ("acknowledged messages lost from Delta", "ids stored more than once in Delta",
               "partitions with offset gaps", "offsets neither delivered nor dead-lettered",
               "subscription partitions stalled at the end of the drain", "verify-replica failures",
@@ -53,14 +46,9 @@ def test_short_cluster_soak_accounts_for_every_message(tmp_path: Path) -> None:
     f = result.figures
     assert f["problems"] == []
     assert [c.name for c in result.checks if not c.met] == []
-    assert {c.name for c in result.checks} >= {*INVARIANTS, *NEMESIS}
+    assert {c.name for c in result.checks} >= set(INVARIANTS)
     assert passed(result)
-    assert f["faults"] == f["faults_planned"] == {kind.value: 1 for kind in Fault}
-    assert f["serve_kills"] >= 1 and f["worker_kills"] >= 2 and f["recreates"] >= 1
-    assert f["clock_refusals"] == 1 and f["moves"] == 2
-    # Measured, not checked: beside the suite on two cores a takeover may miss its first renewal (report.py).
-    assert not f["outages_checked"] and f["outage_bound_s"] == 8.5
-    assert {"ack=table, keyed", "ack=table, keyless", "ack=wal, keyed", "ack=wal, keyless"} <= set(f["acked_by_mode"])
+    assert f["serve_kills"] >= 2 and f["worker_kills"] >= 2 and f["recreates"] >= 2
     assert f["acked"] > 0 and f["delivered"] > 0
     assert (f["duplicates"], f["gaps"], f["lost"], f["skipped"], f["retention_skips"]) == (0, 0, 0, 0, 0)
     assert f["removed_by_retention"] > 0 or f["rows_removed"].get("retention", 0) > 0
