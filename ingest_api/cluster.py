@@ -40,7 +40,7 @@ from lakebroker.tables.errors import Backpressure, LakebrokerError
 from lakebroker.tables.layout import Layout
 from lakebroker.tables.ownership import ClusterView, Heartbeat, NodeInfo, OwnershipTable, Pair
 from lakebroker.tables.settings import Settings
-from lakebroker.tables.storage_clock import max_skew_s, skew_s
+from lakebroker.tables.storage_clock import max_skew_s, skew
 from lakebroker.tables.tokens import TokenStore
 from lakebroker.tables.topics import TopicConfig, TopicGone
 
@@ -277,23 +277,25 @@ class Membership:
             return
         self._clock_checked = time.monotonic()
         try:
-            skew = await asyncio.to_thread(skew_s, self.layout.system_root, self.node)
+            measured = await asyncio.to_thread(skew, self.layout.system_root, self.node)
         except OSError as exc:  # the heartbeat's own commit says whether the storage is there
             log.warning("could not compare this node's clock with the table storage's: %s", exc)
             return
         metrics = self.broker.metrics
-        metrics.clock_skew.set(skew)
-        self._skew = timedelta(seconds=skew)
-        off = abs(skew) > self.max_skew_s
+        metrics.clock_skew.set(measured.seconds)
+        self._skew = timedelta(seconds=measured.seconds)
+        if measured.high - measured.low > self.max_skew_s:  # too slow a probe to tell: the last verdict stands
+            return
+        off = measured.beyond(self.max_skew_s)
         if off != self._clock_off:
             if off:
                 log.error("this node's clock is %.1f s %s the table storage's, more than the %.1f s the leases "
                           "tolerate (a quarter of LAKEBROKER_INGEST_LEASE_TTL_S): it takes no partitions and "
-                          "hands over those it holds until its clock is set right (NTP)", abs(skew),
-                          "ahead of" if skew > 0 else "behind", self.max_skew_s)
+                          "hands over those it holds until its clock is set right (NTP)", abs(measured.seconds),
+                          "ahead of" if measured.seconds > 0 else "behind", self.max_skew_s)
             else:
                 log.warning("this node's clock is within %.1f s of the table storage's again (%.1f s): it takes "
-                            "partitions again", self.max_skew_s, skew)
+                            "partitions again", self.max_skew_s, measured.seconds)
         self._clock_off = off
         metrics.clock_refused.set(1 if off else 0)
 
@@ -399,7 +401,7 @@ class Membership:
         if not task.cancelled() and (exc := task.exception()) is not None:
             log.error("opening partitions this node claimed failed (%s); the next heartbeat claims them again",
                       exc, exc_info=exc)
-        self._wake.set()
+            self._wake.set()
 
     def _claim_in_table(self, topic: TopicConfig, epochs: dict[int, int]) -> dict[int, tuple[int, int | None]]:
         """Claim on a fresh snapshot, again after a concurrent commit; each partition's claimed end

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import time
+from dataclasses import dataclass
 
 import pyarrow.fs as pafs
 
@@ -23,8 +24,26 @@ def max_skew_s(lease_ttl_s: float) -> float:
     return lease_ttl_s / 4
 
 
-def skew_s(system_root: str, node: str) -> float:
-    """Seconds this clock is ahead of the storage's (negative: behind). Blocking I/O."""
+@dataclass(frozen=True)
+class Skew:
+    """How far this clock is ahead of the storage's (negative: behind), as the bounds one probe
+    allows: the write happened somewhere between the two readings of this clock, and a busy
+    machine can stretch that interval by seconds."""
+
+    low: float
+    high: float
+
+    @property
+    def seconds(self) -> float:
+        return (self.low + self.high) / 2
+
+    def beyond(self, bound_s: float) -> bool:
+        """Whether the clock is surely further off than `bound_s`, whichever instant the write took."""
+        return self.low > bound_s or self.high < -bound_s
+
+
+def skew(system_root: str, node: str) -> Skew:
+    """This clock against the storage's, from one small write. Blocking I/O."""
     fs, root = storage.filesystem(storage.join(system_root, "clocks"))
     assert isinstance(fs, pafs.FileSystem)
     if isinstance(fs, pafs.LocalFileSystem):  # an object store needs no folders
@@ -38,8 +57,8 @@ def skew_s(system_root: str, node: str) -> float:
         # The kernel's own record, read by Python's stat: an LD_PRELOAD clock (libfaketime) also
         # shifts the times pyarrow's stat reads, and would hide the very skew looked for.
         stored = os.stat(path).st_mtime
-    else:
-        mtime = fs.get_file_info(path).mtime
-        assert mtime is not None, f"{path}: the storage gives no modification time"
-        stored = mtime.timestamp() + 0.5  # whole seconds (Last-Modified): the middle of that second
-    return (before + after) / 2 - stored
+        return Skew(before - stored, after - stored)
+    mtime = fs.get_file_info(path).mtime
+    assert mtime is not None, f"{path}: the storage gives no modification time"
+    stored = mtime.timestamp()  # whole seconds (Last-Modified): the write was within the second after
+    return Skew(before - stored - 1, after - stored)
