@@ -44,7 +44,8 @@ def test_three_nodes_on_s3_share_partitions_and_survive_a_kill(tmp_path: Path, s
             node.start()
         urls = {n.url for n in nodes}
         first = nodes[0].url
-        assert httpx.post(f"{first}/v1/topics", json={"name": "orders", "partitions": PARTITIONS}).status_code == 201
+        assert httpx.post(f"{first}/v1/topics", json={"name": "orders", "partitions": PARTITIONS},
+                      timeout=30).status_code == 201  # a creation waits up to 10 s for its owners
 
         def balanced() -> bool:
             owners = _owners(first)
