@@ -71,7 +71,9 @@ def test_a_joining_node_gets_its_share_while_every_partition_is_busy(first: tupl
         assert _owners(a.url)[b.url] == PARTITIONS // 2, "and they stay"
         assert load.poll() is None, "the load was on throughout"
     finally:
-        load.terminate()  # it ran longer than the test needed
-        load.wait(30)
-        b.stop()
+        try:
+            load.terminate()  # it ran longer than the test needed
+            load.wait(30)
+        finally:
+            b.stop()
     print(f"the joining node owned its share {took:.1f} s after it started, under load")
