@@ -12,7 +12,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -27,6 +27,16 @@ _TICK = os.sysconf("SC_CLK_TCK")
 
 class BenchError(RuntimeError):
     """A benchmark could not run (a server did not start, a tool failed)."""
+
+
+def wait_for(predicate: Callable[[], object], timeout: float, step: float = 0.5) -> bool:
+    """Whether `predicate` came true within `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(step)
+    return True
 
 
 def cpu_seconds(pid: int) -> float:

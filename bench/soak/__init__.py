@@ -73,7 +73,7 @@ import orjson
 from deltalake import DeltaTable
 
 from bench.harness.memory import peak_rss_mb
-from bench.harness.servers import BenchError
+from bench.harness.servers import BenchError, wait_for
 from bench.result import REPO
 from bench.soak.checks import TopicSpec, check_all, check_jobs, check_nemesis, topic_table
 from bench.soak.nemesis import Fault, Nemesis, schedule
@@ -176,16 +176,6 @@ def stop_process(proc: subprocess.Popen[bytes], timeout: float = 30) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(timeout=timeout)
-
-
-def wait_for(predicate: Any, timeout: float, step: float = 0.5) -> bool:
-    """Whether `predicate` came true within `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(step)
-    return True
 
 
 class Soak:

@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 
+from bench.harness.servers import wait_for
 from bench.result import REPO
 from bench.soak.probe import Probes
 
@@ -139,7 +140,7 @@ class Nemesis:
                 return (cluster is not None and _metric(victim.url, "lakebroker_clock_refused") == 1
                         and not any(p["owner"] == node for p in cluster["partitions"]))
 
-            if _until(refused, CLOCK_WAIT_S):
+            if wait_for(refused, CLOCK_WAIT_S, step=0.25):
                 self.soak.report.clock_refusals += 1
             else:
                 self.soak.report.problems.append(
@@ -172,7 +173,10 @@ class Nemesis:
             if to is None:
                 continue
             self._cli_move("orders", partition, ["--to", to])
-            if not _until(lambda to=to: self._owner_of("orders", partition) == to, MOVE_WAIT_S):
+            def moved(to: str = to) -> bool:
+                return self._owner_of("orders", partition) == to
+
+            if not wait_for(moved, MOVE_WAIT_S, step=0.25):
                 self.soak.report.problems.append(f"move: orders[{partition}] was not on {to} within "
                                                  f"{MOVE_WAIT_S:.0f} s of `lakebroker cluster move`")
             else:
@@ -238,10 +242,3 @@ def _metric(url: str, name: str) -> float | None:
     return None
 
 
-def _until(predicate: Any, timeout: float, step: float = 0.25) -> bool:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(step)
-    return True
