@@ -313,6 +313,9 @@ class GroupCommitter:
         """Whether the item was given its offset before its partition's last rebase."""
         return item.claim != self.claims.get((item.topic_id, item.partition), 0)
 
+    def _moved_if_stale(self, item: Record | Chunk) -> LakebrokerError | None:
+        return self._moved((item.topic_id, item.partition)) if self.stale(item) else None
+
     # -- on the loop --------------------------------------------------------------------
     def _hand_off(self) -> None:
         self._scheduled = False
@@ -443,7 +446,7 @@ class GroupCommitter:
                 self._unwritten_rows -= group.rows
                 self.queued_bytes -= group.size
                 records += group.records
-                _answer(group, stale=self.stale if self.claims else None, moved=self._moved)
+                _answer(group, moved=self._moved_if_stale if self.claims else None)
             self._metrics.wal_group_size.observe(sum(g.rows for g in groups))  # made durable by one fdatasync
             self._on_durable(records)
         if self._queue:
@@ -483,15 +486,13 @@ def _inline(queue: list[Queued]) -> bool:
 
 
 def _answer(group: _Group, error: LakebrokerError | None = None, *,
-            stale: Callable[[Record | Chunk], bool] | None = None,
-            moved: Callable[[PartitionKey], LakebrokerError] | None = None) -> None:
-    """Answer the group's waiters: with their placement, or `error`; an item `stale` says was
-    given its offset before its partition was rebased gets `moved`'s error instead."""
+            moved: Callable[[Record | Chunk], LakebrokerError | None] | None = None) -> None:
+    """Answer the group's waiters: with their placement, or `error`; an item `moved` gives an
+    error for (its partition was rebased after it was given its offset) gets that instead."""
     for p in group.items:
-        item = p.record if isinstance(p, Pending) else p.chunk
         failure = error
-        if failure is None and stale is not None and moved is not None and stale(item):
-            failure = moved((item.topic_id, item.partition))
+        if failure is None and moved is not None:
+            failure = moved(p.record if isinstance(p, Pending) else p.chunk)
         if isinstance(p, Pending):
             r = p.record
             p.outcome = (r.partition, r.offset, r.timestamp_us) if failure is None else failure
