@@ -29,16 +29,19 @@ def this_runner() -> str:
 
 
 class JobSlots:
-    def __init__(self, layout: Layout, runner: str | None = None) -> None:
+    def __init__(
+        self, layout: Layout, runner: str | None = None, clock: Callable[[], datetime] | None = None
+    ) -> None:
         self.table = StateTable(layout.job_slots_table, JOB_SLOTS_SCHEMA, JOB_SLOTS_SCHEMA_VERSION)
         self.runner = runner or this_runner()
+        self._now = clock or (lambda: datetime.now(UTC))
 
     def take(self, job: JobName, *, interval_s: float, lease_s: float) -> str | None:
         """Take the job's slot for a run of this runner's. None once taken; else why another runner
         has it, for the log."""
 
         def change(rows: Rows) -> tuple[Rows, str | None]:
-            now = datetime.now(UTC)
+            now = self._now()
             out = [dict(r) for r in rows]
             row = next((r for r in out if r["job"] == job.value), None)
             if row is not None and row["runner"] != self.runner:  # this runner's own turns are its schedule's
@@ -64,7 +67,7 @@ class JobSlots:
 
     def _set_expiry(self, job: JobName, expiry: Callable[[datetime], datetime]) -> None:
         def change(rows: Rows) -> tuple[Rows, None]:
-            now = datetime.now(UTC)
+            now = self._now()
             out = [dict(r) for r in rows]
             for r in out:
                 if r["job"] == job.value and r["runner"] == self.runner and r["expires_at"] > now:

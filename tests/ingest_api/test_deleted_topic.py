@@ -51,9 +51,11 @@ async def test_a_node_that_missed_the_delete_brings_back_neither_the_table_nor_i
         path = Path(a.layout.topic_table(topic))
 
         _unaware(b, monkeypatch)
-        await a.delete_topic("t")
-        assert not path.exists()
-        async with b.cluster._beat_lock:  # b's beats wait: its first flush of the topic comes first
+        # b's beats wait from before the delete: a beat between the two would see b's ownership row
+        # gone and give the partition up, and its first flush of the topic comes first.
+        async with b.cluster._beat_lock:
+            await a.delete_topic("t")
+            assert not path.exists()
             # Acknowledged by b, which serves the topic until it sees the delete: it goes with the topic.
             await b.produce("t", [NewMessage(value=b"late", partition=mine)], AckMode.WAL)
             await b.flusher.flush_round()
@@ -93,8 +95,8 @@ async def test_a_topic_created_again_under_its_name_is_a_new_table_with_only_its
         await b.produce("t", [NewMessage(value=b"old", partition=mine)], AckMode.TABLE)
 
         _unaware(b, monkeypatch)
-        await a.delete_topic("t")
         async with b.cluster._beat_lock:  # b still owns its partition and has the deleted table open
+            await a.delete_topic("t")
             await b.produce("t", [NewMessage(value=b"late", partition=mine)], AckMode.WAL)
             await b.flusher.flush_round()
         new = await a.create_topic(new_topic("t", 2))

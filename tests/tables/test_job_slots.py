@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from lakebroker.spark_pipeline.scheduler import JobRunner
@@ -29,15 +30,27 @@ def test_one_runner_at_a_time_and_once_per_interval(tmp_path: Path) -> None:
 
 
 def test_a_dead_runners_lease_ends_unless_renewed(tmp_path: Path) -> None:
+    # One clock for every runner, moved by hand: the leases end when the test says, however slow
+    # the commits are on a loaded machine.
+    now = [datetime(2026, 1, 1, tzinfo=UTC)]
+
+    def slots(runner: str) -> JobSlots:
+        return JobSlots(layout, runner, clock=lambda: now[0])
+
+    def wait(seconds: float) -> None:
+        now[0] += timedelta(seconds=seconds)
+
     layout = Layout(tmp_path)
-    assert JobSlots(layout, "dead").take(JobName.COMPACTION, interval_s=0.01, lease_s=0.2) is None
-    live = JobSlots(layout, "live")
+    assert slots("dead").take(JobName.COMPACTION, interval_s=0.01, lease_s=0.2) is None
+    live = slots("live")
     assert live.take(JobName.COMPACTION, interval_s=0.01, lease_s=60) is not None
-    threading.Event().wait(0.3)
+    wait(0.3)
     assert live.take(JobName.COMPACTION, interval_s=0.01, lease_s=0.2) is None
     live.renew(JobName.COMPACTION, 60)
-    threading.Event().wait(0.3)
-    assert "running on live" in (JobSlots(layout, "other").take(JobName.COMPACTION, interval_s=0.01, lease_s=60) or "")
+    wait(0.3)
+    assert "running on live" in (slots("other").take(JobName.COMPACTION, interval_s=0.01, lease_s=60) or "")
+    wait(60)
+    assert slots("other").take(JobName.COMPACTION, interval_s=0.01, lease_s=60) is None, "the renewed lease ends"
 
 
 def test_a_runner_taking_its_own_slot_again_keeps_one_row(tmp_path: Path) -> None:
