@@ -6,7 +6,10 @@ held as columns). In this order, the first broken rule answering:
 2. each message's key, value and headers fit the topic's `max_message_bytes` (413);
 3. an explicit partition exists (422);
 4. `producer_id` and `sequence` come together (422);
-5. the WAL backlog is under `max_backlog_bytes` (429, with Retry-After).
+5. the backlog (bytes accepted and not yet in Delta, all held in memory) is under
+   `max_backlog_bytes` (429, with Retry-After). The async shapes first wait, up to
+   `backpressure_wait_ms`, for a commit to make room (`room`): a flood is slowed to the pace of
+   the Delta commits instead of refused, and the node's memory stays bounded by bytes.
 
 A single message and a columnar batch are screened with a cheaper test first; only one that might
 break a rule runs the rules one by one, for the precise error.
@@ -14,6 +17,7 @@ break a rule runs the rules one by one, for the precise error.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Sequence
 
 import pyarrow as pa
@@ -28,10 +32,32 @@ from lakebroker.tables.topics import TopicConfig
 
 
 class Admission:
-    def __init__(self, max_backlog_bytes: int, backlog_bytes: Callable[[], int], metrics: IngestMetrics) -> None:
+    def __init__(self, max_backlog_bytes: int, backlog_bytes: Callable[[], int], metrics: IngestMetrics,
+                 wait_s: float = 0.0) -> None:
         self.max_backlog_bytes = max_backlog_bytes
         self._backlog_bytes = backlog_bytes
         self._metrics = metrics
+        self._wait_s = wait_s
+        self._room = asyncio.Event()
+
+    async def room(self) -> None:
+        """Wait, at most `wait_s`, while the backlog is over its bound; `check_backlog` then refuses
+        what still finds none. Each commit makes room (`made_room`) within its own time."""
+        if self._backlog_bytes() <= self.max_backlog_bytes:
+            return
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._wait_s
+        self._metrics.backpressure_waits.inc()
+        while self._backlog_bytes() > self.max_backlog_bytes and (left := deadline - loop.time()) > 0:
+            try:
+                await asyncio.wait_for(self._room.wait(), left)
+            except TimeoutError:
+                return
+
+    def made_room(self) -> None:
+        """A commit took bytes out of the backlog: every waiter looks again."""
+        self._room.set()
+        self._room = asyncio.Event()
 
     def check(self, topic: TopicConfig, messages: Sequence[NewMessage]) -> list[int]:
         """Every rule, message by message; returns each message's size (key, value and headers)."""

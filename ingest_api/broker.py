@@ -113,7 +113,8 @@ class Broker:
         self.dedup: DedupIndex  # at start: its ring file is the data dir's, so only the lock's holder opens it
         self.partitioner = Partitioner()
         self.marks = SequenceMarks(settings.dedup_window_s)  # producers' sequences per partition (Arrow batches)
-        self.admission = Admission(settings.max_backlog_bytes, lambda: self.backlog_bytes, metrics)
+        self.admission = Admission(settings.max_backlog_bytes, lambda: self.backlog_bytes, metrics,
+                                   settings.backpressure_wait_ms / 1000)
         self._topic_ids: dict[str, bytes] = {}  # a topic id's bytes, for the single-message path
         self.wal = Wal(self.layout.wal_dir, segment_bytes=settings.wal_segment_bytes, fsync=settings.wal_fsync)
         self.committer = GroupCommitter(self.wal, {}, self._durable, metrics, moved=_moved)
@@ -550,6 +551,8 @@ class Broker:
         """`partitions`: the ones ingest_api/router.py picked, having admitted the messages already
         (else admitted and picked here)."""
         topic = self.topic(topic_name)
+        if partitions is None:
+            await self.admission.room()
         sizes = self.admission.check(topic, messages) if partitions is None else []
         started = time.perf_counter()
         topic_id = bytes.fromhex(topic.topic_id)
@@ -683,6 +686,7 @@ class Broker:
         """`produce` for a batch held as columns: the same answers, partitions, offsets and rows,
         with per-message Python only for messages that carry an id (the dedup index is per id)."""
         topic = self.topic(topic_name)
+        await self.admission.room()
         sizes = self.admission.check_columns(topic, batch)
         started = time.perf_counter()
         n = batch.rows
@@ -918,6 +922,7 @@ class Broker:
             deleting.add_done_callback(self._deleted)
         self.metrics.wal_segments.set(self.wal.segment_count())
         self.metrics.wal_backlog_bytes.set(self.backlog_bytes)
+        self.admission.made_room()
 
     def _deleted(self, deleting: asyncio.Future[None]) -> None:
         self._deleting.discard(deleting)

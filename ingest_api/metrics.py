@@ -168,5 +168,10 @@ class IngestMetrics:
             "lakebroker_partition_committed_offset", "The committed end: offsets below it are in the Delta table.",
             ["topic", "partition"], registry=registry,
         )
+        self.backpressure_waits = Counter(
+            "lakebroker_backpressure_waits_total",
+            "Produce requests that found the backlog over max_backlog_bytes and waited for a commit to make room.",
+            registry=registry,
+        )
         self.duplicates_to = Children(self.duplicates)
         self.rejected_for = Children(self.rejected)
