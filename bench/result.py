@@ -116,14 +116,19 @@ class Scenario:
         return results_dir / f"{self.name}.json"
 
 
+BENCH_OUTPUTS = ("bench/results/", "docs/benchmarks.md", "docs/img/")
+
+
 def head_commit() -> str:
     try:
         out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True,
                              timeout=10, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO,
-                               capture_output=True, text=True, timeout=10).stdout.strip()
+        changed = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO,
+                                 capture_output=True, text=True, timeout=10).stdout.splitlines()
     except (OSError, subprocess.SubprocessError):
         return os.environ.get("GITHUB_SHA", "")[:7]
+    # What a run writes itself (the results, the page, its images) leaves the measured tree as committed.
+    dirty = [line for line in changed if not line[3:].startswith(BENCH_OUTPUTS)]
     return out + ("+changes" if dirty else "")
 
 
