@@ -100,8 +100,8 @@ class Settings(BaseSettings):
     # write-ahead log
     wal_segment_bytes: int = Field(64 * 1024 * 1024, gt=0, description="Size at which a WAL segment is rolled.")
     wal_fsync: bool = Field(True, description="fsync each WAL group commit; turn off only for throwaway data.")
-    # Every accepted byte not yet in Delta is held in memory until its commit: this bounds serve's
-    # memory under floods, and how long a Delta outage is absorbed before 429 (docs/operations.md).
+    # Every accepted byte not yet in Delta is held in memory until its commit: this bounds those
+    # rows under floods, and how long a Delta outage is absorbed before 429 (docs/operations.md).
     max_backlog_bytes: int = Field(
         64 * 1024 * 1024, gt=0,
         description="Accepted bytes not yet in Delta (held in memory) above which a produce waits for room, "
@@ -122,8 +122,7 @@ class Settings(BaseSettings):
         500_000, gt=0,
         description="Records that trigger a Delta commit early; also the most one commit takes from a topic.",
     )
-    # Small enough that rows waiting for a commit stay a fraction of max_backlog_bytes under a flood;
-    # past ~10 MB a commit's fixed cost is already a small share of it (docs/operations.md).
+    # Small enough that rows waiting behind a commit stay a fraction of max_backlog_bytes under a flood.
     flush_max_bytes: int = Field(
         16 * 1024 * 1024, gt=0,
         description="Bytes that trigger a Delta commit early; also the most one commit takes from a topic.",
