@@ -18,6 +18,7 @@ heartbeat commit every half TTL.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import dataclasses
 import functools
@@ -26,8 +27,9 @@ import socket
 import time
 import uuid
 from collections import defaultdict
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from deltalake.exceptions import CommitFailedError, DeltaError
 
@@ -49,6 +51,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 CLOCK_CHECK_S = 10.0  # how often a node compares its clock with the storage's
+_T = TypeVar("_T")
 TWIN_POLL_S = 0.25
 
 
@@ -164,6 +167,15 @@ class Membership:
         self._clock_off = False  # this clock is further from the storage's than the leases tolerate
         self._skew = timedelta(0)  # how far ahead of the storage's it is
         self._clock_checked = -float("inf")  # monotonic time of the last check
+        # The lease's table work runs on a thread of its own: in the shared pool it would queue
+        # behind slow reads and commits, and a loaded node would lose leases it is alive to renew.
+        self._lease_thread: concurrent.futures.ThreadPoolExecutor | None = None
+
+    async def _on_lease_thread(self, fn: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
+        if self._lease_thread is None:
+            self._lease_thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="lakebroker-lease")
+        return await asyncio.get_running_loop().run_in_executor(self._lease_thread,
+                                                                functools.partial(fn, *args, **kwargs))
 
     def advertise(self, url: str) -> None:
         """The URL others reach this node at, once `serve` knows its port."""
@@ -201,7 +213,10 @@ class Membership:
         """Stop heartbeating and release every lease (the broker has flushed what it holds)."""
         await self.stop_beating()
         with contextlib.suppress(LakebrokerError, OSError):
-            await asyncio.to_thread(self.table.heartbeat, self._pairs(), leave=True)
+            await self._on_lease_thread(self.table.heartbeat, self._pairs(), leave=True)
+        if self._lease_thread is not None:
+            self._lease_thread.shutdown(wait=False)
+            self._lease_thread = None
 
     def wake(self) -> None:
         """Beat now (a topic was created or deleted through this node)."""
@@ -277,7 +292,7 @@ class Membership:
             return
         self._clock_checked = time.monotonic()
         try:
-            measured = await asyncio.to_thread(skew, self.layout.system_root, self.node)
+            measured = await self._on_lease_thread(skew, self.layout.system_root, self.node)
         except OSError as exc:  # the heartbeat's own commit says whether the storage is there
             log.warning("could not compare this node's clock with the table storage's: %s", exc)
             return
@@ -300,11 +315,12 @@ class Membership:
         metrics.clock_refused.set(1 if off else 0)
 
     async def _beat(self, bounded: bool = False) -> None:
-        await self.broker.follow_topics()
+        if not bounded:  # the loop's beats leave this to `_follow_topics`: a topic change can wait for a commit
+            await self.broker.follow_topics()
         await self._check_clock()
         release = frozenset(self._released)
-        beat: Heartbeat = await asyncio.to_thread(self.table.heartbeat, self._pairs(), release,
-                                                  draining=self._draining or self._clock_off)
+        beat: Heartbeat = await self._on_lease_thread(self.table.heartbeat, self._pairs(), release,
+                                                      draining=self._draining or self._clock_off)
         loop = asyncio.get_running_loop()
         claims_until = loop.time() + self.table.ttl.total_seconds() / 4 if bounded else None
         self._released -= release
@@ -342,7 +358,7 @@ class Membership:
             if topic is None:
                 continue  # deleted since the heartbeat
             try:
-                ends = await asyncio.to_thread(self._claim_in_table, topic, epochs)
+                ends = await self._on_lease_thread(self._claim_in_table, topic, epochs)
             except TopicGone:
                 continue  # deleted through another node: this node forgets it as it follows the delete
             except fencing.Deposed as exc:
@@ -350,7 +366,7 @@ class Membership:
                 # ownership table was reset. Lift our lease above it; the next heartbeat claims again.
                 log.warning("%s: partitions %s hold newer epochs in the table", topic.name, sorted(exc.partitions))
                 for p, newer in exc.newer.items():
-                    await asyncio.to_thread(self.table.raise_epoch, (topic_id, p), newer + 1)
+                    await self._on_lease_thread(self.table.raise_epoch, (topic_id, p), newer + 1)
                 self._wake.set()
                 continue
             except CommitFailedError as exc:  # claims kept racing other commits: the next heartbeat claims again
