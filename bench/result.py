@@ -117,19 +117,39 @@ class Scenario:
 
 
 BENCH_OUTPUTS = ("bench/results/", "docs/benchmarks.md", "docs/img/")
+PAGE = REPO / "docs" / "benchmarks.md"
+
+
+def uncommitted(repo: Path = REPO) -> list[str]:
+    """The tracked files that differ from HEAD, besides what a run writes itself (the results, the
+    page, its images): figures measured on such a tree would name a commit that did not run."""
+    changed = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=repo,
+                             capture_output=True, text=True, timeout=10, check=True).stdout.splitlines()
+    return [line[3:] for line in changed if not line[3:].startswith(BENCH_OUTPUTS)]
 
 
 def head_commit() -> str:
     try:
         out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True,
                              timeout=10, check=True).stdout.strip()
-        changed = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO,
-                                 capture_output=True, text=True, timeout=10).stdout.splitlines()
+        dirty = uncommitted()
     except (OSError, subprocess.SubprocessError):
         return os.environ.get("GITHUB_SHA", "")[:7]
-    # What a run writes itself (the results, the page, its images) leaves the measured tree as committed.
-    dirty = [line for line in changed if not line[3:].startswith(BENCH_OUTPUTS)]
     return out + ("+changes" if dirty else "")
+
+
+def refuse_uncommitted(command: str) -> None:
+    """Exit before measuring when the tree has uncommitted changes: every published figure comes
+    from a commit anyone can check out."""
+    try:
+        dirty = uncommitted()
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise SystemExit(f"{command}: cannot tell whether the tree is committed ({exc}); "
+                         "run it in a git checkout") from None
+    if dirty:
+        shown = ", ".join(dirty[:5]) + (f" and {len(dirty) - 5} more" if len(dirty) > 5 else "")
+        raise SystemExit(f"{command} publishes figures only from a committed tree; commit or stash first "
+                         f"({len(dirty)} changed: {shown})")
 
 
 def table(caption: str, head: list[str], rows: list[list[Any]]) -> Table:

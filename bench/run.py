@@ -26,7 +26,7 @@ import orjson
 
 from bench.harness.machine import describe
 from bench.report import RUN_FILE, render
-from bench.result import REPO, RESULTS_DIR, Mode, Result, Scenario
+from bench.result import PAGE, REPO, RESULTS_DIR, Mode, Result, Scenario, refuse_uncommitted
 from bench.scenarios import ORDER, every, scenario
 
 QUICK_BUDGET_S = 150.0  # what the quick run's scenarios share
@@ -111,7 +111,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.child:
         args.child_out.write_bytes(measure_in_process(scenario(args.child), args.mode).to_json())
         return
-    page = args.out or REPO / "docs" / "benchmarks.md"
+    page = args.out or PAGE
     if args.render:
         page.write_text(render(every(), args.results_dir))
         return
@@ -121,8 +121,10 @@ def main(argv: list[str] | None = None) -> None:
             failed = run("quick", names, args.out or Path(tmp) / "benchmarks.md", Path(tmp) / "results",
                          "make bench-quick")
     else:
-        failed = run("full", names, page, args.results_dir, "make bench" if not args.only else
-                     "python -m bench.run " + " ".join(f"--only {n}" for n in names))
+        command = "make bench" if not args.only else "python -m bench.run " + " ".join(f"--only {n}" for n in names)
+        if page == PAGE:
+            refuse_uncommitted(command)
+        failed = run("full", names, page, args.results_dir, command)
     sys.exit(1 if failed else 0)
 
 

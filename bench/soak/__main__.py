@@ -14,7 +14,7 @@ import tempfile
 from pathlib import Path
 
 from bench.report import render
-from bench.result import REPO, RESULTS_DIR
+from bench.result import PAGE, RESULTS_DIR, refuse_uncommitted
 from bench.scenarios import every
 from bench.scenarios.soak import SCENARIO as SINGLE
 from bench.scenarios.soak_cluster import NODES, SEED
@@ -43,9 +43,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--work", type=Path, help="keep data and logs here")
     parser.add_argument("--no-docs", action="store_true", help="print only; write no result and leave docs/ alone")
     parser.add_argument("--results-dir", type=Path, default=RESULTS_DIR, help=argparse.SUPPRESS)
-    parser.add_argument("--out", type=Path, default=REPO / "docs" / "benchmarks.md", help=argparse.SUPPRESS)
+    parser.add_argument("--out", type=Path, default=PAGE, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     seed = args.seed if args.seed is not None else (12 if args.nodes == 1 else SEED)
+    if not args.no_docs and args.out == PAGE:
+        refuse_uncommitted("make soak" if args.nodes == 1 else "make soak-cluster")
     if args.work is not None:
         report = run(args.minutes, args.work, kill_every_s=args.kill_every, seed=seed, nodes=args.nodes)
     else:
