@@ -7,9 +7,10 @@ held as columns). In this order, the first broken rule answering:
 3. an explicit partition exists (422);
 4. `producer_id` and `sequence` come together (422);
 5. the backlog (bytes accepted and not yet in Delta, all held in memory) is under
-   `max_backlog_bytes` (429, with Retry-After). The async shapes first wait, up to
-   `backpressure_wait_ms`, for a commit to make room (`room`): a flood is slowed to the pace of
-   the Delta commits instead of refused, and the node's memory stays bounded by bytes.
+   `max_backlog_bytes` (429, with Retry-After). The async shapes (`admit`, `admit_columns`)
+   first wait, up to `backpressure_wait_ms`, for a commit to make room: a flood is slowed to the
+   pace of the Delta commits instead of refused, and the node's memory stays bounded by bytes.
+   Only a request that passes rules 1-4 waits.
 
 A single message and a columnar batch are screened with a cheaper test first; only one that might
 break a rule runs the rules one by one, for the precise error.
@@ -40,7 +41,25 @@ class Admission:
         self._wait_s = wait_s
         self._room = asyncio.Event()
 
-    async def room(self) -> None:
+    async def admit(self, topic: TopicConfig, messages: Sequence[NewMessage]) -> list[int]:
+        """`check`, waiting for room before the backlog's rule; each message's size."""
+        sizes = self._rules(topic, messages)
+        await self._wait_for_room()
+        self.check_backlog()
+        return sizes
+
+    async def admit_columns(self, topic: TopicConfig, batch: ColumnarBatch) -> pa.Array:
+        """`admit` of a batch held as columns (whose shape holds no producer_id or sequence)."""
+        explicit = batch.partitions
+        sizes = message_sizes(batch.columns)
+        if (len(sizes) and int(sizes.max()) > topic.max_message_bytes) or (
+                explicit.null_count < len(explicit) and pc.max(explicit).as_py() >= topic.partitions):
+            self._rules(topic, batch.messages())
+        await self._wait_for_room()
+        self.check_backlog()
+        return sizes
+
+    async def _wait_for_room(self) -> None:
         """Wait, at most `wait_s`, while the backlog is over its bound; `check_backlog` then refuses
         what still finds none. Each commit makes room (`made_room`) within its own time."""
         if self._backlog_bytes() <= self.max_backlog_bytes:
@@ -60,14 +79,18 @@ class Admission:
         self._room = asyncio.Event()
 
     def check(self, topic: TopicConfig, messages: Sequence[NewMessage]) -> list[int]:
-        """Every rule, message by message; returns each message's size (key, value and headers)."""
+        """Every rule, message by message, without waiting; returns each message's size (key, value
+        and headers)."""
+        sizes = self._rules(topic, messages)
+        self.check_backlog()
+        return sizes
+
+    def _rules(self, topic: TopicConfig, messages: Sequence[NewMessage]) -> list[int]:
         try:
-            sizes = _check_messages(topic, messages)
+            return _check_messages(topic, messages)
         except LakebrokerError as exc:
             self._metrics.rejected_for(exc.code).inc()
             raise
-        self.check_backlog()
-        return sizes
 
     def check_one(self, topic: TopicConfig, message: NewMessage) -> int:
         """`check` of a single message; returns its size (key, value and headers)."""
@@ -78,17 +101,6 @@ class Admission:
         else:
             self.check_backlog()
         return size
-
-    def check_columns(self, topic: TopicConfig, batch: ColumnarBatch) -> pa.Array:
-        """`check` of a batch held as columns (whose shape holds no producer_id or sequence);
-        returns each message's size."""
-        explicit = batch.partitions
-        sizes = message_sizes(batch.columns)
-        if (len(sizes) and int(sizes.max()) > topic.max_message_bytes) or (
-                explicit.null_count < len(explicit) and pc.max(explicit).as_py() >= topic.partitions):
-            self.check(topic, batch.messages())
-        self.check_backlog()
-        return sizes
 
     def check_backlog(self) -> None:
         backlog = self._backlog_bytes()

@@ -551,9 +551,7 @@ class Broker:
         """`partitions`: the ones ingest_api/router.py picked, having admitted the messages already
         (else admitted and picked here)."""
         topic = self.topic(topic_name)
-        if partitions is None:
-            await self.admission.room()
-        sizes = self.admission.check(topic, messages) if partitions is None else []
+        sizes = await self.admission.admit(topic, messages) if partitions is None else []
         started = time.perf_counter()
         topic_id = bytes.fromhex(topic.topic_id)
         results: list[ProduceResult] = []
@@ -686,8 +684,7 @@ class Broker:
         """`produce` for a batch held as columns: the same answers, partitions, offsets and rows,
         with per-message Python only for messages that carry an id (the dedup index is per id)."""
         topic = self.topic(topic_name)
-        await self.admission.room()
-        sizes = self.admission.check_columns(topic, batch)
+        sizes = await self.admission.admit_columns(topic, batch)
         started = time.perf_counter()
         n = batch.rows
         producers = one_array(batch.columns.column("producer_id"))

@@ -152,8 +152,7 @@ class Router:
                       owners: list[str] | None = None) -> list[ProduceResult]:
         broker = self.broker
         topic = broker.topic(topic_name)
-        await broker.admission.room()
-        sizes = broker.admission.check(topic, messages)  # all of them, before any part is stored anywhere
+        sizes = await broker.admission.admit(topic, messages)  # all of them, before any part is stored anywhere
         partitions = broker.partitioner.each(topic, messages, sizes)
         topic_id = bytes.fromhex(topic.topic_id)
         accepting = broker.accepting

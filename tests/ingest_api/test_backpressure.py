@@ -14,12 +14,14 @@ import pytest
 from fastapi.testclient import TestClient
 from prometheus_client import CollectorRegistry
 
+from lakebroker.ingest_api.arrow_batch import parse_arrow_batch
 from lakebroker.ingest_api.broker import Broker
 from lakebroker.ingest_api.messages import AckMode, NewMessage
 from lakebroker.ingest_api.metrics import IngestMetrics
+from lakebroker.ingest_api.router import Router
 from lakebroker.server import build_app
 from lakebroker.tables import delta
-from lakebroker.tables.errors import Backpressure
+from lakebroker.tables.errors import Backpressure, InvalidRequest, TooLarge
 from lakebroker.tables.settings import Settings
 from lakebroker.tables.topics import new_topic
 
@@ -72,8 +74,39 @@ async def test_a_produce_that_finds_no_room_in_time_is_refused_with_the_limit_na
         await broker.stop()
 
 
-def _arrow_body() -> bytes:
-    table = pa.table({"value": pa.array(["v" * 100] * 100, pa.string())})
+
+async def test_a_malformed_produce_is_refused_for_its_fault_without_waiting_for_room(tmp_path: Path) -> None:
+    """The rules of the request come before the wait for room: under a full budget, a request that
+    breaks one is answered for what it broke, at once, not 429 (or its error) after the wait."""
+    settings = Settings(data_dir=tmp_path / "data", flush_interval_ms=3_600_000, max_backlog_bytes=1,
+                        backpressure_wait_ms=5_000)
+    broker = Broker(settings, IngestMetrics(CollectorRegistry()))
+    await broker.start()
+    try:
+        topic = await broker.create_topic(new_topic("t", 2))
+        await broker.produce("t", BATCH, AckMode.WAL)
+        assert broker.backlog_bytes > 1
+        huge = NewMessage(value=b"v" * (topic.max_message_bytes + 1))
+        router = Router(broker)
+        with pytest.raises(TooLarge):
+            await broker.produce("t", [huge], AckMode.WAL)
+        with pytest.raises(TooLarge):
+            await router.produce("t", [huge], AckMode.WAL)
+        with pytest.raises(InvalidRequest, match="no messages"):
+            await router.produce("t", [], AckMode.WAL)
+        with pytest.raises(InvalidRequest, match="partition 7 is out of range"):
+            await router.produce("t", [NewMessage(value=b"v", partition=7)], AckMode.WAL)
+        oversized = _arrow_body([b"v" * (topic.max_message_bytes + 1)])
+        with pytest.raises(TooLarge):
+            await broker.produce_columns("t", parse_arrow_batch(oversized, 1 << 30), AckMode.WAL)
+        assert broker.metrics.backpressure_waits._value.get() == 0, "a request that breaks a rule waited for room"
+    finally:
+        await broker.stop()
+
+
+def _arrow_body(values: list[bytes] | None = None) -> bytes:
+    table = pa.table({"value": pa.array(["v" * 100] * 100, pa.string()) if values is None else
+                      pa.array(values, pa.binary())})
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, table.schema) as writer:
         writer.write_table(table)
