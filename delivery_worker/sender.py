@@ -57,10 +57,11 @@ class _Target:
 
 
 class Sender:
-    """Writes each request's bytes straight to the lean transport (http1.py): httpx's client layer
-    costs ~170 us a request, and even its Request and Response objects (header normalisation) a
-    few tens more, which a webhook POST needs none of. Every header value is a validated name, a
-    number, a signature or a key checked to be printable ASCII, so none can break a line."""
+    """Writes each request's bytes straight to the lean transport (http1.py): httpx's client layer,
+    and even its Request and Response objects (header normalisation), cost CPU per request that a
+    webhook POST needs none of (docs/decisions/0017-webhooks-sent-through-a-lean-http1-transport.md).
+    Every header value is a validated name, a number, a signature or a key checked to be printable
+    ASCII, so none can break a line."""
 
     def __init__(self, transport: LeanTransport, worker_id: str) -> None:
         self.transport = transport

@@ -17,7 +17,9 @@ from lakebroker.ingest_api.flusher import Flusher
 from lakebroker.ingest_api.messages import AckMode
 from lakebroker.ingest_api.metrics import IngestMetrics
 
-_TABLE = AckMode.TABLE  # a member lookup costs the hot path ~0.3 µs on Python 3.11
+# Bound once: an enum member lookup per request is hot-path CPU
+# (docs/decisions/0002-single-produce-answered-below-asgi.md).
+_TABLE = AckMode.TABLE
 
 
 class Acks:

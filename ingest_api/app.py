@@ -88,9 +88,9 @@ def create_app(
             # outside the collector's generations, a full collection walks only what came after.
             gc.collect()
             gc.freeze()
-            # A request allocates a dozen or so tracked objects, almost none in cycles: at the default
-            # 700 allocations a young collection ran every few dozen requests (10% of a single
-            # produce's loop CPU, measured). 10,000 bounds the young generation as tightly in memory.
+            # A request allocates a dozen or so tracked objects, almost none in cycles: the default 700
+            # collects every few dozen requests for nothing, and 10,000 still bounds the young generation
+            # tightly in memory (docs/decisions/0004-garbage-collector-tuned-for-the-request-path.md).
             gc.set_threshold(YOUNG_GC_THRESHOLD, *thresholds[1:])
             yield
         finally:

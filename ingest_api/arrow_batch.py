@@ -48,8 +48,8 @@ ARROW_STREAM = "application/vnd.apache.arrow.stream"
 COLUMNS = ("value", "key", "headers", "partition", "id", "producer_id", "sequence")
 MAX_ID_CHARS = 256
 # pyarrow's writer writes a record batch per chunk of the table, and a dictionary batch where a
-# chunk's dictionary is new: a producer's body holds few. Each takes time to read, though empty:
-# 50,000 empty batches (8 MB) held the event loop most of a second; at these bounds, under 0.1 s.
+# chunk's dictionary is new: a producer's body holds few. Each takes event-loop time to read, though
+# empty, so their count is bounded (docs/decisions/0016-arrow-bodies-bounded-by-batches-and-reads.md).
 MAX_RECORD_BATCHES = 1024
 MAX_DICTIONARY_BATCHES = 1024
 _HEADERS = CHUNK_SCHEMA.field("headers").type
@@ -158,8 +158,8 @@ def _read(body: bytes, max_decoded: int) -> tuple[pa.Table, int]:
         _within(decoded, max_decoded)
         table = pa.ipc.open_stream(buffer).read_all()
         table.validate()  # the layout, which the buffer sizes below rely on
-        # Full validation reads a chunk's dictionary with each chunk, shared or not: 1,024 batches
-        # sharing 100,000 entries took seconds.
+        # Full validation reads a chunk's dictionary with each chunk, shared or not: what that reads is
+        # held to the request limit first (docs/decisions/0016).
         read = sum(chunk.get_total_buffer_size() for column in table.columns for chunk in column.chunks)
         if read > max_decoded:
             raise TooLarge(f"the Arrow IPC stream reads as {read} bytes, each batch with its dictionaries, over "

@@ -7,9 +7,10 @@ same answers). Malformed JSON is a 400, a well-formed body of the wrong shape a 
 unsupported content type a 415.
 
 A batch headed for the columnar path is parsed by orjson first, which builds the same objects
-about 40 % faster but turns an integer beyond 64 bits into a float. The columnar path takes
-strings and 64-bit partitions only, so that loss can only send a batch the per-message way, and
-`BatchItems.messages` parses such a body again, exactly; malformed JSON too gets jiter's message.
+faster but turns an integer beyond 64 bits into a float. The columnar path takes strings and
+64-bit partitions only, so that loss can only send a batch the per-message way, and
+`BatchItems.messages` parses such a body again, exactly; malformed JSON too gets jiter's message
+(docs/decisions/0006-orjson-parses-batches-for-the-columnar-path.md).
 """
 
 from __future__ import annotations

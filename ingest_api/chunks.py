@@ -127,8 +127,8 @@ def encode_chunk(chunk: Chunk) -> bytes:
 
 def chunk_frame(chunk: Chunk) -> list[Buffer]:
     """A chunk's WAL frame in pieces: its head, then the Arrow IPC stream of its columns. The WAL
-    thread encodes it: one serialize() per batch gives up the GIL once where a stream writer gave
-    it up several times, and each time the thread took it back the event loop could be left waiting."""
+    thread encodes it: one serialize() per batch gives up the GIL once, where a stream writer gives
+    it up several times, and each time the thread takes it back the event loop may be left waiting."""
     topic = chunk.topic.encode()
     head = _FIXED.pack(chunk.topic_id, chunk.partition, chunk.offset, chunk.timestamp_us, chunk.rows)
     return seal_parts(CHUNK_MAGIC, [b"".join((head, _LEN.pack(len(topic)), topic)),

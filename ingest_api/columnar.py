@@ -9,10 +9,8 @@ are checked over whole columns. A batch takes this path when every message is an
 (headers, value_b64, a JSON value that is not a string, producer_id/sequence, a limit broken)
 returns None and goes the per-message way, which gives the same answers and the same errors.
 
-Measured on 5,000 messages of 100-byte values, in a loop of its own: the orjson parse costs
-0.15 µs per message (jiter 0.25) and the column build 0.11. Parsers that build Arrow columns
-themselves cost more and cannot tell an absent value from a null one: `pyarrow.json` 0.98 µs
-on the NDJSON body; polars (not a dependency) 0.24 on the JSON body and 0.68 on NDJSON.
+Parsers that build Arrow columns themselves cost more per message and cannot tell an absent
+value from a null one (docs/decisions/0006-orjson-parses-batches-for-the-columnar-path.md).
 """
 
 from __future__ import annotations
@@ -37,9 +35,8 @@ def parse_batch_body(kind: str, body: bytes) -> ColumnarBatch | BatchItems:
     """A batch body as columns, or, when it cannot take the columnar path, as the parsed items for
     the per-message one. The cyclic garbage collector is paused meanwhile: the parse makes a dict
     per message, and those of a columnar batch are all freed (by reference count) before it
-    resumes, so no collection walks or promotes them. Left to run, the collector swept every
-    5,000-message batch's dicts into older generations, and a full collection then took about
-    70 ms of the event loop (measured: 4 % of the server's CPU under a batch load)."""
+    resumes, so no collection walks them or promotes them into older generations, whose full
+    collections stop the event loop (docs/decisions/0004-garbage-collector-tuned-for-the-request-path.md)."""
     enabled = gc.isenabled()
     gc.disable()
     try:

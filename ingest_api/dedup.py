@@ -4,9 +4,9 @@ An id is a producer-supplied message id, or a producer id with a sequence number
 is bounded by a time window and an entry count, and is rebuilt at start from the WAL and the
 Delta table, so a retry after a restart still gets the original answer.
 
-At the default of 2M ids a dict of tuples and strings would take about 0.8 GB, so a placed id
-is kept as fixed-width numbers (`DedupIndex`): about 12 bytes an id in memory, and its 128-bit
-hash and placement in a ring file beside the WAL.
+A dict of tuples and strings would take hundreds of bytes an id, so a placed id is kept as
+fixed-width numbers (`DedupIndex`): about 12 bytes an id in memory, and its 128-bit hash and
+placement in a ring file beside the WAL (docs/decisions/0015-dedup-index-as-fixed-width-hashes.md).
 """
 
 from __future__ import annotations

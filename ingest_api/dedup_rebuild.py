@@ -4,9 +4,9 @@ topic tables and the WAL, so a retry after a restart still gets its original ans
 Exact age order in bounded memory. A first pass reads only the log-append times of the rows that
 carry an id (8 bytes an id), which fix the oldest time still within max_entries and cut the rest
 into time ranges of about RANGE_IDS ids. Each range is then read on its own (file and row-group
-statistics prune the other files), its ids hashed, sorted by time and remembered. All ids at once,
-as Arrow columns of numbers, took 36 bytes an id plus the scan's buffers: about 200 MB over the
-broker's own at the default of 2M.
+statistics prune the other files), its ids hashed, sorted by time and remembered. Holding all ids
+at once, even as Arrow columns of numbers, would cost tens of bytes an id plus the scan's buffers
+(docs/decisions/0015-dedup-index-as-fixed-width-hashes.md).
 """
 
 from __future__ import annotations

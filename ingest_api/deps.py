@@ -9,7 +9,8 @@ from lakebroker.tables.layout import NAME_PATTERN
 
 
 async def get_broker(request: Request) -> Broker:
-    # async: a plain def would be run through the thread pool on every request (~15 % of produce CPU).
+    # async: a plain def would be run through the thread pool on every request
+    # (docs/decisions/0002-single-produce-answered-below-asgi.md).
     broker: Broker = request.app.state.broker
     return broker
 

@@ -111,7 +111,8 @@ class Flusher:
         self._tables: dict[str, delta.KeptTable] = {}  # by topic id
         # By topic id: each partition's log-end txn version as read from the table, then as this flusher's
         # own commits set it (no other writer sets these appIds). Reading it costs delta-rs a replay of the
-        # log since the last checkpoint per partition (~6 ms for 4 at 95 versions); dropped on any failure.
+        # log since the last checkpoint per partition; dropped on any failure
+        # (docs/decisions/0009-delta-handles-reloaded-every-50-versions.md).
         self._ends: dict[str, dict[int, int]] = {}
         self.committed: dict[PartitionKey, int] = {}  # log-end offsets known to be in Delta
         self._waiters: dict[PartitionKey, list[tuple[int, asyncio.Future[None]]]] = defaultdict(list)

@@ -14,35 +14,31 @@ reads on a busy loop.
 
 Except when nothing is in flight, the group is only single messages (at most
 INLINE_GROUP_BYTES), and the disk has proven fast: then the loop writes and fdatasyncs the group
-itself, and answers it in the same pass. A busy loop holds the GIL between its callbacks, so a
-writer thread woken for such a group waited 0.1-0.9 ms for the GIL before its write, and its report
-waited for the next pass; meanwhile every connection whose message was in the group was idle
-(measured with 32 producers: the cycle of read, hand-off, write, answer took 3.5 ms, of which the
-loop was idle a third). The fdatasync releases the GIL, and with nothing in flight there is nothing
-the loop could overlap with it but new requests, which join the next group. Batches, and anything
-behind a write in flight, still go to the thread, so a large frame never stalls the loop.
+itself, and answers it in the same pass. A writer thread woken for such a group would wait for the
+GIL that a busy loop holds, and its report for the loop's next pass, while every connection in the
+group sits idle. The fdatasync releases the GIL, and with nothing in flight there is nothing the
+loop could overlap with it but new requests, which join the next group. Batches, and anything
+behind a write in flight, still go to the thread, so a large frame never stalls the loop
+(docs/decisions/0003-event-loop-writes-idle-wal-groups-itself.md).
 
 "Proven fast" means INLINE_TRUST_WRITES writes of that size in a row took at most INLINE_WRITE_S
 each. The trust is lost by a write that took over STALL_S, or by SLOW_OF_RECENT of the loop's last
 RECENT writes over INLINE_WRITE_S. A write's time includes the wait for the GIL after the
 fdatasync, which the flusher's thread may hold for a few ms: one slow write among fast ones is that,
-not the disk, and judged by single writes the loop lost its trust every few hundred ms. A write
-in the thread counts only when fast: behind a busy loop it waits for the GIL twice. Once the trust
-is lost the groups go to the thread, and the loop tries one write of its own again (a probe) after
-PROBE_FIRST_S, then after twice as long while probes stay slow, up to PROBE_MAX_S; a fast probe
-restores the trust. (A busy loop's thread writes are never fast: without probes, ack=none stayed
-on the thread for good after one lost trust.) So an fdatasync that takes 100 ms (a busy or failing
-disk, a network volume) stalls the loop once, then at most once a minute, and a disk slow from the
-start never does: /healthz, other topics and timers keep answering.
+not the disk. A write in the thread counts only when fast: behind a busy loop it waits for the GIL
+twice. Once the trust is lost the groups go to the thread, and the loop tries one write of its own
+again (a probe) after PROBE_FIRST_S, then after twice as long while probes stay slow, up to
+PROBE_MAX_S; a fast probe restores the trust, which a busy loop's thread writes cannot. So an
+fdatasync that takes 100 ms (a busy or failing disk, a network volume) stalls the loop once, then
+at most once a minute, and a disk slow from the start never does: /healthz, other topics and
+timers keep answering.
 
 Messages nobody waits for (ack=none) are answered at the end of the loop pass that queued them, all
 together and before the pass writes anything, so their producers send on while the write runs;
-behind a write in flight they wait for its report, so that many share the next one. Answered
-one by one as they arrived, each answer woke its producer on its own and each pass wrote and
-fsynced a message or two: ack=none was slower than ack=wal. A group of such messages only is written
-without an fdatasync (wal.py says how recovery tells its torn pages from damage): it promises no
-durability, and the fdatasync held the loop (an inline write) for its whole duration, so ack=none
-paid for a guarantee it does not give. The next synced write, or the clean stop, covers it.
+behind a write in flight they wait for its report, so that many share the next one. A group of
+such messages only is written without an fdatasync (wal.py says how recovery tells its torn pages
+from damage): it promises no durability, so it does not hold the loop (an inline write) for one.
+The next synced write, or the clean stop, covers it.
 
 Offsets are assigned on the loop only, in hand-off order, and the thread writes in that order.
 A write that fails (disk full) fails its groups and every group handed after them, and the offsets

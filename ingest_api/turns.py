@@ -2,15 +2,16 @@
 pass of the event loop, so the light requests that became ready meanwhile run between them.
 
 An event loop runs every callback that is ready at the start of a pass before it polls sockets
-again. Without turns, 32 batch requests that arrive together run back to back, ~5 ms each, and a
-single-message request that arrived during the first one waits for all of them: a closed-loop
-batch producer with many connections starves single-message producers (issue 11, item 4). A
-turn is granted by a callback that wakes one waiter and schedules the next grant behind it, so
-grants are one pass apart and first come, first served.
+again, so batch requests that arrive together would run back to back, and a single-message
+request that arrived during the first one would wait for all of them: a closed-loop batch producer
+with many connections would starve single-message producers
+(docs/decisions/0008-batches-take-turns-with-single-messages.md). A turn is granted by a callback
+that wakes one waiter and schedules the next grant behind it, so grants are one pass apart and
+first come, first served.
 
 A caller that finds no turn taken in this pass and nobody waiting takes its turn at once: a few
-batch connections seldom meet in one pass, and a wait there cost each request two passes of
-the loop (waiting behind the other connections' reads), which capped a few producers' rate.
+batch connections seldom meet in one pass, and a wait would cost each request two passes of the
+loop, each behind the other connections' reads.
 """
 
 from __future__ import annotations

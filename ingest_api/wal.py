@@ -2,8 +2,8 @@
 
 Appends go to the active segment as whole groups (one write and one fdatasync per group, see
 group_commit.py). Each group lands in space zeroed ahead of it, as PostgreSQL pre-zeroes its WAL
-segments: an fdatasync that need not also record a new file size is about 10x faster here
-(0.25 ms against 2.3 ms), and a single produce at ack=wal waits for one.
+segments: an fdatasync that need not also record a new file size is several times faster, and a
+single produce at ack=wal waits for one (docs/decisions/0014-wal-room-zeroed-ahead-of-writes.md).
 
 A segment is rolled once it passes `segment_bytes`: the next one is opened before the current
 one is sealed, so a roll that fails (EMFILE, ENOSPC) leaves the group that was just written
@@ -71,7 +71,7 @@ ZERO_AHEAD = 4 * 1024 * 1024  # room zeroed (and made durable) ahead of the writ
 _ZEROS = bytes(ZERO_AHEAD)
 # A group this large is written past the zeroed room as it is: the file-size change its fdatasync
 # then carries is a small share of its cost, while zeroing first would write its bytes twice
-# (Arrow batches: ~13 % less WAL-thread CPU per message, ~5 % more messages per second).
+# (docs/decisions/0014-wal-room-zeroed-ahead-of-writes.md).
 PLAIN_WRITE_BYTES = 256 * 1024
 _GROUP = struct.Struct("<Q")  # a group frame's body: the byte length of the write's frames after it
 GROUP_HEAD_BYTES = FRAME_HEADER.size + _GROUP.size  # what each write adds ahead of its frames

@@ -32,8 +32,8 @@ from lakebroker.tables.logs import configure_logging
 from lakebroker.tables.settings import Settings
 
 # Request limits and timeouts of the HTTP server (body size: setting max_request_bytes; header
-# count and size: ingest_api/limits.py). httptools on uvloop, the fastest uvicorn offers: the bare
-# app costs ~44 µs a request under httptools and ~190 µs under h11 (docs/benchmarks.md).
+# count and size: ingest_api/limits.py). httptools on uvloop, the fastest uvicorn offers
+# (docs/decisions/0002-single-produce-answered-below-asgi.md).
 # BoundedHttpToolsProtocol adds the request-head bound and deadline that httptools lacks.
 UVICORN_LIMITS: dict[str, Any] = {
     "http": BoundedHttpToolsProtocol,  # httptools + a bound on a request head (431) and its deadline (408)

@@ -28,7 +28,7 @@ from deltalake.transaction import AddAction, RemoveAction
 from lakebroker.tables import parquet_files, storage
 from lakebroker.tables.schemas import HOT_PATH_TABLE_PROPERTIES, SCHEMA_VERSION_PROPERTY
 
-if TYPE_CHECKING:  # pyarrow.dataset imports pandas: a quarter second off every CLI start
+if TYPE_CHECKING:  # pyarrow.dataset imports pandas, which every CLI start would pay for (docs/decisions/0013)
     import pyarrow.dataset as pads
 
 
@@ -146,10 +146,9 @@ def open_table(uri: str) -> DeltaTable | None:
 
 # delta-rs (1.6) keeps an open table's file list as one Arrow batch per commit it applied since it
 # was loaded (its own writes and update_incremental alike), and every commit re-scans them all: a
-# handle kept open for N commits pays CPU in N at each commit (docs/decisions/0009: 30 ms per
-# flush commit when fresh, 110 ms after 500). A fresh load starts from the newest checkpoint, so
-# handles kept across commits are reloaded after this many: at most ~8 ms of growth, and one load
-# (~30 ms) per 50 commits.
+# handle kept open for N commits pays CPU in N at each commit. A fresh load starts from the newest
+# checkpoint, so handles kept across commits are reloaded after this many
+# (docs/decisions/0009-delta-handles-reloaded-every-50-versions.md).
 RELOAD_AFTER_VERSIONS = 50
 DELTA_RS_CHECKPOINT_INTERVAL = 100  # delta-rs's default delta.checkpointInterval
 

@@ -1,8 +1,9 @@
 """Follows a topic table's Delta log commit by commit, for readers that tail a partition.
 
 Asking delta-rs which files hold a partition's newest offsets costs time per file in the
-table (~15 ms at 400 files), and a delivery worker asks several times a second per
-partition. A tail reader needs only what changed: each new commit file lists the data files
+table, and a delivery worker asks several times a second per partition
+(docs/decisions/0018-readers-follow-delta-logs-commit-by-commit.md). A tail reader needs only
+what changed: each new commit file lists the data files
 it added and removed, with their offset statistics, and the txn versions that are the
 partitions' log ends. This index reads just the new commit files, and rebuilds itself from
 delta-rs when it cannot: on first use, or when the commits it needs were cleaned up behind a

@@ -99,8 +99,8 @@ def configure_logging(settings: Settings) -> None:
 def exit_without_teardown(code: int) -> NoReturn:
     """End a process whose work is done: flush its logs and output, then exit without the
     interpreter's native teardown, where Arrow's C++ thread pools can abort the process ("terminate
-    called without an active exception", apache/arrow#34314). Seen from `lakebroker compact` and
-    from serve's delivery process, each after it had finished cleanly."""
+    called without an active exception", apache/arrow#34314), as in `lakebroker compact` and serve's
+    delivery process after their work is done."""
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()

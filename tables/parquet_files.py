@@ -4,13 +4,11 @@ column is encoded; and the flusher's writer of topic-table files.
 Row groups. A reader skips a row group whose offset statistics miss the range it asks for
 (pyarrow prunes before decoding), but never part of one: a delivery read of 1,000 offsets decodes
 every row group that holds any of them. Spark's default row group is 128 MB (`parquet.block.size`),
-so a compacted file was one row group, and reading 1,000 rows from the middle of it decoded the
-whole file.
+so a compacted file would be one row group, decoded whole to read 1,000 rows from its middle.
 
-4 MiB keeps such a read to at most two row groups of a few thousand rows each: a few milliseconds,
-which smaller groups barely improve on, while each group costs footer metadata that every open
-parses (~1.5 KB; 32 groups in a 128 MB file). Scans of whole files are as fast either way
-(`python -m bench.run --only read_amplification`, docs/benchmarks.md).
+4 MiB keeps such a read to at most two row groups of a few thousand rows each, which smaller
+groups barely improve on, while each group adds footer metadata that every open parses. Scans of
+whole files are as fast either way (docs/decisions/0019-parquet-layout-for-tail-reads.md).
 
 The writers measure differently. Spark (spark_pipeline/session.py) counts a row group's encoded,
 compressed bytes, so one may decode to more where values compress; delta-rs (`writer_properties`)
@@ -18,17 +16,18 @@ and the flusher's pyarrow writer (`write_partition_file`) bound rows only, so th
 rows at the batch's average Arrow (decoded) size.
 
 The flusher's files. A flush holds each partition's rows apart already (the WAL's chunks), and
-delta-rs would sort and copy every column of a commit by partition value before it wrote them:
-about half of its write. So the flusher writes each partition's file itself with pyarrow, in the
+delta-rs would sort and copy every column of a commit by partition value before it wrote them, a
+large part of its write. So the flusher writes each partition's file itself with pyarrow, in the
 layout above, and logs it with the statistics delta-rs would have written (`file_stats`); one
 delta-rs commit then adds the files with the partitions' txns (tables/delta.py `append_partitions`).
 
 Offsets. A flush file holds each partition's offsets dense and ascending, which Parquet's
 DELTA_BINARY_PACKED stores in a few bits per page. Its default, a dictionary, suits them worst:
 every value is new, so the writer hashes each one until the dictionary is full and then falls
-back to plain 8-byte values. delta-rs spent about a sixth of a flush's CPU on that, and the column
-was most of a file of small messages. Every reader of the tables decodes it (pyarrow, delta-rs,
-Spark's vectorized reader); the statistics that prune row groups are kept as before.
+back to plain 8-byte values: CPU spent at every flush, for a column that fills most of a file of
+small messages (docs/decisions/0019). Every reader of the tables decodes DELTA_BINARY_PACKED
+(pyarrow, delta-rs, Spark's vectorized reader), and the column keeps the statistics that prune
+row groups.
 """
 
 from __future__ import annotations
@@ -49,7 +48,7 @@ if TYPE_CHECKING:
     from deltalake import WriterProperties
 
 ROW_GROUP_BYTES = 4 * 1024 * 1024
-OFFSET_COLUMN = "offset"  # in topic tables; a table without it is written as before
+OFFSET_COLUMN = "offset"  # in topic tables; a table without it gets no offset encoding
 
 
 def writer_properties(data: pa.Table) -> WriterProperties:
@@ -64,8 +63,8 @@ def writer_properties(data: pa.Table) -> WriterProperties:
     })
 
 
-# The message payload: nothing prunes on it, so it gets no row-group statistics (min/max over every
-# value was a few percent of a flush's write).
+# The message payload: nothing prunes on it, so it gets no row-group statistics, whose min/max over
+# every value would cost each flush's write for nothing.
 PAYLOAD_COLUMN = "value"
 
 
@@ -87,7 +86,7 @@ def write_partition_file(fs: pafs.FileSystem, root: str, partition_column: str, 
     Snappy, row groups of about ROW_GROUP_BYTES, the offset column delta-encoded.
 
     The flusher holds each partition's rows apart already; delta-rs would sort and copy every
-    column of a flush by partition value before writing (about half its write CPU)."""
+    column of a flush by partition value before writing."""
     import pyarrow.parquet as pq
 
     rows = data.drop_columns([partition_column])

@@ -2,12 +2,13 @@
 
 - pandas stays out. Nothing in these processes uses it, but pyarrow imports it, if installed,
   the first time it asks whether a value is a DataFrame (any `pa.scalar`, any filter expression,
-  `pyarrow.dataset`'s own import). That import alone adds about 37 MB of resident memory.
+  `pyarrow.dataset`'s own import), and that import alone weighs tens of MB of resident memory.
   Refusing it is safe: pyarrow treats the ImportError as "pandas is not installed".
 - Arrow allocates from its bundled jemalloc, which returns freed pages to the kernel within
   100 ms (tables/__init__.py sets its decay), unless ARROW_DEFAULT_MEMORY_POOL chooses. The batch
-  path's Arrow buffers come and go at ~100 MB/s: from glibc's heap, shared with everything else on
-  the event loop, they left it fragmented at ~65 MB (docs/operations.md has the measurements).
+  path's Arrow buffers come and go fast: from glibc's heap, shared with everything else on the
+  event loop, they would leave it fragmented
+  (docs/decisions/0013-native-memory-of-the-long-running-processes.md).
 
 Only the CLI entry points call keep_small(): a test process, which imports pandas for Spark and
 Airflow, must never install the refusal.

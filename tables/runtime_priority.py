@@ -3,11 +3,12 @@
 delta-rs commits (and encodes the system tables' Parquet; the flusher encodes the topic tables'
 itself, tables/parquet_files.py) on its tokio threads, which hold no Python lock. On a small
 machine under a flood they compete for the cores with the event loop, which every produce waits
-for: on 2 cores the loop spent a fifth of its time runnable but not running. Lowering their
-priority, as RocksDB lowers its compaction threads', lets the loop and the WAL writer run first
-when the CPU is full; when it is not, the scheduler gives every thread all it asks for. A flusher
-that then falls behind grows the WAL backlog, which `max_backlog_bytes` bounds (429), so produce
-slows down before memory grows without end.
+for, and keep it waiting runnable. Lowering their priority, as RocksDB lowers its compaction
+threads', lets the loop and the WAL writer run first when the CPU is full; when it is not, the
+scheduler gives every thread all it asks for
+(docs/decisions/0020-delta-rs-threads-run-below-the-event-loop.md). A flusher that then falls
+behind grows the WAL backlog, which `max_backlog_bytes` bounds (429), so produce slows down before
+memory grows without end.
 
 Only those threads are lowered: a Python thread holds the GIL while it runs, and one preempted
 for its low priority would stall the event loop waiting for that lock. tokio starts threads as

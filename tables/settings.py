@@ -115,7 +115,7 @@ class Settings(BaseSettings):
 
     # flusher
     # 250 ms, like a producer's linger: each commit costs delta-rs tens of ms of CPU whatever its size,
-    # so 10 commits a second took a share of two cores from the event loop (docs/operations.md).
+    # on the cores the event loop needs (docs/operations.md, "Why a commit every 250 ms").
     flush_interval_ms: int = Field(250, gt=0, description="Longest a WAL record waits before its Delta commit.")
     # Commits few enough for a flood to keep up beside other topics' commits (docs/operations.md).
     flush_max_records: int = Field(

@@ -7,8 +7,8 @@ other: the loser re-reads and re-applies its change (compare-and-swap on the tab
 
 A StateTable keeps the snapshot it last read, and its rows. Before each use it looks for the
 next commit file, and catches up only if there is one: a delivery worker reads these tables at
-every heartbeat, and reloading one lists its whole log (30-40 ms of CPU at 80 commits, and a
-lease table takes a commit per heartbeat).
+every heartbeat, and reloading one lists its whole log, which a lease table grows by a commit per
+heartbeat (docs/decisions/0018-readers-follow-delta-logs-commit-by-commit.md).
 
 Each state table keeps its log and replaced files an hour (STATE_TABLE_PROPERTIES): delta-rs
 drops old commit files after each checkpoint, and the writer of each checkpointed version
