@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import glob
 import os
 import signal
 import socket
@@ -22,6 +23,16 @@ REPO = Path(__file__).resolve().parent.parent
 # lives through a module or the session would otherwise start JVM jobs beside every other test.
 NO_SCHEDULED_JOBS = {f"LAKEBROKER_{job}_INTERVAL_S": "0"
                      for job in ("COMPACTION", "RETENTION", "KEY_COMPACTION", "OFFSETS_COMPACTION", "REPLICATION")}
+
+LIBFAKETIME = sorted(glob.glob("/usr/lib/*/faketime/libfaketimeMT.so.1"))  # Debian's faketime package
+
+
+def clock_off_env(offset_s: int) -> dict[str, str]:
+    """The environment of a process whose clock is `offset_s` seconds off (libfaketime). Its
+    monotonic clock moves by the same constant, which leaves every interval as it is: left alone,
+    libfaketime 0.9.10 refuses every `time.sleep` of Python 3.11 (its absolute clock_nanosleep)
+    with EINVAL."""
+    return {"LD_PRELOAD": LIBFAKETIME[0], "FAKETIME": f"{offset_s:+d}s", "FAKETIME_DONT_FAKE_MONOTONIC": "0"}
 
 
 class ServerProcess:

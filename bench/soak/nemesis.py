@@ -24,7 +24,6 @@ the partition's outage, which the checks bound by the TTL plus a heartbeat plus 
 
 from __future__ import annotations
 
-import glob
 import os
 import random
 import signal
@@ -40,12 +39,12 @@ import httpx
 from bench.harness.servers import wait_for
 from bench.result import REPO
 from bench.soak.probe import Probes
+from tests.servers import LIBFAKETIME, clock_off_env
 
 if TYPE_CHECKING:
     from bench.soak import Soak
     from tests.servers import ServerProcess
 
-LIBFAKETIME = sorted(glob.glob("/usr/lib/*/faketime/libfaketimeMT.so.1"))
 MOVE_WAIT_S = 20.0  # a hand-over takes a second or two (docs/cluster.md); a loaded 2-core machine, more
 CLOCK_WAIT_S = 25.0  # a node checks its clock at its first heartbeat, then every 10 s
 # What a partition's outage after its owner's death may exceed TTL + heartbeat by: the new owner's
@@ -127,8 +126,7 @@ class Nemesis:
         saved = dict(victim.env)
         self.soak.stop_node(victim)
         # No scheduled Spark jobs on the node with the clock off: their JVMs would run with it too.
-        victim.env.update({"LD_PRELOAD": LIBFAKETIME[0], "FAKETIME": f"{offset:+d}s",
-                           "FAKETIME_DONT_FAKE_MONOTONIC": "1",
+        victim.env.update({**clock_off_env(offset),
                            **{f"LAKEBROKER_{job}_INTERVAL_S": "0"
                               for job in ("COMPACTION", "RETENTION", "KEY_COMPACTION", "REPLICATION")}})
         try:

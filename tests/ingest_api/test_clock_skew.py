@@ -6,18 +6,16 @@ machine's."""
 
 from __future__ import annotations
 
-import glob
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 
-from tests.servers import ServerProcess, until
+from tests.servers import LIBFAKETIME, ServerProcess, clock_off_env, until
 
 pytestmark = [pytest.mark.timeout(300)]
 
-LIBFAKETIME = sorted(glob.glob("/usr/lib/*/faketime/libfaketimeMT.so.1"))
 
 
 def _env(root: Path, **extra: str) -> dict[str, str]:
@@ -37,8 +35,7 @@ def nodes(tmp_path: Path) -> Iterator[tuple[ServerProcess, ServerProcess]]:
     assert LIBFAKETIME, "libfaketime is installed (Debian's faketime package: .ci/run installs it)"
     root = tmp_path / "tables"
     right = ServerProcess(tmp_path / "right", _env(root))
-    ahead = ServerProcess(tmp_path / "ahead", _env(root, LD_PRELOAD=LIBFAKETIME[0], FAKETIME="+30s",
-                                                   FAKETIME_DONT_FAKE_MONOTONIC="1"))
+    ahead = ServerProcess(tmp_path / "ahead", _env(root, **clock_off_env(30)))
     try:
         right.start()
         ahead.start()
