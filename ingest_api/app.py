@@ -24,12 +24,12 @@ from lakebroker.ingest_api.auth import (
     require,
 )
 from lakebroker.ingest_api.broker import Broker
-from lakebroker.ingest_api.cluster import node_credential
 from lakebroker.ingest_api.dashboard import Dashboard
 from lakebroker.ingest_api.errors import V2ErrorShape, install_error_handlers
 from lakebroker.ingest_api.limits import BodyLimit, HeaderLimit
 from lakebroker.ingest_api.live_status import LiveStatus, Service
 from lakebroker.ingest_api.metrics import IngestMetrics
+from lakebroker.ingest_api.node_identity import node_credential
 from lakebroker.ingest_api.router import Router
 from lakebroker.ingest_api.routes import (
     cluster,

@@ -6,7 +6,9 @@ node shows here within a heartbeat, also while a beat is busy claiming), heartbe
 ownership table, and then:
 
 - claims the partitions the heartbeat gave it in their topic tables (tables/fencing.py) and only
-  then opens them to produce (Broker.adopt);
+  then opens them to produce (Broker.adopt). Claims run beside the heartbeats, on a thread of
+  their own: on a loaded machine they can take longer than a lease lives, and the leases they
+  claim for must be renewed meanwhile;
 - hands over the partitions the plan gives to another node: closed to produce, flushed, released;
 - drops the partitions whose lease it lost (its heartbeat came too late): another node may have
   claimed them already, and the table refuses this node's commits to them anyway.
@@ -23,27 +25,24 @@ import contextlib
 import dataclasses
 import functools
 import logging
-import socket
 import time
-import uuid
 from collections import defaultdict
 from collections.abc import Callable
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from deltalake.exceptions import CommitFailedError, DeltaError
 
-from lakebroker.ingest_api.auth import auth_enforced
 from lakebroker.ingest_api.dedup_rebuild import placed_by_others
+from lakebroker.ingest_api.node_identity import advertised_url, node_id
 from lakebroker.ingest_api.reader import unreadable
 from lakebroker.tables import delta, fencing
 from lakebroker.tables.conflicts import retry_conflicts
 from lakebroker.tables.errors import Backpressure, LakebrokerError
 from lakebroker.tables.layout import Layout
-from lakebroker.tables.ownership import ClusterView, Heartbeat, NodeInfo, OwnershipTable, Pair
+from lakebroker.tables.ownership import ClusterView, Heartbeat, OwnershipTable, Pair
 from lakebroker.tables.settings import Settings
 from lakebroker.tables.storage_clock import max_skew_s, skew
-from lakebroker.tables.tokens import TokenStore
 from lakebroker.tables.topics import TopicConfig, TopicGone
 
 if TYPE_CHECKING:
@@ -52,7 +51,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 CLOCK_CHECK_S = 10.0  # how often a node compares its clock with the storage's
 _T = TypeVar("_T")
-TWIN_POLL_S = 0.25
 
 
 class NotOwner(LakebrokerError):
@@ -72,72 +70,6 @@ class NoOwnerYet(Backpressure):
 
     status = 503
     code = "partition_unavailable"
-
-
-def node_id(layout: Layout) -> str:
-    """This data dir's node id: made once, kept in the data dir (its WAL's records are the node's)."""
-    path = layout.node_file
-    if path.is_file():
-        return path.read_text().strip()
-    node = uuid.uuid4().hex[:12]
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(node + "\n")
-    tmp.replace(path)
-    return node
-
-
-class NodeIdInUse(LakebrokerError):
-    code = "node_id_in_use"
-
-
-def refuse_twin(settings: Settings) -> None:
-    """Refuse to start as a node another live process already is. A data dir copied to a second
-    machine brings its node id along, and two processes heartbeating as one node would take each
-    other's leases. A live row of this id at another URL is watched until its lease runs out: if it
-    is renewed meanwhile, its process is alive. (At this node's own URL it is this node's previous
-    process: the data-dir lock and the port rule out a second one.)"""
-    layout = Layout.of(settings)
-    node, url = node_id(layout), advertised_url(settings)
-    ownership = OwnershipTable(layout, node, url, settings.ingest_lease_ttl_s)
-
-    def row() -> NodeInfo | None:
-        return next((n for n in ownership.view().nodes if n.node == node), None)
-
-    seen = row()
-    if seen is None or seen.url == url:
-        return
-    while seen.alive(datetime.now(UTC)):
-        time.sleep(TWIN_POLL_S)
-        latest = row()
-        if latest is not None and latest.expires_at != seen.expires_at:
-            raise NodeIdInUse(
-                f"node {node} (the id in {layout.node_file}) is alive at {seen.url}: this data dir is a copy "
-                "of that node's, or another process serves it. Give each node its own --data-dir; a copy "
-                f"made for a new node needs {layout.node_file} deleted first")
-        seen = latest or seen
-
-
-def node_credential(settings: Settings, layout: Layout, node: str) -> str | None:
-    """The Authorization header this node sends its own requests with (the WAL items it hands to
-    another node): a produce-scoped token it made once and keeps in its data dir. None without auth."""
-    if not auth_enforced(settings):
-        return None
-    path = layout.data_dir / "node_token"
-    if not path.is_file():
-        _, text = TokenStore(layout).create(["produce"], name=f"lakebroker node {node}")
-        tmp = path.with_suffix(".tmp")
-        tmp.touch(mode=0o600)
-        tmp.write_text(text + "\n")
-        tmp.replace(path)
-    return "Bearer " + path.read_text().strip()
-
-
-def advertised_url(settings: Settings) -> str:
-    if settings.advertised_url:
-        return settings.advertised_url.rstrip("/")
-    host = socket.getfqdn() if settings.host in ("0.0.0.0", "::", "") else settings.host
-    return f"http://[{host}]:{settings.port}" if ":" in host else f"http://{host}:{settings.port}"
 
 
 class Membership:
@@ -167,15 +99,22 @@ class Membership:
         self._clock_off = False  # this clock is further from the storage's than the leases tolerate
         self._skew = timedelta(0)  # how far ahead of the storage's it is
         self._clock_checked = -float("inf")  # monotonic time of the last check
-        # The lease's table work runs on a thread of its own: in the shared pool it would queue
-        # behind slow reads and commits, and a loaded node would lose leases it is alive to renew.
-        self._lease_thread: concurrent.futures.ThreadPoolExecutor | None = None
+        self._claiming: set[Pair] = set()  # taken by a heartbeat, their claim under way
+        self._claims: set[asyncio.Task[None]] = set()  # claims running beside the loop's beats
+        # The lease's table work and the claims each run on a thread of their own: in the shared
+        # pool the heartbeat would queue behind slow reads and commits, and behind a claim racing
+        # flushes, and a loaded node would lose leases it is alive to renew.
+        self._threads: dict[str, concurrent.futures.ThreadPoolExecutor] = {}
+
+    async def _on_thread(self, name: str, fn: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
+        pool = self._threads.get(name)
+        if pool is None:
+            pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=f"lakebroker-{name}")
+            self._threads[name] = pool
+        return await asyncio.get_running_loop().run_in_executor(pool, functools.partial(fn, *args, **kwargs))
 
     async def _on_lease_thread(self, fn: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
-        if self._lease_thread is None:
-            self._lease_thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="lakebroker-lease")
-        return await asyncio.get_running_loop().run_in_executor(self._lease_thread,
-                                                                functools.partial(fn, *args, **kwargs))
+        return await self._on_thread("lease", fn, *args, **kwargs)
 
     def advertise(self, url: str) -> None:
         """The URL others reach this node at, once `serve` knows its port."""
@@ -183,10 +122,14 @@ class Membership:
         self._wake.set()
 
     async def join(self) -> None:
-        """The first heartbeat: take this node's partitions before it serves."""
-        await self.beat()
+        """The first heartbeat takes this node's share; the beats go on from there, and this returns
+        once the share is claimed and open (the node serves then)."""
+        async with self._beat_lock:
+            taken = await self._beat()
         self._task = asyncio.create_task(self._run())
         self._follower = asyncio.create_task(self._follow_topics())
+        if taken:
+            await self._claim(taken, wait=True)
 
     async def stop_beating(self) -> None:
         """End the heartbeat loop, after the beat in progress: at shutdown nothing is taken any more
@@ -201,6 +144,9 @@ class Membership:
         if self._task is not None:
             await self._task
             self._task = None
+        for claim in list(self._claims):  # a claim is never cut off half done; it opens nothing now
+            with contextlib.suppress(Exception):
+                await claim
         for opening in list(self._openings):  # nothing opens once the node stops
             opening.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -214,9 +160,9 @@ class Membership:
         await self.stop_beating()
         with contextlib.suppress(LakebrokerError, OSError):
             await self._on_lease_thread(self.table.heartbeat, self._pairs(), leave=True)
-        if self._lease_thread is not None:
-            self._lease_thread.shutdown(wait=False)
-            self._lease_thread = None
+        for pool in self._threads.values():
+            pool.shutdown(wait=False)
+        self._threads.clear()
 
     def wake(self) -> None:
         """Beat now (a topic was created or deleted through this node)."""
@@ -238,7 +184,7 @@ class Membership:
             if self._closing:
                 return
             try:
-                await self.beat(bounded=True)
+                await self.beat(wait=False)
             except Exception:  # the next heartbeat tries again; the lease outlives a few misses
                 log.exception("cluster heartbeat failed")
 
@@ -258,12 +204,29 @@ class Membership:
     def _pairs(self) -> dict[Pair, str]:
         return {(t.topic_id, p): t.name for t in self.broker.topics.values() for p in range(t.partitions)}
 
-    async def beat(self, *, bounded: bool = False) -> None:
-        """One heartbeat and what it leads to. `bounded`: claims stop a quarter TTL after the
-        heartbeat and the next beat comes at once, so the leases are renewed on time while a node
-        takes over many partitions on a slow machine (the rest are claimed then)."""
+    async def beat(self, *, wait: bool = True) -> None:
+        """One heartbeat, then the claims of the partitions it took. `wait` (a topic's creation):
+        topic changes are taken in first, and this returns once every partition this node holds is
+        claimed and open. The loop's beats claim beside the next beats, which renew the leases
+        meanwhile, however long the claims take."""
+        if wait:  # the loop's beats leave this to `_follow_topics`: a topic change can wait for a commit
+            await self.broker.follow_topics()
         async with self._beat_lock:  # the loop's beats and those a topic's creation asks for
-            await self._beat(bounded)
+            taken = await self._beat()
+        if not wait:
+            if taken:
+                self._claims.add(task := asyncio.create_task(self._claim(taken, wait=False)))
+                task.add_done_callback(self._claimed)
+            return
+        if taken:
+            await self._claim(taken, wait=True)
+        # And those the loop's beats are claiming: at the answer, what this node holds is open.
+        await asyncio.gather(*self._claims, *self._openings, return_exceptions=True)
+
+    def _claimed(self, task: asyncio.Task[None]) -> None:
+        self._claims.discard(task)
+        if not task.cancelled() and (exc := task.exception()) is not None:
+            log.error("claiming partitions failed (%s); the next heartbeat claims them again", exc, exc_info=exc)
 
     async def beat_for(self, timeout_s: float) -> bool:
         """A beat now, as a new topic or new partitions ask for it, waited for `timeout_s` at most:
@@ -314,15 +277,13 @@ class Membership:
         self._clock_off = off
         metrics.clock_refused.set(1 if off else 0)
 
-    async def _beat(self, bounded: bool = False) -> None:
-        if not bounded:  # the loop's beats leave this to `_follow_topics`: a topic change can wait for a commit
-            await self.broker.follow_topics()
+    async def _beat(self) -> dict[Pair, int]:
+        """The heartbeat and what it tells: leases lost, hand-overs to start. The partitions it
+        took, with their epochs, for the caller to claim."""
         await self._check_clock()
         release = frozenset(self._released)
         beat: Heartbeat = await self._on_lease_thread(self.table.heartbeat, self._pairs(), release,
                                                       draining=self._draining or self._clock_off)
-        loop = asyncio.get_running_loop()
-        claims_until = loop.time() + self.table.ttl.total_seconds() / 4 if bounded else None
         self._released -= release
         # Routing judges the others' leases: by the storage's time when this clock is known to be off.
         self.view = dataclasses.replace(beat.view, at=beat.view.at - self._skew) if self._clock_off else beat.view
@@ -332,65 +293,72 @@ class Membership:
             log.warning("lost the lease of %d partitions; another node takes them", len(lost))
             self.broker.disown(lost)
         if self._draining:  # it holds what it holds until it stops: broker.stop commits and releases it
-            return
+            return {}
         self._held = beat.held
-        taken = {pair: epoch for pair, epoch in beat.held.items() if pair not in owned and pair not in self._opening}
-        if taken and not self._clock_off:
-            await self._claim(taken, claims_until)
         for pair in beat.give_up - self._handing_over:
             self._handing_over.add(pair)
             self._tasks.add(task := asyncio.create_task(self._hand_over(pair)))
             task.add_done_callback(self._tasks.discard)
+        if self._clock_off:
+            return {}
+        busy = owned | self._opening | self._claiming
+        return {pair: epoch for pair, epoch in beat.held.items() if pair not in busy}
 
-    async def _claim(self, taken: dict[Pair, int], until: float | None = None) -> None:
-        """Claim `taken` topic by topic; past `until` (loop time) the rest wait for the next beat,
-        which comes at once."""
+    async def _claim(self, taken: dict[Pair, int], *, wait: bool) -> None:
+        """Claim `taken` topic by topic, then open the claimed partitions: before this returns if
+        `wait`, else beside the beats."""
+        self._claiming |= taken.keys()
         by_topic: dict[str, dict[int, int]] = defaultdict(dict)
         for (topic_id, partition), epoch in taken.items():
             by_topic[topic_id][partition] = epoch
         topics = {t.topic_id: t for t in self.broker.topics.values()}
-        loop = asyncio.get_running_loop()
-        for topic_id, epochs in by_topic.items():
-            if until is not None and loop.time() > until:
-                self._wake.set()
-                return
-            topic = topics.get(topic_id)
-            if topic is None:
-                continue  # deleted since the heartbeat
-            try:
-                ends = await self._on_lease_thread(self._claim_in_table, topic, epochs)
-            except TopicGone:
-                continue  # deleted through another node: this node forgets it as it follows the delete
-            except fencing.Deposed as exc:
-                # The table holds a newer epoch than our lease: a newer owner claimed first, or the
-                # ownership table was reset. Lift our lease above it; the next heartbeat claims again.
-                log.warning("%s: partitions %s hold newer epochs in the table", topic.name, sorted(exc.partitions))
-                for p, newer in exc.newer.items():
-                    await self._on_lease_thread(self.table.raise_epoch, (topic_id, p), newer + 1)
-                self._wake.set()
-                continue
-            except CommitFailedError as exc:  # claims kept racing other commits: the next heartbeat claims again
-                log.warning("claiming partitions of %r: %s; trying again at the next heartbeat", topic.name, exc)
-                continue
-            except DeltaError as exc:  # a damaged log: this topic waits, the others go on
-                reason = unreadable(self.layout, topic, exc).message
-                if self.broker.unreadable.get(topic_id) != reason:
-                    log.error("%s", reason)
-                self.broker.unreadable[topic_id] = reason
-                continue
-            unread = self.broker.unreadable.pop(topic_id, None) is not None
-            if unread:
-                log.warning("topic %r: its table reads again; its partitions are open", topic.name)
-            claimed = {p: (epochs[p], end, prev) for p, (end, prev) in ends.items()}
-            if until is None:  # a start or a topic's creation: open before the beat ends
-                await self._open(topic, claimed, unread)
-                continue
-            # The loop's beats renew the leases: the learning runs beside them (it can take seconds).
-            pairs = {(topic_id, p) for p in claimed}
-            self._opening |= pairs
-            task = asyncio.create_task(self._open(topic, claimed, unread))
-            self._openings.add(task)
-            task.add_done_callback(functools.partial(self._opened, pairs))
+        try:
+            for topic_id, epochs in by_topic.items():
+                if self._closing:
+                    return
+                topic = topics.get(topic_id)
+                if topic is not None:  # else deleted since the heartbeat
+                    await self._claim_topic(topic, epochs, wait)
+                self._claiming -= {(topic_id, p) for p in epochs}
+        finally:
+            self._claiming -= taken.keys()
+
+    async def _claim_topic(self, topic: TopicConfig, epochs: dict[int, int], wait: bool) -> None:
+        topic_id = topic.topic_id
+        try:
+            ends = await self._on_thread("claim", self._claim_in_table, topic, epochs)
+        except TopicGone:
+            return  # deleted through another node: this node forgets it as it follows the delete
+        except fencing.Deposed as exc:
+            # The table holds a newer epoch than our lease: a newer owner claimed first, or the
+            # ownership table was reset. Lift our lease above it; the next heartbeat claims again.
+            log.warning("%s: partitions %s hold newer epochs in the table", topic.name, sorted(exc.partitions))
+            for p, newer in exc.newer.items():
+                await self._on_lease_thread(self.table.raise_epoch, (topic_id, p), newer + 1)
+            self._wake.set()
+            return
+        except CommitFailedError as exc:  # claims kept racing other commits: the next heartbeat claims again
+            log.warning("claiming partitions of %r: %s; trying again at the next heartbeat", topic.name, exc)
+            return
+        except DeltaError as exc:  # a damaged log: this topic waits, the others go on
+            reason = unreadable(self.layout, topic, exc).message
+            if self.broker.unreadable.get(topic_id) != reason:
+                log.error("%s", reason)
+            self.broker.unreadable[topic_id] = reason
+            return
+        unread = self.broker.unreadable.pop(topic_id, None) is not None
+        if unread:
+            log.warning("topic %r: its table reads again; its partitions are open", topic.name)
+        claimed = {p: (epochs[p], end, prev) for p, (end, prev) in ends.items()}
+        if wait:  # a start or a topic's creation: open before the answer
+            await self._open(topic, claimed, unread)
+            return
+        # The learning runs beside the beats and the other topics' claims (it can take seconds).
+        pairs = {(topic_id, p) for p in claimed}
+        self._opening |= pairs
+        task = asyncio.create_task(self._open(topic, claimed, unread))
+        self._openings.add(task)
+        task.add_done_callback(functools.partial(self._opened, pairs))
 
     async def _open(self, topic: TopicConfig, claimed: dict[int, tuple[int, int, int | None]], unread: bool) -> None:
         """Open claimed partitions (partition -> (epoch, claimed end, this node's end before)) once the

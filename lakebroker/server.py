@@ -22,10 +22,10 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from lakebroker.delivery_worker.embedded import embedded_delivery
 from lakebroker.ingest_api import create_app
 from lakebroker.ingest_api.auth import is_loopback
-from lakebroker.ingest_api.cluster import advertised_url, refuse_twin
 from lakebroker.ingest_api.fast_produce import FastProduce
 from lakebroker.ingest_api.http_fast_produce import fast_protocol
 from lakebroker.ingest_api.http_limits import BoundedHttpToolsProtocol, bounded_protocol
+from lakebroker.ingest_api.node_identity import advertised_url, refuse_twin
 from lakebroker.tables.layout import Layout
 from lakebroker.tables.lock import DataDirLock
 from lakebroker.tables.logs import configure_logging

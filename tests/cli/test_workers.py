@@ -16,7 +16,7 @@ import httpx
 import orjson
 import pytest
 
-from lakebroker.ingest_api.cluster import advertised_url
+from lakebroker.ingest_api.node_identity import advertised_url
 from lakebroker.server import worker_url
 from lakebroker.tables.settings import Settings
 from tests.servers import NO_SCHEDULED_JOBS, REPO, until

@@ -62,7 +62,7 @@ async def test_a_node_that_missed_the_delete_brings_back_neither_the_table_nor_i
             assert not (path / "_delta_log").exists(), "b's flush made the deleted table again"
         await a.stop()  # its leases are free: b's plan gives b every partition of the topic it still serves
         # A claim of a's partition, as a heartbeat that read the topics just before the delete leads to.
-        await b.cluster._claim({(topic.topic_id, 1 - mine): 2})
+        await b.cluster._claim({(topic.topic_id, 1 - mine): 2}, wait=True)
         assert not (path / "_delta_log").exists(), "b's claim made the deleted table again"
         assert not b.owns("t", 1 - mine)
         await b.cluster.beat()  # a heartbeat and the claims it leads to, with the deleted topic in b's view

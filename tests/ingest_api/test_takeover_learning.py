@@ -53,13 +53,13 @@ async def test_a_slow_learning_of_ids_runs_beside_the_heartbeats_and_opens_the_p
         monkeypatch.setattr(broker.cluster, "_claim_in_table", counted)
         broker.disown({pair})  # as after a lost lease: the heartbeat gives it back, to be claimed
 
-        await asyncio.wait_for(broker.cluster.beat(bounded=True), 10)
+        await asyncio.wait_for(broker.cluster.beat(wait=False), 10)
         assert await asyncio.to_thread(learning.wait, 10)
         assert pair not in broker.owned_pairs(), "closed while its ids are learnt"
         with pytest.raises(NoOwnerYet):
             await broker.produce("busy", [NewMessage(value=b"early", partition=0)], AckMode.WAL)
         for _ in range(3):  # the loop's beats go on, renewing the other leases, and claim it once
-            await asyncio.wait_for(broker.cluster.beat(bounded=True), 10)
+            await asyncio.wait_for(broker.cluster.beat(wait=False), 10)
         assert claims == ["busy"]
         assert (broker.topic("kept").topic_id, 0) in broker.owned_pairs()
 

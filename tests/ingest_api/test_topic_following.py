@@ -48,9 +48,10 @@ async def test_a_topic_deleted_elsewhere_is_refused_here_while_a_heartbeat_is_st
 
         stuck = asyncio.Event()
 
-        async def busy_beat(bounded: bool = False) -> None:  # a beat that claims for as long as the test lets it
+        async def busy_beat() -> dict[tuple[str, int], int]:  # a heartbeat stuck for as long as the test lets it
             stuck.set()
             await release.wait()
+            return {}
 
         monkeypatch.setattr(b.cluster, "_beat", busy_beat)
         b.cluster.wake()
@@ -81,11 +82,11 @@ async def test_a_topic_is_created_and_answered_while_a_heartbeat_is_stuck_and_ow
     try:
         stuck = asyncio.Event()
 
-        async def busy_beat(bounded: bool = False) -> None:
+        async def busy_beat() -> dict[tuple[str, int], int]:
             if not release.is_set():
                 stuck.set()
                 await release.wait()
-            await real_beat(bounded)
+            return await real_beat()
 
         monkeypatch.setattr(a.cluster, "_beat", busy_beat)
         a.cluster.wake()
