@@ -31,6 +31,7 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from deltalake import DeltaTable
 from deltalake.exceptions import CommitFailedError, DeltaError
 
 from lakebroker.ingest_api.dedup_rebuild import placed_by_others
@@ -50,6 +51,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 CLOCK_CHECK_S = 10.0  # how often a node compares its clock with the storage's
+SLOW_S = 2.0  # a claim or a learning of ids that takes longer is logged: it keeps partitions closed
+CLAIM_THREADS = 4  # topics claimed at once: each claim is a table load and a commit, mostly waiting on storage
 _T = TypeVar("_T")
 
 
@@ -99,6 +102,8 @@ class Membership:
         self._clock_off = False  # this clock is further from the storage's than the leases tolerate
         self._skew = timedelta(0)  # how far ahead of the storage's it is
         self._clock_checked = -float("inf")  # monotonic time of the last check
+        self._clock_seen = False  # checked once: the first check comes before the first heartbeat
+        self._clock_task: asyncio.Task[None] | None = None  # a later check, running beside the beats
         self._claiming: set[Pair] = set()  # taken by a heartbeat, their claim under way
         self._claims: set[asyncio.Task[None]] = set()  # claims running beside the loop's beats
         # The lease's table work and the claims each run on a thread of their own: in the shared
@@ -109,7 +114,8 @@ class Membership:
     async def _on_thread(self, name: str, fn: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
         pool = self._threads.get(name)
         if pool is None:
-            pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=f"lakebroker-{name}")
+            threads = CLAIM_THREADS if name == "claim" else 1
+            pool = concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix=f"lakebroker-{name}")
             self._threads[name] = pool
         return await asyncio.get_running_loop().run_in_executor(pool, functools.partial(fn, *args, **kwargs))
 
@@ -124,12 +130,15 @@ class Membership:
     async def join(self) -> None:
         """The first heartbeat takes this node's share; the beats go on from there, and this returns
         once the share is claimed and open (the node serves then)."""
+        began = time.monotonic()
         async with self._beat_lock:
             taken = await self._beat()
         self._task = asyncio.create_task(self._run())
         self._follower = asyncio.create_task(self._follow_topics())
         if taken:
             await self._claim(taken, wait=True)
+        log.info("joined the cluster as node %s: %d partitions taken, claimed and opened in %.1f s", self.node,
+                 len(self.broker.owned_pairs()), time.monotonic() - began)
 
     async def stop_beating(self) -> None:
         """End the heartbeat loop, after the beat in progress: at shutdown nothing is taken any more
@@ -144,6 +153,10 @@ class Membership:
         if self._task is not None:
             await self._task
             self._task = None
+        if self._clock_task is not None:
+            self._clock_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._clock_task
         for claim in list(self._claims):  # a claim is never cut off half done; it opens nothing now
             with contextlib.suppress(Exception):
                 await claim
@@ -247,15 +260,24 @@ class Membership:
         if not task.cancelled() and (exc := task.exception()) is not None:
             log.warning("a heartbeat a topic change asked for failed (%s); the next one takes its place", exc)
 
-    async def _check_clock(self) -> None:
-        """Every CLOCK_CHECK_S: a node whose clock is too far off takes no partitions and hands over
-        those it holds (its heartbeat is marked as draining, so no plan gives it any), until it is
-        back within the bound."""
+    async def _look_at_clock(self) -> None:
+        """Every CLOCK_CHECK_S, a look at this node's clock: the first before its first heartbeat, the
+        next ones beside the beats (on an object store a look takes a second or more), each verdict
+        counting from the beat after it."""
         if time.monotonic() - self._clock_checked < CLOCK_CHECK_S:
             return
         self._clock_checked = time.monotonic()
+        if not self._clock_seen:
+            self._clock_seen = True
+            await self._check_clock()
+        elif self._clock_task is None or self._clock_task.done():
+            self._clock_task = asyncio.create_task(self._check_clock())
+
+    async def _check_clock(self) -> None:
+        """A node whose clock is too far off takes no partitions and hands over those it holds (its
+        heartbeat is marked as draining, so no plan gives it any), until it is back within the bound."""
         try:
-            measured = await self._on_lease_thread(skew, self.layout.system_root, self.node)
+            measured = await self._on_thread("clock", skew, self.layout.system_root, self.node)
         except OSError as exc:  # the heartbeat's own commit says whether the storage is there
             log.warning("could not compare this node's clock with the table storage's: %s", exc)
             return
@@ -274,13 +296,14 @@ class Membership:
             else:
                 log.warning("this node's clock is within %.1f s of the table storage's again (%.1f s): it takes "
                             "partitions again", self.max_skew_s, measured.seconds)
+            self._wake.set()
         self._clock_off = off
         metrics.clock_refused.set(1 if off else 0)
 
     async def _beat(self) -> dict[Pair, int]:
         """The heartbeat and what it tells: leases lost, hand-overs to start. The partitions it
         took, with their epochs, for the caller to claim."""
-        await self._check_clock()
+        await self._look_at_clock()
         release = frozenset(self._released)
         beat: Heartbeat = await self._on_lease_thread(self.table.heartbeat, self._pairs(), release,
                                                       draining=self._draining or self._clock_off)
@@ -305,28 +328,32 @@ class Membership:
         return {pair: epoch for pair, epoch in beat.held.items() if pair not in busy}
 
     async def _claim(self, taken: dict[Pair, int], *, wait: bool) -> None:
-        """Claim `taken` topic by topic, then open the claimed partitions: before this returns if
-        `wait`, else beside the beats."""
+        """Claim `taken`, the topics at once, then open the claimed partitions: before this returns
+        if `wait`, else beside the beats."""
         self._claiming |= taken.keys()
         by_topic: dict[str, dict[int, int]] = defaultdict(dict)
         for (topic_id, partition), epoch in taken.items():
             by_topic[topic_id][partition] = epoch
         topics = {t.topic_id: t for t in self.broker.topics.values()}
-        try:
-            for topic_id, epochs in by_topic.items():
-                if self._closing:
-                    return
+
+        async def one(topic_id: str, epochs: dict[int, int]) -> None:
+            try:
                 topic = topics.get(topic_id)
-                if topic is not None:  # else deleted since the heartbeat
+                if topic is not None and not self._closing:  # else deleted since the heartbeat, or stopping
                     await self._claim_topic(topic, epochs, wait)
+            finally:
                 self._claiming -= {(topic_id, p) for p in epochs}
+
+        try:
+            await asyncio.gather(*(one(topic_id, epochs) for topic_id, epochs in by_topic.items()))
         finally:
             self._claiming -= taken.keys()
 
     async def _claim_topic(self, topic: TopicConfig, epochs: dict[int, int], wait: bool) -> None:
         topic_id = topic.topic_id
+        began = time.monotonic()
         try:
-            ends = await self._on_thread("claim", self._claim_in_table, topic, epochs)
+            ends, snapshot = await self._on_thread("claim", self._claim_in_table, topic, epochs)
         except TopicGone:
             return  # deleted through another node: this node forgets it as it follows the delete
         except fencing.Deposed as exc:
@@ -346,30 +373,38 @@ class Membership:
                 log.error("%s", reason)
             self.broker.unreadable[topic_id] = reason
             return
+        if (took := time.monotonic() - began) > SLOW_S:
+            log.warning("topic %r: claiming partitions %s took %.1f s", topic.name, sorted(epochs), took)
         unread = self.broker.unreadable.pop(topic_id, None) is not None
         if unread:
             log.warning("topic %r: its table reads again; its partitions are open", topic.name)
         claimed = {p: (epochs[p], end, prev) for p, (end, prev) in ends.items()}
         if wait:  # a start or a topic's creation: open before the answer
-            await self._open(topic, claimed, unread)
+            await self._open(topic, claimed, unread, snapshot)
             return
         # The learning runs beside the beats and the other topics' claims (it can take seconds).
         pairs = {(topic_id, p) for p in claimed}
         self._opening |= pairs
-        task = asyncio.create_task(self._open(topic, claimed, unread))
+        task = asyncio.create_task(self._open(topic, claimed, unread, snapshot))
         self._openings.add(task)
         task.add_done_callback(functools.partial(self._opened, pairs))
 
-    async def _open(self, topic: TopicConfig, claimed: dict[int, tuple[int, int, int | None]], unread: bool) -> None:
+    async def _open(self, topic: TopicConfig, claimed: dict[int, tuple[int, int, int | None]], unread: bool,
+                    snapshot: DeltaTable | None = None) -> None:
         """Open claimed partitions (partition -> (epoch, claimed end, this node's end before)) once the
         ids other nodes committed to them since this node's own last commit are learnt: a retry of one
         of them must get its first answer here. A table unreadable at start was never read for ids:
-        all of it within the window. Those whose lease this node lost meanwhile stay closed."""
+        all of it within the window. Those whose lease this node lost meanwhile stay closed.
+        `snapshot`: the table as the claim left it, which holds every row below the claimed ends."""
         tid = bytes.fromhex(topic.topic_id)
         others = {p: (0 if unread else self.broker.own_end((tid, p), prev), end)
                   for p, (_, end, prev) in claimed.items()}
+        began = time.monotonic()
         placed = await asyncio.to_thread(placed_by_others, self.layout, topic, others, window_s=self.dedup_window_s,
-                                         marks=self.broker.marks)
+                                         marks=self.broker.marks, table=snapshot)
+        if (took := time.monotonic() - began) > SLOW_S:
+            log.warning("topic %r: learning the %d ids other nodes committed to partitions %s took %.1f s",
+                        topic.name, placed.num_rows, sorted(claimed), took)
         await self.broker.learn_ids(placed)
         await self.broker.learn_handed_ids(topic, claimed)
         current = self.broker.topics.get(topic.name)
@@ -387,13 +422,15 @@ class Membership:
                       exc, exc_info=exc)
             self._wake.set()
 
-    def _claim_in_table(self, topic: TopicConfig, epochs: dict[int, int]) -> dict[int, tuple[int, int | None]]:
+    def _claim_in_table(self, topic: TopicConfig, epochs: dict[int, int],
+                        ) -> tuple[dict[int, tuple[int, int | None]], DeltaTable]:
         """Claim on a fresh snapshot, again after a concurrent commit; each partition's claimed end
-        and this node's end before the claim. TopicGone if the topic was deleted, before or while it
-        claimed: a node that has not yet seen a delete must not bring the table back."""
+        and this node's end before the claim, with the table as the claim left it. TopicGone if the
+        topic was deleted, before or while it claimed: a node that has not yet seen a delete must not
+        bring the table back."""
         store = self.broker.store
 
-        def once() -> dict[int, tuple[int, int | None]]:
+        def once() -> tuple[dict[int, tuple[int, int | None]], DeltaTable]:
             table = store.live_table(topic)
             before = {p: fencing.node_end(table, self.node, p) for p in epochs}
             # No claim where the table holds this epoch already (this node held the partition last) or
@@ -403,13 +440,13 @@ class Membership:
             ends = {p: delta.committed_end(table, p) for p in kept}
             if len(kept) < len(epochs):
                 ends.update(fencing.claim(table, {p: e for p, e in epochs.items() if p not in kept}, node=self.node))
-            return {p: (ends[p], before[p]) for p in epochs}
+            return {p: (ends[p], before[p]) for p in epochs}, table
 
-        ends = retry_conflicts(once, what=f"claiming partitions of {topic.name}", attempts=20, pause_s=0.05,
-                               conflicts=(CommitFailedError,))
+        claimed = retry_conflicts(once, what=f"claiming partitions of {topic.name}", attempts=20, pause_s=0.05,
+                                  conflicts=(CommitFailedError,))
         if store.remove_if_deleted(topic):  # a delete that removed the table as this claim wrote to it
             raise TopicGone(f"topic {topic.name!r} was deleted while this node claimed its partitions")
-        return ends
+        return claimed
 
     async def _hand_over(self, pair: Pair) -> None:
         """Close the partition to produce, commit what it holds, then release it at the next beat."""

@@ -90,18 +90,19 @@ def restore(index: DedupIndex, placed: pa.Table) -> None:
 
 
 def placed_by_others(layout: Layout, topic: TopicConfig, ranges: Mapping[int, tuple[int, int]], *,
-                     window_s: float, marks: SequenceMarks | None = None) -> pa.Table:
+                     window_s: float, marks: SequenceMarks | None = None, table: DeltaTable | None = None) -> pa.Table:
     """The ids within the window at partition -> [start, end) offsets of a topic table, oldest first,
     as `_PLACED`: what other nodes placed in partitions this node takes over, so that a retry of a
     message the old owner acknowledged gets its first answer here too. `marks` learns those rows'
-    producer sequences."""
+    producer sequences. `table`: a snapshot that holds every row below the ends (else it is loaded)."""
     wanted = {p: r for p, r in ranges.items() if r[0] < r[1]}
     if not wanted:
         return _PLACED.empty_table()
-    try:
-        table = delta.open_table(layout.topic_table(topic))
-    except TableNotFoundError:  # the topic deleted and made again meanwhile: a new table, no rows of others
-        return _PLACED.empty_table()
+    if table is None:
+        try:
+            table = delta.open_table(layout.topic_table(topic))
+        except TableNotFoundError:  # the topic deleted and made again meanwhile: a new table, no rows of others
+            return _PLACED.empty_table()
     if table is None:
         return _PLACED.empty_table()
     where: pc.Expression | None = None

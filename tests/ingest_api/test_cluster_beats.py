@@ -22,7 +22,7 @@ from lakebroker.tables.ownership import read_view
 from lakebroker.tables.settings import Settings
 from lakebroker.tables.topics import TopicConfig, new_topic
 
-CLAIM_S = 0.4  # each topic's claim, slowed: four topics take 0.8 of the 2 s TTL
+CLAIM_S = 0.4  # each topic's claim, slowed
 
 
 async def test_the_loops_beats_claim_beside_the_heartbeats_and_each_partition_once(
@@ -38,7 +38,7 @@ async def test_the_loops_beats_claim_beside_the_heartbeats_and_each_partition_on
         real = broker.cluster._claim_in_table
         claims: list[str] = []
 
-        def slow_claim(topic: TopicConfig, epochs: dict[int, int]) -> dict[int, tuple[int, int | None]]:
+        def slow_claim(topic: TopicConfig, epochs: dict[int, int]) -> object:
             claims.append(topic.name)
             time.sleep(CLAIM_S)
             return real(topic, epochs)
@@ -120,7 +120,7 @@ async def test_a_topics_slow_claims_do_not_hold_back_the_renewal_of_other_leases
         pairs = {(kept.topic_id, p) for p in range(2)}
         real = broker.cluster._claim_in_table
 
-        def slow_claim(topic: TopicConfig, epochs: dict[int, int]) -> dict[int, tuple[int, int | None]]:
+        def slow_claim(topic: TopicConfig, epochs: dict[int, int]) -> object:
             if topic.name == "slow":
                 time.sleep(3 * settings.ingest_lease_ttl_s / 2)
             return real(topic, epochs)
@@ -153,9 +153,15 @@ async def test_a_start_whose_claims_take_longer_than_the_ttl_keeps_the_leases_it
     await first.stop()
     pairs = {(t.topic_id, 0) for t in topics}
     real = Membership._claim_in_table
+    lock, in_flight, most = threading.Lock(), [0], [0]
 
-    def slow_claim(self: Membership, topic: TopicConfig, epochs: dict[int, int]) -> dict[int, tuple[int, int | None]]:
-        time.sleep(settings.ingest_lease_ttl_s)  # three topics: 1.5 TTLs of claims
+    def slow_claim(self: Membership, topic: TopicConfig, epochs: dict[int, int]) -> object:
+        with lock:
+            in_flight[0] += 1
+            most[0] = max(most[0], in_flight[0])
+        time.sleep(1.5 * settings.ingest_lease_ttl_s)  # each topic's claim outlasts the TTL
+        with lock:
+            in_flight[0] -= 1
         return real(self, topic, epochs)
 
     monkeypatch.setattr(Membership, "_claim_in_table", slow_claim)
@@ -173,5 +179,6 @@ async def test_a_start_whose_claims_take_longer_than_the_ttl_keeps_the_leases_it
         assert all(set(s.values()) == {broker.cluster.node} for s in taken), \
             "every lease it took stayed its own while it claimed"
         assert broker.owned_pairs() == pairs
+        assert most[0] == 3, "the three topics were claimed at once"
     finally:
         await broker.stop()
