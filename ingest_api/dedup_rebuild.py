@@ -37,6 +37,7 @@ _SLICE = 65_536  # ids made Python objects at a time
 _PLACED = pa.schema([("timestamp", pa.int64()), ("hash0", pa.int64()), ("hash1", pa.int64()),
                      ("partition", pa.int32()), ("offset", pa.int64())])  # an id at its key's hash (dedup.key_hash)
 _ID_COLUMNS = ["partition", "offset", "timestamp", "message_id", "producer_id", "sequence"]
+LEARN_FILES_AT_ONCE = 8  # a takeover's scan: a few partitions' rows of the window, in small files
 Arrow: TypeAlias = pa.Array | pa.ChunkedArray
 
 
@@ -111,9 +112,19 @@ def placed_by_others(layout: Layout, topic: TopicConfig, ranges: Mapping[int, tu
         where = one if where is None else where | one
     assert where is not None
     horizon_us = int((time.time() - window_s) * 1_000_000)
+    # One scan for the ids and the marks, several files at a time: the partitions stay closed until
+    # it ends, and on an object store each small file is a few requests.
+    highest: dict[MarkKey, tuple[int, float]] = {}
+    ids = []
+    for b in delta.read_batches(table, (pc.field("timestamp") >= delta.timestamp_literal(horizon_us)) & _has_id()
+                                & where, _ID_COLUMNS, files_at_once=LEARN_FILES_AT_ONCE):
+        ids.append(_placed([topic.topic_id] * b.num_rows, b["timestamp"].cast(pa.int64()),
+                           dedup_ids(b["message_id"], b["producer_id"], b["sequence"]), b["partition"], b["offset"]))
+        if marks is not None:
+            _fold_marks(highest, topic.topic_id, b)
     if marks is not None:
-        marks.raise_all(sequence_marks(topic.topic_id, table, horizon_us, where))
-    placed = _table_ids(_Source(topic.topic_id, table), horizon_us, None, where)
+        marks.raise_all([(key, sequence, at_s) for key, (sequence, at_s) in highest.items()])
+    placed = pa.concat_tables(ids) if ids else _PLACED.empty_table()
     return placed.take(pc.sort_indices(placed["timestamp"]))
 
 
@@ -126,12 +137,17 @@ def sequence_marks(topic_id: str, table: DeltaTable, since_us: int, rows: pc.Exp
         where &= rows
     highest: dict[MarkKey, tuple[int, float]] = {}
     for batch in delta.read_batches(table, where, ["partition", "producer_id", "sequence", "timestamp"]):
-        some = pa.table({"partition": batch["partition"], "producer_id": batch["producer_id"],
-                         "sequence": batch["sequence"], "timestamp": pc.cast(batch["timestamp"], pa.int64())})
-        for key, sequence, at_s in marks_of(topic_id, some):
-            known = highest.get(key)
-            highest[key] = (max(sequence, known[0]), max(at_s, known[1])) if known else (sequence, at_s)
+        _fold_marks(highest, topic_id, batch)
     return [(key, sequence, at_s) for key, (sequence, at_s) in highest.items()]
+
+
+def _fold_marks(highest: dict[MarkKey, tuple[int, float]], topic_id: str, batch: pa.RecordBatch) -> None:
+    """Raise `highest` (each producer's highest sequence per partition, and when) by a batch's rows."""
+    some = pa.table({"partition": batch["partition"], "producer_id": batch["producer_id"],
+                     "sequence": batch["sequence"], "timestamp": pc.cast(batch["timestamp"], pa.int64())})
+    for key, sequence, at_s in marks_of(topic_id, some):
+        known = highest.get(key)
+        highest[key] = (max(sequence, known[0]), max(at_s, known[1])) if known else (sequence, at_s)
 
 
 def handed_ids(items: Sequence[Record | Chunk], node: str, *, window_s: float) -> pa.Table:

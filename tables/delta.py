@@ -388,13 +388,15 @@ def read_offset_range(table: DeltaTable, partition: int, start: int, end: int,
 _BATCH_ROWS = 65_536
 
 
-def read_batches(table: DeltaTable, filter_expr: pc.Expression, columns: list[str]) -> Iterator[pa.RecordBatch]:
+def read_batches(table: DeltaTable, filter_expr: pc.Expression, columns: list[str], *,
+                 files_at_once: int = 1) -> Iterator[pa.RecordBatch]:
     """`read_rows` a record batch at a time: a scan of a large table holds a batch or two, not the
-    whole result (pyarrow's default read-ahead alone decodes up to 16 batches of 128k rows)."""
+    whole result (pyarrow's default read-ahead alone decodes up to 16 batches of 128k rows).
+    `files_at_once`: for a scan the filter bounds to a few rows in many small files."""
     dataset: pads.Dataset = table.to_pyarrow_dataset()
     try:
         yield from dataset.to_batches(filter=filter_expr, columns=columns, batch_size=_BATCH_ROWS,
-                                      batch_readahead=1, fragment_readahead=1)
+                                      batch_readahead=1, fragment_readahead=files_at_once)
     except (pa.ArrowNotImplementedError, pa.ArrowTypeError):  # as in read_rows: small system tables only
         yield from dataset.to_table().filter(filter_expr).select(columns).to_batches()
 
