@@ -37,7 +37,10 @@ _SLICE = 65_536  # ids made Python objects at a time
 _PLACED = pa.schema([("timestamp", pa.int64()), ("hash0", pa.int64()), ("hash1", pa.int64()),
                      ("partition", pa.int32()), ("offset", pa.int64())])  # an id at its key's hash (dedup.key_hash)
 _ID_COLUMNS = ["partition", "offset", "timestamp", "message_id", "producer_id", "sequence"]
+# Files read at once by a scan: on an object store each small file is a few requests, one after
+# another. Memory grows by a record batch of the id columns per file.
 LEARN_FILES_AT_ONCE = 8  # a takeover's scan: a few partitions' rows of the window, in small files
+REBUILD_FILES_AT_ONCE = 4  # the rebuild at start: every table's rows of the window
 Arrow: TypeAlias = pa.Array | pa.ChunkedArray
 
 
@@ -136,7 +139,8 @@ def sequence_marks(topic_id: str, table: DeltaTable, since_us: int, rows: pc.Exp
     if rows is not None:
         where &= rows
     highest: dict[MarkKey, tuple[int, float]] = {}
-    for batch in delta.read_batches(table, where, ["partition", "producer_id", "sequence", "timestamp"]):
+    for batch in delta.read_batches(table, where, ["partition", "producer_id", "sequence", "timestamp"],
+                                    files_at_once=REBUILD_FILES_AT_ONCE):
         _fold_marks(highest, topic_id, batch)
     return [(key, sequence, at_s) for key, (sequence, at_s) in highest.items()]
 
@@ -165,7 +169,8 @@ def _has_id() -> pc.Expression:
 def _times(table: DeltaTable, since_us: int) -> np.ndarray:
     """The log-append times (epoch µs) of a table's rows that carry an id, from `since_us` on."""
     where = (pc.field("timestamp") >= delta.timestamp_literal(since_us)) & _has_id()
-    parts = [b["timestamp"].cast(pa.int64()).to_numpy() for b in delta.read_batches(table, where, ["timestamp"])]
+    parts = [b["timestamp"].cast(pa.int64()).to_numpy()
+             for b in delta.read_batches(table, where, ["timestamp"], files_at_once=REBUILD_FILES_AT_ONCE)]
     return np.concatenate(parts) if parts else np.empty(0, np.int64)
 
 
@@ -177,7 +182,7 @@ def _table_ids(source: _Source, lo: int, hi: int | None, rows: pc.Expression | N
         where &= pc.field("timestamp") < delta.timestamp_literal(hi)
     ids = [_placed([source.topic_id] * b.num_rows, b["timestamp"].cast(pa.int64()),
                    dedup_ids(b["message_id"], b["producer_id"], b["sequence"]), b["partition"], b["offset"])
-           for b in delta.read_batches(source.table, where, _ID_COLUMNS)]
+           for b in delta.read_batches(source.table, where, _ID_COLUMNS, files_at_once=REBUILD_FILES_AT_ONCE)]
     return pa.concat_tables(ids) if ids else _PLACED.empty_table()
 
 
