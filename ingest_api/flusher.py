@@ -25,9 +25,10 @@ operator skips the lost offsets (`skip_lost`: one commit that moves the partitio
 them and records them in the table's `lakebroker.lostOffsets`). Its other partitions and every
 other topic keep committing.
 
-One flush runs at a time (`commit_lock`); deleting a topic takes the same lock, so no commit
-lands in a table after it is deleted. Tables are cached by topic id, not name: a re-created
-topic is a new table.
+One flush runs at a time, and each of its topic commits holds `commit_lock`; deleting a topic, or
+taking in another node's topic changes, takes the same lock, so no commit lands in a table after
+it is deleted, and a change waits for one commit, not for a whole flush. Tables are cached by
+topic id, not name: a re-created topic is a new table.
 """
 
 from __future__ import annotations
@@ -106,7 +107,8 @@ class Flusher:
         self._oldest: float | None = None
         self._wake = asyncio.Event()
         self._closing = False
-        self.commit_lock = asyncio.Lock()
+        self.commit_lock = asyncio.Lock()  # one commit at a time: held by each topic's commit of a flush
+        self._flushing = asyncio.Lock()  # one flush at a time: its commits keep each partition's order
         self._runtime_priority = RuntimePriority(settings.delta_threads_nice)
         self._tables: dict[str, delta.KeptTable] = {}  # by topic id
         # By topic id: each partition's log-end txn version as read from the table, then as this flusher's
@@ -275,7 +277,7 @@ class Flusher:
 
     async def flush_round(self) -> bool:
         """One flush: each topic's bounded share of what is pending; False if a commit failed."""
-        async with self.commit_lock:
+        async with self._flushing:
             return await self._flush_locked()
 
     def _take(self) -> list[tuple[str, list[Record | Chunk]]]:
@@ -313,9 +315,9 @@ class Flusher:
     async def _commit_taken(self, taken: list[tuple[str, list[Record | Chunk]]]) -> bool:
         failed: list[Record | Chunk] = []
         committed_any = False
-        topics = self._topics()
         for name, records in taken:
-            committed, kept = await self._commit_topic(topics.get(name), name, records)
+            async with self.commit_lock:  # the topics as they are now: one may be gone since the flush began
+                committed, kept = await self._commit_topic(self._topics().get(name), name, records)
             committed_any |= committed
             failed += kept
             # Out of the backlog once in the table or parked; failed items stay in it, pending again below.

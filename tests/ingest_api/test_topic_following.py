@@ -5,7 +5,9 @@ seconds): a topic deleted elsewhere must not stay served here meanwhile."""
 from __future__ import annotations
 
 import asyncio
+import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 from prometheus_client import CollectorRegistry
@@ -17,7 +19,7 @@ from lakebroker.ingest_api.messages import AckMode, NewMessage
 from lakebroker.ingest_api.metrics import IngestMetrics
 from lakebroker.tables.errors import NotFound
 from lakebroker.tables.settings import Settings
-from lakebroker.tables.topics import new_topic
+from lakebroker.tables.topics import TopicConfig, new_topic
 
 HEARTBEAT_S = 0.2
 
@@ -104,3 +106,42 @@ async def test_a_topic_is_created_and_answered_while_a_heartbeat_is_stuck_and_ow
     finally:
         release.set()
         await a.stop()
+
+
+async def test_a_topic_change_is_taken_in_between_two_topics_commits_of_a_flush(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Taking in a topic change waits for the commit in progress, not for the rest of the flush: on
+    S3 under load a flush of every topic's share takes seconds, and a node that waited for all of
+    it served a deleted incarnation of a re-created topic for over 10 s (the cluster soak)."""
+    node = _node(tmp_path, "a", 18304)
+    await node.start()
+    gate, followed = threading.Event(), threading.Event()
+    real = node.flusher._commit
+
+    def commit(topic: TopicConfig, records: list[Any]) -> dict[int, int]:
+        if topic.name == "first":
+            gate.wait(20)  # a slow commit, in progress as the change is seen
+        else:
+            followed.wait(20)  # the next topic's commit comes after the change is taken in
+        return real(topic, records)
+
+    try:
+        await node.create_topic(new_topic("first", 1))
+        await node.create_topic(new_topic("second", 1))
+        await node.produce("first", [NewMessage(value=b"1")], AckMode.WAL)
+        await node.produce("second", [NewMessage(value=b"2"), NewMessage(value=b"3")], AckMode.WAL)
+        monkeypatch.setattr(node.flusher, "_commit", commit)
+        flushing = asyncio.create_task(node.flusher.flush_round())
+        await _until(lambda: node.flusher.commit_lock.locked(), "the flush commits `first`", 5)
+        node.store.create(new_topic("made-elsewhere", 1))  # through another node
+        following = asyncio.create_task(node.follow_topics())
+        await asyncio.sleep(0.2)
+        gate.set()
+        assert await asyncio.wait_for(following, 10), "taken in once `first` is committed"
+        assert "made-elsewhere" in node.topics
+        followed.set()
+        assert await asyncio.wait_for(flushing, 10)
+    finally:
+        gate.set()
+        followed.set()
+        await node.stop()
