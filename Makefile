@@ -70,7 +70,7 @@ fault: setup
 soak: setup
 	$(PY) -m bench.soak --minutes 10 $(SOAK_ARGS)
 
-# The same on three nodes sharing a table root, under a nemesis drawn from a seed (bench/soak/nemesis.py):
+# The same on three nodes sharing a table root on the local S3 server, under a nemesis drawn from a seed (bench/soak/nemesis.py):
 # 30 faults, five of each kind: SIGKILL, SIGSTOP past the lease TTL, a clock off, a leave and join, a partition
 # moved back and forth, a topic re-created; also bounds each partition's outage after its owner's death.
 soak-cluster: setup

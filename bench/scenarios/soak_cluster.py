@@ -1,5 +1,6 @@
-"""The soak on a cluster: three `serve` nodes sharing a table root, one SIGKILLed every period, the
-same load and the same accounting as bench/scenarios/soak.py. `make soak-cluster` runs it."""
+"""The soak on a cluster: three `serve` nodes sharing a table root on the local S3 server, one
+SIGKILLed every period (the nemesis's faults in the long form), with the same load and the same
+accounting as bench/scenarios/soak.py. `make soak-cluster` runs it."""
 
 from __future__ import annotations
 
@@ -21,10 +22,11 @@ def measure(mode: Mode, work: Path) -> Result:
 
 SCENARIO = Scenario(
     name="soak_cluster", title="Soak on three nodes", measure=measure, in_make_bench=False, timeout_s=3600,
-    setup=f"{NODES} `lakebroker serve` nodes, each with its own data dir and port, sharing one table root on the "
-          "local file system (ingest lease TTL 4 s, heartbeat 0.5 s), each with delivery off and the scheduler of "
-          "the single-node soak (the job slots run each job once per interval across them); two `lakebroker "
-          "deliver` workers; the single-node soak's topics, subscriptions and odd webhook receiver.",
+    setup=f"{NODES} `lakebroker serve` nodes, each with its own data dir and port, sharing one table root in a "
+          "bucket of the local S3 server (MinIO, built by `make setup`; ingest lease TTL 4 s, heartbeat 0.5 s), "
+          "each with delivery off and the scheduler of the single-node soak (the job slots run each job once per "
+          "interval across them); two `lakebroker deliver` workers; the single-node soak's topics, subscriptions "
+          "and odd webhook receiver.",
     load="The single-node soak's producer process (keyed and keyless messages, each at `ack=table` or `ack=wal`, "
          "single, batch and Kafka REST v2), its requests spread over the nodes in turn and each retry sent to the "
          "next node, for 10 minutes, under a nemesis (bench/soak/nemesis.py): 30 fault slots whose order and "

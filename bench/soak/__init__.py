@@ -70,16 +70,19 @@ from typing import Any
 
 import httpx
 import orjson
-from deltalake import DeltaTable
 
 from bench.harness.memory import peak_rss_mb
 from bench.harness.servers import BenchError, wait_for
 from bench.result import REPO
+from bench.scenarios.s3 import ACCESS_KEY, SECRET_KEY
 from bench.soak.checks import TopicSpec, check_all, check_jobs, check_nemesis, topic_table
 from bench.soak.nemesis import Fault, Nemesis, schedule
 from bench.soak.report import SoakReport
 from lakebroker.ingest_api.router import STRANDED
+from lakebroker.tables import delta
 from lakebroker.tables.layout import Layout
+from scripts.s3_process import S3Process
+from scripts.s3_process import start as start_s3
 from tests.receivers import Receiver
 from tests.servers import ServerProcess, free_port
 
@@ -182,9 +185,14 @@ class Soak:
     def __init__(self, plan: SoakPlan, work: Path, seed: int = 12, nodes: int = 1) -> None:
         self.plan, self.work, self.seed = plan, work, seed
         self.data = work / "data"
-        # One node keeps its tables in its data dir; a cluster's nodes share a table root of their own.
-        self.tables = self.data if nodes == 1 else work / "tables"
-        self.shared = {} if nodes == 1 else {"LAKEBROKER_TABLES_URI": str(self.tables), **CLUSTER}
+        # One node keeps its tables in its data dir; a cluster's nodes share a table root on the
+        # local S3 server, as nodes on several machines share a bucket.
+        self.s3: S3Process | None = None
+        self.shared: dict[str, str] = {}
+        if nodes > 1:
+            self.s3 = start_s3(work / "minio", ACCESS_KEY, SECRET_KEY)
+            os.environ.update(self.s3.env)  # the checks read the tables from this process
+            self.shared = {"LAKEBROKER_TABLES_URI": self.s3.uri("soak"), **self.s3.env, **CLUSTER}
         self.replica = work / "replica"
         self.report = SoakReport(minutes=plan.minutes, nodes=nodes)
         self.nemesis: Nemesis | None = None
@@ -241,8 +249,12 @@ class Soak:
                 server.stop()
             self.receiver.close()
             self._keep_evidence()
-        self._verify_replica()
-        self._check()
+        try:
+            self._verify_replica()
+            self._check()
+        finally:
+            if self.s3 is not None:
+                self.s3.stop()
         self.report.seconds = time.monotonic() - started
         return self.report
 
@@ -501,7 +513,7 @@ class Soak:
             self.report.problems.append(f"the jobs after the drain did not end in {self.plan.jobs_timeout_s:.0f} s")
 
     def _layout(self) -> Layout:
-        return Layout(self.data, None if self.tables == self.data else str(self.tables))
+        return Layout(self.data, self.shared.get("LAKEBROKER_TABLES_URI"))
 
     @property
     def _need_compaction(self) -> bool:
@@ -514,7 +526,7 @@ class Soak:
         """For a drain that timed out: each lease as its holder last wrote it, and each worker's last
         warnings, since the work dir of a CI run is gone by the time anyone reads its report."""
         now = datetime.now(UTC)
-        rows = DeltaTable(self._layout().leases_table).to_pyarrow_table().to_pylist()
+        rows = delta.load(self._layout().leases_table).to_pyarrow_table().to_pylist()
         leases = [f"{r['group']} p{r['partition']} owner {r['owner']} epoch {r['epoch']} expires in "
                   f"{(r['expires_at'] - now).total_seconds():.1f} s status {r['status']}"
                   for r in rows if r["kind"] == "lease"]
@@ -539,7 +551,7 @@ class Soak:
     def _log_starts(self, topic: str) -> dict[int, int]:
         from lakebroker.tables.log_start import log_starts
 
-        table = DeltaTable(topic_table(self.tables, topic))
+        table = delta.load(topic_table(self._layout(), topic))
         starts: dict[int, int] = log_starts(table, SPECS[topic].partitions)
         return starts
 
@@ -567,7 +579,7 @@ class Soak:
         logs = "".join(server.log.read_text() for server in self.servers)
         starts = re.findall(r"lakebroker\.spark_pipeline\.scheduler: starting ([a-z-]+):", logs)
         self.report.job_starts = dict(sorted(Counter(starts).items()))
-        check_all(self.report, self.tables, SPECS, acks, self.receiver.messages(), self._dead)
+        check_all(self.report, self._layout(), SPECS, acks, self.receiver.messages(), self._dead)
         if self.nemesis is not None:
             check_nemesis(self.report)
         if self._silent is not None:

@@ -9,13 +9,12 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import orjson
-from deltalake import DeltaTable
 
 from bench.soak.report import SoakReport
+from lakebroker.tables import delta
 from lakebroker.tables.layout import Layout
 from lakebroker.tables.log_start import PartitionLog, partition_logs
 from lakebroker.tables.topics import TopicStore
@@ -40,8 +39,8 @@ class Stored:
     newest: dict[tuple[int, str], int]  # (partition, key) -> the newest stored offset of that key
 
     @classmethod
-    def read(cls, path: Path, partitions: int) -> Stored:
-        table = DeltaTable(str(path))
+    def read(cls, uri: str, partitions: int) -> Stored:
+        table = delta.load(uri)
         rows = table.to_pyarrow_table(columns=["partition", "offset", "message_id", "key", "value"]).to_pylist()
         ids: dict[tuple[int, int], str] = {}
         newest: dict[tuple[int, str], int] = {}
@@ -165,14 +164,13 @@ def check_jobs(report: SoakReport, runs: list[dict[str, Any]], required: tuple[s
             report.problems.append(f"no {job} run succeeded")
 
 
-def topic_table(tables: Path, topic: str) -> str:
-    """Where a topic's table is under a table root: its location (a topic the soak deletes and
+def topic_table(layout: Layout, topic: str) -> str:
+    """Where a topic's table is under the table root: its location (a topic the soak deletes and
     creates again gets a new one each time)."""
-    layout = Layout(tables)
     return layout.topic_table(TopicStore(layout).get(topic))
 
 
-def check_all(report: SoakReport, data: Path, topics: dict[str, TopicSpec], acks: list[dict[str, Any]],
+def check_all(report: SoakReport, layout: Layout, topics: dict[str, TopicSpec], acks: list[dict[str, Any]],
               deliveries: list[dict[str, Any]], dead: dict[str, set[tuple[int, int]]]) -> None:
     by_topic: dict[str, dict[tuple[int, int], dict[str, Any]]] = defaultdict(dict)
     times = Counter((m["topic"], m["partition"], m["offset"]) for m in deliveries)
@@ -182,7 +180,7 @@ def check_all(report: SoakReport, data: Path, topics: dict[str, TopicSpec], acks
     report.delivered = len(times)
     report.delivered_more_than_once = sum(1 for n in times.values() if n > 1)
     for topic, spec in topics.items():
-        stored = Stored.read(Path(topic_table(data, topic)), spec.partitions)
+        stored = Stored.read(topic_table(layout, topic), spec.partitions)
         check_table(report, topic, spec, stored, [a for a in acks if a["topic"] == topic])
         if spec.retention and report.removed_by_retention == 0 and all(
                 log.log_start == 0 for log in stored.logs.values()):
