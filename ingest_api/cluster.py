@@ -52,7 +52,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 CLOCK_CHECK_S = 10.0  # how often a node compares its clock with the storage's
 SLOW_S = 2.0  # a claim or a learning of ids that takes longer is logged: it keeps partitions closed
-CLAIM_THREADS = 4  # topics claimed at once: each claim is a table load and a commit, mostly waiting on storage
+# Threads of the lease's table work, the clock probe and the claims (topics claimed at once: each
+# claim is a table load and a commit, mostly waiting on storage).
+THREADS = {"lease": 1, "clock": 1, "claim": 4}
 _T = TypeVar("_T")
 
 
@@ -101,8 +103,7 @@ class Membership:
         self.max_skew_s = max_skew_s(settings.ingest_lease_ttl_s)
         self._clock_off = False  # this clock is further from the storage's than the leases tolerate
         self._skew = timedelta(0)  # how far ahead of the storage's it is
-        self._clock_checked = -float("inf")  # monotonic time of the last check
-        self._clock_seen = False  # checked once: the first check comes before the first heartbeat
+        self._clock_checked = -float("inf")  # monotonic time of the last look (none yet: the next is the first)
         self._clock_task: asyncio.Task[None] | None = None  # a later check, running beside the beats
         self._claiming: set[Pair] = set()  # taken by a heartbeat, their claim under way
         self._claims: set[asyncio.Task[None]] = set()  # claims running beside the loop's beats
@@ -114,8 +115,7 @@ class Membership:
     async def _on_thread(self, name: str, fn: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
         pool = self._threads.get(name)
         if pool is None:
-            threads = CLAIM_THREADS if name == "claim" else 1
-            pool = concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix=f"lakebroker-{name}")
+            pool = concurrent.futures.ThreadPoolExecutor(THREADS[name], thread_name_prefix=f"lakebroker-{name}")
             self._threads[name] = pool
         return await asyncio.get_running_loop().run_in_executor(pool, functools.partial(fn, *args, **kwargs))
 
@@ -266,9 +266,9 @@ class Membership:
         counting from the beat after it."""
         if time.monotonic() - self._clock_checked < CLOCK_CHECK_S:
             return
+        first = self._clock_checked == -float("inf")
         self._clock_checked = time.monotonic()
-        if not self._clock_seen:
-            self._clock_seen = True
+        if first:
             await self._check_clock()
         elif self._clock_task is None or self._clock_task.done():
             self._clock_task = asyncio.create_task(self._check_clock())

@@ -121,8 +121,7 @@ def placed_by_others(layout: Layout, topic: TopicConfig, ranges: Mapping[int, tu
     ids = []
     for b in delta.read_batches(table, (pc.field("timestamp") >= delta.timestamp_literal(horizon_us)) & _has_id()
                                 & where, _ID_COLUMNS, files_at_once=LEARN_FILES_AT_ONCE):
-        ids.append(_placed([topic.topic_id] * b.num_rows, b["timestamp"].cast(pa.int64()),
-                           dedup_ids(b["message_id"], b["producer_id"], b["sequence"]), b["partition"], b["offset"]))
+        ids.append(_batch_ids(topic.topic_id, b))
         if marks is not None:
             _fold_marks(highest, topic.topic_id, b)
     if marks is not None:
@@ -131,13 +130,10 @@ def placed_by_others(layout: Layout, topic: TopicConfig, ranges: Mapping[int, tu
     return placed.take(pc.sort_indices(placed["timestamp"]))
 
 
-def sequence_marks(topic_id: str, table: DeltaTable, since_us: int, rows: pc.Expression | None = None,
-                   ) -> list[tuple[MarkKey, int, float]]:
-    """Each producer's highest sequence per partition among a table's rows from `since_us` on (and
-    `rows`), a record batch at a time: one entry per producer and partition in memory, not per row."""
+def sequence_marks(topic_id: str, table: DeltaTable, since_us: int) -> list[tuple[MarkKey, int, float]]:
+    """Each producer's highest sequence per partition among a table's rows from `since_us` on, a
+    record batch at a time: one entry per producer and partition in memory, not per row."""
     where = (pc.field("timestamp") >= delta.timestamp_literal(since_us)) & pc.field("producer_id").is_valid()
-    if rows is not None:
-        where &= rows
     highest: dict[MarkKey, tuple[int, float]] = {}
     for batch in delta.read_batches(table, where, ["partition", "producer_id", "sequence", "timestamp"],
                                     files_at_once=REBUILD_FILES_AT_ONCE):
@@ -174,16 +170,20 @@ def _times(table: DeltaTable, since_us: int) -> np.ndarray:
     return np.concatenate(parts) if parts else np.empty(0, np.int64)
 
 
-def _table_ids(source: _Source, lo: int, hi: int | None, rows: pc.Expression | None = None) -> pa.Table:
+def _table_ids(source: _Source, lo: int, hi: int | None) -> pa.Table:
     where = (pc.field("timestamp") >= delta.timestamp_literal(lo)) & _has_id()
-    if rows is not None:
-        where &= rows
     if hi is not None:
         where &= pc.field("timestamp") < delta.timestamp_literal(hi)
-    ids = [_placed([source.topic_id] * b.num_rows, b["timestamp"].cast(pa.int64()),
-                   dedup_ids(b["message_id"], b["producer_id"], b["sequence"]), b["partition"], b["offset"])
+    ids = [_batch_ids(source.topic_id, b)
            for b in delta.read_batches(source.table, where, _ID_COLUMNS, files_at_once=REBUILD_FILES_AT_ONCE)]
     return pa.concat_tables(ids) if ids else _PLACED.empty_table()
+
+
+def _batch_ids(topic_id: str, batch: pa.RecordBatch) -> pa.Table:
+    """A batch of `_ID_COLUMNS` rows as `_PLACED`."""
+    return _placed([topic_id] * batch.num_rows, batch["timestamp"].cast(pa.int64()),
+                   dedup_ids(batch["message_id"], batch["producer_id"], batch["sequence"]), batch["partition"],
+                   batch["offset"])
 
 
 def _between(placed: pa.Table, lo: int, hi: int | None) -> pa.Table:
