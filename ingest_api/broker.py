@@ -54,7 +54,7 @@ from lakebroker.tables.errors import (
     NotFound,
     TableUnreadable,
 )
-from lakebroker.tables.layout import Layout
+from lakebroker.tables.layout import Layout, validate_name
 from lakebroker.tables.lost_offsets import LostOffsets, record_loss
 from lakebroker.tables.offsets import OffsetsTable
 from lakebroker.tables.ownership import Pair
@@ -219,7 +219,7 @@ class Broker:
     def topic(self, name: str) -> TopicConfig:
         topic = self.topics.get(name)
         if topic is None:
-            self.store.get(name)  # raises a precise InvalidName or NotFound
+            validate_name(name)  # a precise InvalidName; never a read of storage, which a burst would queue
             raise NotFound(f"topic {name!r} does not exist")
         return topic
 

@@ -233,8 +233,10 @@ class Membership:
             return
         if taken:
             await self._claim(taken, wait=True)
-        # And those the loop's beats are claiming: at the answer, what this node holds is open.
-        await asyncio.gather(*self._claims, *self._openings, return_exceptions=True)
+        # And those the loop's beats are claiming: at the answer, what this node holds is open. A
+        # claim opens its partitions in a task it starts when it ends, hence the loop.
+        while pending := self._claims | self._openings:
+            await asyncio.wait(pending)
 
     def _claimed(self, task: asyncio.Task[None]) -> None:
         self._claims.discard(task)

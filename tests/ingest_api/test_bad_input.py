@@ -36,6 +36,18 @@ def test_unknown_topic_is_404(client: TestClient) -> None:
     assert_error(client.delete("/v1/topics/nope"), 404, "does not exist")
 
 
+def test_requests_for_unknown_topics_never_read_storage(client: TestClient, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A request naming a topic this node does not know is answered from memory: reading the topic
+    table for it (on the event loop) let a burst of them stall every connection of the node."""
+    broker = client.app.state.broker  # type: ignore[attr-defined]
+    loads: list[str] = []
+    monkeypatch.setattr(broker.store, "load", lambda: loads.append("load") or {})
+    assert_error(client.post("/v1/topics/nope/messages", json={"value": 1}), 404, "'nope' does not exist")
+    assert_error(client.get("/v1/topics/nope"), 404, "'nope' does not exist")
+    assert_error(client.post("/v1/topics/a%20b/messages", json={"value": 1}), 400, "invalid topic name")
+    assert loads == []
+
+
 @pytest.mark.parametrize("name", ["", "a" * 129, "..", "../etc", "a/b", "has space", "_system", "-x", "é"])
 def test_invalid_topic_names_are_refused(client: TestClient, name: str) -> None:
     r = client.post("/v1/topics", json={"name": name})

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry
 
+from lakebroker.ingest_api import cluster as cluster_module
 from lakebroker.ingest_api.broker import Broker
 from lakebroker.ingest_api.cluster import Membership
 from lakebroker.ingest_api.metrics import IngestMetrics
@@ -180,5 +181,37 @@ async def test_a_start_whose_claims_take_longer_than_the_ttl_keeps_the_leases_it
             "every lease it took stayed its own while it claimed"
         assert broker.owned_pairs() == pairs
         assert most[0] == 3, "the three topics were claimed at once"
+    finally:
+        await broker.stop()
+
+
+async def test_a_beat_that_waits_also_waits_for_the_openings_of_claims_the_loop_began(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A topic's creation answers once its partitions are open, even when the loop's heartbeat took
+    them first: the loop's claim opens them in a task of its own, begun after the wait began (a
+    produce right after the creation got 503 "changing owners")."""
+    settings = Settings(data_dir=tmp_path / "data", ingest_lease_ttl_s=2, ingest_heartbeat_s=60)
+    broker = Broker(settings, IngestMetrics(CollectorRegistry()))
+    await broker.start()
+    try:
+        await broker.create_topic(new_topic("a", 2))
+        everything = broker.owned_pairs()
+        real_claim, real_learn = broker.cluster._claim_in_table, cluster_module.placed_by_others
+
+        def slow_claim(topic: TopicConfig, epochs: dict[int, int]) -> object:
+            time.sleep(CLAIM_S)
+            return real_claim(topic, epochs)
+
+        def slow_learning(*args: object, **kwargs: object) -> object:
+            time.sleep(CLAIM_S)
+            return real_learn(*args, **kwargs)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(broker.cluster, "_claim_in_table", slow_claim)
+        monkeypatch.setattr(cluster_module, "placed_by_others", slow_learning)
+        broker.disown(everything)
+        await broker.cluster.beat(wait=False)  # the loop's beat: its claim, then its opening, run beside
+        assert broker.cluster._claims and not broker.cluster._openings
+        await broker.cluster.beat()
+        assert broker.owned_pairs() == everything
     finally:
         await broker.stop()
