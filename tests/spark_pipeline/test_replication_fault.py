@@ -44,7 +44,7 @@ PARTITIONS = 3
 BATCHES = 6  # flusher commits per partition
 ROWS = 250  # rows per commit
 RUN_TIMEOUT_S = 900.0  # one replicate or verify-replica process (minutes beside the whole suite)
-KILL_WINDOW_S = 240.0  # how long to wait for the kill moment (JVM start included)
+KILL_WINDOW_S = 480.0  # how long to wait for the kill moment (a JVM start beside the whole suite included)
 
 
 def _lakebroker(data: Path, *args: str) -> list[str]:
