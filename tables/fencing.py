@@ -32,6 +32,9 @@ from lakebroker.tables.errors import LakebrokerError
 from lakebroker.tables.schemas import TOPIC_SCHEMA
 
 Epochs = Mapping[int, int]  # partition -> epoch
+# Commits of other partitions a claim may land after; on a loaded object store a claim's load takes
+# seconds, while the other owners of a topic commit every flush interval.
+CLAIM_REBASES = 100
 
 
 class Deposed(LakebrokerError):
@@ -88,7 +91,9 @@ def claim(table: DeltaTable, epochs: Epochs, *, node: str) -> dict[int, int]:
 
     Raises Deposed when the snapshot already holds an epoch at least as new (a newer owner claimed
     first), and CommitFailedError when a commit since the snapshot wrote one of the partitions: the
-    caller loads the table again and claims again, so it never goes on from a stale end."""
+    caller loads the table again and claims again, so it never goes on from a stale end. Commits
+    since the snapshot to other partitions (their owners flush every interval) wrote none of the
+    claim's application ids: delta-rs lands the claim after them, and the ends stay true."""
     stored = {p: stored_epoch(table, p) for p in epochs}
     stale = {p: stored[p] for p, epoch in epochs.items() if stored[p] >= epoch}
     if stale:
@@ -101,7 +106,7 @@ def claim(table: DeltaTable, epochs: Epochs, *, node: str) -> dict[int, int]:
     props = CommitProperties(
         app_transactions=txns,
         custom_metadata={"lakebroker.operation": "claim", "lakebroker.node": node},
-        max_commit_retries=0,
+        max_commit_retries=CLAIM_REBASES,
     )
     write_deltalake(table, TOPIC_SCHEMA.empty_table(), mode="append",
                     commit_properties=props, post_commithook_properties=delta.commit_hooks(table))

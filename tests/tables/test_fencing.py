@@ -93,6 +93,20 @@ def test_a_claim_on_a_stale_snapshot_fails_and_a_fresh_one_continues_after_the_l
     assert (fencing.node_end(DeltaTable(uri), "a", 0), fencing.node_end(DeltaTable(uri), "b", 0)) == (4, 6)
 
 
+def test_a_claim_lands_past_commits_to_other_partitions_made_since_its_snapshot(uri: str) -> None:
+    """Other partitions' owners commit every flush interval: a claim whose load takes longer (an
+    object store under load) must not lose to each of them and load again (claims took 10-30 s)."""
+    fencing.claim(DeltaTable(uri), {1: 1}, node="a")
+    _commit(DeltaTable(uri), "a", {1: 1}, {1: 0}, 2)
+    snapshot = DeltaTable(uri)
+    for start in (2, 5):  # a's flushes of partition 1, after the claimant's snapshot
+        _commit(DeltaTable(uri), "a", {1: 1}, {1: start}, 3)
+    assert fencing.claim(snapshot, {0: 1}, node="b") == {0: 0}
+    table = DeltaTable(uri)
+    assert (fencing.stored_epoch(table, 0), fencing.stored_epoch(table, 1)) == (1, 1)
+    assert _offsets(uri, 1) == list(range(8))
+
+
 def test_a_writer_that_catches_up_must_read_the_epoch_again(uri: str) -> None:
     """delta-rs checks no order: on a snapshot that includes the claim, the old owner's commit
     would land. `deposed` is the check such a writer makes first."""
