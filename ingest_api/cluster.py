@@ -52,6 +52,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 CLOCK_CHECK_S = 10.0  # how often a node compares its clock with the storage's
 SLOW_S = 2.0  # a claim or a learning of ids that takes longer is logged: it keeps partitions closed
+SLOW_BEAT_SHARE = 0.25  # of the lease TTL: a heartbeat that takes longer is logged
 # Threads of the lease's table work, the clock probe and the claims (topics claimed at once: each
 # claim is a table load and a commit, mostly waiting on storage).
 THREADS = {"lease": 1, "clock": 1, "claim": 4}
@@ -107,6 +108,7 @@ class Membership:
         self._clock_task: asyncio.Task[None] | None = None  # a later check, running beside the beats
         self._claiming: set[Pair] = set()  # taken by a heartbeat, their claim under way
         self._claims: set[asyncio.Task[None]] = set()  # claims running beside the loop's beats
+        self._slow_beat_said: float | None = None  # when a slow heartbeat was last logged
         # The lease's table work and the claims each run on a thread of their own: in the shared
         # pool the heartbeat would queue behind slow reads and commits, and behind a claim racing
         # flushes, and a loaded node would lose leases it is alive to renew.
@@ -214,6 +216,18 @@ class Membership:
             except Exception:  # the next round reads again
                 log.exception("reading the topics failed")
 
+    def _note_slow_beat(self, took: float) -> None:
+        """A heartbeat that takes a good part of the TTL leaves the lease little margin: one more slow
+        beat and the node's partitions move. Said once a minute at most, with the remedy."""
+        ttl = self.table.ttl.total_seconds()
+        said = self._slow_beat_said
+        if took <= ttl * SLOW_BEAT_SHARE or (said is not None and time.monotonic() - said < 60):
+            return
+        self._slow_beat_said = time.monotonic()
+        log.warning("a heartbeat took %.1f s, over a quarter of the %.0f s lease TTL: the table storage answers "
+                    "too slowly for this TTL, and the node's leases may run out between two beats; raise "
+                    "LAKEBROKER_INGEST_LEASE_TTL_S", took, ttl)
+
     def _pairs(self) -> dict[Pair, str]:
         return {(t.topic_id, p): t.name for t in self.broker.topics.values() for p in range(t.partitions)}
 
@@ -307,8 +321,10 @@ class Membership:
         took, with their epochs, for the caller to claim."""
         await self._look_at_clock()
         release = frozenset(self._released)
+        began = time.monotonic()
         beat: Heartbeat = await self._on_lease_thread(self.table.heartbeat, self._pairs(), release,
                                                       draining=self._draining or self._clock_off)
+        self._note_slow_beat(time.monotonic() - began)
         self._released -= release
         # Routing judges the others' leases: by the storage's time when this clock is known to be off.
         self.view = dataclasses.replace(beat.view, at=beat.view.at - self._skew) if self._clock_off else beat.view

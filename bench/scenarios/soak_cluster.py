@@ -23,7 +23,8 @@ def measure(mode: Mode, work: Path) -> Result:
 SCENARIO = Scenario(
     name="soak_cluster", title="Soak on three nodes", measure=measure, in_make_bench=False, timeout_s=3600,
     setup=f"{NODES} `lakebroker serve` nodes, each with its own data dir and port, sharing one table root in a "
-          "bucket of the local S3 server (MinIO, built by `make setup`; ingest lease TTL 4 s, heartbeat 0.5 s), "
+          "bucket of the local S3 server (MinIO, built by `make setup`; ingest lease TTL 8 s, heartbeat 1 s: "
+          "serve's defaults), "
           "each with delivery off and the scheduler of the single-node soak (the job slots run each job once per "
           "interval across them); two `lakebroker deliver` workers; the single-node soak's topics, subscriptions "
           "and odd webhook receiver.",
@@ -32,7 +33,8 @@ SCENARIO = Scenario(
          "next node, for 10 minutes, under a nemesis (bench/soak/nemesis.py): 30 fault slots whose order and "
          "victims are drawn from a seed (printed, and recorded in the result), each of the six kinds five times: "
          "**kill** (SIGKILL, then a restart on its data dir and port), **pause** (SIGSTOP for the TTL + 2 s, "
-         "then SIGCONT), **clock** (a restart with the node's clock 8 s ahead of or behind the storage's, by "
+         "then SIGCONT), **clock** (a restart with the node's clock twice the TTL (16 s) ahead of or behind "
+         "the storage's, by "
          "libfaketime, then one with its clock right), **leave** (SIGTERM, then it joins again), **move** "
          "(`lakebroker cluster move` of an `orders` partition to another node, back to its owner, then `--auto`) "
          "and **recreate** (the topic `churn` deleted and created again). Half a minute apart, a delivery worker "
@@ -50,6 +52,6 @@ SCENARIO = Scenario(
            "commit, at another offset of its partition (docs/cluster.md#failover); offsets dense across every "
            "change of owner; every offset delivered or dead-lettered; no partition stalled; the replica verifies; "
            f"the delivery workers' peak RSS ≤ {DELIVERY_RSS_MB:,} MB; every fault kind injected as often as drawn; "
-           "no partition unavailable longer than the TTL + a heartbeat + 4 s of slack (8.5 s) after its owner was "
+           "no partition unavailable longer than the TTL + a heartbeat + 4 s of slack (13 s) after its owner was "
            "killed or paused; every node restarted with its clock off held no partition.",
 )

@@ -102,8 +102,8 @@ RECREATE_SEEN_S = 10.0  # the longest a node may take to serve a re-created topi
 # in its WAL, without the count.
 STRANDED_LOG = STRANDED.split("%d", 1)[1].encode()
 JOBS = ("compaction", "retention", "key-compaction", "replication")
-# A cluster's leases, short as the delivery leases above: a killed node's partitions move within seconds.
-CLUSTER = {"LAKEBROKER_INGEST_LEASE_TTL_S": "4", "LAKEBROKER_INGEST_HEARTBEAT_S": "0.5"}
+# The cluster's leases at serve's defaults (8 s, 1 s): the bounds checked are the ones users run with.
+CLUSTER = {"LAKEBROKER_INGEST_LEASE_TTL_S": "8", "LAKEBROKER_INGEST_HEARTBEAT_S": "1"}
 FAST = {"LAKEBROKER_LEASE_TTL_S": "3", "LAKEBROKER_HEARTBEAT_S": "0.5", "LAKEBROKER_OFFSET_COMMIT_INTERVAL_MS": "200",
         "LAKEBROKER_ALLOW_PRIVATE_WEBHOOKS": "1", "LAKEBROKER_FLUSH_INTERVAL_MS": "100",
         "LAKEBROKER_BODY_READ_TIMEOUT_S": "5"}

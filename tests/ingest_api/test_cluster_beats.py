@@ -215,3 +215,27 @@ async def test_a_beat_that_waits_also_waits_for_the_openings_of_claims_the_loop_
         assert broker.owned_pairs() == everything
     finally:
         await broker.stop()
+
+
+async def test_a_heartbeat_that_takes_a_quarter_of_the_ttl_is_logged_with_the_remedy(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    settings = Settings(data_dir=tmp_path / "data", ingest_lease_ttl_s=2, ingest_heartbeat_s=60)
+    broker = Broker(settings, IngestMetrics(CollectorRegistry()))
+    await broker.start()
+    try:
+        await broker.cluster.beat()
+        assert "a heartbeat took" not in caplog.text
+        real = broker.cluster.table.heartbeat
+
+        def slow_heartbeat(*args: object, **kwargs: object) -> object:
+            time.sleep(0.6)  # over a quarter of the 2 s TTL
+            return real(*args, **kwargs)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(broker.cluster.table, "heartbeat", slow_heartbeat)
+        await broker.cluster.beat()
+        await broker.cluster.beat()
+        said = [r.getMessage() for r in caplog.records if "a heartbeat took" in r.getMessage()]
+        assert len(said) == 1, said  # once a minute at most
+        assert "LAKEBROKER_INGEST_LEASE_TTL_S" in said[0]
+    finally:
+        await broker.stop()
