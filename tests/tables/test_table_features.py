@@ -36,6 +36,7 @@ def assert_delta_rs_compatible(uri: str, ends: dict[int, int | None] | None = No
         assert {p: table.transaction_version(delta.partition_app_id(p)) for p in ends} == ends
 
 
+@pytest.mark.timeout(1200)  # every job in turn: over 600 s beside the whole suite
 def test_every_job_leaves_topic_tables_writable_by_delta_rs(spark: Any, tmp_path: Path) -> None:
     settings = settings_for(tmp_path / "data", retention_trim_partial_files=True, key_compaction_min_lag_ms=0,
                             compaction_target_file_bytes=1_000_000)
