@@ -263,11 +263,17 @@ def append_partitions(
     table.update_incremental()
 
 
+# Concurrent commits an append (or a claim) may land after: delta-rs checks each for a conflict
+# (one of its application ids written since its snapshot) and otherwise commits on top. A topic's
+# other owners commit every flush interval, and on a loaded object store a load takes seconds.
+COMMIT_REBASES = 100
+
+
 def _commit_properties(txns: Mapping[str, int] | None, metadata: Mapping[str, Any] | None) -> CommitProperties:
     return CommitProperties(
         app_transactions=[Transaction(app_id, version) for app_id, version in (txns or {}).items()],
         custom_metadata=dict(metadata) if metadata else None,
-        max_commit_retries=100,
+        max_commit_retries=COMMIT_REBASES,
     )
 
 

@@ -32,9 +32,6 @@ from lakebroker.tables.errors import LakebrokerError
 from lakebroker.tables.schemas import TOPIC_SCHEMA
 
 Epochs = Mapping[int, int]  # partition -> epoch
-# Commits of other partitions a claim may land after; on a loaded object store a claim's load takes
-# seconds, while the other owners of a topic commit every flush interval.
-CLAIM_REBASES = 100
 
 
 class Deposed(LakebrokerError):
@@ -106,7 +103,7 @@ def claim(table: DeltaTable, epochs: Epochs, *, node: str) -> dict[int, int]:
     props = CommitProperties(
         app_transactions=txns,
         custom_metadata={"lakebroker.operation": "claim", "lakebroker.node": node},
-        max_commit_retries=CLAIM_REBASES,
+        max_commit_retries=delta.COMMIT_REBASES,
     )
     write_deltalake(table, TOPIC_SCHEMA.empty_table(), mode="append",
                     commit_properties=props, post_commithook_properties=delta.commit_hooks(table))

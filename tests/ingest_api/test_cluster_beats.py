@@ -127,13 +127,16 @@ async def test_a_topics_slow_claims_do_not_hold_back_the_renewal_of_other_leases
             return real(topic, epochs)
 
         monkeypatch.setattr(broker.cluster, "_claim_in_table", slow_claim)
+        started = time.monotonic()
         creating = asyncio.create_task(broker.create_topic(new_topic("slow", 2)))
-        seen = []
+        seen, last_look = [], 0.0
         while not creating.done():
+            last_look = time.monotonic() - started  # the read below sees the table as of now or later
             seen.append(await asyncio.to_thread(_owners, Layout.of(settings), pairs))
             await asyncio.sleep(0.2)
         slow = await creating
-        assert len(seen) >= 3, "the claims took their time"
+        assert len(seen) >= 3 and last_look > settings.ingest_lease_ttl_s, \
+            "the claims took their time: the leases were looked at past a TTL of them"
         assert {broker.cluster.node} == {node for s in seen for node in s.values()}, \
             "the other leases stayed this node's, renewed on time"
         assert {(slow.topic_id, p) for p in range(2)} <= broker.owned_pairs(), "claimed and open at the answer"
