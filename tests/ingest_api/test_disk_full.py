@@ -18,6 +18,7 @@ from lakebroker.ingest_api.wal import ZERO_AHEAD, Wal
 from lakebroker.server import build_app
 from lakebroker.tables.errors import StorageUnavailable
 from lakebroker.tables.settings import Settings
+from tests.full_disk import fill
 from tests.waiting import eventually
 
 pytestmark = pytest.mark.fault
@@ -32,15 +33,6 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
         yield mount
     finally:
         subprocess.run(["umount", "-l", str(mount)], check=True)
-
-
-def fill(path: Path) -> None:
-    with path.open("wb", buffering=0) as f:  # unbuffered: nothing left over for close() to fail on
-        try:
-            while True:
-                f.write(b"\0" * 65536)
-        except OSError:
-            pass
 
 
 def test_disk_full_gives_507_then_recovers(small_disk: Path) -> None:

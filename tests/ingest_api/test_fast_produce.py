@@ -26,6 +26,7 @@ from lakebroker.server import build_app
 from lakebroker.tables.layout import Layout
 from lakebroker.tables.settings import Settings
 from lakebroker.tables.tokens import TokenStore
+from tests.full_disk import fill
 from tests.servers import AppThread
 from tests.waiting import eventually
 
@@ -443,10 +444,7 @@ def test_a_full_disk_answers_507_on_both_paths(tmp_path: Path) -> None:
         try:
             exchange(server.address, request("/v1/topics", b'{"name":"t","partitions":1}'))
             ballast = disk / "ballast"
-            with ballast.open("wb") as f, contextlib.suppress(OSError):
-                while True:
-                    f.write(b"\0" * 65536)
-                    f.flush()
+            fill(ballast)
             big = orjson.dumps({"value": "x" * 100_000})
             for _ in range(ZERO_AHEAD // 100_000 + 2):  # the WAL's room zeroed ahead still takes a few
                 (answer,) = exchange(server.address, request("/v1/topics/t/messages", big))
