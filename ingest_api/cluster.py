@@ -6,7 +6,7 @@ node shows here within a heartbeat, also while a beat is busy claiming), heartbe
 ownership table, and then:
 
 - claims the partitions the heartbeat gave it in their topic tables (tables/fencing.py) and only
-  then opens them to produce (Broker.adopt). Claims run beside the heartbeats, on a thread of
+  then opens them to produce (Ownership.adopt, ownership.py). Claims run beside the heartbeats, on a thread of
   their own: on a loaded machine they can take longer than a lease lives, and the leases they
   claim for must be renewed meanwhile;
 - hands over the partitions the plan gives to another node: closed to produce, flushed, released;
@@ -124,6 +124,9 @@ class Membership:
     async def _on_lease_thread(self, fn: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
         return await self._on_thread("lease", fn, *args, **kwargs)
 
+    def own_url(self) -> str:
+        return self.table.url
+
     def advertise(self, url: str) -> None:
         """The URL others reach this node at, once `serve` knows its port."""
         self.table.url = url.rstrip("/")
@@ -140,7 +143,7 @@ class Membership:
         if taken:
             await self._claim(taken, wait=True)
         log.info("joined the cluster as node %s: %d partitions taken, claimed and opened in %.1f s", self.node,
-                 len(self.broker.owned_pairs()), time.monotonic() - began)
+                 len(self.broker.ownership.owned_pairs()), time.monotonic() - began)
 
     async def stop_beating(self) -> None:
         """End the heartbeat loop, after the beat in progress: at shutdown nothing is taken any more
@@ -328,11 +331,11 @@ class Membership:
         self._released -= release
         # Routing judges the others' leases: by the storage's time when this clock is known to be off.
         self.view = dataclasses.replace(beat.view, at=beat.view.at - self._skew) if self._clock_off else beat.view
-        owned = self.broker.owned_pairs()
+        owned = self.broker.ownership.owned_pairs()
         lost = owned - beat.held.keys()
         if lost:
             log.warning("lost the lease of %d partitions; another node takes them", len(lost))
-            self.broker.disown(lost)
+            self.broker.ownership.disown(lost)
         if self._draining:  # it holds what it holds until it stops: broker.stop commits and releases it
             return {}
         self._held = beat.held
@@ -387,13 +390,13 @@ class Membership:
             return
         except DeltaError as exc:  # a damaged log: this topic waits, the others go on
             reason = unreadable(self.layout, topic, exc).message
-            if self.broker.unreadable.get(topic_id) != reason:
+            if self.broker.ownership.unreadable.get(topic_id) != reason:
                 log.error("%s", reason)
-            self.broker.unreadable[topic_id] = reason
+            self.broker.ownership.unreadable[topic_id] = reason
             return
         if (took := time.monotonic() - began) > SLOW_S:
             log.warning("topic %r: claiming partitions %s took %.1f s", topic.name, sorted(epochs), took)
-        unread = self.broker.unreadable.pop(topic_id, None) is not None
+        unread = self.broker.ownership.unreadable.pop(topic_id, None) is not None
         if unread:
             log.warning("topic %r: its table reads again; its partitions are open", topic.name)
         claimed = {p: (epochs[p], end, prev) for p, (end, prev) in ends.items()}
@@ -415,7 +418,7 @@ class Membership:
         all of it within the window. Those whose lease this node lost meanwhile stay closed.
         `snapshot`: the table as the claim left it, which holds every row below the claimed ends."""
         tid = bytes.fromhex(topic.topic_id)
-        others = {p: (0 if unread else self.broker.own_end((tid, p), prev), end)
+        others = {p: (0 if unread else self.broker.ownership.own_end((tid, p), prev), end)
                   for p, (_, end, prev) in claimed.items()}
         began = time.monotonic()
         placed = await asyncio.to_thread(placed_by_others, self.layout, topic, others, window_s=self.dedup_window_s,
@@ -423,14 +426,14 @@ class Membership:
         if (took := time.monotonic() - began) > SLOW_S:
             log.warning("topic %r: learning the %d ids other nodes committed to partitions %s took %.1f s",
                         topic.name, placed.num_rows, sorted(claimed), took)
-        await self.broker.learn_ids(placed)
-        await self.broker.learn_handed_ids(topic, claimed)
+        await self.broker.ownership.learn_ids(placed)
+        await self.broker.ownership.learn_handed_ids(topic, claimed)
         current = self.broker.topics.get(topic.name)
         if current is None or current.topic_id != topic.topic_id:
             return  # deleted (or made again) meanwhile
         held = {p: c for p, c in claimed.items() if self._held.get((topic.topic_id, p)) == c[0]}
         if held:
-            self.broker.adopt(current, held, placed)
+            self.broker.ownership.adopt(current, held, placed)
 
     def _opened(self, pairs: set[Pair], task: asyncio.Task[None]) -> None:
         self._opening -= pairs
@@ -469,7 +472,7 @@ class Membership:
     async def _hand_over(self, pair: Pair) -> None:
         """Close the partition to produce, commit what it holds, then release it at the next beat."""
         try:
-            if await self.broker.hand_over(pair):
+            if await self.broker.ownership.hand_over(pair):
                 self._released.add(pair)
                 self._wake.set()
         finally:

@@ -238,7 +238,7 @@ class Dashboard:
             "size_bytes": sum(p["size_bytes"] for p in partitions),
             "files": sum(p["files"] for p in partitions),
             "produce_rate": self.rates.observe(topic.name, assigned, now),
-            "unavailable": unreadable or self.broker.unreadable.get(topic.topic_id),
+            "unavailable": unreadable or self.broker.ownership.unreadable.get(topic.topic_id),
         }
 
     def _subscription(self, sub: Subscription, groups: GroupTables) -> dict[str, Any]:

@@ -68,11 +68,11 @@ class Router:
                 await self._resending
             loop = asyncio.get_running_loop()
             deadline = loop.time() + STOP_RESEND_S
-            while self.broker.parked_unowned() and loop.time() < deadline:
+            while self.broker.ownership.parked_unowned() and loop.time() < deadline:
                 await self._send_parked(deadline)
-                if self.broker.parked_unowned():
+                if self.broker.ownership.parked_unowned():
                     await asyncio.sleep(max(0.0, min(self.broker.cluster.heartbeat_s, deadline - loop.time())))
-            if left := self.broker.parked_unowned():
+            if left := self.broker.ownership.parked_unowned():
                 log.error(STRANDED, len(left))
         if self._forwarder is not None:
             await self._forwarder.close()
@@ -87,8 +87,8 @@ class Router:
 
     async def _send_parked(self, deadline: float | None = None) -> None:
         """One round; `deadline` (loop time) holds inside it too, not only between rounds."""
-        for topic, partition, url in self.broker.parked_elsewhere():
-            items = self.broker.take_parked(topic, partition)
+        for topic, partition, url in self.broker.ownership.parked_elsewhere():
+            items = self.broker.ownership.take_parked(topic, partition)
             if not items:
                 continue
             try:
@@ -97,19 +97,19 @@ class Router:
                         await self.forwarder.batch(url, topic.name, batch, [partition] * len(batch), AckMode.TABLE,
                                                    self._authorization)
             except TimeoutError:  # the WAL keeps what is left
-                self.broker.parked_unsent(topic, partition)
+                self.broker.ownership.parked_unsent(topic, partition)
                 return
             except LakebrokerError as exc:
                 log.warning("%s[%d]: sending %d parked items to %s failed (%s); will retry", topic.name,
                             partition, len(items), url, exc)
-                self.broker.parked_unsent(topic, partition)
+                self.broker.ownership.parked_unsent(topic, partition)
                 continue
             except BaseException:  # cancelled at shutdown: stop() sends them again
-                self.broker.parked_unsent(topic, partition)
+                self.broker.ownership.parked_unsent(topic, partition)
                 raise
             log.info("%s[%d]: %d parked messages sent to their owner %s", topic.name, partition,
                      sum(1 if isinstance(i, Record) else i.rows for i in items), url)
-            await self.broker.parked_sent(topic, partition)
+            await self.broker.ownership.parked_sent(topic, partition)
 
     @property
     def forwarder(self) -> Forwarder:
@@ -155,15 +155,15 @@ class Router:
         sizes = await broker.admission.admit(topic, messages)  # all of them, before any part is stored anywhere
         partitions = broker.partitioner.each(topic, messages, sizes)
         topic_id = bytes.fromhex(topic.topic_id)
-        accepting = broker.accepting
+        accepting = broker.ownership.accepting
         remote = [i for i, p in enumerate(partitions) if (topic_id, p) not in accepting]
         if not remote:
             return await broker.produce(topic_name, messages, ack, partitions=partitions)
         if forwarded:
-            raise broker.not_here(topic, partitions[remote[0]])
+            raise broker.ownership.not_here(topic, partitions[remote[0]])
         by_owner: dict[str, list[int]] = {}
         for i in remote:
-            refusal = broker.not_here(topic, partitions[i])
+            refusal = broker.ownership.not_here(topic, partitions[i])
             if not isinstance(refusal, NotOwner) or refusal.owner_url is None:
                 raise refusal
             by_owner.setdefault(refusal.owner_url, []).append(i)

@@ -52,7 +52,8 @@ async def metrics(broker: BrokerDep) -> Response:
     broker.metrics.topic_unavailable.clear()  # a topic deleted since the last scrape goes too
     await broker.follow_all_ends()
     for topic in broker.topics.values():
-        broker.metrics.topic_unavailable.labels(topic.name).set(1 if topic.topic_id in broker.unreadable else 0)
+        unavailable = topic.topic_id in broker.ownership.unreadable
+        broker.metrics.topic_unavailable.labels(topic.name).set(1 if unavailable else 0)
         for p in range(topic.partitions):
             broker.metrics.assigned_end.labels(topic.name, str(p)).set(broker.assigned_end(topic, p))
             broker.metrics.committed_end.labels(topic.name, str(p)).set(broker.committed_end(topic, p))
@@ -60,6 +61,6 @@ async def metrics(broker: BrokerDep) -> Response:
     committed = await asyncio.to_thread(broker.group_offsets.latest)
     broker.metrics.group_lag.clear()  # a group or partition gone since the last scrape goes too
     for g in pull_group_lags(broker, committed):
-        if broker.owns(g["topic"], g["partition"]):
+        if broker.ownership.owns(g["topic"], g["partition"]):
             broker.metrics.group_lag.labels(g["group"], g["topic"], str(g["partition"])).set(g["lag"])
     return Response(generate_latest(broker.metrics.registry), media_type=CONTENT_TYPE_LATEST)

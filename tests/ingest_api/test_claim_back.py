@@ -65,7 +65,7 @@ async def _claim_back(broker: Broker, key: tuple[bytes, int]) -> None:
     deadline = asyncio.get_running_loop().time() + 60
     while asyncio.get_running_loop().time() < deadline:
         await broker.cluster.beat()
-        if key in broker.epochs:
+        if key in broker.ownership.epochs:
             return
         await asyncio.sleep(0.05)
     raise AssertionError("the node did not claim partition 0 back within 60 s")
@@ -99,7 +99,7 @@ async def test_messages_pending_in_the_flusher_are_placed_again_after_the_other_
     async with broker.flusher.commit_lock:  # a slow flush: nothing is committed meanwhile
         old = await _answers(broker, [b"A0", b"A1", b"A2"])
         assert old == [(0, 1), (0, 2), (0, 3)]
-        broker.disown({(broker.topic("t").topic_id, 0)})
+        broker.ownership.disown({(broker.topic("t").topic_id, 0)})
         _intruder_commits_one_row(uri, broker.topic("t"))
         await _claim_back(broker, key)
         [(_, n1)] = await _answers(broker, [b"N1"])
@@ -128,7 +128,7 @@ async def test_messages_inside_the_wal_writer_are_placed_again_after_the_other_n
         writing = asyncio.ensure_future(_answers(broker, [b"A0", b"A1", b"A2"]))
         await asyncio.sleep(0.1)
         assert not writing.done()
-        broker.disown({(broker.topic("t").topic_id, 0)})
+        broker.ownership.disown({(broker.topic("t").topic_id, 0)})
         _intruder_commits_one_row(uri, broker.topic("t"))
         await _claim_back(broker, key)
         n1 = asyncio.ensure_future(_answers(broker, [b"N1"]))
@@ -167,7 +167,7 @@ async def test_a_failed_wal_write_never_rolls_offsets_below_a_claimed_end(broker
     try:
         writing = asyncio.ensure_future(_answers(broker, [b"A0", b"A1", b"A2"]))
         await asyncio.sleep(0.1)
-        broker.disown({(broker.topic("t").topic_id, 0)})
+        broker.ownership.disown({(broker.topic("t").topic_id, 0)})
         _intruder_commits_one_row(uri, broker.topic("t"))
         await _claim_back(broker, key)
         release.set()
@@ -199,7 +199,7 @@ async def test_messages_appended_again_keep_their_order_past_a_full_group(broker
 
     items: list[Record | Chunk] = [chunk(1, [b"c0", b"c1", b"c2", b"c3", b"c4"]), record(6, b"r5"),
                                    chunk(7, [b"c6", b"c7"]), record(9, b"r8"), record(10, b"r9")]
-    broker._append_again(topic, items, (topic_id, 0), set())
+    broker.ownership._append_again(topic, items, (topic_id, 0), set())
     await asyncio.sleep(0.2)
     assert await broker.flusher.flush_once()
     assert [v for _, v in _rows(broker.layout.topic_table("t"))] == [

@@ -34,7 +34,7 @@ async def test_the_loops_beats_claim_beside_the_heartbeats_and_each_partition_on
     try:
         for name in ("a", "b", "c", "d"):
             await broker.create_topic(new_topic(name, 2))
-        everything = broker.owned_pairs()
+        everything = broker.ownership.owned_pairs()
         assert len(everything) == 8
         real = broker.cluster._claim_in_table
         claims: list[str] = []
@@ -45,22 +45,22 @@ async def test_the_loops_beats_claim_beside_the_heartbeats_and_each_partition_on
             return real(topic, epochs)
 
         monkeypatch.setattr(broker.cluster, "_claim_in_table", slow_claim)
-        broker.disown(everything)  # as after a lost lease: the heartbeat gives them back, to be claimed
+        broker.ownership.disown(everything)  # as after a lost lease: the heartbeat gives them back, to be claimed
 
         started = time.monotonic()
         await broker.cluster.beat(wait=False)
         assert time.monotonic() - started < CLAIM_S, "the loop's beat ends with its heartbeat"
-        assert broker.owned_pairs() == set(), "the claims run beside it"
+        assert broker.ownership.owned_pairs() == set(), "the claims run beside it"
         for _ in range(3):  # beats while the claims run: they renew, and claim nothing twice
             await broker.cluster.beat(wait=False)
         while broker.cluster._claims or broker.cluster._openings:
             await asyncio.gather(*broker.cluster._claims, *broker.cluster._openings)
-        assert broker.owned_pairs() == everything
+        assert broker.ownership.owned_pairs() == everything
         assert sorted(claims) == ["a", "b", "c", "d"], "each topic claimed once"
 
-        broker.disown(everything)
+        broker.ownership.disown(everything)
         await broker.cluster.beat()  # a topic's creation: every claim made and open at the answer
-        assert broker.owned_pairs() == everything
+        assert broker.ownership.owned_pairs() == everything
     finally:
         await broker.stop()
 
@@ -139,7 +139,8 @@ async def test_a_topics_slow_claims_do_not_hold_back_the_renewal_of_other_leases
             "the claims took their time: the leases were looked at past a TTL of them"
         assert {broker.cluster.node} == {node for s in seen for node in s.values()}, \
             "the other leases stayed this node's, renewed on time"
-        assert {(slow.topic_id, p) for p in range(2)} <= broker.owned_pairs(), "claimed and open at the answer"
+        assert {(slow.topic_id, p) for p in range(2)} <= broker.ownership.owned_pairs(), \
+            "claimed and open at the answer"
     finally:
         await broker.stop()
 
@@ -182,7 +183,7 @@ async def test_a_start_whose_claims_take_longer_than_the_ttl_keeps_the_leases_it
             "looked at for longer than a TTL after the leases were taken (the claims outlast it)"
         assert all(set(s.values()) == {broker.cluster.node} for _, s in taken), \
             "every lease it took stayed its own while it claimed"
-        assert broker.owned_pairs() == pairs
+        assert broker.ownership.owned_pairs() == pairs
         assert most[0] == 3, "the three topics were claimed at once"
     finally:
         await broker.stop()
@@ -198,7 +199,7 @@ async def test_a_beat_that_waits_also_waits_for_the_openings_of_claims_the_loop_
     await broker.start()
     try:
         await broker.create_topic(new_topic("a", 2))
-        everything = broker.owned_pairs()
+        everything = broker.ownership.owned_pairs()
         real_claim, real_learn = broker.cluster._claim_in_table, cluster_module.placed_by_others
 
         def slow_claim(topic: TopicConfig, epochs: dict[int, int]) -> object:
@@ -211,11 +212,11 @@ async def test_a_beat_that_waits_also_waits_for_the_openings_of_claims_the_loop_
 
         monkeypatch.setattr(broker.cluster, "_claim_in_table", slow_claim)
         monkeypatch.setattr(cluster_module, "placed_by_others", slow_learning)
-        broker.disown(everything)
+        broker.ownership.disown(everything)
         await broker.cluster.beat(wait=False)  # the loop's beat: its claim, then its opening, run beside
         assert broker.cluster._claims and not broker.cluster._openings
         await broker.cluster.beat()
-        assert broker.owned_pairs() == everything
+        assert broker.ownership.owned_pairs() == everything
     finally:
         await broker.stop()
 

@@ -35,8 +35,9 @@ def _unaware(node: Broker, monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 async def _one_partition_each(a: Broker, b: Broker) -> int:
-    await _until(lambda: len(a.owned_pairs()) == 1 and len(b.owned_pairs()) == 1, "a partition each", 20)
-    [mine] = [p for p in range(2) if b.owns("t", p)]
+    await _until(lambda: len(a.ownership.owned_pairs()) == 1 and len(b.ownership.owned_pairs()) == 1,
+                 "a partition each", 20)
+    [mine] = [p for p in range(2) if b.ownership.owns("t", p)]
     return mine
 
 
@@ -64,7 +65,7 @@ async def test_a_node_that_missed_the_delete_brings_back_neither_the_table_nor_i
         # A claim of a's partition, as a heartbeat that read the topics just before the delete leads to.
         await b.cluster._claim({(topic.topic_id, 1 - mine): 2}, wait=True)
         assert not (path / "_delta_log").exists(), "b's claim made the deleted table again"
-        assert not b.owns("t", 1 - mine)
+        assert not b.ownership.owns("t", 1 - mine)
         await b.cluster.beat()  # a heartbeat and the claims it leads to, with the deleted topic in b's view
         assert not (path / "_delta_log").exists(), "b's heartbeat claimed the deleted topic's partitions"
         assert _owner_rows(b, topic) == [], "b wrote ownership rows of the deleted topic"
@@ -76,7 +77,8 @@ async def test_a_node_that_missed_the_delete_brings_back_neither_the_table_nor_i
         assert not path.exists(), "what b wrote to the deleted table before it saw the delete is left"
         assert _owner_rows(b, topic) == []
         assert b.flusher.pending_bytes == 0, "b still holds messages of the deleted topic"
-        assert not [key for key in (*b.epochs, *b.parked) if key[0] == bytes.fromhex(topic.topic_id)]
+        held = (*b.ownership.epochs, *b.ownership.parked)
+        assert not [key for key in held if key[0] == bytes.fromhex(topic.topic_id)]
     finally:
         monkeypatch.undo()
         for node in (b, a):
@@ -105,10 +107,11 @@ async def test_a_topic_created_again_under_its_name_is_a_new_table_with_only_its
 
         monkeypatch.undo()
         await _until(lambda: b.topics.get("t") == new, "b serves the new topic", 10)
-        await _until(lambda: len(a.owned_pairs()) == 1 and len(b.owned_pairs()) == 1, "a partition each", 20)
+        await _until(lambda: len(a.ownership.owned_pairs()) == 1 and len(b.ownership.owned_pairs()) == 1,
+                     "a partition each", 20)
         for p in range(2):
             for _ in range(100):  # as a producer does: a partition between owners (a hand-over) is retried
-                owner = a if a.owns("t", p) else b
+                owner = a if a.ownership.owns("t", p) else b
                 try:
                     [placed] = await owner.produce("t", [NewMessage(value=f"new-{p}".encode(), partition=p)],
                                                    AckMode.TABLE)

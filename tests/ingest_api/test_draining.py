@@ -17,24 +17,26 @@ async def test_a_draining_node_takes_nothing_back_and_the_others_get_what_it_let
     await b.start()
     try:
         topic = await a.create_topic(new_topic("t", 4))
-        await _until(lambda: len(a.owned_pairs()) == 2 and len(b.owned_pairs()) == 2, "two partitions each", 20)
-        kept = sorted(a.owned_pairs())
+        await _until(lambda: len(a.ownership.owned_pairs()) == 2 and len(b.ownership.owned_pairs()) == 2,
+                     "two partitions each", 20)
+        kept = sorted(a.ownership.owned_pairs())
         a.cluster.drain()
         await a.cluster.beat()
-        assert sorted(a.owned_pairs()) == kept, "a keeps what it holds while it drains"
+        assert sorted(a.ownership.owned_pairs()) == kept, "a keeps what it holds while it drains"
         assert [n.draining for n in b.cluster.table.view().nodes if n.node == a.cluster.node] == [True]
 
         # One of a's partitions becomes free (its hand-over done): b takes it, a does not take it back,
         # though it was a's share of the plan before a drained.
         freed = kept[0]
-        a.disown({freed})
+        a.ownership.disown({freed})
         a.cluster._released.add(freed)
         await a.cluster.beat()
-        await _until(lambda: freed in b.owned_pairs(), "b takes the partition a let go", 20)
+        await _until(lambda: freed in b.ownership.owned_pairs(), "b takes the partition a let go", 20)
         for _ in range(5):
             await a.cluster.beat()
-        assert freed not in a.owned_pairs() and (bytes.fromhex(topic.topic_id), freed[1]) not in a.epochs
-        assert sorted(a.owned_pairs()) == kept[1:]
+        assert freed not in a.ownership.owned_pairs()
+        assert (bytes.fromhex(topic.topic_id), freed[1]) not in a.ownership.epochs
+        assert sorted(a.ownership.owned_pairs()) == kept[1:]
     finally:
         await a.stop()
         await b.stop()

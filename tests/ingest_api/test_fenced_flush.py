@@ -35,7 +35,7 @@ async def test_a_deposed_owner_parks_its_messages_instead_of_committing_them(tmp
 
         uri = broker.layout.topic_table("t")
         key = (bytes.fromhex(topic.topic_id), 0)
-        assert broker.epochs[key] == 1
+        assert broker.ownership.epochs[key] == 1
         assert fencing.claim(delta.load(uri), {0: 2}, node="intruder") == {0: 1}  # another node's claim
 
         assert await broker.flusher.flush_once()
@@ -43,15 +43,15 @@ async def test_a_deposed_owner_parks_its_messages_instead_of_committing_them(tmp
         assert sorted((r["partition"], r["offset"], r["value"]) for r in rows) == [
             (0, 0, b"first"), (1, 0, b"late0"), (1, 1, b"late1"), (1, 2, b"late2")], \
             "partition 1 is still this node's; nothing of partition 0 after the claim"
-        assert key not in broker.epochs and key not in broker.accepting
-        assert [i.offset for i in broker.parked[key]] == [1, 2, 3, 4], "kept, for the new owner"
+        assert key not in broker.ownership.epochs and key not in broker.ownership.accepting
+        assert [i.offset for i in broker.ownership.parked[key]] == [1, 2, 3, 4], "kept, for the new owner"
         with pytest.raises(NoOwnerYet, match="retry with the same id"):
             await waiting
         with pytest.raises((NotOwner, NoOwnerYet)):
             await broker.produce("t", [NewMessage(value=b"more", partition=0)], AckMode.WAL)
         assert fencing.stored_epoch(DeltaTable(uri), 0) == 2
         # The WAL keeps the parked messages' segment: its floor is their first offset.
-        assert broker._committed_below()(key) == 1
+        assert broker.ownership.committed_below()(key) == 1
     finally:
         await broker.stop()
 
@@ -128,7 +128,7 @@ async def test_an_epoch_older_than_ours_in_the_table_is_a_split_brain_and_fences
     broker, uri, topic_id = await _two_partition_broker(tmp_path)
     try:
         key = (topic_id, 0)
-        broker.epochs[key] = 3  # as if it had claimed epoch 3
+        broker.ownership.epochs[key] = 3  # as if it had claimed epoch 3
         broker.flusher.adopted(broker.topic("t").topic_id)
         await _partition_0_refuses_a_message(broker, uri, [(0, 0, b"first"), (1, 0, b"first")])
     finally:
@@ -144,7 +144,7 @@ async def test_a_wait_for_a_commit_begun_after_the_partition_left_fails_instead_
     broker, _, topic_id = await _two_partition_broker(tmp_path)
     try:
         topic = broker.topic("t")
-        broker.disown({(topic.topic_id, 0)})
+        broker.ownership.disown({(topic.topic_id, 0)})
         with pytest.raises(NoOwnerYet, match="retry with the same id"):
             await asyncio.wait_for(broker.acks.in_table(topic_id, {0: 1}), 5)
         await asyncio.wait_for(broker.acks.in_table(topic_id, {0: 0}), 5)  # committed before it left: answered
@@ -167,12 +167,12 @@ async def test_messages_a_node_claims_back_at_their_own_offsets_keep_the_id_thei
         assert placed.offset == 1
         fencing.claim(delta.load(uri), {0: 2}, node="intruder")
         assert await broker.flusher.flush_once()
-        assert key in broker.parked
+        assert key in broker.ownership.parked
         for _ in range(5):  # lifted above the intruder's epoch, then claimed back
             await broker.cluster.beat()
-            if key in broker.epochs:
+            if key in broker.ownership.epochs:
                 break
-        assert key in broker.epochs, "the node claims partition 0 back: no other node is alive"
+        assert key in broker.ownership.epochs, "the node claims partition 0 back: no other node is alive"
         assert await broker.flusher.flush_once()
         producer = f"lakebroker-node:{broker.cluster.node}:0"
         rows = DeltaTable(uri).to_pyarrow_table(columns=["partition", "offset", "value", "producer_id", "sequence"])

@@ -27,12 +27,12 @@ async def test_a_deposed_nodes_skip_is_refused_and_leaves_the_table_as_it_was(tm
         await until(lambda: offsets_in_delta(broker, "t", 0) == list(range(7)), "t/0 up to the damage", timeout=20)
         [damage] = broker.damage.all()
         uri = broker.layout.topic_table("t")
-        assert fencing.claim(delta.load(uri), {0: broker.epochs[damage.key] + 1}, node="intruder") == {0: 7}
+        assert fencing.claim(delta.load(uri), {0: broker.ownership.epochs[damage.key] + 1}, node="intruder") == {0: 7}
 
         with pytest.raises(fencing.Deposed) as refused:
             await broker.skip_lost("t", 0, "test")
         assert (refused.value.status, refused.value.code) == (503, "partition_moved")
-        assert damage.key not in broker.epochs, "given up, as after a fenced flush"
+        assert damage.key not in broker.ownership.epochs, "given up, as after a fenced flush"
         table = delta.load(uri)
         assert delta.committed_end(table, 0) == 7, "the end stays where the new owner goes on from"
         assert Holes.of(table.metadata().configuration).lost == {}

@@ -41,9 +41,9 @@ async def test_a_partition_is_handed_over_while_another_partitions_write_is_in_f
         await asyncio.sleep(0.1)
         assert broker.committer.queued_bytes > 0 and not busy.done()
 
-        assert await broker.hand_over((topic.topic_id, 0)), "partition 0 has nothing in flight"
+        assert await broker.ownership.hand_over((topic.topic_id, 0)), "partition 0 has nothing in flight"
         key = (bytes.fromhex(topic.topic_id), 0)
-        assert key not in broker.epochs and key not in broker.accepting
+        assert key not in broker.ownership.epochs and key not in broker.ownership.accepting
         rows = DeltaTable(broker.layout.topic_table("t")).to_pyarrow_table(columns=["partition", "value"])
         assert rows.to_pylist() == [{"partition": 0, "value": b"zero"}], "committed before it was let go"
         release.set()

@@ -151,7 +151,8 @@ def test_a_paused_owner_delays_only_its_own_partitions_and_only_until_they_move(
 
 
 class _ParkedBroker:
-    """What Router.stop needs of a broker: one partition's parked message, owned by `owner_url`."""
+    """What Router.stop needs of a broker and its ownership part: one partition's parked message,
+    owned by `owner_url`."""
 
     def __init__(self, owner_url: str) -> None:
         self.settings = SimpleNamespace(ingest_lease_ttl_s=60.0)  # a forward may wait longer than stop()
@@ -160,6 +161,7 @@ class _ParkedBroker:
         self.owner_url = owner_url
         self.parked = [Record("orders", bytes(16), 0, 0, 0, None, b"1", "json", None, "m-0", None, None)]
         self.sending: list[Record] = []
+        self.ownership = self
 
     def parked_unowned(self) -> list[tuple[bytes, int]]:
         return [(bytes(16), 0)] if self.parked or self.sending else []
@@ -194,5 +196,5 @@ async def test_stop_gives_up_on_a_silent_owner_at_its_deadline_even_inside_a_rou
         async with asyncio.timeout(30):
             await router.stop()
         assert time.monotonic() - started < 3
-    assert [r.message_id for r in broker.parked] == ["m-0"], "kept for the next start"
+    assert [r.message_id for r in broker.ownership.parked] == ["m-0"], "kept for the next start"
     assert "stay in this node's WAL" in caplog.text

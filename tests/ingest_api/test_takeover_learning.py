@@ -51,24 +51,24 @@ async def test_a_slow_learning_of_ids_runs_beside_the_heartbeats_and_opens_the_p
         pair = (busy.topic_id, 0)
         monkeypatch.setattr(cluster_module, "placed_by_others", slow)
         monkeypatch.setattr(broker.cluster, "_claim_in_table", counted)
-        broker.disown({pair})  # as after a lost lease: the heartbeat gives it back, to be claimed
+        broker.ownership.disown({pair})  # as after a lost lease: the heartbeat gives it back, to be claimed
 
         await asyncio.wait_for(broker.cluster.beat(wait=False), 10)
         assert await asyncio.to_thread(learning.wait, 10)
-        assert pair not in broker.owned_pairs(), "closed while its ids are learnt"
+        assert pair not in broker.ownership.owned_pairs(), "closed while its ids are learnt"
         with pytest.raises(NoOwnerYet):
             await broker.produce("busy", [NewMessage(value=b"early", partition=0)], AckMode.WAL)
         for _ in range(3):  # the loop's beats go on, renewing the other leases, and claim it once
             await asyncio.wait_for(broker.cluster.beat(wait=False), 10)
         assert claims == ["busy"]
-        assert (broker.topic("kept").topic_id, 0) in broker.owned_pairs()
+        assert (broker.topic("kept").topic_id, 0) in broker.ownership.owned_pairs()
 
         release.set()
         for _ in range(100):
-            if pair in broker.owned_pairs():
+            if pair in broker.ownership.owned_pairs():
                 break
             await asyncio.sleep(0.05)
-        assert pair in broker.owned_pairs(), "open once its ids are learnt"
+        assert pair in broker.ownership.owned_pairs(), "open once its ids are learnt"
         [placed] = await broker.produce("busy", [NewMessage(value=b"after", partition=0)], AckMode.WAL)
         assert placed.partition == 0 and placed.offset == 0
     finally:

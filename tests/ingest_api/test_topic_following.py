@@ -96,11 +96,12 @@ async def test_a_topic_is_created_and_answered_while_a_heartbeat_is_stuck_and_ow
 
         created = await asyncio.wait_for(a.create_topic(new_topic("t", 2)), 5)
         assert created.name == "t" and "t" in a.topics
-        assert not a.owns("t", 0) and not a.owns("t", 1), "answered before the stuck beat ended"
+        assert not a.ownership.owns("t", 0) and not a.ownership.owns("t", 1), "answered before the stuck beat ended"
         with pytest.raises(NoOwnerYet):
             await a.produce("t", [NewMessage(value=b"early", partition=0)], AckMode.WAL)
         release.set()
-        await _until(lambda: a.owns("t", 0) and a.owns("t", 1), "the new partitions get their owner", 10)
+        await _until(lambda: a.ownership.owns("t", 0) and a.ownership.owns("t", 1),
+                     "the new partitions get their owner", 10)
         [placed] = await a.produce("t", [NewMessage(value=b"later", partition=0)], AckMode.WAL)
         assert placed.offset == 0
     finally:
