@@ -28,12 +28,12 @@ import logging
 import time
 from collections import defaultdict
 from collections.abc import Callable
-from datetime import timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from deltalake import DeltaTable
 from deltalake.exceptions import CommitFailedError, DeltaError
 
+from lakebroker.ingest_api.clock_watch import ClockWatch
 from lakebroker.ingest_api.dedup_rebuild import placed_by_others
 from lakebroker.ingest_api.node_identity import advertised_url, node_id
 from lakebroker.ingest_api.reader import unreadable
@@ -43,14 +43,13 @@ from lakebroker.tables.errors import Backpressure, LakebrokerError
 from lakebroker.tables.layout import Layout
 from lakebroker.tables.ownership import ClusterView, Heartbeat, OwnershipTable, Pair
 from lakebroker.tables.settings import Settings
-from lakebroker.tables.storage_clock import max_skew_s, skew
+from lakebroker.tables.storage_clock import skew
 from lakebroker.tables.topics import TopicConfig, TopicGone
 
 if TYPE_CHECKING:
     from lakebroker.ingest_api.broker import Broker
 
 log = logging.getLogger(__name__)
-CLOCK_CHECK_S = 10.0  # how often a node compares its clock with the storage's
 SLOW_S = 2.0  # a claim or a learning of ids that takes longer is logged: it keeps partitions closed
 SLOW_BEAT_SHARE = 0.25  # of the lease TTL: a heartbeat that takes longer is logged
 # Threads of the lease's table work, the clock probe and the claims (topics claimed at once: each
@@ -101,11 +100,8 @@ class Membership:
         self._held: dict[Pair, int] = {}  # the leases this node held at its last heartbeat, with their epochs
         self._opening: set[Pair] = set()  # claimed, their ids being learnt before they open (`_open`)
         self._openings: set[asyncio.Task[None]] = set()
-        self.max_skew_s = max_skew_s(settings.ingest_lease_ttl_s)
-        self._clock_off = False  # this clock is further from the storage's than the leases tolerate
-        self._skew = timedelta(0)  # how far ahead of the storage's it is
-        self._clock_checked = -float("inf")  # monotonic time of the last look (none yet: the next is the first)
-        self._clock_task: asyncio.Task[None] | None = None  # a later check, running beside the beats
+        self.clock = ClockWatch(lambda: self._on_thread("clock", skew, self.layout.system_root, self.node),
+                                settings.ingest_lease_ttl_s, broker.metrics, self._wake.set)
         self._claiming: set[Pair] = set()  # taken by a heartbeat, their claim under way
         self._claims: set[asyncio.Task[None]] = set()  # claims running beside the loop's beats
         self._slow_beat_said: float | None = None  # when a slow heartbeat was last logged
@@ -158,10 +154,7 @@ class Membership:
         if self._task is not None:
             await self._task
             self._task = None
-        if self._clock_task is not None:
-            self._clock_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._clock_task
+        await self.clock.stop()
         for claim in list(self._claims):  # a claim is never cut off half done; it opens nothing now
             with contextlib.suppress(Exception):
                 await claim
@@ -279,58 +272,18 @@ class Membership:
         if not task.cancelled() and (exc := task.exception()) is not None:
             log.warning("a heartbeat a topic change asked for failed (%s); the next one takes its place", exc)
 
-    async def _look_at_clock(self) -> None:
-        """Every CLOCK_CHECK_S, a look at this node's clock: the first before its first heartbeat, the
-        next ones beside the beats (on an object store a look takes a second or more), each verdict
-        counting from the beat after it."""
-        if time.monotonic() - self._clock_checked < CLOCK_CHECK_S:
-            return
-        first = self._clock_checked == -float("inf")
-        self._clock_checked = time.monotonic()
-        if first:
-            await self._check_clock()
-        elif self._clock_task is None or self._clock_task.done():
-            self._clock_task = asyncio.create_task(self._check_clock())
-
-    async def _check_clock(self) -> None:
-        """A node whose clock is too far off takes no partitions and hands over those it holds (its
-        heartbeat is marked as draining, so no plan gives it any), until it is back within the bound."""
-        try:
-            measured = await self._on_thread("clock", skew, self.layout.system_root, self.node)
-        except OSError as exc:  # the heartbeat's own commit says whether the storage is there
-            log.warning("could not compare this node's clock with the table storage's: %s", exc)
-            return
-        metrics = self.broker.metrics
-        metrics.clock_skew.set(measured.seconds)
-        self._skew = timedelta(seconds=measured.seconds)
-        if measured.high - measured.low > self.max_skew_s:  # too slow a probe to tell: the last verdict stands
-            return
-        off = measured.beyond(self.max_skew_s)
-        if off != self._clock_off:
-            if off:
-                log.error("this node's clock is %.1f s %s the table storage's, more than the %.1f s the leases "
-                          "tolerate (a quarter of LAKEBROKER_INGEST_LEASE_TTL_S): it takes no partitions and "
-                          "hands over those it holds until its clock is set right (NTP)", abs(measured.seconds),
-                          "ahead of" if measured.seconds > 0 else "behind", self.max_skew_s)
-            else:
-                log.warning("this node's clock is within %.1f s of the table storage's again (%.1f s): it takes "
-                            "partitions again", self.max_skew_s, measured.seconds)
-            self._wake.set()
-        self._clock_off = off
-        metrics.clock_refused.set(1 if off else 0)
-
     async def _beat(self) -> dict[Pair, int]:
         """The heartbeat and what it tells: leases lost, hand-overs to start. The partitions it
         took, with their epochs, for the caller to claim."""
-        await self._look_at_clock()
+        await self.clock.look()
         release = frozenset(self._released)
         began = time.monotonic()
         beat: Heartbeat = await self._on_lease_thread(self.table.heartbeat, self._pairs(), release,
-                                                      draining=self._draining or self._clock_off)
+                                                      draining=self._draining or self.clock.off)
         self._note_slow_beat(time.monotonic() - began)
         self._released -= release
         # Routing judges the others' leases: by the storage's time when this clock is known to be off.
-        self.view = dataclasses.replace(beat.view, at=beat.view.at - self._skew) if self._clock_off else beat.view
+        self.view = dataclasses.replace(beat.view, at=beat.view.at - self.clock.skew) if self.clock.off else beat.view
         owned = self.broker.ownership.owned_pairs()
         lost = owned - beat.held.keys()
         if lost:
@@ -343,7 +296,7 @@ class Membership:
             self._handing_over.add(pair)
             self._tasks.add(task := asyncio.create_task(self._hand_over(pair)))
             task.add_done_callback(self._tasks.discard)
-        if self._clock_off:
+        if self.clock.off:
             return {}
         busy = owned | self._opening | self._claiming
         return {pair: epoch for pair, epoch in beat.held.items() if pair not in busy}
