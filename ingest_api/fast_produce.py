@@ -7,8 +7,8 @@ arrive, and write the `Answer` itself. The answers are the ASGI path's, from the
 in the same order:
 
     header limits (431) -> token (401) -> declared body size (413) -> scope and topic (403)
-    -> topic (404) -> ack (422) -> [body] -> parse (400/415/422) -> Broker.start_one
-    -> [WAL group: its write calls back] -> Broker.finish_one (ack=table: Broker.settle_one)
+    -> topic (404) -> ack (422) -> [body] -> parse (400/415/422) -> LocalProduce.start_one
+    -> [WAL group: its write calls back] -> LocalProduce.finish_one (ack=table: settle_one)
 
 `begin` returns None when it cannot decide without waiting (the token table needs a fresh
 read): the protocol then serves the request through ASGI, which awaits that read.
@@ -25,11 +25,12 @@ from fastapi import FastAPI
 from lakebroker.ingest_api.asgi_route import AsgiRoute, header_in
 from lakebroker.ingest_api.auth import OPEN_ACCESS, Access, Authenticator, access_rule, bearer_of
 from lakebroker.ingest_api.body import media_type, parse_message
-from lakebroker.ingest_api.broker import Broker, OneMessage
+from lakebroker.ingest_api.broker import Broker
 from lakebroker.ingest_api.cluster import NotOwner
 from lakebroker.ingest_api.errors import error_response
 from lakebroker.ingest_api.forwarding import FORWARDED_BY_BYTES
 from lakebroker.ingest_api.limits import MAX_HEADER_BYTES, MAX_HEADERS, body_timeout, declared_too_large, header_refusal
+from lakebroker.ingest_api.local_produce import OneMessage
 from lakebroker.ingest_api.messages import AckMode, NewMessage
 from lakebroker.ingest_api.responses import Answer
 from lakebroker.ingest_api.router import Router
@@ -120,7 +121,7 @@ class FastProduce:
         node's partition is forwarded there: the coroutine that does it answers."""
         try:
             message = parse_message(request.kind, request.query, body)
-            one = self.broker.start_one(request.topic, message, request.ack,
+            one = self.broker.local.start_one(request.topic, message, request.ack,
                                         None if request.ack is AckMode.TABLE else then)
         except NotOwner as exc:
             if exc.owner_url is None or header_in(request.headers, FORWARDED_BY_BYTES):
@@ -135,14 +136,14 @@ class FastProduce:
     def finish(self, one: OneMessage) -> Answer:
         """The answer once `one` waits no more (ack none or wal)."""
         try:
-            result = self.broker.finish_one(one)
+            result = self.broker.local.finish_one(one)
         except LakebrokerError as exc:
             return Answer.of(error_response(exc))
         return produced(result, one.ack)
 
     async def settle(self, one: OneMessage) -> Answer:
         try:
-            result = await self.broker.settle_one(one)
+            result = await self.broker.local.settle_one(one)
         except LakebrokerError as exc:
             return Answer.of(error_response(exc))
         return produced(result, one.ack)

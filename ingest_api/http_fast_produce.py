@@ -24,9 +24,9 @@ from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
 
-from lakebroker.ingest_api.broker import OneMessage
 from lakebroker.ingest_api.fast_produce import FastProduce, FastRequest
 from lakebroker.ingest_api.http_limits import BODY_TIMEOUT_S, BoundedHttpToolsProtocol
+from lakebroker.ingest_api.local_produce import OneMessage
 from lakebroker.ingest_api.messages import AckMode
 from lakebroker.ingest_api.responses import Answer
 

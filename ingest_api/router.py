@@ -23,11 +23,12 @@ import logging
 from collections.abc import Coroutine, Iterator, Sequence
 from typing import Any
 
-from lakebroker.ingest_api.broker import Broker, ProduceResult
+from lakebroker.ingest_api.broker import Broker
 from lakebroker.ingest_api.chunks import BatchResults, Chunk, ColumnarBatch
 from lakebroker.ingest_api.cluster import NotOwner
 from lakebroker.ingest_api.forwarding import Forwarder, Placed
 from lakebroker.ingest_api.hand_off import identified
+from lakebroker.ingest_api.local_produce import ProduceResult
 from lakebroker.ingest_api.messages import AckMode, NewMessage
 from lakebroker.ingest_api.records import Record
 from lakebroker.tables.errors import LakebrokerError
@@ -119,7 +120,7 @@ class Router:
     async def produce_one(self, topic: str, message: NewMessage, ack: AckMode, *, authorization: str | None = None,
                           forwarded: bool = False) -> ProduceResult:
         try:
-            return await self.broker.produce_one(topic, message, ack)
+            return await self.broker.local.produce_one(topic, message, ack)
         except NotOwner as exc:
             if forwarded or exc.owner_url is None:
                 raise
@@ -140,7 +141,7 @@ class Router:
         `owners` gets the URL of each node a part of it was forwarded to."""
         if isinstance(batch, ColumnarBatch):
             try:
-                return await self.broker.produce_columns(topic, batch, ack)
+                return await self.broker.local.produce_columns(topic, batch, ack)
             except NotOwner:
                 if forwarded:
                     raise
@@ -158,7 +159,7 @@ class Router:
         accepting = broker.ownership.accepting
         remote = [i for i, p in enumerate(partitions) if (topic_id, p) not in accepting]
         if not remote:
-            return await broker.produce(topic_name, messages, ack, partitions=partitions)
+            return await broker.local.produce(topic_name, messages, ack, partitions=partitions)
         if forwarded:
             raise broker.ownership.not_here(topic, partitions[remote[0]])
         by_owner: dict[str, list[int]] = {}
@@ -173,7 +174,8 @@ class Router:
         local = [i for i in range(len(messages)) if i not in is_remote]
         parts = [local, *by_owner.values()] if local else list(by_owner.values())
         jobs: list[Coroutine[Any, Any, Sequence[ProduceResult | Placed]]] = [
-            broker.produce(topic_name, [messages[i] for i in local], ack, partitions=[partitions[i] for i in local])
+            broker.local.produce(topic_name, [messages[i] for i in local], ack,
+                                 partitions=[partitions[i] for i in local])
         ] if local else []
         jobs += [self.forwarder.batch(url, topic_name, [messages[i] for i in idx], [partitions[i] for i in idx], ack,
                                       authorization) for url, idx in by_owner.items()]

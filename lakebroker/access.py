@@ -83,7 +83,7 @@ class EmbeddedAccess:
     def produce(self, topic: str, message: NewMessage, ack: AckMode) -> dict[str, Any]:
         async def work(broker: Broker) -> dict[str, Any]:
             # The embedded broker stops right after, committing to Delta: answer as for ack=table.
-            (result,) = await broker.produce(topic, [message], AckMode.TABLE if ack is AckMode.NONE else ack)
+            (result,) = await broker.local.produce(topic, [message], AckMode.TABLE if ack is AckMode.NONE else ack)
             return asdict(result)
 
         out: dict[str, Any] = self._run(work)

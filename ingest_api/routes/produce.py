@@ -19,12 +19,13 @@ from starlette.types import Receive, Scope, Send
 from lakebroker.ingest_api.arrow_batch import ARROW_STREAM, parse_arrow_batch, results_arrow, wants_arrow
 from lakebroker.ingest_api.asgi_route import AsgiRoute, header, parse_query, query_of, read_body, served_by
 from lakebroker.ingest_api.body import InvalidShape, media_type, parse_message
-from lakebroker.ingest_api.broker import Broker, ProduceResult
+from lakebroker.ingest_api.broker import Broker
 from lakebroker.ingest_api.chunks import BatchResults, ColumnarBatch
 from lakebroker.ingest_api.columnar import parse_batch_body
 from lakebroker.ingest_api.deps import TopicPath
 from lakebroker.ingest_api.errors import error_response
 from lakebroker.ingest_api.forwarding import FORWARDED_BY_BYTES
+from lakebroker.ingest_api.local_produce import ProduceResult
 from lakebroker.ingest_api.messages import AckMode
 from lakebroker.ingest_api.responses import JSON_TYPE, Answer, json_answer, send_answer, send_body
 from lakebroker.ingest_api.results_json import batch_results_json

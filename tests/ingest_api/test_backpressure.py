@@ -36,7 +36,7 @@ async def test_a_flood_waits_for_room_and_the_backlog_stays_within_its_bytes(tmp
     await broker.start()
     try:
         topic = await broker.create_topic(new_topic("t", 2))
-        floods = [asyncio.create_task(broker.produce("t", BATCH, AckMode.WAL)) for _ in range(12)]
+        floods = [asyncio.create_task(broker.local.produce("t", BATCH, AckMode.WAL)) for _ in range(12)]
         most = 0
         commits = 0
         while True:
@@ -67,9 +67,9 @@ async def test_a_produce_that_finds_no_room_in_time_is_refused_with_the_limit_na
     await broker.start()
     try:
         await broker.create_topic(new_topic("t", 1))
-        await broker.produce("t", BATCH, AckMode.WAL)
+        await broker.local.produce("t", BATCH, AckMode.WAL)
         with pytest.raises(Backpressure, match="limit 1"):
-            await broker.produce("t", BATCH, AckMode.WAL)
+            await broker.local.produce("t", BATCH, AckMode.WAL)
     finally:
         await broker.stop()
 
@@ -84,12 +84,12 @@ async def test_a_malformed_produce_is_refused_for_its_fault_without_waiting_for_
     await broker.start()
     try:
         topic = await broker.create_topic(new_topic("t", 2))
-        await broker.produce("t", BATCH, AckMode.WAL)
+        await broker.local.produce("t", BATCH, AckMode.WAL)
         assert broker.backlog_bytes > 1
         huge = NewMessage(value=b"v" * (topic.max_message_bytes + 1))
         router = Router(broker)
         with pytest.raises(TooLarge):
-            await broker.produce("t", [huge], AckMode.WAL)
+            await broker.local.produce("t", [huge], AckMode.WAL)
         with pytest.raises(TooLarge):
             await router.produce("t", [huge], AckMode.WAL)
         with pytest.raises(InvalidRequest, match="no messages"):
@@ -98,7 +98,7 @@ async def test_a_malformed_produce_is_refused_for_its_fault_without_waiting_for_
             await router.produce("t", [NewMessage(value=b"v", partition=7)], AckMode.WAL)
         oversized = _arrow_body([b"v" * (topic.max_message_bytes + 1)])
         with pytest.raises(TooLarge):
-            await broker.produce_columns("t", parse_arrow_batch(oversized, 1 << 30), AckMode.WAL)
+            await broker.local.produce_columns("t", parse_arrow_batch(oversized, 1 << 30), AckMode.WAL)
         assert broker.metrics.backpressure_waits._value.get() == 0, "a request that breaks a rule waited for room"
     finally:
         await broker.stop()

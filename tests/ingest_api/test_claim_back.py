@@ -38,7 +38,7 @@ async def broker(tmp_path: Path) -> AsyncIterator[Broker]:
     await broker.start()
     try:
         topic = await broker.create_topic(new_topic("t", 1))
-        await broker.produce("t", [NewMessage(value=b"first", partition=0)], AckMode.WAL)
+        await broker.local.produce("t", [NewMessage(value=b"first", partition=0)], AckMode.WAL)
         assert await broker.flusher.flush_once()
         assert topic.partitions == 1
         yield broker
@@ -77,7 +77,7 @@ def _key(broker: Broker) -> tuple[bytes, int]:
 
 async def _answers(broker: Broker, values: list[bytes]) -> list[Any]:
     return [(r.partition, r.offset) for r in
-            await broker.produce("t", [NewMessage(value=v, partition=0) for v in values], AckMode.WAL)]
+            await broker.local.produce("t", [NewMessage(value=v, partition=0) for v in values], AckMode.WAL)]
 
 
 def _check_each_stored_once(uri: str, moved: list[bytes], after_claim: dict[bytes, int]) -> None:

@@ -16,9 +16,10 @@ from fastapi.testclient import TestClient
 from prometheus_client import CollectorRegistry
 
 from lakebroker.ingest_api.body import batch_items
-from lakebroker.ingest_api.broker import Broker, ProduceResult
+from lakebroker.ingest_api.broker import Broker
 from lakebroker.ingest_api.chunks import BatchResults, ColumnarBatch
 from lakebroker.ingest_api.columnar import columns_of, parse_batch_body
+from lakebroker.ingest_api.local_produce import ProduceResult
 from lakebroker.ingest_api.messages import AckMode
 from lakebroker.ingest_api.metrics import IngestMetrics
 from lakebroker.ingest_api.records import CHUNK_MAGIC
@@ -107,9 +108,9 @@ async def test_columnar_batch_equals_the_per_message_path(tmp_path: Path, ack: A
                 items = batch_items(kind, body)
                 batch = columns_of(items)
                 assert batch is not None, f"{name}: not taken by the columnar path"
-                expected = orjson.dumps({"results": _batch_results(await per_message.produce("t", items.messages(),
-                                                                                                ack))})
-                results = await columnar.produce_columns("t", batch, ack)
+                placed = await per_message.local.produce("t", items.messages(), ack)
+                expected = orjson.dumps({"results": _batch_results(placed)})
+                results = await columnar.local.produce_columns("t", batch, ack)
                 got = batch_results_json(results)
                 # the same bytes as the per-message renderer makes of the same results
                 assert got == orjson.dumps({"results": _batch_results(_as_list(results))})
@@ -188,7 +189,7 @@ async def test_chunks_are_replayed_once_after_a_crash_and_ids_stay_deduplicated(
     await broker.create_topic(new_topic("t", PARTITIONS))
     batch = columns_of(items)
     assert batch is not None
-    first = _as_list(await broker.produce_columns("t", batch, AckMode.WAL))
+    first = _as_list(await broker.local.produce_columns("t", batch, AckMode.WAL))
     # The crash: durable in the WAL, never flushed, no orderly stop.
     broker.committer.close()
     broker.flusher.close()
@@ -205,7 +206,7 @@ async def test_chunks_are_replayed_once_after_a_crash_and_ids_stay_deduplicated(
             sorted((r.partition, r.offset) for r in first)
         batch = columns_of(items)
         assert batch is not None
-        retried = _as_list(await again.produce_columns("t", batch, AckMode.WAL))
+        retried = _as_list(await again.local.produce_columns("t", batch, AckMode.WAL))
         assert [(r.partition, r.offset) for r in retried[:50]] == [(r.partition, r.offset) for r in first[:50]]
         assert all(r.duplicate for r in retried[:50]) and not any(r.duplicate for r in retried[50:])
         await _settled(again)

@@ -58,7 +58,7 @@ async def test_a_node_that_missed_the_delete_brings_back_neither_the_table_nor_i
             await a.delete_topic("t")
             assert not path.exists()
             # Acknowledged by b, which serves the topic until it sees the delete: it goes with the topic.
-            await b.produce("t", [NewMessage(value=b"late", partition=mine)], AckMode.WAL)
+            await b.local.produce("t", [NewMessage(value=b"late", partition=mine)], AckMode.WAL)
             await b.flusher.flush_round()
             assert not (path / "_delta_log").exists(), "b's flush made the deleted table again"
         await a.stop()  # its leases are free: b's plan gives b every partition of the topic it still serves
@@ -94,12 +94,12 @@ async def test_a_topic_created_again_under_its_name_is_a_new_table_with_only_its
     try:
         old = await a.create_topic(new_topic("t", 2))
         mine = await _one_partition_each(a, b)
-        await b.produce("t", [NewMessage(value=b"old", partition=mine)], AckMode.TABLE)
+        await b.local.produce("t", [NewMessage(value=b"old", partition=mine)], AckMode.TABLE)
 
         _unaware(b, monkeypatch)
         async with b.cluster._beat_lock:  # b still owns its partition and has the deleted table open
             await a.delete_topic("t")
-            await b.produce("t", [NewMessage(value=b"late", partition=mine)], AckMode.WAL)
+            await b.local.produce("t", [NewMessage(value=b"late", partition=mine)], AckMode.WAL)
             await b.flusher.flush_round()
         new = await a.create_topic(new_topic("t", 2))
         await b.cluster.beat()  # b still knows only the deleted topic
@@ -113,7 +113,7 @@ async def test_a_topic_created_again_under_its_name_is_a_new_table_with_only_its
             for _ in range(100):  # as a producer does: a partition between owners (a hand-over) is retried
                 owner = a if a.ownership.owns("t", p) else b
                 try:
-                    [placed] = await owner.produce("t", [NewMessage(value=f"new-{p}".encode(), partition=p)],
+                    [placed] = await owner.local.produce("t", [NewMessage(value=f"new-{p}".encode(), partition=p)],
                                                    AckMode.TABLE)
                     break
                 except NoOwnerYet:

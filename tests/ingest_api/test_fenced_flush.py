@@ -26,11 +26,11 @@ async def test_a_deposed_owner_parks_its_messages_instead_of_committing_them(tmp
     await broker.start()
     try:
         topic = await broker.create_topic(new_topic("t", 2))
-        await broker.produce("t", [NewMessage(value=b"first", partition=0)], AckMode.WAL)
+        await broker.local.produce("t", [NewMessage(value=b"first", partition=0)], AckMode.WAL)
         assert await broker.flusher.flush_once()
-        await broker.produce("t", [NewMessage(value=b"late%d" % i, partition=p, message_id=f"late-{p}-{i}")
+        await broker.local.produce("t", [NewMessage(value=b"late%d" % i, partition=p, message_id=f"late-{p}-{i}")
                                    for p in (0, 1) for i in range(3)], AckMode.WAL)
-        waiting = asyncio.ensure_future(broker.produce("t", [NewMessage(value=b"w", partition=0)], AckMode.TABLE))
+        waiting = asyncio.ensure_future(broker.local.produce("t", [NewMessage(value=b"w", partition=0)], AckMode.TABLE))
         await asyncio.sleep(0.05)  # in the WAL, waiting for its commit
 
         uri = broker.layout.topic_table("t")
@@ -48,7 +48,7 @@ async def test_a_deposed_owner_parks_its_messages_instead_of_committing_them(tmp
         with pytest.raises(NoOwnerYet, match="retry with the same id"):
             await waiting
         with pytest.raises((NotOwner, NoOwnerYet)):
-            await broker.produce("t", [NewMessage(value=b"more", partition=0)], AckMode.WAL)
+            await broker.local.produce("t", [NewMessage(value=b"more", partition=0)], AckMode.WAL)
         assert fencing.stored_epoch(DeltaTable(uri), 0) == 2
         # The WAL keeps the parked messages' segment: its floor is their first offset.
         assert broker.ownership.committed_below()(key) == 1
@@ -61,7 +61,7 @@ async def _two_partition_broker(tmp_path: Path) -> tuple[Broker, str, bytes]:
     broker = Broker(settings, IngestMetrics(CollectorRegistry()))
     await broker.start()
     topic = await broker.create_topic(new_topic("t", 2))
-    await broker.produce("t", [NewMessage(value=b"first", partition=p) for p in (0, 1)], AckMode.WAL)
+    await broker.local.produce("t", [NewMessage(value=b"first", partition=p) for p in (0, 1)], AckMode.WAL)
     assert await broker.flusher.flush_once()
     return broker, broker.layout.topic_table("t"), bytes.fromhex(topic.topic_id)
 
@@ -74,7 +74,7 @@ def _stored(uri: str) -> list[tuple[int, int, bytes]]:
 async def _partition_0_refuses_a_message(broker: Broker, uri: str, stored: list[tuple[int, int, bytes]]) -> None:
     """A message for partition 0 at ack=table: its flush lands nothing of it (the table holds just
     `stored`), and its producer is told to retry with the same id."""
-    waiting = asyncio.ensure_future(broker.produce("t", [NewMessage(value=b"zero", partition=0)], AckMode.TABLE))
+    waiting = asyncio.ensure_future(broker.local.produce("t", [NewMessage(value=b"zero", partition=0)], AckMode.TABLE))
     await asyncio.sleep(0.05)
     assert await broker.flusher.flush_once()
     assert _stored(uri) == stored, "nothing of partition 0 after another node's claim"
@@ -89,7 +89,7 @@ async def test_a_claim_seen_while_committing_other_partitions_still_fences_the_c
     broker, uri, _ = await _two_partition_broker(tmp_path)
     try:
         fencing.claim(delta.load(uri), {0: 2}, node="intruder")
-        await broker.produce("t", [NewMessage(value=b"one", partition=1)], AckMode.WAL)
+        await broker.local.produce("t", [NewMessage(value=b"one", partition=1)], AckMode.WAL)
         assert await broker.flusher.flush_once()
         await _partition_0_refuses_a_message(broker, uri, [(0, 0, b"first"), (1, 0, b"first"), (1, 1, b"one")])
         assert fencing.stored_epoch(DeltaTable(uri), 0) >= 2  # (this node may claim it back: no live intruder)
@@ -113,7 +113,7 @@ async def test_a_claim_a_commit_was_rebased_over_still_fences_the_claimed_partit
 
     monkeypatch.setattr(delta, "append_partitions", append_after_a_claim)
     try:
-        await broker.produce("t", [NewMessage(value=b"one", partition=1)], AckMode.WAL)
+        await broker.local.produce("t", [NewMessage(value=b"one", partition=1)], AckMode.WAL)
         assert await broker.flusher.flush_once()
         assert intruded and _stored(uri)[-1] == (1, 1, b"one")
         await _partition_0_refuses_a_message(broker, uri, [(0, 0, b"first"), (1, 0, b"first"), (1, 1, b"one")])
@@ -163,7 +163,7 @@ async def test_messages_a_node_claims_back_at_their_own_offsets_keep_the_id_thei
     broker, uri, topic_id = await _two_partition_broker(tmp_path)
     try:
         key = (topic_id, 0)
-        [placed] = await broker.produce("t", [NewMessage(value=b"no id", partition=0)], AckMode.WAL)
+        [placed] = await broker.local.produce("t", [NewMessage(value=b"no id", partition=0)], AckMode.WAL)
         assert placed.offset == 1
         fencing.claim(delta.load(uri), {0: 2}, node="intruder")
         assert await broker.flusher.flush_once()
@@ -182,7 +182,7 @@ async def test_messages_a_node_claims_back_at_their_own_offsets_keep_the_id_thei
             "committed at its own offset, with the id its hand-off carried"
 
         # The copy the intruder kept, sent here with that id: known, not stored again.
-        [again] = await broker.produce("t", [NewMessage(value=b"no id", partition=0, producer_id=producer,
+        [again] = await broker.local.produce("t", [NewMessage(value=b"no id", partition=0, producer_id=producer,
                                                         sequence=1)], AckMode.WAL)
         assert (again.partition, again.offset, again.duplicate) == (0, 1, True)
         assert await broker.flusher.flush_once()

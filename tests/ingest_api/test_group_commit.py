@@ -204,7 +204,7 @@ async def test_the_loop_writes_only_while_the_disk_proves_fast_and_probes_it_aft
 
     async def produce(n: int) -> None:
         for i in range(n):
-            await broker.produce("t", [NewMessage(value=b"m%d" % i)], AckMode.WAL)
+            await broker.local.produce("t", [NewMessage(value=b"m%d" % i)], AckMode.WAL)
 
     async def until_inline() -> None:
         for _ in range(100):  # 16 fast writes in a row, or a probe; a hiccup of the host restarts the count

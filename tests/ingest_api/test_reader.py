@@ -28,7 +28,7 @@ async def test_a_retention_commit_during_a_read_gives_no_false_gap(tmp_path: Pat
     await broker.start()
     try:
         topic = await broker.create_topic(new_topic("t", 1))
-        await broker.produce("t", [NewMessage(value=b"v%d" % i, partition=0) for i in range(10)], AckMode.TABLE)
+        await broker.local.produce("t", [NewMessage(value=b"v%d" % i, partition=0) for i in range(10)], AckMode.TABLE)
         uri = broker.layout.topic_table("t")
         real = reader.partition_logs
 
@@ -61,7 +61,7 @@ async def test_serve_marks_a_compact_topics_table_an_older_broker_left_unmarked(
     broker = Broker(settings, IngestMetrics(CollectorRegistry()))
     await broker.start()
     await broker.create_topic(new_topic("t", 1))  # an unmarked table, as an older broker made them
-    await broker.produce("t", [NewMessage(value=b"v%d" % i, partition=0) for i in range(6)], AckMode.TABLE)
+    await broker.local.produce("t", [NewMessage(value=b"v%d" % i, partition=0) for i in range(6)], AckMode.TABLE)
     await broker.stop()
     store = TopicStore(broker.layout)
     topic = replace(store.get("t"), cleanup_policy=CleanupPolicy.COMPACT)

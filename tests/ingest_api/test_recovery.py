@@ -53,10 +53,10 @@ async def test_a_batch_chunk_then_more_singles_than_one_flush_takes_all_reach_de
     body = orjson.dumps({"messages": [{"value": f"b{i}"} for i in range(50)]})
     batch = columns_of(batch_items("application/json", body))
     assert batch is not None
-    first = await broker.produce_columns("t", batch, AckMode.WAL)
+    first = await broker.local.produce_columns("t", batch, AckMode.WAL)
     assert first.offset.tolist() == list(range(50))
     for i in range(30):
-        [placed] = await broker.produce("t", [NewMessage(value=b"s%d" % i)], AckMode.WAL)
+        [placed] = await broker.local.produce("t", [NewMessage(value=b"s%d" % i)], AckMode.WAL)
         assert placed.offset == 50 + i
     await crash(broker)
 
@@ -71,7 +71,7 @@ async def test_a_batch_chunk_then_more_singles_than_one_flush_takes_all_reach_de
     try:
         await until(lambda: offsets_in_delta(again, "t") == list(range(80)), "all 80 acknowledged messages in Delta",
                     timeout=20)
-        [placed] = await again.produce("t", [NewMessage(value=b"after")], AckMode.TABLE)
+        [placed] = await again.local.produce("t", [NewMessage(value=b"after")], AckMode.TABLE)
         assert placed.offset == 80, "the partition keeps moving after the restart"
     finally:
         await again.stop()

@@ -44,8 +44,8 @@ async def _send(broker: Broker, producer: str, keyed: bool) -> int:
     """The write in requests of 1,000 rows, as a Spark task sends it; how many were duplicates."""
     duplicates = 0
     for first in range(0, ROWS, 1_000):
-        results = await broker.produce_columns("t", parse_arrow_batch(_body(producer, first, 1_000, keyed), LIMIT),
-                                               AckMode.WAL)
+        body = parse_arrow_batch(_body(producer, first, 1_000, keyed), LIMIT)
+        results = await broker.local.produce_columns("t", body, AckMode.WAL)
         duplicates += int(results.duplicate.sum())
     return duplicates
 

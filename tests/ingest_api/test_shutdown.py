@@ -51,9 +51,9 @@ async def test_stop_while_a_flush_is_failing_leaves_no_gap(settings: Settings) -
         return real_commit(topic, records)
 
     broker.flusher._commit = first_commit_hangs_then_fails  # type: ignore[method-assign]
-    await broker.produce("t", [NewMessage(value=b"a%d" % i) for i in range(50)], AckMode.WAL)
+    await broker.local.produce("t", [NewMessage(value=b"a%d" % i) for i in range(50)], AckMode.WAL)
     assert await asyncio.to_thread(entered.wait, 30), "the flusher task never started its commit"
-    await broker.produce("t", [NewMessage(value=b"b%d" % i) for i in range(50)], AckMode.WAL)
+    await broker.local.produce("t", [NewMessage(value=b"b%d" % i) for i in range(50)], AckMode.WAL)
     stopping = asyncio.create_task(broker.stop())
     await asyncio.wait({stopping}, timeout=1.0)  # room for a stop() that flushes beside the task
     release.set()

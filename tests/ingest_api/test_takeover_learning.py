@@ -57,7 +57,7 @@ async def test_a_slow_learning_of_ids_runs_beside_the_heartbeats_and_opens_the_p
         assert await asyncio.to_thread(learning.wait, 10)
         assert pair not in broker.ownership.owned_pairs(), "closed while its ids are learnt"
         with pytest.raises(NoOwnerYet):
-            await broker.produce("busy", [NewMessage(value=b"early", partition=0)], AckMode.WAL)
+            await broker.local.produce("busy", [NewMessage(value=b"early", partition=0)], AckMode.WAL)
         for _ in range(3):  # the loop's beats go on, renewing the other leases, and claim it once
             await asyncio.wait_for(broker.cluster.beat(wait=False), 10)
         assert claims == ["busy"]
@@ -69,7 +69,7 @@ async def test_a_slow_learning_of_ids_runs_beside_the_heartbeats_and_opens_the_p
                 break
             await asyncio.sleep(0.05)
         assert pair in broker.ownership.owned_pairs(), "open once its ids are learnt"
-        [placed] = await broker.produce("busy", [NewMessage(value=b"after", partition=0)], AckMode.WAL)
+        [placed] = await broker.local.produce("busy", [NewMessage(value=b"after", partition=0)], AckMode.WAL)
         assert placed.partition == 0 and placed.offset == 0
     finally:
         release.set()

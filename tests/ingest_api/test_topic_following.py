@@ -98,11 +98,11 @@ async def test_a_topic_is_created_and_answered_while_a_heartbeat_is_stuck_and_ow
         assert created.name == "t" and "t" in a.topics
         assert not a.ownership.owns("t", 0) and not a.ownership.owns("t", 1), "answered before the stuck beat ended"
         with pytest.raises(NoOwnerYet):
-            await a.produce("t", [NewMessage(value=b"early", partition=0)], AckMode.WAL)
+            await a.local.produce("t", [NewMessage(value=b"early", partition=0)], AckMode.WAL)
         release.set()
         await _until(lambda: a.ownership.owns("t", 0) and a.ownership.owns("t", 1),
                      "the new partitions get their owner", 10)
-        [placed] = await a.produce("t", [NewMessage(value=b"later", partition=0)], AckMode.WAL)
+        [placed] = await a.local.produce("t", [NewMessage(value=b"later", partition=0)], AckMode.WAL)
         assert placed.offset == 0
     finally:
         release.set()
@@ -129,8 +129,8 @@ async def test_a_topic_change_is_taken_in_between_two_topics_commits_of_a_flush(
     try:
         await node.create_topic(new_topic("first", 1))
         await node.create_topic(new_topic("second", 1))
-        await node.produce("first", [NewMessage(value=b"1")], AckMode.WAL)
-        await node.produce("second", [NewMessage(value=b"2"), NewMessage(value=b"3")], AckMode.WAL)
+        await node.local.produce("first", [NewMessage(value=b"1")], AckMode.WAL)
+        await node.local.produce("second", [NewMessage(value=b"2"), NewMessage(value=b"3")], AckMode.WAL)
         monkeypatch.setattr(node.flusher, "_commit", commit)
         flushing = asyncio.create_task(node.flusher.flush_round())
         await _until(lambda: node.flusher.commit_lock.locked(), "the flush commits `first`", 5)

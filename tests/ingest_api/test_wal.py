@@ -383,7 +383,7 @@ async def test_a_serving_broker_deletes_committed_segments_off_the_event_loop(tm
         with pytest.MonkeyPatch.context() as mp:
             mp.setattr("lakebroker.ingest_api.broker.delete_segments", deleting)
             for i in range(40):  # ~200 bytes a frame: a new segment every ~10 messages
-                await broker.produce("t", [NewMessage(value=b"x" * 100, key=f"k{i}")], AckMode.WAL)
+                await broker.local.produce("t", [NewMessage(value=b"x" * 100, key=f"k{i}")], AckMode.WAL)
             assert max(int(p.stem) for p in wal_dir.glob("*.wal")) >= 4, "the WAL rolled several segments"
             assert await broker.flusher.flush_once()
             for _ in range(200):  # the deletion runs in a thread after the commit: bounded wait

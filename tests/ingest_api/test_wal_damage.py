@@ -58,11 +58,11 @@ async def damaged_broker(tmp_path: Path) -> tuple[Settings, str]:
     broker.flusher.close()  # nothing reaches Delta before the crash
     await broker._tasks[1]
     for i in range(30):
-        await broker.produce("t", [NewMessage(value=b"p0-m%02d" % i, partition=0)], AckMode.WAL)
+        await broker.local.produce("t", [NewMessage(value=b"p0-m%02d" % i, partition=0)], AckMode.WAL)
         if i < 10:
-            await broker.produce("t", [NewMessage(value=b"p1-m%02d" % i, partition=1)], AckMode.WAL)
+            await broker.local.produce("t", [NewMessage(value=b"p1-m%02d" % i, partition=1)], AckMode.WAL)
         if i < 5:
-            await broker.produce("u", [NewMessage(value=b"u-m%02d" % i)], AckMode.WAL)
+            await broker.local.produce("u", [NewMessage(value=b"u-m%02d" % i)], AckMode.WAL)
     await crash(broker)
     segments = sorted(broker.layout.wal_dir.glob("*.wal"))
     assert len(segments) >= 3
@@ -80,7 +80,7 @@ async def test_damage_holds_one_partition_names_it_and_a_skip_moves_it_on(tmp_pa
         await until(lambda: offsets_in_delta(broker, "t", 1) == list(range(10)), "t/1 in Delta", timeout=20)
         await until(lambda: offsets_in_delta(broker, "u", 0) == list(range(5)), "u in Delta", timeout=20)
         await until(lambda: offsets_in_delta(broker, "t", 0) == list(range(7)), "t/0 up to the damage", timeout=20)
-        [placed] = await broker.produce("t", [NewMessage(value=b"later", partition=1)], AckMode.TABLE)
+        [placed] = await broker.local.produce("t", [NewMessage(value=b"later", partition=1)], AckMode.TABLE)
         assert placed.offset == 10
 
         # The damage is named: partition, offsets and the WAL bytes, in readiness and a metric.
@@ -100,7 +100,7 @@ async def test_damage_holds_one_partition_names_it_and_a_skip_moves_it_on(tmp_pa
         assert (loss.first_offset, loss.last_offset, loss.skipped_by) == (7, 7, "test")
         await until(lambda: offsets_in_delta(broker, "t", 0) == [*range(7), *range(8, 30)], "t/0 past the skip",
                     timeout=20)
-        [placed] = await broker.produce("t", [NewMessage(value=b"after", partition=0)], AckMode.TABLE)
+        [placed] = await broker.local.produce("t", [NewMessage(value=b"after", partition=0)], AckMode.TABLE)
         assert placed.offset == 30, "offsets stay dense past the loss: none is assigned twice"
         assert broker.damage.all() == []
         assert broker.metrics.registry.get_sample_value(
@@ -130,7 +130,7 @@ async def test_damage_holds_one_partition_names_it_and_a_skip_moves_it_on(tmp_pa
     await again.start()
     try:
         assert again.damage.all() == [], "the skip is durable: a restart finds nothing to hold"
-        [placed] = await again.produce("t", [NewMessage(value=b"restarted", partition=0)], AckMode.TABLE)
+        [placed] = await again.local.produce("t", [NewMessage(value=b"restarted", partition=0)], AckMode.TABLE)
         assert placed.offset == 31
     finally:
         await again.stop()
