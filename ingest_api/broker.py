@@ -65,8 +65,11 @@ class Broker:
                                    settings.backpressure_wait_ms / 1000)
         self.wal = Wal(self.layout.wal_dir, segment_bytes=settings.wal_segment_bytes, fsync=settings.wal_fsync)
         self.committer = GroupCommitter(self.wal, {}, self._durable, metrics, moved=_moved)
+        # What a flush leaves out goes to the ownership part, which the node builds at start.
         self.flusher = Flusher(settings, self.layout, lambda: self.topics, metrics, self._release_wal,
-                               stale=self.committer.stale)
+                               stale=self.committer.stale, moved=_moved,
+                               on_orphans=lambda items: self.ownership.orphaned(items),
+                               on_deposed=lambda topic, partitions: self.ownership.deposed(topic, partitions))
         self.acks = Acks(self.flusher, metrics)
         self.batch_turns = Turns()  # batch requests' CPU, one per loop pass (fairness to single messages)
         self._tasks: list[asyncio.Task[None]] = []
@@ -78,7 +81,6 @@ class Broker:
         self.cluster: Membership
         self.ownership: Ownership  # at start, with the cluster's leases and the dedup index
         self.local: LocalProduce  # at start: it deduplicates, on the partitions the ownership part opens
-        self.flusher.moved = _moved
         self.started = False
 
     # -- lifecycle ----------------------------------------------------------------------
@@ -95,8 +97,6 @@ class Broker:
         self.local = LocalProduce(topic=self.topic, admission=self.admission, partitioner=self.partitioner,
                                   ownership=self.ownership, dedup=self.dedup, marks=self.marks,
                                   committer=self.committer, acks=self.acks)
-        self.flusher.on_orphans = self.ownership.orphaned
-        self.flusher.on_deposed = self.ownership.deposed
         self.flusher.node = self.cluster.node
         recovered = await asyncio.to_thread(recover, self.wal, self.layout, list(self.topics.values()), self.dedup,
                                             self.metrics, dedup_window_s=self.settings.dedup_window_s,

@@ -7,11 +7,8 @@ Before committing, records below the table's recorded log-end are dropped: they 
 in the table (a crash came between the Delta commit and the WAL cleanup), so a replay
 neither loses nor duplicates a row. The rest must start exactly at that log-end and be
 dense: a commit that would leave a gap is refused (OffsetGap) and retried, so no interleaving
-of flushes can make a later commit's txn version cover records that never arrived.
-
-Rows are handled in runs, never one by one: a columnar batch's chunk (chunks.py) is already a
-dense run of one partition, and single records are gathered into runs first. Runs are
-trimmed to the log-end by slicing and concatenated as Arrow tables.
+of flushes can make a later commit's txn version cover records that never arrived. Rows are
+handled in runs, never one by one (flush_rows.py).
 
 Fairness: a flush commits each topic at most `flush_max_records` rows / `flush_max_bytes` bytes
 (whole items, at least one, in arrival order so every partition's prefix is taken), leaving the
@@ -19,11 +16,9 @@ rest pending for the next flush, which starts at once; and it commits the topics
 rows first. So a topic with a few records waits behind at most one bounded commit of a flooded
 topic, never behind its whole backlog.
 
-A partition whose WAL lost records to damage (a checksum failure found at recovery) has a hole
-that must not be committed around: its items past the hole are held, not retried, until an
-operator skips the lost offsets (`skip_lost`: one commit that moves the partition's log end past
-them and records them in the table's `lakebroker.lostOffsets`). Its other partitions and every
-other topic keep committing.
+A partition whose WAL lost records to damage has a hole that is never committed around: its items
+past the hole are held (wal_damage.py) until an operator skips the lost offsets (`skip_lost`, which
+records them in the table's `lakebroker.lostOffsets`). Its other partitions and topics go on.
 
 One flush runs at a time, and each of its topic commits holds `commit_lock`; deleting a topic, or
 taking in another node's topic changes, takes the same lock, so no commit lands in a table after
@@ -40,48 +35,26 @@ import logging
 import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
-from typing import Protocol
 
-import pyarrow as pa
 from deltalake import DeltaTable
 from deltalake.exceptions import DeltaError
 
-from lakebroker.ingest_api.chunks import Chunk, chunks_to_arrow
+from lakebroker.ingest_api.chunks import Chunk
+from lakebroker.ingest_api.commit_waits import CommitWaits
+from lakebroker.ingest_api.flush_rows import assemble, by_partition, contiguous_from, runs_of
 from lakebroker.ingest_api.metrics import IngestMetrics
 from lakebroker.ingest_api.records import Record
 from lakebroker.ingest_api.wal import PartitionKey
+from lakebroker.ingest_api.wal_damage import HeldItems
 from lakebroker.tables import delta, fencing
-from lakebroker.tables.errors import NotFound, OffsetGap, StorageUnavailable
+from lakebroker.tables.errors import NotFound, StorageUnavailable
 from lakebroker.tables.layout import Layout
 from lakebroker.tables.lost_offsets import skip_in_table
 from lakebroker.tables.runtime_priority import RuntimePriority
-from lakebroker.tables.schemas import TOPIC_SCHEMA
 from lakebroker.tables.settings import Settings
 from lakebroker.tables.topics import TopicConfig, ensure_topic_table, open_topic_table
 
 log = logging.getLogger(__name__)
-
-
-def records_to_arrow(records: list[Record]) -> pa.Table:
-    records = sorted(records, key=lambda r: (r.partition, r.offset))
-    return pa.table(
-        {
-            "partition": pa.array([r.partition for r in records], pa.int32()),
-            "offset": pa.array([r.offset for r in records], pa.int64()),
-            "timestamp": pa.array([r.timestamp_us for r in records], pa.timestamp("us", tz="UTC")),
-            "key": pa.array([r.key for r in records], pa.string()),
-            "value": pa.array([r.value for r in records], pa.binary()),
-            "format": pa.array([r.format for r in records], pa.string()),
-            "headers": pa.array(
-                [None if r.headers is None else list(r.headers.items()) for r in records],
-                pa.map_(pa.string(), pa.string()),
-            ),
-            "message_id": pa.array([r.message_id for r in records], pa.string()),
-            "producer_id": pa.array([r.producer_id for r in records], pa.string()),
-            "sequence": pa.array([r.sequence for r in records], pa.int64()),
-        },
-        schema=TOPIC_SCHEMA,
-    )
 
 
 class Flusher:
@@ -93,6 +66,10 @@ class Flusher:
         metrics: IngestMetrics,
         on_committed: Callable[[], None],
         stale: Callable[[Record | Chunk], bool] = lambda item: False,
+        *,
+        on_orphans: Callable[[list[Record | Chunk]], None] = lambda items: None,
+        on_deposed: Callable[[TopicConfig, frozenset[int]], None] = lambda topic, partitions: None,
+        moved: Callable[[PartitionKey], Exception] = lambda key: StorageUnavailable("partition not owned here"),
     ) -> None:
         self._settings = settings
         self._stale = stale  # an item given its offset before its partition was rebased (GroupCommitter.rebase)
@@ -111,43 +88,37 @@ class Flusher:
         self._flushing = asyncio.Lock()  # one flush at a time: its commits keep each partition's order
         self._runtime_priority = RuntimePriority(settings.delta_threads_nice)
         self._tables: dict[str, delta.KeptTable] = {}  # by topic id
-        # By topic id: each partition's log-end txn version as read from the table, then as this flusher's
-        # own commits set it (no other writer sets these appIds). Reading it costs delta-rs a replay of the
-        # log since the last checkpoint per partition; dropped on any failure
-        # (docs/decisions/0009-delta-handles-reloaded-every-50-versions.md).
+        # By topic id: each partition's log-end txn version, read once (a replay of the log since the last
+        # checkpoint), then as its own commits set it; dropped on any failure (docs/decisions/0009-*.md).
         self._ends: dict[str, dict[int, int]] = {}
         self.committed: dict[PartitionKey, int] = {}  # log-end offsets known to be in Delta
-        self._waiters: dict[PartitionKey, list[tuple[int, asyncio.Future[None]]]] = defaultdict(list)
+        self._waits = CommitWaits()
         self.healthy = True
-        self._held_from: dict[PartitionKey, int] = {}  # a damaged partition's first lost offset
-        self._held: dict[PartitionKey, list[Record | Chunk]] = {}  # its items past the hole
-        self._held_bytes = 0
-        # Ownership (ingest_api/cluster.py): this node's id and the epochs of the partitions it owns,
-        # which every commit records (tables/fencing.py). Items of other partitions, and stale ones,
-        # are handed to `on_orphans`; partitions the table shows another owner of go to `on_deposed` first.
+        self._held = HeldItems()  # damaged partitions' items past their hole (wal_damage.py)
+        # This node's id and the epochs of the partitions it owns (ownership.py), which every commit
+        # records (tables/fencing.py). Other partitions' items, and stale ones, go to `on_orphans`;
+        # partitions the table shows another owner of go to `on_deposed` first.
         self.node = ""
         self.epochs: dict[PartitionKey, int] = {}
-        self.on_orphans: Callable[[list[Record | Chunk]], None] = lambda items: None
-        self.on_deposed: Callable[[TopicConfig, frozenset[int]], None] = lambda topic, partitions: None
-        # The error of a wait for a commit on a partition that left this node (or had before it began).
-        self.moved: Callable[[PartitionKey], Exception] = lambda key: StorageUnavailable("partition not owned here")
+        self.on_orphans = on_orphans
+        self.on_deposed = on_deposed
+        self.moved = moved  # the error of a wait for a commit on a partition that left this node (or had before)
         self._verified: dict[str, int] = {}  # by topic id: the table version whose owner epochs were checked
 
     @property
     def pending_bytes(self) -> int:
-        return self._pending_bytes + self._flushing_bytes + self._held_bytes
+        return self._pending_bytes + self._flushing_bytes + self._held.bytes
 
     def hold(self, key: PartitionKey, first_lost: int) -> None:
         """Keep `key`'s items from `first_lost` on out of every flush until `skip_lost`."""
-        self._held_from[key] = first_lost
-        self._held.setdefault(key, [])
+        self._held.hold(key, first_lost)
 
     def held_items(self, key: PartitionKey) -> int:
-        return len(self._held.get(key, ()))
+        return self._held.count(key)
 
     def add(self, records: Sequence[Record | Chunk]) -> None:
-        if self._held_from:
-            records = self._hold_back(records)
+        if self._held:
+            records = self._held.keep_back(records)
         if not records:
             return
         self._pending.extend(records)
@@ -160,23 +131,12 @@ class Flusher:
         ):
             self._wake.set()
 
-    def _hold_back(self, records: Sequence[Record | Chunk]) -> list[Record | Chunk]:
-        out: list[Record | Chunk] = []
-        for r in records:
-            first = self._held_from.get((r.topic_id, r.partition))
-            if first is not None and r.offset >= first:
-                self._held[(r.topic_id, r.partition)].append(r)
-                self._held_bytes += r.size
-            else:
-                out.append(r)
-        return out
-
     async def skip_lost(self, topic: TopicConfig, partition: int, last: int, metadata: dict[str, str]) -> None:
         """Commit the partition's log end past its lost offsets (first lost to `last`), naming them
         in the table's lost-offsets property, then flush its held items. Every item before the
         hole is committed first, so the skip covers exactly the lost offsets."""
         key = (bytes.fromhex(topic.topic_id), partition)
-        first = self._held_from[key]
+        first = self._held.first_lost(key)
         while self._pending and self.committed.get(key, 0) < first:
             if not await self.flush_round():
                 raise StorageUnavailable(f"partition {partition} of {topic.name!r}: the commits before its lost "
@@ -188,9 +148,7 @@ class Flusher:
                 self.on_deposed(topic, exc.partitions)  # as after a fenced flush: the partition is another's
                 raise
             self._mark_committed(topic, {partition: end})
-            del self._held_from[key]
-            held = self._held.pop(key)
-            self._held_bytes -= sum(r.size for r in held)
+            held = self._held.release(key)
         self.add(held)
         self._wake.set()
 
@@ -211,13 +169,13 @@ class Flusher:
         owns that end says nothing of the message placed there before: the message is parked and
         gets a new offset (here once claimed again, or at the owner), so the wait fails at once as
         fail_waiters fails the waits of a partition when it goes."""
+        if self.committed.get(key, 0) <= offset and key in self.epochs:
+            return self._waits.add(key, offset)
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         if self.committed.get(key, 0) > offset:
             future.set_result(None)
-        elif key not in self.epochs:
-            future.set_exception(self.moved(key))
         else:
-            self._waiters[key].append((offset, future))
+            future.set_exception(self.moved(key))
         return future
 
     async def run(self) -> None:
@@ -256,15 +214,10 @@ class Flusher:
         async with self.commit_lock:
             self._tables.pop(topic_id, None)
             self._ends.pop(topic_id, None)
-            for key in [k for k in self._waiters if k[0] == key_id]:
-                for _, future in self._waiters.pop(key):
-                    if not future.done():
-                        future.set_exception(NotFound("the topic was deleted before the message was committed"))
+            self._waits.fail_topic(key_id, lambda: NotFound("the topic was deleted before the message was committed"))
             for key in [k for k in self.committed if k[0] == key_id]:
                 del self.committed[key]
-            for key in [k for k in self._held_from if k[0] == key_id]:
-                del self._held_from[key]
-                self._held_bytes -= sum(r.size for r in self._held.pop(key))
+            self._held.forget_topic(key_id)
 
     async def flush_once(self) -> bool:
         """Commit everything pending, in bounded rounds; on failure keep it pending and report False.
@@ -401,9 +354,7 @@ class Flusher:
     def fail_waiters(self, key: PartitionKey) -> None:
         """The partition went to another node: whoever waits for its commit here (ack=table) gets
         `moved`'s error; its messages reach the table with new offsets."""
-        for _, future in self._waiters.pop(key, []):
-            if not future.done():
-                future.set_exception(self.moved(key))
+        self._waits.fail(key, lambda: self.moved(key))
 
     def adopted(self, topic_id: str) -> None:
         """This node claimed partitions of the topic: read their ends and epochs again."""
@@ -457,12 +408,12 @@ class Flusher:
             for p in partitions - known.keys():
                 known[p] = delta.committed_end(table, p)
             ends = {p: known[p] for p in partitions}
-            fresh = _contiguous_from(ends, _runs(records))
+            fresh = contiguous_from(ends, runs_of(records))
             if not fresh:
                 return ends
             delta.append_partitions(
                 table,
-                {partition: _assemble(pieces) for partition, pieces in _by_partition(fresh).items()},
+                {partition: assemble(pieces) for partition, pieces in by_partition(fresh).items()},
                 txns=fencing.commit_txns(self.node, epochs, ends),
                 metadata={"lakebroker.operation": "flush"},
             )
@@ -484,103 +435,11 @@ class Flusher:
             if end > self.committed.get(key, 0):
                 self.committed[key] = end
             self._metrics.committed_end.labels(topic.name, str(partition)).set(self.committed[key])
-            waiters = self._waiters.get(key)
-            if waiters:
-                still = [(o, f) for o, f in waiters if o >= end]
-                for o, f in waiters:
-                    if o < end and not f.done():
-                        f.set_result(None)
-                self._waiters[key] = still
+            self._waits.committed(key, self.committed[key])
 
 
 class _Rebased(Exception):
     """A partition of a flush was claimed back over another node's commits while it was planned."""
-
-
-class _Run(Protocol):
-    """A dense run of one partition's rows: a Chunk, or a _RecordRun."""
-
-    partition: int
-    offset: int
-
-    @property
-    def end(self) -> int: ...
-
-    def to_arrow(self, skip: int = 0) -> pa.Table: ...
-
-
-def _runs(items: list[Record | Chunk]) -> list[_Run]:
-    """Every item as a dense run of one partition: chunks as they are, records gathered into
-    runs of consecutive offsets (the single-message path's per-row work, kept off batches)."""
-    runs: list[_Run] = [c for c in items if isinstance(c, Chunk)]
-    records = sorted((r for r in items if isinstance(r, Record)), key=lambda r: (r.partition, r.offset))
-    start = 0
-    for i in range(1, len(records) + 1):
-        if i == len(records) or records[i].partition != records[i - 1].partition \
-                or records[i].offset != records[i - 1].offset + 1:
-            if records:
-                runs.append(_RecordRun(records[start:i]))
-            start = i
-    return runs
-
-
-class _RecordRun:
-    """Single records of consecutive offsets, converted to Arrow once, when flushed."""
-
-    def __init__(self, records: list[Record]) -> None:
-        self.partition, self.offset = records[0].partition, records[0].offset
-        self._records = records
-
-    @property
-    def end(self) -> int:
-        return self.offset + len(self._records)
-
-    def to_arrow(self, skip: int = 0) -> pa.Table:
-        return records_to_arrow(self._records[skip:])
-
-
-def _contiguous_from(ends: dict[int, int], runs: list[_Run]) -> list[tuple[_Run, int]]:
-    """The runs at or past each partition's committed end, which must continue it densely, in
-    (partition, offset) order, each with how many of its first rows are already in the table;
-    `ends` moves to the new log-ends."""
-    out: list[tuple[_Run, int]] = []
-    for run in sorted(runs, key=lambda c: (c.partition, c.offset)):
-        expected = ends[run.partition]
-        if run.end <= expected:
-            continue  # already in the table, or queued twice: committed once
-        if run.offset > expected:
-            raise OffsetGap(
-                f"partition {run.partition}: a commit would start at offset {run.offset}, but the table ends at "
-                f"{expected}; refused so no gap is committed"
-            )
-        out.append((run, expected - run.offset))
-        ends[run.partition] = run.end
-    return out
-
-
-def _by_partition(pieces: list[tuple[_Run, int]]) -> dict[int, list[tuple[_Run, int]]]:
-    """The pieces of each partition, in their order: each partition's rows go to a file of their own."""
-    out: dict[int, list[tuple[_Run, int]]] = {}
-    for run, skip in pieces:
-        out.setdefault(run.partition, []).append((run, skip))
-    return out
-
-
-def _assemble(pieces: list[tuple[_Run, int]]) -> pa.Table:
-    """One Arrow table of the pieces' rows, in order: neighbouring chunks built together."""
-    tables: list[pa.Table] = []
-    chunks: list[tuple[Chunk, int]] = []
-    for run, skip in pieces:
-        if isinstance(run, Chunk):
-            chunks.append((run, skip))
-            continue
-        if chunks:
-            tables.append(chunks_to_arrow(chunks))
-            chunks = []
-        tables.append(run.to_arrow(skip))
-    if chunks:
-        tables.append(chunks_to_arrow(chunks))
-    return tables[0] if len(tables) == 1 else pa.concat_tables(tables)
 
 
 def _row_count(item: Record | Chunk) -> int:

@@ -21,17 +21,7 @@ loop could overlap with it but new requests, which join the next group. Batches,
 behind a write in flight, still go to the thread, so a large frame never stalls the loop
 (docs/decisions/0003-event-loop-writes-idle-wal-groups-itself.md).
 
-"Proven fast" means INLINE_TRUST_WRITES writes of that size in a row took at most INLINE_WRITE_S
-each. The trust is lost by a write that took over STALL_S, or by SLOW_OF_RECENT of the loop's last
-RECENT writes over INLINE_WRITE_S. A write's time includes the wait for the GIL after the
-fdatasync, which the flusher's thread may hold for a few ms: one slow write among fast ones is that,
-not the disk. A write in the thread counts only when fast: behind a busy loop it waits for the GIL
-twice. Once the trust is lost the groups go to the thread, and the loop tries one write of its own
-again (a probe) after PROBE_FIRST_S, then after twice as long while probes stay slow, up to
-PROBE_MAX_S; a fast probe restores the trust, which a busy loop's thread writes cannot. So an
-fdatasync that takes 100 ms (a busy or failing disk, a network volume) stalls the loop once, then
-at most once a minute, and a disk slow from the start never does: /healthz, other topics and
-timers keep answering.
+When the disk has "proven fast" is disk_trust.py's to say.
 
 Messages nobody waits for (ack=none) are answered at the end of the loop pass that queued them, all
 together and before the pass writes anything, so their producers send on while the write runs;
@@ -56,32 +46,25 @@ from __future__ import annotations
 import asyncio
 import errno
 import logging
-import queue
-import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from lakebroker.ingest_api.chunks import Chunk, chunk_frame
+from lakebroker.ingest_api.chunks import Chunk
 from lakebroker.ingest_api.dedup import Placed
+from lakebroker.ingest_api.disk_trust import INLINE_GROUP_BYTES, DiskTrust
 from lakebroker.ingest_api.metrics import IngestMetrics
 from lakebroker.ingest_api.records import Record, encode
 from lakebroker.ingest_api.wal import PartitionKey, Wal
+from lakebroker.ingest_api.wal_writer import WalWriter, wal_pieces
 from lakebroker.tables.errors import LakebrokerError, StorageUnavailable
 
 if TYPE_CHECKING:
-    from typing_extensions import Buffer
+    pass
 
 log = logging.getLogger(__name__)
-INLINE_GROUP_BYTES = 256 * 1024  # a group the loop writes itself: about a millisecond of page-cache copy at most
-INLINE_WRITE_S = 0.002  # a write of at most INLINE_GROUP_BYTES this fast (fdatasync included) counts as fast
-INLINE_TRUST_WRITES = 16  # fast writes in a row before the loop writes a group itself
-STALL_S = 0.05  # a write this slow loses the trust at once
-RECENT, SLOW_OF_RECENT = 5, 3  # ... as do this many slow ones among the loop's last writes
-PROBE_FIRST_S = 1.0  # once the trust is lost, the loop tries a write of its own this much later
-PROBE_MAX_S = 64.0  # ... and twice as long after each slow probe, up to this
 
 
 @dataclass(slots=True)
@@ -117,48 +100,6 @@ class _Group:
     sync: bool  # someone waits for it (not only ack=none messages): its write is fdatasynced
 
 
-class _Writer(threading.Thread):
-    """Writes the groups handed to it, as few writes as their arrival allows, and reports each write
-    on the loop. After a failed write it drops every group of the same epoch (handed before the loop
-    heard of the failure: their offsets follow the failed ones), and the loop fails those."""
-
-    def __init__(self, wal: Wal, loop: asyncio.AbstractEventLoop,
-                 written: Callable[[list[_Group], BaseException | None, float], None],
-                 stopped: Callable[[], None]) -> None:
-        super().__init__(name="wal-writer", daemon=True)
-        self.groups: queue.SimpleQueue[_Group | None] = queue.SimpleQueue()  # None: stop
-        self._wal, self._loop, self._written, self._stopped = wal, loop, written, stopped
-
-    def run(self) -> None:
-        failed_epoch = -1
-        stop = False
-        while not stop:
-            taken = [self.groups.get()]
-            while not self.groups.empty():
-                taken.append(self.groups.get_nowait())
-            stop = None in taken
-            groups = [g for g in taken if g is not None and g.epoch > failed_epoch]
-            if not groups:
-                continue
-            error: BaseException | None = None
-            started = time.perf_counter()
-            try:
-                self._wal.append(_pieces(f for g in groups for f in g.frames), [r for g in groups for r in g.records],
-                                 sync=any(g.sync for g in groups))
-            except BaseException as exc:  # noqa: BLE001 - any failure means: not durable, roll back
-                error, failed_epoch = exc, groups[-1].epoch
-            if not self._report(self._written, groups, error, time.perf_counter() - started):
-                return
-        self._report(self._stopped)
-
-    def _report(self, callback: Callable[..., None], *args: object) -> bool:
-        try:
-            self._loop.call_soon_threadsafe(callback, *args)
-        except RuntimeError:  # the loop is closed (the process is going away without a stop)
-            return False
-        return True
-
-
 class GroupCommitter:
     def __init__(
         self,
@@ -181,18 +122,14 @@ class GroupCommitter:
         self._queue: list[Queued] = []
         self._unwritten: deque[_Group] = deque()  # handed to the writer, in order, not yet reported
         self._unwritten_rows = 0
-        self._writer: _Writer | None = None  # while run() runs
+        self._writer: WalWriter[_Group] | None = None  # while run() runs
         self._loop: asyncio.AbstractEventLoop | None = None
         self._scheduled = False  # a hand-off is due in this loop pass
         self._closing = False
         self._epoch = 0
         self._last_ts = 0
         self.queued_bytes = 0
-        self.fast_writes = 0  # writes of an inline group's size in a row that took at most INLINE_WRITE_S
-        self._recent: deque[bool] = deque(maxlen=RECENT)  # the loop's last writes: slow or not
-        self._proven = False  # trusted once: since then, probes try to win the trust back
-        self._probe_at = 0.0  # monotonic time of the next probe while not trusted
-        self._probe_wait = PROBE_FIRST_S
+        self.disk = DiskTrust()
         self._awaited = False  # something queued since the last hand-off has a waiter
         self._early: list[Pending] = []  # ack=none messages queued in this pass, answered as it hands off
 
@@ -257,7 +194,7 @@ class GroupCommitter:
             if not stopped.done():
                 stopped.set_result(None)
 
-        self._writer = writer = _Writer(self._wal, loop, self._written, writer_stopped)
+        self._writer = writer = WalWriter(self._wal, loop, self._written, writer_stopped)
         writer.start()
         self._schedule()
         try:
@@ -284,7 +221,7 @@ class GroupCommitter:
             error: BaseException | None = None
             started = time.perf_counter()
             try:
-                await asyncio.to_thread(self._wal.append, _pieces(group.frames), group.records)  # synced: a stop
+                await asyncio.to_thread(self._wal.append, wal_pieces(group.frames), group.records)  # synced: a stop
             except BaseException as exc:  # noqa: BLE001 - as the writer thread reports it
                 error = exc
             self._written([group], error, time.perf_counter() - started)
@@ -323,12 +260,12 @@ class GroupCommitter:
             # Nobody waits for these (ack=none): they join the group after the write in flight, whose
             # report hands them off, so that many share a write and an fsync.
             return
-        if writer is not None and not self._unwritten and self._writes_inline() and _inline(self._queue):
+        if writer is not None and not self._unwritten and self.disk.writes_inline() and _inline(self._queue):
             group = self._hand(self._take())
             error: BaseException | None = None
             started = time.perf_counter()
             try:
-                self._wal.append(_pieces(group.frames), group.records, sync=group.sync)
+                self._wal.append(wal_pieces(group.frames), group.records, sync=group.sync)
             except BaseException as exc:  # noqa: BLE001 - as the writer thread reports it
                 error = exc
             self._written([group], error, time.perf_counter() - started, inline=True)
@@ -337,54 +274,6 @@ class GroupCommitter:
         # of batches at the next _take, rather than wait behind every batch already handed.
         while self._queue and writer is not None and self._unwritten_rows < self._max_group:
             writer.groups.put(self._hand(self._take()))
-
-    def _writes_inline(self) -> bool:
-        """Whether the loop writes the next group itself: the disk is trusted, or a probe is due."""
-        if self.fast_writes >= INLINE_TRUST_WRITES:
-            return True
-        return self._proven and time.monotonic() >= self._probe_at
-
-    def _judge(self, size: int, error: BaseException | None, took_s: float, inline: bool) -> None:
-        """What one write says of the disk (the module's docstring says why so)."""
-        trusted = self.fast_writes >= INLINE_TRUST_WRITES
-        if error is not None or took_s > STALL_S:
-            if trusted or inline:  # lost now, or a failed probe: the next probe's time
-                self._distrust(probe_failed=inline and not trusted)
-            else:
-                self.fast_writes = 0
-            return
-        if size > INLINE_GROUP_BYTES:  # larger writes say nothing of the inline size
-            return
-        slow = took_s > INLINE_WRITE_S
-        if not inline:
-            if not slow:
-                self._trust_one()
-            return
-        if not trusted:  # a probe
-            if slow:
-                self._distrust(probe_failed=True)
-            else:
-                self.fast_writes = INLINE_TRUST_WRITES
-                self._trust_one()
-            return
-        self._recent.append(slow)
-        if sum(self._recent) >= SLOW_OF_RECENT:
-            self._distrust(probe_failed=False)
-        elif not slow:
-            self._trust_one()
-
-    def _trust_one(self) -> None:
-        self.fast_writes += 1
-        if self.fast_writes >= INLINE_TRUST_WRITES:
-            self._proven = True
-            self._probe_wait = PROBE_FIRST_S
-
-    def _distrust(self, *, probe_failed: bool) -> None:
-        if probe_failed:
-            self._probe_wait = min(2 * self._probe_wait, PROBE_MAX_S)
-        self.fast_writes = 0
-        self._recent.clear()
-        self._probe_at = time.monotonic() + self._probe_wait
 
     def _answer_early(self) -> None:
         """Answer the ack=none messages queued in this loop pass, all together: before the pass writes
@@ -430,7 +319,7 @@ class GroupCommitter:
                  inline: bool = False) -> None:
         """The report of one write: answer its groups, or fail them and everything after them."""
         if error is not None or any(g.sync for g in groups):  # an unsynced write says nothing of the disk
-            self._judge(sum(g.size for g in groups), error, took_s, inline)
+            self.disk.judge(sum(g.size for g in groups), error, took_s, inline)
         if error is not None:
             if groups[0].epoch == self._epoch:  # the first failure of this epoch: later reports of it are moot
                 self._fail(error, len(groups))
@@ -515,14 +404,3 @@ def _call(p: Pending) -> None:
             then()
         except Exception:  # one request's answer must not keep the group's others from theirs
             log.exception("answering a produced message failed")
-
-
-def _pieces(frames: Iterable[bytes | Chunk]) -> list[Buffer]:
-    """What the WAL writes for these frames: a record's frame, or a chunk's frame in its pieces."""
-    out: list[Buffer] = []
-    for frame in frames:
-        if isinstance(frame, bytes):
-            out.append(frame)
-        else:
-            out.extend(chunk_frame(frame))
-    return out

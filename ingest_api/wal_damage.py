@@ -133,3 +133,49 @@ class HeldPartitions:
 
     def _count(self, topic: str, partition: int, held: list[Damage]) -> None:
         self._metrics.wal_lost_offsets.labels(topic, str(partition)).set(sum(d.count for d in held))
+
+
+class HeldItems:
+    """The flusher's side of damage: each damaged partition's items past its first lost offset,
+    kept out of every flush until the hole is skipped (`release`)."""
+
+    def __init__(self) -> None:
+        self._from: dict[PartitionKey, int] = {}  # a damaged partition's first lost offset
+        self._items: dict[PartitionKey, list[Record | Chunk]] = {}  # its items past the hole
+        self.bytes = 0
+
+    def __bool__(self) -> bool:
+        return bool(self._from)
+
+    def hold(self, key: PartitionKey, first_lost: int) -> None:
+        self._from[key] = first_lost
+        self._items.setdefault(key, [])
+
+    def first_lost(self, key: PartitionKey) -> int:
+        return self._from[key]
+
+    def count(self, key: PartitionKey) -> int:
+        return len(self._items.get(key, ()))
+
+    def keep_back(self, records: Iterable[Record | Chunk]) -> list[Record | Chunk]:
+        """The records not past a hole; the others are held."""
+        out: list[Record | Chunk] = []
+        for r in records:
+            first = self._from.get((r.topic_id, r.partition))
+            if first is not None and r.offset >= first:
+                self._items[(r.topic_id, r.partition)].append(r)
+                self.bytes += r.size
+            else:
+                out.append(r)
+        return out
+
+    def release(self, key: PartitionKey) -> list[Record | Chunk]:
+        """The hole is skipped: the partition's held items, to flush."""
+        del self._from[key]
+        items = self._items.pop(key)
+        self.bytes -= sum(r.size for r in items)
+        return items
+
+    def forget_topic(self, topic_id: bytes) -> None:
+        for key in [k for k in self._from if k[0] == topic_id]:
+            self.release(key)

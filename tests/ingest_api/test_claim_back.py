@@ -122,8 +122,7 @@ async def test_messages_inside_the_wal_writer_are_placed_again_after_the_other_n
         return real_append(*args, **kwargs)
 
     broker.wal.append = slow_append  # type: ignore[method-assign]
-    broker.committer.fast_writes = 0  # every group through the writer thread, not inline
-    broker.committer._proven = False
+    broker.committer.disk.never()  # every group through the writer thread, not inline
     try:
         writing = asyncio.ensure_future(_answers(broker, [b"A0", b"A1", b"A2"]))
         await asyncio.sleep(0.1)
@@ -162,8 +161,7 @@ async def test_a_failed_wal_write_never_rolls_offsets_below_a_claimed_end(broker
         return real_append(*args, **kwargs)
 
     broker.wal.append = failing_append  # type: ignore[method-assign]
-    broker.committer.fast_writes = 0
-    broker.committer._proven = False
+    broker.committer.disk.never()
     try:
         writing = asyncio.ensure_future(_answers(broker, [b"A0", b"A1", b"A2"]))
         await asyncio.sleep(0.1)

@@ -13,7 +13,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from lakebroker.ingest_api.chunks import CHUNK_SCHEMA, Chunk, chunk_bytes
-from lakebroker.ingest_api.group_commit import INLINE_TRUST_WRITES, GroupCommitter, Pending, PendingChunk
+from lakebroker.ingest_api.group_commit import GroupCommitter, Pending, PendingChunk
 from lakebroker.ingest_api.metrics import IngestMetrics
 from lakebroker.ingest_api.records import Record
 from lakebroker.ingest_api.wal import Wal
@@ -71,7 +71,7 @@ async def test_single_messages_with_nothing_in_flight_are_written_by_the_loop_it
 
     wal.append = traced  # type: ignore[method-assign,assignment]
     committer = GroupCommitter(wal, {}, lambda records: None, IngestMetrics(CollectorRegistry()), max_group=GROUP)
-    committer.fast_writes = INLINE_TRUST_WRITES  # a disk that has proven fast (see the slow-disk test below)
+    committer.disk.trusted_now()  # a disk that has proven fast (see the slow-disk test below)
     running = asyncio.create_task(committer.run())
     await eventually_async(lambda: committer._writer is not None and committer._writer.is_alive(), 10,
                            what="the writer thread up")
@@ -178,15 +178,15 @@ async def test_the_loop_writes_only_while_the_disk_proves_fast_and_probes_it_aft
     thread meanwhile, as on a busy host) keeps the trust; a stall loses it at once, and probes
     win it back once the disk is fast again, backing off while it is not. (Fast means 50 ms here
     and a stall 150 ms, so that the real fdatasyncs of a busy test host count as fast.)"""
-    from lakebroker.ingest_api import group_commit
+    from lakebroker.ingest_api import disk_trust
     from lakebroker.ingest_api.broker import Broker
     from lakebroker.ingest_api.messages import AckMode, NewMessage
     from lakebroker.tables.settings import Settings
     from lakebroker.tables.topics import new_topic
 
-    monkeypatch.setattr(group_commit, "INLINE_WRITE_S", 0.05)
-    monkeypatch.setattr(group_commit, "STALL_S", 0.15)
-    monkeypatch.setattr(group_commit, "PROBE_FIRST_S", 0.3)
+    monkeypatch.setattr(disk_trust, "INLINE_WRITE_S", 0.05)
+    monkeypatch.setattr(disk_trust, "STALL_S", 0.15)
+    monkeypatch.setattr(disk_trust, "PROBE_FIRST_S", 0.3)
     broker = Broker(Settings(data_dir=tmp_path / "data", wal_fsync=True), IngestMetrics(CollectorRegistry()))
     await broker.start()
     loop_thread = threading.current_thread()

@@ -35,8 +35,7 @@ async def test_a_partition_is_handed_over_while_another_partitions_write_is_in_f
         topic = await broker.create_topic(new_topic("t", 2))
         await broker.local.produce("t", [NewMessage(value=b"zero", partition=0)], AckMode.WAL)
         broker.wal.append = stuck_for_partition_1  # type: ignore[method-assign]
-        broker.committer.fast_writes = 0  # through the writer thread, not inline on the loop
-        broker.committer._proven = False
+        broker.committer.disk.never()  # through the writer thread, not inline on the loop
         busy = asyncio.ensure_future(broker.local.produce("t", [NewMessage(value=b"one", partition=1)], AckMode.WAL))
         await asyncio.sleep(0.1)
         assert broker.committer.queued_bytes > 0 and not busy.done()
