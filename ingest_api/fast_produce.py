@@ -28,7 +28,7 @@ from lakebroker.ingest_api.body import media_type, parse_message
 from lakebroker.ingest_api.broker import Broker
 from lakebroker.ingest_api.cluster import NotOwner
 from lakebroker.ingest_api.errors import error_response
-from lakebroker.ingest_api.forwarding import FORWARDED_BY_BYTES
+from lakebroker.ingest_api.forwarding import Caller
 from lakebroker.ingest_api.limits import MAX_HEADER_BYTES, MAX_HEADERS, body_timeout, declared_too_large, header_refusal
 from lakebroker.ingest_api.local_produce import OneMessage
 from lakebroker.ingest_api.messages import AckMode, NewMessage
@@ -124,8 +124,6 @@ class FastProduce:
             one = self.broker.local.start_one(request.topic, message, request.ack,
                                         None if request.ack is AckMode.TABLE else then)
         except NotOwner as exc:
-            if exc.owner_url is None or header_in(request.headers, FORWARDED_BY_BYTES):
-                return Answer.of(error_response(exc))
             return self._forward(request, message, exc)
         except LakebrokerError as exc:
             return Answer.of(error_response(exc))
@@ -151,7 +149,7 @@ class FastProduce:
     async def _forward(self, request: FastRequest, message: NewMessage, refusal: NotOwner) -> Answer:
         try:
             result = await self.router.forward_one(request.topic, message, request.ack, refusal,
-                                                   header_in(request.headers, b"authorization") or None)
+                                                   Caller.of(lambda name: header_in(request.headers, name)))
         except LakebrokerError as exc:
             return Answer.of(error_response(exc))
         return produced(result, request.ack)

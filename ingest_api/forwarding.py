@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import asyncio
 import base64
+from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -30,6 +32,20 @@ FORWARDED_BY_BYTES = FORWARDED_BY.encode()
 Placed = tuple[int, int | None, bool, int | None]  # partition, offset, duplicate, timestamp (µs)
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 OWNER_CONNECTIONS = 64  # per owner
+
+
+@dataclass(frozen=True, slots=True)
+class Caller:
+    """Who sent a produce, as far as forwarding cares: the Authorization header that goes along to an
+    owner, and whether a node sent it (then it is refused where it is not owned, never sent on)."""
+
+    authorization: str | None = None
+    forwarded: bool = False
+
+    @classmethod
+    def of(cls, header: Callable[[bytes], str | None]) -> Caller:
+        """The caller of a request whose headers `header` reads (by lower-case name, None if absent)."""
+        return cls(header(b"authorization") or None, bool(header(FORWARDED_BY_BYTES)))
 
 
 class Refused(LakebrokerError):

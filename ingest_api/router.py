@@ -26,7 +26,7 @@ from typing import Any
 from lakebroker.ingest_api.broker import Broker
 from lakebroker.ingest_api.chunks import BatchResults, Chunk, ColumnarBatch
 from lakebroker.ingest_api.cluster import NotOwner
-from lakebroker.ingest_api.forwarding import Forwarder, Placed
+from lakebroker.ingest_api.forwarding import Caller, Forwarder, Placed
 from lakebroker.ingest_api.hand_off import identified
 from lakebroker.ingest_api.local_produce import ProduceResult
 from lakebroker.ingest_api.messages import AckMode, NewMessage
@@ -39,6 +39,7 @@ STRANDED = ("acknowledged messages of %d partitions other nodes own or will own 
 RESEND_BATCH_MESSAGES = 5_000
 RESEND_BATCH_BYTES = 8 << 20
 STOP_RESEND_S = 15.0  # at shutdown, parked items' last chance to reach their owners (uvicorn waits for this)
+LOCAL = Caller()  # this node's own sends: not forwarded by another node, no credential to pass on
 log = logging.getLogger(__name__)
 
 
@@ -117,39 +118,38 @@ class Router:
         assert self._forwarder is not None, "Router.start runs once the broker has joined its cluster"
         return self._forwarder
 
-    async def produce_one(self, topic: str, message: NewMessage, ack: AckMode, *, authorization: str | None = None,
-                          forwarded: bool = False) -> ProduceResult:
+    async def produce_one(self, topic: str, message: NewMessage, ack: AckMode,
+                          caller: Caller = LOCAL) -> ProduceResult:
         try:
             return await self.broker.local.produce_one(topic, message, ack)
         except NotOwner as exc:
-            if forwarded or exc.owner_url is None:
-                raise
-            return await self.forward_one(topic, message, ack, exc, authorization)
+            return await self.forward_one(topic, message, ack, exc, caller)
 
     async def forward_one(self, topic: str, message: NewMessage, ack: AckMode, refusal: NotOwner,
-                          authorization: str | None) -> ProduceResult:
-        """A single message the broker refused with `refusal`, produced at its owner instead."""
-        assert refusal.owner_url is not None
+                          caller: Caller) -> ProduceResult:
+        """A single message this node refused with `refusal`, produced at its owner instead; or
+        the refusal, for a message a node sent here (one hop at most) or of no known owner."""
+        if caller.forwarded or refusal.owner_url is None:
+            raise refusal
         ((partition, offset, duplicate, timestamp),) = await self.forwarder.batch(
-            refusal.owner_url, topic, [message], [refusal.partition], ack, authorization)
+            refusal.owner_url, topic, [message], [refusal.partition], ack, caller.authorization)
         return ProduceResult(partition, offset, duplicate, timestamp)
 
-    async def produce_batch(self, topic: str, batch: ColumnarBatch | list[NewMessage], ack: AckMode, *,
-                            authorization: str | None = None, forwarded: bool = False,
-                            owners: list[str] | None = None) -> BatchResults | list[ProduceResult]:
+    async def produce_batch(self, topic: str, batch: ColumnarBatch | list[NewMessage], ack: AckMode,
+                            caller: Caller = LOCAL, owners: list[str] | None = None,
+                            ) -> BatchResults | list[ProduceResult]:
         """A batch: as columns when this node owns every partition it spans, else message by message.
         `owners` gets the URL of each node a part of it was forwarded to."""
         if isinstance(batch, ColumnarBatch):
             try:
                 return await self.broker.local.produce_columns(topic, batch, ack)
             except NotOwner:
-                if forwarded:
+                if caller.forwarded:
                     raise
                 batch = batch.messages()
-        return await self.produce(topic, batch, ack, authorization=authorization, forwarded=forwarded, owners=owners)
+        return await self.produce(topic, batch, ack, caller, owners)
 
-    async def produce(self, topic_name: str, messages: list[NewMessage], ack: AckMode, *,
-                      authorization: str | None = None, forwarded: bool = False,
+    async def produce(self, topic_name: str, messages: list[NewMessage], ack: AckMode, caller: Caller = LOCAL,
                       owners: list[str] | None = None) -> list[ProduceResult]:
         broker = self.broker
         topic = broker.topic(topic_name)
@@ -160,7 +160,7 @@ class Router:
         remote = [i for i, p in enumerate(partitions) if (topic_id, p) not in accepting]
         if not remote:
             return await broker.local.produce(topic_name, messages, ack, partitions=partitions)
-        if forwarded:
+        if caller.forwarded:
             raise broker.ownership.not_here(topic, partitions[remote[0]])
         by_owner: dict[str, list[int]] = {}
         for i in remote:
@@ -178,7 +178,7 @@ class Router:
                                  partitions=[partitions[i] for i in local])
         ] if local else []
         jobs += [self.forwarder.batch(url, topic_name, [messages[i] for i in idx], [partitions[i] for i in idx], ack,
-                                      authorization) for url, idx in by_owner.items()]
+                                      caller.authorization) for url, idx in by_owner.items()]
         outcomes = await asyncio.gather(*jobs, return_exceptions=True)
         for outcome in outcomes:
             if isinstance(outcome, BaseException):

@@ -24,7 +24,7 @@ from lakebroker.ingest_api.chunks import BatchResults, ColumnarBatch
 from lakebroker.ingest_api.columnar import parse_batch_body
 from lakebroker.ingest_api.deps import TopicPath
 from lakebroker.ingest_api.errors import error_response
-from lakebroker.ingest_api.forwarding import FORWARDED_BY_BYTES
+from lakebroker.ingest_api.forwarding import Caller
 from lakebroker.ingest_api.local_produce import ProduceResult
 from lakebroker.ingest_api.messages import AckMode
 from lakebroker.ingest_api.responses import JSON_TYPE, Answer, json_answer, send_answer, send_body
@@ -106,9 +106,8 @@ def produced(result: ProduceResult, ack: AckMode) -> Answer:
     return json_answer(202 if ack == "none" else 200, body)
 
 
-def _caller(scope: Scope) -> tuple[str | None, bool]:
-    """What forwarding needs of a request: its Authorization header, and whether a node forwarded it."""
-    return header(scope, b"authorization") or None, bool(header(scope, FORWARDED_BY_BYTES))
+def _caller(scope: Scope) -> Caller:
+    return Caller.of(lambda name: header(scope, name))
 
 
 async def produce_one(scope: Scope, receive: Receive, send: Send) -> None:
@@ -118,9 +117,7 @@ async def produce_one(scope: Scope, receive: Receive, send: Send) -> None:
     try:
         query, ack = produce_target(broker, topic, scope["query_string"])
         message = parse_message(media_type(header(scope, b"content-type")), query, await read_body(receive))
-        authorization, forwarded = _caller(scope)
-        result = await app_state.router.produce_one(topic, message, ack, authorization=authorization,
-                                                    forwarded=forwarded)
+        result = await app_state.router.produce_one(topic, message, ack, _caller(scope))
     except LakebrokerError as exc:
         await error_response(exc)(scope, receive, send)
         return
@@ -140,10 +137,9 @@ async def produce_batch(scope: Scope, receive: Receive, send: Send) -> None:
         kind = media_type(header(scope, b"content-type"))
         parsed = parse_arrow_batch(body, broker.settings.max_request_bytes) if kind == ARROW_STREAM \
             else parse_batch_body(kind, body)
-        authorization, forwarded = _caller(scope)
         owners: list[str] = []
         placed = await router.produce_batch(topic, parsed if isinstance(parsed, ColumnarBatch) else parsed.messages(),
-                                            ack, authorization=authorization, forwarded=forwarded, owners=owners)
+                                            ack, _caller(scope), owners)
         await broker.batch_turns.wait()  # the answers of a WAL group's batches, one per pass too
     except LakebrokerError as exc:
         await error_response(exc)(scope, receive, send)

@@ -23,7 +23,7 @@ from lakebroker.ingest_api.auth import PrincipalDep
 from lakebroker.ingest_api.body import parse_json
 from lakebroker.ingest_api.deps import BrokerDep, TopicPath
 from lakebroker.ingest_api.errors import V2_MEDIA, V2_PARTITION_NOT_FOUND, v2_error
-from lakebroker.ingest_api.forwarding import FORWARDED_BY
+from lakebroker.ingest_api.forwarding import Caller
 from lakebroker.ingest_api.messages import AckMode, NewMessage
 from lakebroker.ingest_api.records import message_bytes
 from lakebroker.ingest_api.responses import JSONBytes
@@ -197,8 +197,7 @@ async def _produce(request: Request, broker: BrokerDep, topic_name: str, partiti
             slots.append({"partition": None, "offset": None, "error_code": RECORD_NOT_RETRIABLE, "error": str(exc)})
     router: Router = request.app.state.router
     placed = await router.produce(topic.name, messages, AckMode.WAL,
-                                  authorization=request.headers.get("authorization"),
-                                  forwarded=FORWARDED_BY in request.headers) if messages else []
+                                  Caller.of(lambda name: request.headers.get(name.decode()))) if messages else []
     results = iter(placed)
     offsets = [slot or _written(next(results)) for slot in slots]
     return JSONBytes({"key_schema_id": None, "value_schema_id": None, "offsets": offsets}, media_type=V2_MEDIA)
