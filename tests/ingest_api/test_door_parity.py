@@ -2,15 +2,19 @@
 
 One table of cases, run through every door against real `lakebroker serve` processes: a single
 message answered below ASGI (the fast path) and through ASGI (`fast_produce` off), a JSON batch,
-an NDJSON batch, an Arrow IPC batch, and Confluent's REST Proxy v2 (its errors in Confluent's
+an NDJSON batch, an Arrow IPC batch, and Confluent's REST Proxy v2; then backpressure, and a
+partition between owners, on servers of their own (its errors in Confluent's
 `error_code`s; a record's own fault is that record's slot, not the request's). A rule copied into
 one door and missed in another shows here as a door that answers differently.
 """
 
 from __future__ import annotations
 
+import os
+import signal
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -21,7 +25,7 @@ import pytest
 from lakebroker.ingest_api.partitioner import partition_for_key
 from lakebroker.tables.layout import Layout
 from lakebroker.tables.tokens import TokenStore
-from tests.servers import ServerProcess
+from tests.servers import ServerProcess, until
 
 pytestmark = [pytest.mark.timeout(300)]
 
@@ -238,3 +242,39 @@ def test_backpressure_is_a_429_with_retry_after_through_every_door(full: Server)
         want = Outcome(429, "42901" if door == "rest-v2" else "backpressure")
         assert (got.status, got.code) == (want.status, want.code), (door, got)
         assert got.retry_after is not None and int(got.retry_after) >= 1, (door, got)
+
+
+def test_a_partition_whose_owner_just_died_is_a_503_with_retry_after_through_every_door(tmp_path: Path) -> None:
+    """Between owners: node b owned the partition and was killed, and its lease has not yet run out.
+    Node a cannot hand b the message; every door answers 503 partition_unavailable with Retry-After
+    (REST Proxy v2: 50301), so the producer retries and reaches the next owner."""
+    env = {"LAKEBROKER_TABLES_URI": str(tmp_path / "tables"), "LAKEBROKER_INGEST_LEASE_TTL_S": "300",
+           "LAKEBROKER_INGEST_HEARTBEAT_S": "0.3"}
+    a, b = ServerProcess(tmp_path / "a", env), ServerProcess(tmp_path / "b", env)
+    try:
+        a.start()
+        b.start()
+        assert httpx.post(f"{a.url}/v1/topics", json={"name": "t", "partitions": PARTITIONS}, timeout=30).status_code \
+            == 201
+        until(lambda: set(_owners(a.url).values()) == {a.url, b.url}, "partitions on both nodes", timeout=60)
+        of_b = sorted(p for p, url in _owners(a.url).items() if url == b.url)
+        key = next(k for k in (f"k{i}" for i in range(10_000)) if partition_for_key(k, PARTITIONS) in of_b)
+        assert b.proc is not None
+        os.kill(b.proc.pid, signal.SIGKILL)
+        b.proc.wait(timeout=30)
+        server = Server(a.url, "Bearer unused", "Bearer unused")  # auth is off on loopback
+        for door, send in DOORS.items():
+            got = send(server, "t", {"key": key, "value": "v"}, server.admin, None)
+            want = Outcome(503, "50301" if door == "rest-v2" else "partition_unavailable")
+            assert (got.status, got.code) == (want.status, want.code), (door, got)
+            assert got.retry_after is not None and int(got.retry_after) >= 1, (door, got)
+        assert set(_owners(a.url).values()) == {a.url, b.url}, "the lease of b ran out during the test"
+    finally:
+        a.stop()
+        b.stop()
+
+
+def _owners(url: str) -> dict[int, str | None]:
+    r = httpx.get(f"{url}/v1/cluster", timeout=10)
+    assert r.status_code == 200, r.text
+    return {p["partition"]: p["url"] for p in r.json()["partitions"] if p["topic"] == "t"}

@@ -10,7 +10,7 @@ import pytest
 from deltalake import DeltaTable
 from deltalake.exceptions import CommitFailedError
 
-from lakebroker.ingest_api.flusher import records_to_arrow
+from lakebroker.ingest_api.flush_rows import records_to_arrow
 from lakebroker.ingest_api.records import Record
 from lakebroker.tables import delta, fencing
 from lakebroker.tables.topics import ensure_topic_table

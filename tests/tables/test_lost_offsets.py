@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from deltalake import DeltaTable
 
-from lakebroker.ingest_api.flusher import records_to_arrow
+from lakebroker.ingest_api.flush_rows import records_to_arrow
 from lakebroker.ingest_api.records import Record
 from lakebroker.tables import delta, fencing
 from lakebroker.tables.lost_offsets import skip_in_table
