@@ -19,13 +19,14 @@ from lakebroker.ingest_api.admission import Admission
 from lakebroker.ingest_api.chunks import (
     Chunk,
 )
-from lakebroker.ingest_api.cluster import Membership, NoOwnerYet
+from lakebroker.ingest_api.cluster import Membership
 from lakebroker.ingest_api.dedup import DedupIndex
 from lakebroker.ingest_api.flusher import Flusher
 from lakebroker.ingest_api.group_commit import GroupCommitter
 from lakebroker.ingest_api.local_produce import LocalProduce
 from lakebroker.ingest_api.metrics import IngestMetrics
-from lakebroker.ingest_api.ownership import Ownership
+from lakebroker.ingest_api.not_here import NoOwnerYet
+from lakebroker.ingest_api.ownership import Leases, Ownership
 from lakebroker.ingest_api.partitioner import Partitioner
 from lakebroker.ingest_api.records import Record
 from lakebroker.ingest_api.recovery import recover
@@ -89,11 +90,18 @@ class Broker:
         self.dedup = DedupIndex(window_s=self.settings.dedup_window_s, max_entries=self.settings.dedup_max_entries,
                                 directory=self.layout.dedup_dir)
         self.topics = await asyncio.to_thread(self.store.load)
-        self.cluster = Membership(self, self.settings)
-        self.ownership = Ownership(leases=self.cluster, committer=self.committer, flusher=self.flusher,
-                                   partitioner=self.partitioner, wal=self.wal, dedup=self.dedup,
-                                   topics=lambda: self.topics, metrics=self.metrics,
-                                   dedup_window_s=self.settings.dedup_window_s, release_wal=self._release_wal)
+        dedup = self.dedup
+
+        def ownership(leases: Leases) -> Ownership:
+            return Ownership(leases=leases, committer=self.committer, flusher=self.flusher,
+                             partitioner=self.partitioner, wal=self.wal, dedup=dedup, topics=lambda: self.topics,
+                             metrics=self.metrics, dedup_window_s=self.settings.dedup_window_s,
+                             release_wal=self._release_wal)
+
+        self.cluster = Membership(self.settings, store=self.store, topics=lambda: self.topics,
+                                  follow_topics=self.follow_topics, marks=self.marks, metrics=self.metrics,
+                                  ownership=ownership)
+        self.ownership = self.cluster.ownership
         self.local = LocalProduce(topic=self.topic, admission=self.admission, partitioner=self.partitioner,
                                   ownership=self.ownership, dedup=self.dedup, marks=self.marks,
                                   committer=self.committer, acks=self.acks)

@@ -6,9 +6,9 @@ node shows here within a heartbeat, also while a beat is busy claiming), heartbe
 ownership table, and then:
 
 - claims the partitions the heartbeat gave it in their topic tables (tables/fencing.py) and only
-  then opens them to produce (Ownership.adopt, ownership.py). Claims run beside the heartbeats, on a thread of
-  their own: on a loaded machine they can take longer than a lease lives, and the leases they
-  claim for must be renewed meanwhile;
+  then opens them to produce (its ownership part, ownership.py, which it builds and drives).
+  Claims run beside the heartbeats, on a thread of their own: on a loaded machine they can take
+  longer than a lease lives, and the leases they claim for must be renewed meanwhile;
 - hands over the partitions the plan gives to another node: closed to produce, flushed, released;
 - drops the partitions whose lease it lost (its heartbeat came too late): another node may have
   claimed them already, and the table refuses this node's commits to them anyway.
@@ -27,27 +27,27 @@ import functools
 import logging
 import time
 from collections import defaultdict
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, TypeVar
 
 from deltalake import DeltaTable
 from deltalake.exceptions import CommitFailedError, DeltaError
 
 from lakebroker.ingest_api.clock_watch import ClockWatch
 from lakebroker.ingest_api.dedup_rebuild import placed_by_others
+from lakebroker.ingest_api.metrics import IngestMetrics
 from lakebroker.ingest_api.node_identity import advertised_url, node_id
+from lakebroker.ingest_api.ownership import Ownership
 from lakebroker.ingest_api.reader import unreadable
+from lakebroker.ingest_api.sequences import SequenceMarks
 from lakebroker.tables import delta, fencing
 from lakebroker.tables.conflicts import retry_conflicts
-from lakebroker.tables.errors import Backpressure, LakebrokerError
+from lakebroker.tables.errors import LakebrokerError
 from lakebroker.tables.layout import Layout
 from lakebroker.tables.ownership import ClusterView, Heartbeat, OwnershipTable, Pair
 from lakebroker.tables.settings import Settings
 from lakebroker.tables.storage_clock import skew
-from lakebroker.tables.topics import TopicConfig, TopicGone
-
-if TYPE_CHECKING:
-    from lakebroker.ingest_api.broker import Broker
+from lakebroker.tables.topics import TopicConfig, TopicGone, TopicStore
 
 log = logging.getLogger(__name__)
 SLOW_S = 2.0  # a claim or a learning of ids that takes longer is logged: it keeps partitions closed
@@ -58,34 +58,22 @@ THREADS = {"lease": 1, "clock": 1, "claim": 4}
 _T = TypeVar("_T")
 
 
-class NotOwner(LakebrokerError):
-    """A produce reached a node that does not own the message's partition."""
-
-    status = 421  # Misdirected Request: the client may retry at the owner
-    code = "not_owner"
-
-    def __init__(self, message: str, partition: int, owner_url: str | None) -> None:
-        super().__init__(message)
-        self.partition = partition
-        self.owner_url = owner_url
-
-
-class NoOwnerYet(Backpressure):
-    """A produce for a partition between owners (a node died, or it is being handed over)."""
-
-    status = 503
-    code = "partition_unavailable"
-
-
 class Membership:
-    def __init__(self, broker: Broker, settings: Settings) -> None:
-        self.broker = broker
+    def __init__(self, settings: Settings, *, store: TopicStore, topics: Callable[[], Mapping[str, TopicConfig]],
+                 follow_topics: Callable[[], Awaitable[bool]], marks: SequenceMarks, metrics: IngestMetrics,
+                 ownership: Callable[[Membership], Ownership]) -> None:
+        """`topics`: the topics this node knows; `follow_topics`: takes in other nodes' topic changes,
+        whether any; `ownership`: builds the part whose partitions these leases open and close."""
         self.layout = Layout.of(settings)
         self.node = node_id(self.layout)
         self.heartbeat_s = settings.ingest_heartbeat_s
         self.dedup_window_s = settings.dedup_window_s
+        self._store = store
+        self._topics = topics
+        self._follow_topics_now = follow_topics
+        self._marks = marks
         self.table = OwnershipTable(self.layout, self.node, advertised_url(settings), settings.ingest_lease_ttl_s,
-                                    live_topics=broker.store.topic_ids)
+                                    live_topics=store.topic_ids)
         self.view: ClusterView | None = None
         self._released: set[Pair] = set()  # handed over and flushed: released at the next heartbeat
         self._handing_over: set[Pair] = set()
@@ -101,7 +89,8 @@ class Membership:
         self._opening: set[Pair] = set()  # claimed, their ids being learnt before they open (`_open`)
         self._openings: set[asyncio.Task[None]] = set()
         self.clock = ClockWatch(lambda: self._on_thread("clock", skew, self.layout.system_root, self.node),
-                                settings.ingest_lease_ttl_s, broker.metrics, self._wake.set)
+                                settings.ingest_lease_ttl_s, metrics, self._wake.set)
+        self.ownership = ownership(self)
         self._claiming: set[Pair] = set()  # taken by a heartbeat, their claim under way
         self._claims: set[asyncio.Task[None]] = set()  # claims running beside the loop's beats
         self._slow_beat_said: float | None = None  # when a slow heartbeat was last logged
@@ -139,7 +128,7 @@ class Membership:
         if taken:
             await self._claim(taken, wait=True)
         log.info("joined the cluster as node %s: %d partitions taken, claimed and opened in %.1f s", self.node,
-                 len(self.broker.ownership.owned_pairs()), time.monotonic() - began)
+                 len(self.ownership.owned_pairs()), time.monotonic() - began)
 
     async def stop_beating(self) -> None:
         """End the heartbeat loop, after the beat in progress: at shutdown nothing is taken any more
@@ -207,7 +196,7 @@ class Membership:
         while not self._closing:
             await asyncio.sleep(self.heartbeat_s)
             try:
-                if await self.broker.follow_topics():
+                if await self._follow_topics_now():
                     self._wake.set()
             except Exception:  # the next round reads again
                 log.exception("reading the topics failed")
@@ -225,7 +214,7 @@ class Membership:
                     "LAKEBROKER_INGEST_LEASE_TTL_S", took, ttl)
 
     def _pairs(self) -> dict[Pair, str]:
-        return {(t.topic_id, p): t.name for t in self.broker.topics.values() for p in range(t.partitions)}
+        return {(t.topic_id, p): t.name for t in self._topics().values() for p in range(t.partitions)}
 
     async def beat(self, *, wait: bool = True) -> None:
         """One heartbeat, then the claims of the partitions it took. `wait` (a topic's creation):
@@ -233,7 +222,7 @@ class Membership:
         claimed and open. The loop's beats claim beside the next beats, which renew the leases
         meanwhile, however long the claims take."""
         if wait:  # the loop's beats leave this to `_follow_topics`: a topic change can wait for a commit
-            await self.broker.follow_topics()
+            await self._follow_topics_now()
         async with self._beat_lock:  # the loop's beats and those a topic's creation asks for
             taken = await self._beat()
         if not wait:
@@ -284,11 +273,11 @@ class Membership:
         self._released -= release
         # Routing judges the others' leases: by the storage's time when this clock is known to be off.
         self.view = dataclasses.replace(beat.view, at=beat.view.at - self.clock.skew) if self.clock.off else beat.view
-        owned = self.broker.ownership.owned_pairs()
+        owned = self.ownership.owned_pairs()
         lost = owned - beat.held.keys()
         if lost:
             log.warning("lost the lease of %d partitions; another node takes them", len(lost))
-            self.broker.ownership.disown(lost)
+            self.ownership.disown(lost)
         if self._draining:  # it holds what it holds until it stops: broker.stop commits and releases it
             return {}
         self._held = beat.held
@@ -308,7 +297,7 @@ class Membership:
         by_topic: dict[str, dict[int, int]] = defaultdict(dict)
         for (topic_id, partition), epoch in taken.items():
             by_topic[topic_id][partition] = epoch
-        topics = {t.topic_id: t for t in self.broker.topics.values()}
+        topics = {t.topic_id: t for t in self._topics().values()}
 
         async def one(topic_id: str, epochs: dict[int, int]) -> None:
             try:
@@ -343,13 +332,13 @@ class Membership:
             return
         except DeltaError as exc:  # a damaged log: this topic waits, the others go on
             reason = unreadable(self.layout, topic, exc).message
-            if self.broker.ownership.unreadable.get(topic_id) != reason:
+            if self.ownership.unreadable.get(topic_id) != reason:
                 log.error("%s", reason)
-            self.broker.ownership.unreadable[topic_id] = reason
+            self.ownership.unreadable[topic_id] = reason
             return
         if (took := time.monotonic() - began) > SLOW_S:
             log.warning("topic %r: claiming partitions %s took %.1f s", topic.name, sorted(epochs), took)
-        unread = self.broker.ownership.unreadable.pop(topic_id, None) is not None
+        unread = self.ownership.unreadable.pop(topic_id, None) is not None
         if unread:
             log.warning("topic %r: its table reads again; its partitions are open", topic.name)
         claimed = {p: (epochs[p], end, prev) for p, (end, prev) in ends.items()}
@@ -371,22 +360,22 @@ class Membership:
         all of it within the window. Those whose lease this node lost meanwhile stay closed.
         `snapshot`: the table as the claim left it, which holds every row below the claimed ends."""
         tid = bytes.fromhex(topic.topic_id)
-        others = {p: (0 if unread else self.broker.ownership.own_end((tid, p), prev), end)
+        others = {p: (0 if unread else self.ownership.own_end((tid, p), prev), end)
                   for p, (_, end, prev) in claimed.items()}
         began = time.monotonic()
         placed = await asyncio.to_thread(placed_by_others, self.layout, topic, others, window_s=self.dedup_window_s,
-                                         marks=self.broker.marks, table=snapshot)
+                                         marks=self._marks, table=snapshot)
         if (took := time.monotonic() - began) > SLOW_S:
             log.warning("topic %r: learning the %d ids other nodes committed to partitions %s took %.1f s",
                         topic.name, placed.num_rows, sorted(claimed), took)
-        await self.broker.ownership.learn_ids(placed)
-        await self.broker.ownership.learn_handed_ids(topic, claimed)
-        current = self.broker.topics.get(topic.name)
+        await self.ownership.learn_ids(placed)
+        await self.ownership.learn_handed_ids(topic, claimed)
+        current = self._topics().get(topic.name)
         if current is None or current.topic_id != topic.topic_id:
             return  # deleted (or made again) meanwhile
         held = {p: c for p, c in claimed.items() if self._held.get((topic.topic_id, p)) == c[0]}
         if held:
-            self.broker.ownership.adopt(current, held, placed)
+            self.ownership.adopt(current, held, placed)
 
     def _opened(self, pairs: set[Pair], task: asyncio.Task[None]) -> None:
         self._opening -= pairs
@@ -402,7 +391,7 @@ class Membership:
         and this node's end before the claim, with the table as the claim left it. TopicGone if the
         topic was deleted, before or while it claimed: a node that has not yet seen a delete must not
         bring the table back."""
-        store = self.broker.store
+        store = self._store
 
         def once() -> tuple[dict[int, tuple[int, int | None]], DeltaTable]:
             table = store.live_table(topic)
@@ -425,7 +414,7 @@ class Membership:
     async def _hand_over(self, pair: Pair) -> None:
         """Close the partition to produce, commit what it holds, then release it at the next beat."""
         try:
-            if await self.broker.ownership.hand_over(pair):
+            if await self.ownership.hand_over(pair):
                 self._released.add(pair)
                 self._wake.set()
         finally:

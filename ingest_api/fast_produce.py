@@ -26,12 +26,12 @@ from lakebroker.ingest_api.asgi_route import AsgiRoute, header_in
 from lakebroker.ingest_api.auth import OPEN_ACCESS, Access, Authenticator, access_rule, bearer_of
 from lakebroker.ingest_api.body import media_type, parse_message
 from lakebroker.ingest_api.broker import Broker
-from lakebroker.ingest_api.cluster import NotOwner
 from lakebroker.ingest_api.errors import error_response
 from lakebroker.ingest_api.forwarding import Caller
 from lakebroker.ingest_api.limits import MAX_HEADER_BYTES, MAX_HEADERS, body_timeout, declared_too_large, header_refusal
 from lakebroker.ingest_api.local_produce import OneMessage
 from lakebroker.ingest_api.messages import AckMode, NewMessage
+from lakebroker.ingest_api.not_here import NotOwner
 from lakebroker.ingest_api.responses import Answer
 from lakebroker.ingest_api.router import Router
 from lakebroker.ingest_api.routes.produce import produce_target, produced

@@ -23,8 +23,8 @@ from typing import Any
 import httpx
 import orjson
 
-from lakebroker.ingest_api.cluster import NoOwnerYet
 from lakebroker.ingest_api.messages import AckMode, NewMessage
+from lakebroker.ingest_api.not_here import NoOwnerYet
 from lakebroker.tables.errors import LakebrokerError
 
 FORWARDED_BY = "lakebroker-forwarded-by"

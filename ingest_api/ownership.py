@@ -19,13 +19,13 @@ from typing import Any, Protocol
 import pyarrow as pa
 
 from lakebroker.ingest_api.chunks import Chunk, chunk_bytes
-from lakebroker.ingest_api.cluster import NoOwnerYet, NotOwner
 from lakebroker.ingest_api.dedup import DedupIndex, DedupKey, Placed, dedup_id, dedup_ids, key_hash
 from lakebroker.ingest_api.dedup_rebuild import handed_ids, restore
 from lakebroker.ingest_api.flusher import Flusher
 from lakebroker.ingest_api.group_commit import GroupCommitter, Pending, PendingChunk
 from lakebroker.ingest_api.hand_off import identified
 from lakebroker.ingest_api.metrics import IngestMetrics
+from lakebroker.ingest_api.not_here import NoOwnerYet, NotOwner
 from lakebroker.ingest_api.partitioner import Partitioner
 from lakebroker.ingest_api.records import Record
 from lakebroker.ingest_api.wal import PartitionKey, Wal

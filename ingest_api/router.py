@@ -25,11 +25,11 @@ from typing import Any
 
 from lakebroker.ingest_api.broker import Broker
 from lakebroker.ingest_api.chunks import BatchResults, Chunk, ColumnarBatch
-from lakebroker.ingest_api.cluster import NotOwner
 from lakebroker.ingest_api.forwarding import Caller, Forwarder, Placed
 from lakebroker.ingest_api.hand_off import identified
 from lakebroker.ingest_api.local_produce import ProduceResult
 from lakebroker.ingest_api.messages import AckMode, NewMessage
+from lakebroker.ingest_api.not_here import NotOwner
 from lakebroker.ingest_api.records import Record
 from lakebroker.tables.errors import LakebrokerError
 

@@ -20,10 +20,10 @@ from prometheus_client import CollectorRegistry
 
 from lakebroker.ingest_api.broker import Broker
 from lakebroker.ingest_api.chunks import CHUNK_SCHEMA, Chunk, chunk_bytes
-from lakebroker.ingest_api.cluster import NoOwnerYet
 from lakebroker.ingest_api.flush_rows import records_to_arrow
 from lakebroker.ingest_api.messages import AckMode, NewMessage
 from lakebroker.ingest_api.metrics import IngestMetrics
+from lakebroker.ingest_api.not_here import NoOwnerYet
 from lakebroker.ingest_api.records import Record
 from lakebroker.tables import delta, fencing
 from lakebroker.tables.errors import StorageUnavailable

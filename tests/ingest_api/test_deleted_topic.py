@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from lakebroker.ingest_api.broker import Broker
-from lakebroker.ingest_api.cluster import NoOwnerYet
 from lakebroker.ingest_api.messages import AckMode, NewMessage
+from lakebroker.ingest_api.not_here import NoOwnerYet
 from lakebroker.tables import delta
 from lakebroker.tables.topics import TopicConfig, new_topic
 from tests.ingest_api.test_topic_following import _node, _until

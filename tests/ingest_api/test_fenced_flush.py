@@ -12,9 +12,9 @@ from deltalake import DeltaTable
 from prometheus_client import CollectorRegistry
 
 from lakebroker.ingest_api.broker import Broker
-from lakebroker.ingest_api.cluster import NoOwnerYet, NotOwner
 from lakebroker.ingest_api.messages import AckMode, NewMessage
 from lakebroker.ingest_api.metrics import IngestMetrics
+from lakebroker.ingest_api.not_here import NoOwnerYet, NotOwner
 from lakebroker.tables import delta, fencing
 from lakebroker.tables.settings import Settings
 from lakebroker.tables.topics import new_topic

@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from lakebroker.ingest_api.cluster import NoOwnerYet
 from lakebroker.ingest_api.forwarding import Forwarder, Refused
 from lakebroker.ingest_api.messages import AckMode, NewMessage
+from lakebroker.ingest_api.not_here import NoOwnerYet
 from tests.receivers import Receiver
 
 

@@ -17,9 +17,9 @@ from prometheus_client import CollectorRegistry
 
 from lakebroker.ingest_api import cluster as cluster_module
 from lakebroker.ingest_api.broker import Broker
-from lakebroker.ingest_api.cluster import NoOwnerYet
 from lakebroker.ingest_api.messages import AckMode, NewMessage
 from lakebroker.ingest_api.metrics import IngestMetrics
+from lakebroker.ingest_api.not_here import NoOwnerYet
 from lakebroker.tables.settings import Settings
 from lakebroker.tables.topics import new_topic
 
