@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import gc
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
@@ -15,22 +14,17 @@ from lakebroker.ingest_api.asgi_route import FrontDoor
 from lakebroker.ingest_api.auth import (
     AUTH_ERRORS,
     AUTHENTICATED,
-    Authenticator,
     AuthGate,
-    auth_enforced,
     check_every_route_decided,
     public,
     public_routes,
     require,
 )
-from lakebroker.ingest_api.broker import Broker
 from lakebroker.ingest_api.dashboard import Dashboard
 from lakebroker.ingest_api.errors import V2ErrorShape, install_error_handlers
 from lakebroker.ingest_api.limits import BodyLimit, HeaderLimit
 from lakebroker.ingest_api.live_status import LiveStatus, Service
-from lakebroker.ingest_api.metrics import IngestMetrics
-from lakebroker.ingest_api.node_identity import node_credential
-from lakebroker.ingest_api.router import Router
+from lakebroker.ingest_api.node import IngestNode
 from lakebroker.ingest_api.routes import (
     cluster,
     consume,
@@ -43,10 +37,8 @@ from lakebroker.ingest_api.routes import (
     topics,
     wal,
 )
-from lakebroker.tables.layout import Layout
-from lakebroker.tables.lock import DataDirBusy, DataDirLock
 from lakebroker.tables.settings import Settings
-from lakebroker.tables.tokens import Scope, TokenStore
+from lakebroker.tables.tokens import Scope
 
 YOUNG_GC_THRESHOLD = 10_000
 
@@ -58,28 +50,20 @@ def create_app(
     *,
     services: Sequence[Service] = (),
     live_status: LiveStatus | None = None,
+    node: IngestNode | None = None,
 ) -> FastAPI:
-    """Build the app. `services` start, in order, once the data-dir lock is held and recovery is
-    done, and stop in reverse at shutdown; then `on_started` runs. `live_status` is what the
-    subscription status and the dashboard show of the delivery pipelines running beside the app."""
-    registry = registry or CollectorRegistry()
-    metrics = IngestMetrics(registry)
-    broker = Broker(settings, metrics)
-    router = Router(broker)
-    lock = DataDirLock(Layout.of(settings).lock_file)
-    auth = Authenticator(TokenStore(Layout.of(settings)), auth_enforced(settings),
-                         max_age_s=settings.auth_cache_ms / 1000)
+    """Build the app over `node` (by default one built here for `settings`). `services` start, in
+    order, once the node holds the data-dir lock and recovery is done, and stop in reverse at
+    shutdown; then `on_started` runs. `live_status` is what the subscription status and the
+    dashboard show of the delivery pipelines running beside the app."""
+    node = node or IngestNode.build(settings, registry)
+    broker, auth = node.broker, node.auth
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        if not lock.try_acquire():
-            raise DataDirBusy(f"another lakebroker process ({lock.holder()}) serves the data dir "
-                              f"{settings.data_dir}: stop it, or give this process its own --data-dir")
         thresholds = gc.get_threshold()
         try:
-            await auth.start()
-            await broker.start()
-            router.start(await asyncio.to_thread(node_credential, settings, Layout.of(settings), broker.cluster.node))
+            await node.start()
             for service in services:
                 await service.start()
             if on_started is not None:
@@ -99,10 +83,7 @@ def create_app(
                 gc.set_threshold(*thresholds)
             for service in reversed(services):
                 await service.stop()  # safe if it never started
-            await router.stop()
-            if broker.started:
-                await broker.stop()
-            lock.release()
+            await node.stop()
 
     app = FastAPI(
         title="lakebroker",
@@ -113,8 +94,9 @@ def create_app(
         docs_url="/docs" if settings.docs_public else None,
         redoc_url="/redoc" if settings.docs_public else None,
     )
+    # The routes' parts, read through ingest_api/deps.py. The fast path is handed the node itself.
     app.state.broker = broker
-    app.state.router = router
+    app.state.router = node.router
     app.state.settings = settings
     app.state.auth = auth
     app.state.live_status = live_status

@@ -31,6 +31,7 @@ from lakebroker.ingest_api.forwarding import Caller
 from lakebroker.ingest_api.limits import MAX_HEADER_BYTES, MAX_HEADERS, body_timeout, declared_too_large, header_refusal
 from lakebroker.ingest_api.local_produce import OneMessage
 from lakebroker.ingest_api.messages import AckMode, NewMessage
+from lakebroker.ingest_api.node import IngestNode
 from lakebroker.ingest_api.not_here import NotOwner
 from lakebroker.ingest_api.responses import Answer
 from lakebroker.ingest_api.router import Router
@@ -55,17 +56,18 @@ class FastRequest:
 
 
 class FastProduce:
-    def __init__(self, app: FastAPI) -> None:
+    def __init__(self, node: IngestNode, app: FastAPI) -> None:
+        """`app`: the app that serves `node` through ASGI, whose route for PATH declares who may call it."""
         route = next((r for r in app.routes if isinstance(r, AsgiRoute) and r.path == PATH and r.methods == {"POST"}),
                      None)
         if route is None:
             raise RuntimeError(f"the app has no POST {PATH} route to serve fast")
-        self.broker: Broker = app.state.broker
-        self.router: Router = app.state.router
-        self.auth: Authenticator = app.state.auth
+        self.broker: Broker = node.broker
+        self.router: Router = node.router
+        self.auth: Authenticator = node.auth
         self.access: Access | None = access_rule(route)
-        self.max_request_bytes: int = app.state.settings.max_request_bytes
-        self.body_timeout_s: float = app.state.settings.body_read_timeout_s
+        self.max_request_bytes: int = node.settings.max_request_bytes
+        self.body_timeout_s: float = node.settings.body_read_timeout_s
         self.taken = 0  # requests this path answered (the rest went through ASGI)
 
     def begin(self, topic: str, raw_query: bytes, headers: Headers) -> FastRequest | Answer | None:

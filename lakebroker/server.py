@@ -1,5 +1,6 @@
-"""`lakebroker serve`: the composition root. It builds the ingest app, the delivery that runs
-beside it (setting `delivery_mode`) and the Spark job scheduler, and serves the app on uvicorn.
+"""`lakebroker serve`: the composition root. It builds the ingest node's parts (ingest_api/node.py)
+and hands them to its doors (the app, the fast single-message path), the delivery that runs beside
+it (setting `delivery_mode`) and the Spark job scheduler, and serves the app on uvicorn.
 The service packages never import each other; only this module and the CLI see them all."""
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from lakebroker.ingest_api.auth import is_loopback
 from lakebroker.ingest_api.fast_produce import FastProduce
 from lakebroker.ingest_api.http_fast_produce import fast_protocol
 from lakebroker.ingest_api.http_limits import BoundedHttpToolsProtocol, bounded_protocol
+from lakebroker.ingest_api.node import IngestNode
 from lakebroker.ingest_api.node_identity import advertised_url, refuse_twin
 from lakebroker.tables.layout import Layout
 from lakebroker.tables.lock import DataDirLock
@@ -47,13 +49,15 @@ UVICORN_LIMITS: dict[str, Any] = {
 
 
 def build_app(settings: Settings, registry: CollectorRegistry | None = None,
-              on_started: Callable[[], None] | None = None) -> FastAPI:
-    """The ingest app with the delivery that runs beside it, started once the app holds the
-    data-dir lock and shown through the app's subscription status and dashboard."""
-    registry = registry or CollectorRegistry()
-    delivery = embedded_delivery(settings, registry)  # a supervised child process, or a task on this loop
-    return create_app(settings, registry, on_started, services=[delivery] if delivery is not None else [],
-                      live_status=delivery)
+              on_started: Callable[[], None] | None = None, *, node: IngestNode | None = None) -> FastAPI:
+    """The ingest app over `node` (by default one built for `settings`, its metrics in `registry`)
+    with the delivery that runs beside it, started once the node holds the data-dir lock and shown
+    through the app's subscription status and dashboard."""
+    node = node or IngestNode.build(settings, registry)
+    # a supervised child process, or a task on this loop; its metrics beside the node's
+    delivery = embedded_delivery(settings, node.metrics.registry)
+    return create_app(settings, on_started=on_started, services=[delivery] if delivery is not None else [],
+                      live_status=delivery, node=node)
 
 
 def _already_shut_down(signum: int, frame: object) -> None:
@@ -121,10 +125,12 @@ def run_server(settings: Settings, *, reuse_port: bool = False) -> None:
         layout.server_file.write_bytes(orjson.dumps({"url": f"http://{host}:{port}", "pid": os.getpid()}))
         jobs.append(start_scheduler(settings))
 
-    app = build_app(settings, registry, on_started=announce)
-    # single-message produce is answered by the HTTP protocol itself (ingest_api/http_fast_produce.py)
+    # One node's parts, handed to both doors: the app (ASGI) and the fast single-message path
+    # answered by the HTTP protocol itself (ingest_api/http_fast_produce.py).
+    node = IngestNode.build(settings, registry)
+    app = build_app(settings, on_started=announce, node=node)
     deadlines = settings.header_read_timeout_s, settings.body_read_timeout_s
-    http = (fast_protocol(deadlines[0], FastProduce(app), deadlines[1]) if settings.fast_produce
+    http = (fast_protocol(deadlines[0], FastProduce(node, app), deadlines[1]) if settings.fast_produce
             else bounded_protocol(*deadlines))
     limits = {**UVICORN_LIMITS, "http": http}
 

@@ -21,6 +21,7 @@ from fastapi import FastAPI
 from lakebroker.ingest_api.fast_produce import FastProduce
 from lakebroker.ingest_api.http_fast_produce import fast_protocol
 from lakebroker.ingest_api.http_limits import bounded_protocol
+from lakebroker.ingest_api.node import IngestNode
 from lakebroker.ingest_api.wal import ZERO_AHEAD
 from lakebroker.server import build_app
 from lakebroker.tables.layout import Layout
@@ -43,8 +44,9 @@ class Server:
     def __init__(self, data: Path, fast: bool, timeout_keep_alive: float = 5, **overrides: object) -> None:
         self.settings = Settings(**{"data_dir": data, "flush_interval_ms": 20, "deliver_in_serve": False,
                                     "max_request_bytes": MAX_REQUEST, "body_read_timeout_s": 1, **overrides})
-        self.app: FastAPI = build_app(self.settings)
-        self.fast = FastProduce(self.app) if fast else None
+        node = IngestNode.build(self.settings)
+        self.app: FastAPI = build_app(self.settings, node=node)
+        self.fast = FastProduce(node, self.app) if fast else None
         # log_config=None, as `serve` runs it: uvicorn leaves logging alone, so its access log stays off
         http = fast_protocol(10.0, self.fast) if self.fast is not None else bounded_protocol(10.0)
         self.thread = AppThread(self.app, http=http, loop="uvloop", lifespan="on",
