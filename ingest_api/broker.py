@@ -223,7 +223,7 @@ class Broker:
 
     # A partition has two ends. The assigned end is the next offset produce will give (what the WAL
     # holds); the committed end is the next offset the Delta table will hold (what readers see).
-    # The API calls the first `log_end_offset`, as Kafka does, and the second `committed_offset`.
+    # The API calls the first `log_end_offset` and the second `high_watermark`, as Kafka does.
     # Only the owner knows the assigned end; another node answers with the end in the table, as of
     # its last `follow_ends`.
     def assigned_end(self, topic: TopicConfig, partition: int) -> int:

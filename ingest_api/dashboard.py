@@ -226,7 +226,8 @@ class Dashboard:
             committed = self.broker.committed_end(topic, p)
             partitions.append({
                 "partition": p, "log_start_offset": log_start(f, committed),
-                "log_end_offset": self.broker.assigned_end(topic, p), "committed_offset": committed,
+                "log_end_offset": self.broker.assigned_end(topic, p), "high_watermark": committed,
+                "committed_offset": committed,  # deprecated: high_watermark
                 "size_bytes": f.size_bytes if f else 0, "files": f.files if f else 0, "rows": f.rows if f else 0,
             })
         assigned = sum(p["log_end_offset"] for p in partitions)
@@ -243,7 +244,7 @@ class Dashboard:
 
     def _subscription(self, sub: Subscription, groups: GroupTables) -> dict[str, Any]:
         status = subscription_status(self.broker, self.worker, sub, groups)
-        produced = sum(p["log_end_offset"] for p in status["partitions"])
+        produced = sum(p["high_watermark"] for p in status["partitions"])
         pending = sum(p["lag"] for p in status["partitions"])
         dead = status["dead_letters"]
         state, last_error = _endpoint(status, sub)
@@ -254,9 +255,12 @@ class Dashboard:
             "produced": produced, "pending": pending, "dead_lettered": dead,
             "delivered": max(0, produced - pending - dead), "in_flight": sum(p["in_flight"] for p in
                                                                             status["partitions"]),
-            "partitions": [{k: p[k] for k in ("partition", "committed_offset", "log_end_offset", "lag", "in_flight",
-                                              "state", "last_error")} for p in status["partitions"]],
+            "partitions": [{k: p[k] for k in _SUB_PARTITION_KEYS} for p in status["partitions"]],
         }
+
+
+_SUB_PARTITION_KEYS = ("partition", "committed_offset", "high_watermark", "log_end_offset", "lag", "in_flight",
+                       "state", "last_error")
 
 
 def for_principal(snapshot: dict[str, Any], principal: ApiToken) -> dict[str, Any]:

@@ -434,7 +434,7 @@ class Flusher:
             key = (topic_id, partition)
             if end > self.committed.get(key, 0):
                 self.committed[key] = end
-            self._metrics.committed_end.labels(topic.name, str(partition)).set(self.committed[key])
+            self._metrics.set_high_watermark(topic.name, partition, self.committed[key])
             self._waits.committed(key, self.committed[key])
 
 

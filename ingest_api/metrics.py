@@ -164,8 +164,13 @@ class IngestMetrics:
             "Committed-to-Delta offsets a consumer group (a pull consumer's or a Spark stream's) has not committed "
             "past, per partition this node owns.", ["group", "topic", "partition"], registry=registry,
         )
-        self.committed_end = Gauge(
-            "lakebroker_partition_committed_offset", "The committed end: offsets below it are in the Delta table.",
+        self.high_watermark = Gauge(
+            "lakebroker_partition_high_watermark", "The committed end: offsets below it are in the Delta table.",
+            ["topic", "partition"], registry=registry,
+        )
+        self._committed_offset = Gauge(  # the same, under its former name, for one more release
+            "lakebroker_partition_committed_offset",
+            "Deprecated: lakebroker_partition_high_watermark under its former name; removed in the next release.",
             ["topic", "partition"], registry=registry,
         )
         self.backpressure_waits = Counter(
@@ -175,3 +180,7 @@ class IngestMetrics:
         )
         self.duplicates_to = Children(self.duplicates)
         self.rejected_for = Children(self.rejected)
+
+    def set_high_watermark(self, topic: str, partition: int, end: int) -> None:
+        for gauge in (self.high_watermark, self._committed_offset):
+            gauge.labels(topic, str(partition)).set(end)

@@ -96,4 +96,4 @@ def read_messages(
         # starts after it.
         next_offset = messages[-1]["offset"] + 1 if messages else stop
     return {"messages": messages, "next_offset": next_offset, "log_start_offset": start,
-            "committed_offset": committed_end, "lost_offsets": lost}
+            "high_watermark": committed_end, "committed_offset": committed_end, "lost_offsets": lost}

@@ -12,6 +12,9 @@ from lakebroker.tables.topics import MAX_PARTITIONS
 # tables store int64, and a bound above 2**53 cannot even be checked exactly by a float-based
 # JSON Schema validator.
 MAX_INT = 2**53 - 1
+# The names of a partition's ends (docs/concepts.md#offsets): `log_end_offset` the next offset to
+# assign, `high_watermark` the end committed to Delta, `committed_offset` a consumer group's position.
+DEPRECATED_END = "the same as high_watermark, under its former name; removed in the next release."
 
 # Standard base64 with padding, as value_b64 is decoded (the pattern documents it; the route checks).
 BASE64_PATTERN = r"^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$"
@@ -47,7 +50,8 @@ class PartitionPublic(BaseModel):
     partition: int
     log_start_offset: int
     log_end_offset: int = Field(description="Next offset to be assigned (includes messages still in the WAL).")
-    committed_offset: int = Field(description="Offsets below this are committed to the Delta table.")
+    high_watermark: int = Field(description="Offsets below this are committed to the Delta table: what reads see.")
+    committed_offset: int = Field(description=f"Deprecated: {DEPRECATED_END}", json_schema_extra={"deprecated": True})
     size_bytes: int
     files: int
 
@@ -134,7 +138,9 @@ class MessagesPublic(BaseModel):
     messages: list[MessagePublic]
     next_offset: int
     log_start_offset: int
-    committed_offset: int
+    high_watermark: int = Field(description="Offsets below this are committed to the Delta table: a read "
+                                            "reaches them.")
+    committed_offset: int = Field(description=f"Deprecated: {DEPRECATED_END}", json_schema_extra={"deprecated": True})
     lost_offsets: list[LostRangePublic] = Field(
         default_factory=list,
         description="Offsets in the range read that were lost to WAL damage and skipped by an operator "

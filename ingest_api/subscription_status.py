@@ -97,7 +97,8 @@ def subscription_status(broker: Broker, worker: LiveStatus | None, sub: Subscrip
             "partition": p,
             "committed_offset": offset,
             "last_commit_reason": reason,
-            "log_end_offset": end,
+            "high_watermark": end,
+            "log_end_offset": end,  # deprecated: high_watermark
             "lag": max(0, end - offset),
             "in_flight": reported.get("in_flight", 0),
             "delivered": reported.get("delivered", 0),

@@ -125,7 +125,7 @@ def topics_describe(name: str) -> None:
         f = logs.get(p)
         rows.append([p, f.log_start if f else 0, f.committed_end if f else 0, f.size_bytes if f else 0,
                      f.files if f else 0])
-    print_rows(["partition", "log_start_offset", "committed_offset", "size_bytes", "files"], rows)
+    print_rows(["partition", "log_start_offset", "high_watermark", "size_bytes", "files"], rows)
 
 
 @topics_app.command("delete")

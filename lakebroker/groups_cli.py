@@ -42,7 +42,7 @@ def register(app: typer.Typer, settings: Callable[[], Settings], fail: Callable[
         if json_out:
             sys.stdout.buffer.write(orjson.dumps(rows, option=orjson.OPT_INDENT_2) + b"\n")
             return
-        columns = ["group", "topic", "partition", "committed_offset", "log_end_offset", "lag", "reason"]
+        columns = ["group", "topic", "partition", "committed_offset", "high_watermark", "lag", "reason"]
         print_rows(columns, [[r[c] for c in columns] for r in rows])
 
     @groups_app.command("seek")

@@ -57,7 +57,8 @@ def pull_group_lags(committed: Mapping[GroupPartition, tuple[int, str]], topics:
             continue
         log_end = end(topic, partition)
         out.append({"group": stored.removeprefix(PULL_GROUP_PREFIX), "topic": topic_name, "partition": partition,
-                    "committed_offset": offset, "log_end_offset": log_end, "lag": max(0, log_end - offset),
+                    "committed_offset": offset, "high_watermark": log_end, "lag": max(0, log_end - offset),
+                    "log_end_offset": log_end,  # deprecated: high_watermark
                     "reason": reason})
     return out
 

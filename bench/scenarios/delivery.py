@@ -204,7 +204,7 @@ def faulty(work: Path, n: int) -> dict[str, Any]:
         dead = {(d["partition"], d["offset"]) for d in letters["dead_letters"]}
         answers = stats(sink.url)["answers"]
         ends = httpx.get(broker.url + "/v1/topics/bench", timeout=30).json()["partition_offsets"]
-    expected = {(e["partition"], o) for e in ends for o in range(e["committed_offset"])}
+    expected = {(e["partition"], o) for e in ends for o in range(e["high_watermark"])}
     return {"messages": len(expected), "seconds": seconds, "delivered": len(delivered & expected),
             "dead_lettered": len((dead - delivered) & expected), "lost": len(expected - delivered - dead),
             "answers": answers}

@@ -162,7 +162,7 @@ def visibility_run(sz: Sizes, broker: Server, topic: str, work: Path, label: str
 
 def _committed_ends(url: str, topic: str, partitions: int) -> dict[int, int]:
     m = metrics(url)
-    return {p: int(m.get(f'lakebroker_partition_committed_offset{{partition="{p}",topic="{topic}"}}', 0))
+    return {p: int(m.get(f'lakebroker_partition_high_watermark{{partition="{p}",topic="{topic}"}}', 0))
             for p in range(partitions)}
 
 

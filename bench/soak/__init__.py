@@ -477,7 +477,7 @@ class Soak:
             return True
 
         if not wait_for(drained, self.plan.drain_timeout_s):  # the checks below say what is missing
-            stuck = [f"{topic} p{p['partition']}: committed {p['committed_offset']} of {p['log_end_offset']}, "
+            stuck = [f"{topic} p{p['partition']}: committed {p['committed_offset']} of {p['high_watermark']}, "
                      f"{p['in_flight']} in flight, {p['state']}, owner {p['owner']}"
                      for topic in SUBSCRIBED
                      for p in client.get(f"/v1/subscriptions/{topic}-hooks").json()["partitions"]

@@ -56,7 +56,7 @@ async def metrics(broker: BrokerDep) -> Response:
         broker.metrics.topic_unavailable.labels(topic.name).set(1 if unavailable else 0)
         for p in range(topic.partitions):
             broker.metrics.assigned_end.labels(topic.name, str(p)).set(broker.assigned_end(topic, p))
-            broker.metrics.committed_end.labels(topic.name, str(p)).set(broker.committed_end(topic, p))
+            broker.metrics.set_high_watermark(topic.name, p, broker.committed_end(topic, p))
             broker.metrics.wal_lost_offsets.labels(topic.name, str(p)).set(broker.lost_offsets(topic, p))
     committed = await asyncio.to_thread(broker.group_offsets.latest)
     broker.metrics.group_lag.clear()  # a group or partition gone since the last scrape goes too

@@ -13,7 +13,7 @@ from lakebroker.ingest_api.broker import Broker
 from lakebroker.ingest_api.deps import BrokerDep
 from lakebroker.ingest_api.reader import log_start, offset_for_timestamp, partition_files
 from lakebroker.ingest_api.routes.consume import parse_timestamp
-from lakebroker.ingest_api.schemas import MAX_INT, ErrorPublic
+from lakebroker.ingest_api.schemas import DEPRECATED_END, MAX_INT, ErrorPublic
 from lakebroker.ingest_api.subscription_status import read_groups, subscription_status
 from lakebroker.tables.dead_letters import DeadLetterTable
 from lakebroker.tables.errors import InvalidRequest, OutOfRange
@@ -115,7 +115,8 @@ class PartitionStatusPublic(BaseModel):
     partition: int
     committed_offset: int = Field(description="Next offset to deliver.")
     last_commit_reason: str = Field(description="Why the offset last moved: start, ack, seek, retention-skip, ...")
-    log_end_offset: int = Field(description="Offsets below this are committed to the Delta table.")
+    high_watermark: int = Field(description="Offsets below this are committed to the Delta table.")
+    log_end_offset: int = Field(description=f"Deprecated: {DEPRECATED_END}", json_schema_extra={"deprecated": True})
     lag: int
     in_flight: int
     delivered: int = Field(description="Delivered by the partition's current worker (live).")

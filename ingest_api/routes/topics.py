@@ -29,7 +29,8 @@ async def _public(broker: BrokerDep, topic: TopicConfig, with_offsets: bool) -> 
             committed = broker.committed_end(topic, p)
             out.partition_offsets.append(PartitionPublic(
                 partition=p, log_start_offset=log_start(f, committed), log_end_offset=broker.assigned_end(topic, p),
-                committed_offset=committed, size_bytes=f.size_bytes if f else 0, files=f.files if f else 0,
+                high_watermark=committed, committed_offset=committed, size_bytes=f.size_bytes if f else 0,
+                files=f.files if f else 0,
             ))
     return out
 

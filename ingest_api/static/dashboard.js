@@ -184,7 +184,7 @@
     const before = ref(row, "end").textContent;
     setText(ref(row, "start"), n(p.log_start_offset));
     setText(ref(row, "end"), n(p.log_end_offset));
-    setText(ref(row, "committed"), n(p.committed_offset));
+    setText(ref(row, "committed"), n(p.high_watermark));
     setText(ref(row, "size"), bytes(p.size_bytes));
     setText(ref(row, "files"), n(p.files));
     if (before !== "" && before !== ref(row, "end").textContent) flash(row);
@@ -202,7 +202,7 @@
     setText(ref(row, "count"), `${t.partitions.length} partition${t.partitions.length === 1 ? "" : "s"}`);
     setText(ref(row, "start"), n(sum("log_start_offset")));
     setText(ref(row, "end"), n(t.log_end_offset));
-    setText(ref(row, "committed"), n(sum("committed_offset")));
+    setText(ref(row, "committed"), n(sum("high_watermark")));
     setText(ref(row, "size"), bytes(t.size_bytes));
     setText(ref(row, "files"), n(t.files));
     setText(ref(row, "rate"), rate(t.produce_rate));
@@ -288,7 +288,7 @@
       h("td", { class: "num", "data-ref": "inflight" }), h("td", { class: "state", "data-ref": "state" })),
     (row, p) => {
       setText(ref(row, "committed"), n(p.committed_offset));
-      setText(ref(row, "end"), n(p.log_end_offset));
+      setText(ref(row, "end"), n(p.high_watermark));
       setText(ref(row, "lag"), n(p.lag));
       ref(row, "lagbar").style.width = ((100 * p.lag) / maxLag).toFixed(1) + "%";
       setText(ref(row, "inflight"), n(p.in_flight));
@@ -318,7 +318,7 @@
 
   function updateGroup(row, g) {
     setText(ref(row, "committed"), n(g.committed_offset));
-    setText(ref(row, "end"), n(g.log_end_offset));
+    setText(ref(row, "end"), n(g.high_watermark));
     setText(ref(row, "lag"), n(g.lag));
   }
 

@@ -85,14 +85,16 @@ def test_every_read_route_through_every_node_agrees_with_the_table(three: tuple[
             described = httpx.get(f"{node.url}/v1/topics/r", timeout=10).json()["partition_offsets"]
             for part in described:
                 p = part["partition"]
-                assert (part["committed_offset"], part["log_end_offset"]) == (p + 2, p + 2), (node.url, part)
+                assert (part["high_watermark"], part["log_end_offset"]) == (p + 2, p + 2), (node.url, part)
+                assert part["committed_offset"] == part["high_watermark"], part  # the deprecated name
             for p in range(PARTITIONS):
                 expected = [row["offset"] for row in stored[p]]
                 for query in ({"offset": 0}, {"timestamp": 0}, {}):
                     read = httpx.get(f"{node.url}/v1/topics/r/partitions/{p}/messages", params=query,
                                      timeout=10).json()
                     assert [m["offset"] for m in read["messages"]] == expected, (node.url, p, query, read)
-                    assert read["next_offset"] == read["committed_offset"] == p + 2, (node.url, p, query, read)
+                    assert read["next_offset"] == read["high_watermark"] == read["committed_offset"] == p + 2, (
+                        node.url, p, query, read)
             # A pull group's position, committed through one node, bounded by the end this node reports.
             r = httpx.post(f"{node.url}/v1/topics/r/groups/pull/offsets", json={"offsets": {"2": 4}}, timeout=30)
             assert r.status_code == 200, (node.url, r.text)
@@ -100,7 +102,8 @@ def test_every_read_route_through_every_node_agrees_with_the_table(three: tuple[
         receiver.wait_for(lambda: len(receiver.received) >= sum(p + 2 for p in range(PARTITIONS)))
         for node in nodes:
             status = httpx.get(f"{node.url}/v1/subscriptions/hook", timeout=10).json()
-            ends = {part["partition"]: part["log_end_offset"] for part in status["partitions"]}
+            ends = {part["partition"]: part["high_watermark"] for part in status["partitions"]}
+            assert all(part["log_end_offset"] == part["high_watermark"] for part in status["partitions"]), status
             assert ends == {p: p + 2 for p in range(PARTITIONS)}, (node.url, status)
             # Seeking to latest puts every partition at its end, whichever node is asked.
             r = httpx.post(f"{node.url}/v1/subscriptions/hook/seek", json={"to": "latest"}, timeout=30)

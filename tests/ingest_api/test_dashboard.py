@@ -69,7 +69,7 @@ def test_topics_subscriptions_and_dead_letters(client: TestClient, orders: str, 
     assert topic["name"] == "orders" and topic["log_end_offset"] == 10 and topic["messages"] == 10
     assert topic["size_bytes"] > 0 and topic["files"] >= 2
     p0, p1, p2 = topic["partitions"]
-    assert (p0["log_start_offset"], p0["log_end_offset"], p0["committed_offset"]) == (0, 6, 6)
+    assert (p0["log_start_offset"], p0["log_end_offset"], p0["high_watermark"]) == (0, 6, 6)
     assert (p1["log_end_offset"], p2["log_end_offset"], p2["size_bytes"], p2["files"]) == (4, 0, 0, 0)
     assert topic["produce_rate"] is not None and topic["produce_rate"] > 0  # 10 messages since the first look
 
@@ -198,7 +198,7 @@ def test_consumer_groups_show_with_their_lag_on_the_dashboard_and_in_metrics(cli
     assert r.status_code == 200, r.text
     assert client.post("/v1/topics/events/groups/audit/offsets", json={"offsets": {"0": 2, "1": 5}}).status_code == 200
     snap = wait_for(client, lambda s: len(s["groups"]) == 2)
-    assert [(g["group"], g["topic"], g["partition"], g["committed_offset"], g["log_end_offset"], g["lag"])
+    assert [(g["group"], g["topic"], g["partition"], g["committed_offset"], g["high_watermark"], g["lag"])
             for g in snap["groups"]] == [("audit", "events", 0, 2, 5, 3), ("audit", "events", 1, 5, 5, 0)]
     metrics = client.get("/metrics").text
     assert 'lakebroker_group_lag{group="audit",partition="0",topic="events"} 3.0' in metrics

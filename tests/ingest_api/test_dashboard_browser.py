@@ -194,8 +194,8 @@ def test_dashboard_live_in_chromium(server: ServerProcess, browser: Browser, bil
         def partition_0() -> dict[str, Any]:
             return dict(api.get("/v1/topics/orders").json()["partition_offsets"][0])
 
-        wait_until(lambda: partition_0()["committed_offset"] == partition_0()["log_end_offset"], "p0 all in Delta")
-        committed = partition_0()["committed_offset"]
+        wait_until(lambda: partition_0()["high_watermark"] == partition_0()["log_end_offset"], "p0 all in Delta")
+        committed = partition_0()["high_watermark"]
         assert api.post("/v1/topics/orders/groups/audit/offsets", json={"offsets": {"0": 1}}).status_code == 200
         expect(page.get_by_test_id("group-audit-orders-0-lag")).to_have_text(f"{committed - 1:,}", timeout=10_000)
         files_before = number(page, "topic-orders-files")

@@ -196,9 +196,12 @@ def test_health_ready_and_metrics(client: TestClient, orders: str) -> None:
     for name in ("lakebroker_produce_messages_total", "lakebroker_produce_latency_seconds_bucket",
                  "lakebroker_wal_backlog_bytes", "lakebroker_flush_latency_seconds_bucket",
                  "lakebroker_flush_batch_records_bucket", "lakebroker_partition_log_end_offset",
-                 "lakebroker_partition_committed_offset"):
+                 "lakebroker_partition_high_watermark", "lakebroker_partition_committed_offset"):
         assert name in text, name
     assert 'lakebroker_partition_log_end_offset{partition="0",topic="orders"} 1.0' in text
+    # ack=table: the message is in Delta, so the committed end is past it, under both of its names
+    assert 'lakebroker_partition_high_watermark{partition="0",topic="orders"} 1.0' in text
+    assert 'lakebroker_partition_committed_offset{partition="0",topic="orders"} 1.0' in text
 
 
 def test_a_hole_in_a_topic_that_is_not_compacted_is_an_error_not_a_skip(client: TestClient) -> None:

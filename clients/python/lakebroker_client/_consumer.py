@@ -30,6 +30,12 @@ log = logging.getLogger("lakebroker_client")
 OffsetReset = Literal["earliest", "latest"]
 
 
+def high_watermark(ends: dict[str, Any]) -> int:
+    """A partition's committed end (offsets below it are in Delta); an older broker names it only
+    `committed_offset`."""
+    return int(ends["high_watermark"] if "high_watermark" in ends else ends["committed_offset"])
+
+
 class Consumer:
     """Pulls messages from one or more topics, each partition in offset order.
 
@@ -241,10 +247,10 @@ class Consumer:
             elif new_partitions or self._reset == "earliest":  # a partition added later starts at its beginning
                 position = info[p]["log_start_offset"]
             else:
-                position = info[p]["committed_offset"]
+                position = high_watermark(info[p])
             tp = TopicPartition(topic, p)
             self._positions[tp] = self._fetch_pos[tp] = position
-            self._ends[tp] = info[p]["committed_offset"]
+            self._ends[tp] = high_watermark(info[p])
 
     def _forget(self, tp: TopicPartition) -> None:
         self._buffer = deque(m for m in self._buffer if (m.topic, m.partition) != tp)
@@ -278,7 +284,7 @@ class Consumer:
         for m in body["messages"]:
             self._buffer.append(self._deserialized(Message.from_json(m, tp.topic)))
         self._fetch_pos[tp] = body["next_offset"]
-        self._ends[tp] = body["committed_offset"]
+        self._ends[tp] = high_watermark(body)
         return len(body["messages"])
 
     def _deserialized(self, message: Message) -> Message:
@@ -291,7 +297,7 @@ class Consumer:
 
     def _out_of_range(self, tp: TopicPartition, offset: int) -> None:
         info = self._metadata(tp.topic)[tp.partition]
-        start, committed, end = info["log_start_offset"], info["committed_offset"], info["log_end_offset"]
+        start, committed, end = info["log_start_offset"], high_watermark(info), info["log_end_offset"]
         if offset < start:
             log.warning("topic %s partition %d: offsets %d-%d were removed by retention before this consumer "
                         "read them; continuing at %d", tp.topic, tp.partition, offset, start - 1, start)
