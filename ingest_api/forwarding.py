@@ -9,6 +9,14 @@ a node never forwards such a request again: one hop at most, whatever the owners
 Each owner has a pool of its own, so one that accepts connections and never answers (paused, or
 stuck) holds only its own; and a forward waits one lease TTL at most: an owner silent that long
 has lost its partitions, or will within a heartbeat, and the producer retries.
+
+Single messages (`Forwarder.one`) share requests: those for one owner, topic, `ack` and caller's
+credential go together, as a Kafka producer's records for one broker do. A message is sent at once
+while fewer than SENDS_IN_FLIGHT such requests are under way, else with the others that arrive
+before one of them returns. Under load a forwarded message then costs the owner a share of one
+request rather than a request of its own, and an idle producer waits for nothing. The owner answers
+each message's placement; a refusal of the whole request (the partitions moved, backpressure, the
+owner gone) is every message's answer, as it would have been alone.
 """
 
 from __future__ import annotations
@@ -16,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import base64
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -32,6 +40,9 @@ FORWARDED_BY_BYTES = FORWARDED_BY.encode()
 Placed = tuple[int, int | None, bool, int | None]  # partition, offset, duplicate, timestamp (µs)
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 OWNER_CONNECTIONS = 64  # per owner
+SENDS_IN_FLIGHT = 2  # shared requests under way per owner, topic, ack and credential, before messages wait
+SHARED_MESSAGES = 1_000  # at most in one shared request
+SHARED_BYTES = 1 << 20  # its body at most (and the owner's max_request_bytes), unless one message is larger
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,12 +92,29 @@ def message_json(m: NewMessage, partition: int) -> dict[str, Any]:
     return out
 
 
+SharedKey = tuple[str, str, AckMode, str | None]  # owner URL, topic, ack, Authorization
+
+
+@dataclass(slots=True)
+class _Shared:
+    """Single messages waiting to share a request to one owner."""
+
+    bodies: list[bytes] = field(default_factory=list)  # each message as the batch body carries it
+    waiters: list[asyncio.Future[Placed]] = field(default_factory=list)
+    size: int = 0
+    in_flight: int = 0
+
+
 class Forwarder:
-    def __init__(self, node: str, timeout_s: float) -> None:
-        """`timeout_s`: the whole forward's deadline, waiting for a connection included (the lease TTL)."""
+    def __init__(self, node: str, timeout_s: float, max_request_bytes: int = SHARED_BYTES) -> None:
+        """`timeout_s`: the whole forward's deadline, waiting for a connection included (the lease TTL);
+        `max_request_bytes`: the owners' body limit (every node's settings alike), which bounds a shared request."""
         self.node = node
         self.timeout_s = timeout_s
         self._clients: dict[str, httpx.AsyncClient] = {}
+        self._shared_bytes = min(SHARED_BYTES, max_request_bytes)
+        self._shared: dict[SharedKey, _Shared] = {}
+        self._sends: set[asyncio.Task[None]] = set()
 
     def _client(self, url: str) -> httpx.AsyncClient:
         client = self._clients.get(url)
@@ -99,16 +127,72 @@ class Forwarder:
         return client
 
     async def close(self) -> None:
+        for task in list(self._sends):
+            task.cancel()
+        await asyncio.gather(*self._sends, return_exceptions=True)
         for client in self._clients.values():
             await client.aclose()
+
+    async def one(self, url: str, topic: str, message: NewMessage, partition: int, ack: AckMode,
+                  authorization: str | None) -> Placed:
+        """Produce one message at `partition` through the owner at `url`, in a request it may share."""
+        key = (url, topic, ack, authorization)
+        shared = self._shared.get(key)
+        if shared is None:
+            shared = self._shared[key] = _Shared()
+        body = orjson.dumps(message_json(message, partition))
+        if shared.bodies and shared.size + len(body) + 1 > self._shared_bytes:
+            self._send(key, shared)  # full: what waits goes now, this message starts the next request
+        waiter: asyncio.Future[Placed] = asyncio.get_running_loop().create_future()
+        shared.bodies.append(body)
+        shared.waiters.append(waiter)
+        shared.size += len(body) + 1
+        if shared.in_flight < SENDS_IN_FLIGHT or len(shared.bodies) >= SHARED_MESSAGES:
+            self._send(key, shared)
+        return await waiter
+
+    def _send(self, key: SharedKey, shared: _Shared) -> None:
+        bodies, waiters = shared.bodies, shared.waiters
+        shared.bodies, shared.waiters, shared.size = [], [], 0
+        shared.in_flight += 1
+        task = asyncio.create_task(self._send_shared(key, shared, bodies, waiters))
+        self._sends.add(task)
+        task.add_done_callback(self._sends.discard)
+
+    async def _send_shared(self, key: SharedKey, shared: _Shared, bodies: list[bytes],
+                           waiters: list[asyncio.Future[Placed]]) -> None:
+        url, topic, ack, authorization = key
+        try:
+            placed = await self._post(url, topic, b'{"messages":[' + b",".join(bodies) + b"]}", ack, authorization)
+            if len(placed) != len(waiters):
+                raise Refused(502, "bad_owner_answer", f"the owner {url} placed {len(placed)} of {len(waiters)} "
+                                                       "messages")
+        except asyncio.CancelledError:  # this node stops: the producers retry
+            _fail(waiters, NoOwnerYet("this node is stopping; retry in a second", 1.0))
+            raise
+        except Exception as exc:  # noqa: BLE001 - the refusal (or a bug) is each message's answer: none may hang
+            _fail(waiters, exc)
+        else:
+            for waiter, one in zip(waiters, placed, strict=True):
+                if not waiter.done():  # its producer may have gone meanwhile
+                    waiter.set_result(one)
+        finally:
+            shared.in_flight -= 1
+            if shared.bodies:
+                self._send(key, shared)
+            elif shared.in_flight == 0 and self._shared.get(key) is shared:
+                del self._shared[key]
 
     async def batch(self, url: str, topic: str, messages: list[NewMessage], partitions: list[int], ack: AckMode,
                     authorization: str | None) -> list[Placed]:
         """Produce `messages` at `partitions` through the owner at `url`; each one's placement."""
+        body = orjson.dumps({"messages": [message_json(m, p) for m, p in zip(messages, partitions, strict=True)]})
+        return await self._post(url, topic, body, ack, authorization)
+
+    async def _post(self, url: str, topic: str, body: bytes, ack: AckMode, authorization: str | None) -> list[Placed]:
         headers = {"content-type": "application/json", FORWARDED_BY: self.node}
         if authorization:
             headers["authorization"] = authorization
-        body = orjson.dumps({"messages": [message_json(m, p) for m, p in zip(messages, partitions, strict=True)]})
         try:
             async with asyncio.timeout(self.timeout_s):
                 r = await self._client(url).post(f"{url}/v1/topics/{topic}/batch", params={"ack": ack.value},
@@ -140,6 +224,12 @@ class Forwarder:
                     for x in answer["results"]]
         except (KeyError, TypeError, ValueError):
             raise Refused(502, "bad_owner_answer", f"the owner {url} answered a batch without results") from None
+
+
+def _fail(waiters: list[asyncio.Future[Placed]], exc: BaseException) -> None:
+    for waiter in waiters:
+        if not waiter.done():
+            waiter.set_exception(exc)
 
 
 def _json(r: httpx.Response) -> Any:

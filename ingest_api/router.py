@@ -53,7 +53,8 @@ class Router:
     def start(self, authorization: str | None = None) -> None:
         """`authorization`: this node's own credential, for the messages it sends on by itself."""
         # An owner silent for a lease TTL loses its partitions: the producer retries at the next owner.
-        self._forwarder = Forwarder(self.broker.cluster.node, self.broker.settings.ingest_lease_ttl_s)
+        self._forwarder = Forwarder(self.broker.cluster.node, self.broker.settings.ingest_lease_ttl_s,
+                                    self.broker.settings.max_request_bytes)
         self._authorization = authorization
         self._resending = asyncio.create_task(self._resend_parked())
 
@@ -131,8 +132,8 @@ class Router:
         the refusal, for a message a node sent here (one hop at most) or of no known owner."""
         if caller.forwarded or refusal.owner_url is None:
             raise refusal
-        ((partition, offset, duplicate, timestamp),) = await self.forwarder.batch(
-            refusal.owner_url, topic, [message], [refusal.partition], ack, caller.authorization)
+        partition, offset, duplicate, timestamp = await self.forwarder.one(
+            refusal.owner_url, topic, message, refusal.partition, ack, caller.authorization)
         return ProduceResult(partition, offset, duplicate, timestamp)
 
     async def produce_batch(self, topic: str, batch: ColumnarBatch | list[NewMessage], ack: AckMode,

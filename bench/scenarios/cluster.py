@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import orjson
 
-from bench.harness.compare import Measured, alternate, percentile
+from bench.harness.compare import Measured, Target, alternate, interleave, percentile
 from bench.harness.servers import NO_JOBS, REPO, BenchError, Server, baseline_server, create_topic, lakebroker_server
 from bench.harness.wrk import LoadResult, finish_wrk, run_wrk, start_wrk, write_script
 from bench.result import Check, Mode, Result, Scenario, table
@@ -23,6 +23,11 @@ from bench.scenarios.single_produce import SINGLE_BODY
 from scripts.s3_process import start as start_s3
 
 TARGET_WORKERS_RATIO = 1.3  # --workers 2 over one process, single-message keyless produce
+# Keyed: half the connections land on the worker that does not own the key's partition, which
+# forwards each message; the second worker must still not cost throughput.
+TARGET_KEYED_WORKERS_RATIO = 1.0
+KEY = "user-1"
+KEYED_BODY = orjson.dumps({"key": KEY, **orjson.loads(SINGLE_BODY)})
 CONNECTIONS = 32  # `wrk -t1 -c32`, as the issue states the target
 PARTITIONS = 4
 S3_PARTITIONS = 6
@@ -74,14 +79,19 @@ def _throughput(sz: Sizes, work: Path) -> tuple[dict[str, Measured], float | Non
         create_topic(two.url, "bench", PARTITIONS)
         _wait_owned(two.url, 2)
         pairs = [(base, PATH), (base2, PATH), (one, PATH), (two, PATH), (one, PATH + "?ack=none")]
+        targets = [Target(server, path, f"cluster-{i}", SINGLE_BODY, "application/json")
+                   for i, (server, path) in enumerate(pairs)]
+        targets += [Target(server, PATH, f"cluster-keyed-{i}", KEYED_BODY, "application/json")
+                    for i, server in enumerate((one, two))]
         alternate(1, sz.warmup_s, pairs, work, "cluster-warmup", SINGLE_BODY, "application/json", CONNECTIONS)
-        got = alternate(sz.rounds, sz.duration_s, pairs, work, "cluster", SINGLE_BODY, "application/json",
-                        CONNECTIONS)
+        alternate(1, sz.warmup_s, [(two, PATH)], work, "cluster-keyed-warmup", KEYED_BODY, "application/json",
+                  CONNECTIONS)
+        got = interleave(sz.rounds, sz.duration_s, targets, work, CONNECTIONS)
         peak = one.peak_rss_mb()
     finally:
         for s in servers:
             s.stop()
-    return dict(zip(("bare", "bare2", "one", "two", "none"), got, strict=True)), peak
+    return dict(zip(("bare", "bare2", "one", "two", "none", "one_keyed", "two_keyed"), got, strict=True)), peak
 
 
 def _node(root: Path, data: Path, port: int = 0) -> subprocess.Popen[bytes]:
@@ -181,7 +191,9 @@ def run(mode: Mode, work: Path) -> Result:
     single_s3, spread_s3 = _on_s3(sz, work)
     three_rps = sum(r.ok_rps for r in spread_s3)
     bare, bare2, one, two, none = got["bare"], got["bare2"], got["one"], got["two"], got["none"]
+    one_keyed, two_keyed = got["one_keyed"], got["two_keyed"]
     ratio = two.ok_rps / one.ok_rps if one.ok_rps else 0.0
+    keyed_ratio = two_keyed.ok_rps / one_keyed.ok_rps if one_keyed.ok_rps else 0.0
     bare_ratio = bare2.rps / bare.rps if bare.rps else 0.0
     none_ratio = none.ok_rps / one.ok_rps if one.ok_rps else 0.0
     ttl = 8.0
@@ -189,6 +201,10 @@ def run(mode: Mode, work: Path) -> Result:
         Check("--workers 2 over one process, single-message produce", ratio, "x", TARGET_WORKERS_RATIO,
               baseline=f"one process {one.ok_rps:,.0f} msg/s, --workers 2 {two.ok_rps:,.0f} msg/s; bare ASGI "
                        f"{bare.rps:,.0f} req/s, in two processes {bare2.rps:,.0f} ({bare_ratio:.2f}x)"),
+        Check("--workers 2 over one process, keyed single-message produce (one key)", keyed_ratio, "x",
+              TARGET_KEYED_WORKERS_RATIO,
+              baseline=f"one process {one_keyed.ok_rps:,.0f} msg/s, --workers 2 {two_keyed.ok_rps:,.0f} msg/s, half "
+                       "of them forwarded to the key's owner"),
         Check("ack=none over ack=wal, one process", none_ratio, "x", 1.0,
               baseline=f"ack=wal {one.ok_rps:,.0f} msg/s, ack=none {none.ok_rps:,.0f} msg/s"),
         Check("failover: SIGKILL to the first produce served on a moved partition, max", max(kills), "s",
@@ -198,6 +214,7 @@ def run(mode: Mode, work: Path) -> Result:
     return Result(
         scenario="cluster", checks=checks,
         headlines=[f"--workers 2: {two.ok_rps:,.0f} msg/s, {ratio:.2f}x one process",
+                   f"--workers 2, one key: {two_keyed.ok_rps:,.0f} msg/s, {keyed_ratio:.2f}x one process",
                    f"failover p50 {percentile(kills, 0.5):.1f} s, max {max(kills):.1f} s"],
         tables=[
             table(f"Single-message keyless produce, {CONNECTIONS} connections, alternating A-B then B-A.",
@@ -208,6 +225,12 @@ def run(mode: Mode, work: Path) -> Result:
                                     ("lakebroker, one process, ack=wal", one),
                                     ("lakebroker --workers 2, ack=wal", two),
                                     ("lakebroker, one process, ack=none", none))]),
+            table(f"Single-message produce with one key (`{KEY}`), {CONNECTIONS} connections, in the same "
+                  "alternation: through `--workers 2` the connections that reach the worker which does not own the "
+                  "key's partition are forwarded to the other.",
+                  ["server", "msg/s", "req/s", "p50 ms", "p99 ms", "server CPU µs/msg", "server cores", "errors"],
+                  [[label, *m.row()] for label, m in (("lakebroker, one process, ack=wal", one_keyed),
+                                                      ("lakebroker --workers 2, ack=wal", two_keyed))]),
             table("Failover: each kill alternates between the two nodes; the killed node restarts in between.",
                   ["kill", "seconds to the first produce served"], [[i + 1, f"{t:.2f}"] for i, t in enumerate(kills)]),
             table(f"Tables on the local S3 server: one node under `wrk -c{S3_CONNECTIONS}`, then three nodes under "
@@ -227,6 +250,7 @@ def run(mode: Mode, work: Path) -> Result:
                "Three nodes and three load generators share the machine's two cores, so the three-node figure "
                "shows the cost of a cluster's coordination on one machine, not its capacity on three."],
         figures={"one_rps": one.ok_rps, "two_rps": two.ok_rps, "none_rps": none.ok_rps, "bare_rps": bare.rps,
+                 "one_keyed_rps": one_keyed.ok_rps, "two_keyed_rps": two_keyed.ok_rps,
                  "bare2_rps": bare2.rps,
                  "failover_s": kills, "peak_rss_mb": peak, "command": one.command, "s3_one_rps": single_s3.ok_rps,
                  "s3_three_rps": three_rps},
@@ -242,11 +266,13 @@ SCENARIO = Scenario(
           "table root at the default lease TTL (8 s); then one node, and three nodes, with their tables on the "
           f"local S3 server (MinIO), a topic of {S3_PARTITIONS} partitions.",
     load=f"wrk `-t1 -c{CONNECTIONS}`, closed loop, `POST {PATH}` with the single-produce scenario's "
-         f"{len(SINGLE_BODY)}-byte keyless JSON body at ack=wal (and ack=none on the one process), 10 s per run, "
-         "A-B then B-A; failover: 10 SIGKILLs alternating between the nodes, then a produce to a partition the "
+         f"{len(SINGLE_BODY)}-byte keyless JSON body at ack=wal (and ack=none on the one process), and the same "
+         f"body with the key `{KEY}` on one process and on `--workers 2`, 10 s per run, A-B then B-A; failover: "
+         "10 SIGKILLs alternating between the nodes, then a produce to a partition the "
          "dead node owned through the survivor every 20 ms until it is answered 200; on S3, one wrk "
          f"`-c{S3_CONNECTIONS}` against one node, then three wrk `-c{S3_CONNECTIONS // 3}` at once, one per node.",
     metric="Messages per second of each server and their ratios; seconds from each SIGKILL to the first 200.",
-    target=f"--workers 2 ≥ {TARGET_WORKERS_RATIO:g}x one process; ack=none ≥ ack=wal; every failover within the "
+    target=f"--workers 2 ≥ {TARGET_WORKERS_RATIO:g}x one process keyless and ≥ {TARGET_KEYED_WORKERS_RATIO:g}x "
+           "with one key; ack=none ≥ ack=wal; every failover within the "
            "lease TTL plus 2 s.",
 )
