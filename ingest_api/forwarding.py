@@ -115,6 +115,7 @@ class Forwarder:
         self._shared_bytes = min(SHARED_BYTES, max_request_bytes)
         self._shared: dict[SharedKey, _Shared] = {}
         self._sends: set[asyncio.Task[None]] = set()
+        self._closing = False
 
     def _client(self, url: str) -> httpx.AsyncClient:
         client = self._clients.get(url)
@@ -127,6 +128,7 @@ class Forwarder:
         return client
 
     async def close(self) -> None:
+        self._closing = True
         for task in list(self._sends):
             task.cancel()
         await asyncio.gather(*self._sends, return_exceptions=True)
@@ -178,7 +180,10 @@ class Forwarder:
                     waiter.set_result(one)
         finally:
             shared.in_flight -= 1
-            if shared.bodies:
+            if shared.bodies and self._closing:
+                _fail(shared.waiters, NoOwnerYet("this node is stopping; retry in a second", 1.0))
+                shared.bodies, shared.waiters, shared.size = [], [], 0
+            elif shared.bodies:
                 self._send(key, shared)
             elif shared.in_flight == 0 and self._shared.get(key) is shared:
                 del self._shared[key]
