@@ -93,6 +93,7 @@ def message_json(m: NewMessage, partition: int) -> dict[str, Any]:
 
 
 SharedKey = tuple[str, str, AckMode, str | None]  # owner URL, topic, ack, Authorization
+_HEAD, _TAIL = b'{"messages":[', b"]}"
 
 
 @dataclass(slots=True)
@@ -143,12 +144,12 @@ class Forwarder:
         if shared is None:
             shared = self._shared[key] = _Shared()
         body = orjson.dumps(message_json(message, partition))
-        if shared.bodies and shared.size + len(body) + 1 > self._shared_bytes:
+        if shared.bodies and len(_HEAD) + shared.size + len(body) + len(_TAIL) > self._shared_bytes:
             self._send(key, shared)  # full: what waits goes now, this message starts the next request
         waiter: asyncio.Future[Placed] = asyncio.get_running_loop().create_future()
         shared.bodies.append(body)
         shared.waiters.append(waiter)
-        shared.size += len(body) + 1
+        shared.size += len(body) + 1  # and a comma
         if shared.in_flight < SENDS_IN_FLIGHT or len(shared.bodies) >= SHARED_MESSAGES:
             self._send(key, shared)
         return await waiter
@@ -165,7 +166,7 @@ class Forwarder:
                            waiters: list[asyncio.Future[Placed]]) -> None:
         url, topic, ack, authorization = key
         try:
-            placed = await self._post(url, topic, b'{"messages":[' + b",".join(bodies) + b"]}", ack, authorization)
+            placed = await self._post(url, topic, _HEAD + b",".join(bodies) + _TAIL, ack, authorization)
             if len(placed) != len(waiters):
                 raise Refused(502, "bad_owner_answer", f"the owner {url} placed {len(placed)} of {len(waiters)} "
                                                        "messages")
