@@ -11,7 +11,7 @@ The figures and where they come from:
   rate is the change of the summed log-end offsets over the last `RATE_WINDOW_S`, sampled at
   each snapshot (`ProduceRates`).
 * subscriptions: the per-partition status of ingest_api/subscription_status.py, summed.
-  `produced` is the committed log end, `pending` the lag, `dead_lettered` the letters not
+  `produced` is the high watermark, `pending` the lag, `dead_lettered` the letters not
   yet replayed, and `delivered` the rest of the offsets the group has passed
   (produced - pending - dead_lettered). Like a Kafka consumer's offset, it counts from offset
   0, so it includes messages a `start: latest` subscription passed over when it was created.

@@ -33,9 +33,9 @@ from lakebroker.ingest_api.local_produce import OneMessage
 from lakebroker.ingest_api.messages import AckMode, NewMessage
 from lakebroker.ingest_api.node import IngestNode
 from lakebroker.ingest_api.not_here import NotOwner
+from lakebroker.ingest_api.produce_wire import produce_target, produced
 from lakebroker.ingest_api.responses import Answer
 from lakebroker.ingest_api.router import Router
-from lakebroker.ingest_api.routes.produce import produce_target, produced
 from lakebroker.tables.errors import LakebrokerError
 from lakebroker.tables.tokens import ApiToken
 

@@ -6,9 +6,7 @@ no model per message."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
-from types import MappingProxyType
 from typing import Any
 
 import numpy as np
@@ -17,8 +15,8 @@ from fastapi import APIRouter, Query
 from starlette.types import Receive, Scope, Send
 
 from lakebroker.ingest_api.arrow_batch import ARROW_STREAM, parse_arrow_batch, results_arrow, wants_arrow
-from lakebroker.ingest_api.asgi_route import AsgiRoute, header, parse_query, query_of, read_body, served_by
-from lakebroker.ingest_api.body import InvalidShape, media_type, parse_message
+from lakebroker.ingest_api.asgi_route import AsgiRoute, header, query_of, read_body, served_by
+from lakebroker.ingest_api.body import media_type, parse_message
 from lakebroker.ingest_api.broker import Broker
 from lakebroker.ingest_api.chunks import BatchResults, ColumnarBatch
 from lakebroker.ingest_api.columnar import parse_batch_body
@@ -27,7 +25,8 @@ from lakebroker.ingest_api.errors import error_response
 from lakebroker.ingest_api.forwarding import Caller
 from lakebroker.ingest_api.local_produce import ProduceResult
 from lakebroker.ingest_api.messages import AckMode
-from lakebroker.ingest_api.responses import JSON_TYPE, Answer, json_answer, send_answer, send_body
+from lakebroker.ingest_api.produce_wire import ack_of, produce_target, produced
+from lakebroker.ingest_api.responses import JSON_TYPE, send_answer, send_body
 from lakebroker.ingest_api.results_json import batch_results_json
 from lakebroker.ingest_api.router import Router
 from lakebroker.ingest_api.schemas import (
@@ -58,11 +57,7 @@ _RAW_QUERY = [{"name": name, "in": "query", "required": False, "description": _R
               )]
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _ACK = Query(AckMode.WAL, description="none: when queued; wal: after the WAL fsync; table: after the Delta commit.")
-_ACKS = {mode.value: mode for mode in AckMode}
 FORWARDED_TO = b"lakebroker-forwarded-to"  # on a batch's answer: the owners some of it was forwarded to
-# A query string's parse (urllib's parse_qsl: a few µs), by its bytes: producers repeat theirs.
-_TARGETS: dict[bytes, tuple[Mapping[str, str], AckMode]] = {}
-_MAX_TARGETS = 1024
 
 
 def _body(model: type[MessageIn] | type[BatchIn], ndjson: bool) -> dict[str, Any]:
@@ -75,35 +70,6 @@ def _body(model: type[MessageIn] | type[BatchIn], ndjson: bool) -> dict[str, Any
     else:
         content["application/octet-stream"] = {"schema": {"type": "string", "format": "binary"}}
     return {"requestBody": {"required": True, "content": content}}
-
-
-def ack_of(query: dict[str, str]) -> AckMode:
-    text = query.get("ack")
-    if text is None:
-        return AckMode.WAL
-    mode = _ACKS.get(text)
-    if mode is None:
-        raise InvalidShape(f"query parameter ack must be one of {', '.join(_ACKS)}, not {text!r}")
-    return mode
-
-
-def produce_target(broker: Broker, topic: str, raw_query: bytes) -> tuple[Mapping[str, str], AckMode]:
-    """What a single-message produce checks before reading the body: the topic (404), the query and
-    its ack mode (422). The fast path (ingest_api/fast_produce.py) checks the same, in the same order."""
-    broker.topic(topic)
-    target = _TARGETS.get(raw_query)
-    if target is None:
-        query = parse_query(raw_query)
-        target = (MappingProxyType(query), ack_of(query))
-        if len(_TARGETS) >= _MAX_TARGETS:  # query strings that do not repeat: start over
-            _TARGETS.clear()
-        _TARGETS[raw_query] = target
-    return target
-
-
-def produced(result: ProduceResult, ack: AckMode) -> Answer:
-    body = orjson.dumps({"partition": result.partition, "offset": result.offset, "duplicate": result.duplicate})
-    return json_answer(202 if ack == "none" else 200, body)
 
 
 def _caller(scope: Scope) -> Caller:
