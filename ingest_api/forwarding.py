@@ -152,11 +152,18 @@ class Forwarder:
         shared.size += len(body) + 1  # and a comma
         if shared.in_flight < SENDS_IN_FLIGHT or len(shared.bodies) >= SHARED_MESSAGES:
             self._send(key, shared)
-        return await waiter
+        try:  # one lease TTL from now, whether it waited to be sent or not (the waiter is then cancelled)
+            return await asyncio.wait_for(waiter, self.timeout_s)
+        except TimeoutError:
+            raise self._silent(url) from None
 
     def _send(self, key: SharedKey, shared: _Shared) -> None:
-        bodies, waiters = shared.bodies, shared.waiters
+        # A message whose producer has had its answer (a timeout, or it went away) is not sent.
+        kept = [(b, w) for b, w in zip(shared.bodies, shared.waiters, strict=True) if not w.done()]
         shared.bodies, shared.waiters, shared.size = [], [], 0
+        if not kept:
+            return
+        bodies, waiters = [b for b, _ in kept], [w for _, w in kept]
         shared.in_flight += 1
         task = asyncio.create_task(self._send_shared(key, shared, bodies, waiters))
         self._sends.add(task)
@@ -189,6 +196,10 @@ class Forwarder:
             elif shared.in_flight == 0 and self._shared.get(key) is shared:
                 del self._shared[key]
 
+    def _silent(self, url: str) -> NoOwnerYet:
+        return NoOwnerYet(f"the owner of these partitions, {url}, did not answer within {self.timeout_s:g} s (the "
+                          "lease TTL; an owner that stays silent loses them to a live node); retry in a second", 1.0)
+
     async def batch(self, url: str, topic: str, messages: list[NewMessage], partitions: list[int], ack: AckMode,
                     authorization: str | None) -> list[Placed]:
         """Produce `messages` at `partitions` through the owner at `url`; each one's placement."""
@@ -205,9 +216,7 @@ class Forwarder:
                                                  content=body, headers=headers)
         except (TimeoutError, httpx.TimeoutException):
             # Its messages may be stored all the same: a retry with ids is answered from the dedup index.
-            raise NoOwnerYet(f"the owner of these partitions, {url}, did not answer within {self.timeout_s:g} s "
-                             "(the lease TTL; an owner that stays silent loses them to a live node); retry in a "
-                             "second", 1.0) from None
+            raise self._silent(url) from None
         except httpx.HTTPError as exc:  # refused or reset: the owner died, and its lease has not yet run out
             raise NoOwnerYet(f"the owner of these partitions, {url}, did not answer ({type(exc).__name__}: {exc}); "
                              "its partitions move to a live node within the lease TTL: retry in a second",

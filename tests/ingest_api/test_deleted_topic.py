@@ -32,6 +32,7 @@ def _unaware(node: Broker, monkeypatch: pytest.MonkeyPatch) -> None:
         return False
 
     monkeypatch.setattr(node, "follow_topics", not_yet)
+    monkeypatch.setattr(node.cluster, "_follow_topics_now", not_yet)  # what the follower and beats call
 
 
 async def _one_partition_each(a: Broker, b: Broker) -> int:
