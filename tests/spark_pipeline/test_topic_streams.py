@@ -175,7 +175,9 @@ def test_a_failed_group_commit_is_logged_counted_and_tried_again(spark: Any, tmp
     query = stream.writeStream.foreachBatch(sink).option("checkpointLocation", str(tmp_path / "cp")) \
         .trigger(processingTime="300 milliseconds").start()
     try:
-        sink.wait(lambda: group_commits(spark, "unwritable").failures >= 1, "a failed commit counted")
+        # Counted, then logged (after the count's lock): wait for both.
+        sink.wait(lambda: group_commits(spark, "unwritable").failures >= 1
+                  and any(r.levelno == logging.ERROR for r in caplog.records), "a failed commit counted and logged")
         failing = group_commits(spark, "unwritable")
         assert (failing.group, failing.committed, failing.pending, failing.commits) == ("auditors", {}, {0: 3}, 0)
         assert failing.last_error == "OSError: the offsets table is not writable"
