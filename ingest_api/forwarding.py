@@ -178,7 +178,7 @@ class Forwarder:
                 raise Refused(502, "bad_owner_answer", f"the owner {url} placed {len(placed)} of {len(waiters)} "
                                                        "messages")
         except asyncio.CancelledError:  # this node stops: the producers retry
-            _fail(waiters, NoOwnerYet("this node is stopping; retry in a second", 1.0))
+            _fail(waiters, _stopping())
             raise
         except Exception as exc:  # noqa: BLE001 - the refusal (or a bug) is each message's answer: none may hang
             _fail(waiters, exc)
@@ -189,7 +189,7 @@ class Forwarder:
         finally:
             shared.in_flight -= 1
             if shared.bodies and self._closing:
-                _fail(shared.waiters, NoOwnerYet("this node is stopping; retry in a second", 1.0))
+                _fail(shared.waiters, _stopping())
                 shared.bodies, shared.waiters, shared.size = [], [], 0
             elif shared.bodies:
                 self._send(key, shared)
@@ -239,6 +239,10 @@ class Forwarder:
                     for x in answer["results"]]
         except (KeyError, TypeError, ValueError):
             raise Refused(502, "bad_owner_answer", f"the owner {url} answered a batch without results") from None
+
+
+def _stopping() -> NoOwnerYet:
+    return NoOwnerYet("this node is stopping; retry in a second", 1.0)
 
 
 def _fail(waiters: list[asyncio.Future[Placed]], exc: BaseException) -> None:

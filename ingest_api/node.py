@@ -16,7 +16,7 @@ from lakebroker.ingest_api.metrics import IngestMetrics
 from lakebroker.ingest_api.node_identity import node_credential
 from lakebroker.ingest_api.router import Router
 from lakebroker.tables.layout import Layout
-from lakebroker.tables.lock import DataDirBusy, DataDirLock
+from lakebroker.tables.lock import DataDirLock
 from lakebroker.tables.settings import Settings
 from lakebroker.tables.tokens import TokenStore
 
@@ -42,9 +42,7 @@ class IngestNode:
     async def start(self) -> None:
         """Take the data dir (one process assigns its offsets), recover, join the cluster, then
         open the router with this node's own credential."""
-        if not self.lock.try_acquire():
-            raise DataDirBusy(f"another lakebroker process ({self.lock.holder()}) serves the data dir "
-                              f"{self.settings.data_dir}: stop it, or give this process its own --data-dir")
+        self.lock.acquire(self.settings.data_dir)
         await self.auth.start()
         await self.broker.start()
         credential = await asyncio.to_thread(node_credential, self.settings, Layout.of(self.settings),

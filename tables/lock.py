@@ -49,9 +49,13 @@ class DataDirLock:
             pid = ""
         return f"pid {pid}" if pid.isdigit() else "another process"
 
-    def refuse_if_held(self, data_dir: Path) -> None:
-        """Raise DataDirBusy now, before a server binds its port, if another process holds the lock."""
+    def acquire(self, data_dir: Path) -> None:
+        """Take the lock, or raise DataDirBusy naming the process that holds it."""
         if not self.try_acquire():
             raise DataDirBusy(f"another lakebroker process ({self.holder()}) serves the data dir {data_dir}: "
                               "stop it, or give this process its own --data-dir")
+
+    def refuse_if_held(self, data_dir: Path) -> None:
+        """Raise DataDirBusy now, before a server binds its port, if another process holds the lock."""
+        self.acquire(data_dir)
         self.release()
