@@ -28,7 +28,7 @@ from lakebroker.ingest_api.chunks import ColumnarBatch, message_sizes
 from lakebroker.ingest_api.messages import NewMessage
 from lakebroker.ingest_api.metrics import IngestMetrics
 from lakebroker.ingest_api.records import message_bytes
-from lakebroker.tables.errors import Backpressure, InvalidRequest, LakebrokerError, TooLarge
+from lakebroker.tables.errors import Backpressure, InvalidRequest, LakebrokerError, MessageTooLarge, NoSuchPartition
 from lakebroker.tables.topics import TopicConfig
 
 
@@ -92,6 +92,15 @@ class Admission:
             self._metrics.rejected_for(exc.code).inc()
             raise
 
+    def refusals(self, topic: TopicConfig, messages: Sequence[NewMessage]) -> list[LakebrokerError | None]:
+        """Rules 2-4 message by message, for a door that answers each message apart (REST Proxy v2):
+        each message's first broken rule, or None for one that may be produced."""
+        out = [_refusal(topic, i, m, message_bytes(m.key, m.value, m.headers)) for i, m in enumerate(messages)]
+        for refusal in out:
+            if refusal is not None:
+                self._metrics.rejected_for(refusal.code).inc()
+        return out
+
     def check_one(self, topic: TopicConfig, message: NewMessage) -> int:
         """`check` of a single message; returns its size (key, value and headers)."""
         size = message_bytes(message.key, message.value, message.headers)
@@ -120,13 +129,23 @@ def _check_messages(topic: TopicConfig, messages: Sequence[NewMessage]) -> list[
     for i, m in enumerate(messages):
         size = message_bytes(m.key, m.value, m.headers)
         sizes.append(size)
-        if size > topic.max_message_bytes:
-            raise TooLarge(
-                f"message {i} is {size} bytes (key, value and headers), over topic {topic.name!r}'s "
-                f"max_message_bytes {topic.max_message_bytes}"
-            )
-        if m.partition is not None:
-            topic.check_partition(m.partition)
-        if (m.producer_id is None) != (m.sequence is None) and m.message_id is None:
-            raise InvalidRequest(f"message {i}: producer_id and sequence must be given together")
+        refusal = _refusal(topic, i, m, size)
+        if refusal is not None:
+            raise refusal
     return sizes
+
+
+def _refusal(topic: TopicConfig, i: int, m: NewMessage, size: int) -> LakebrokerError | None:
+    """The first of rules 2-4 message `i` breaks, or None."""
+    if size > topic.max_message_bytes:
+        return MessageTooLarge(
+            f"message {i} is {size} bytes (key, value and headers), over topic {topic.name!r}'s "
+            f"max_message_bytes {topic.max_message_bytes}", size, topic.max_message_bytes)
+    if m.partition is not None:
+        try:
+            topic.check_partition(m.partition)
+        except NoSuchPartition as exc:
+            return exc
+    if (m.producer_id is None) != (m.sequence is None) and m.message_id is None:
+        return InvalidRequest(f"message {i}: producer_id and sequence must be given together")
+    return None

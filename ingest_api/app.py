@@ -96,7 +96,7 @@ def create_app(
     )
     # The routes' parts, read through ingest_api/deps.py. The fast path is handed the node itself.
     app.state.broker = broker
-    app.state.router = node.router
+    app.state.core = node.core
     app.state.settings = settings
     app.state.auth = auth
     app.state.live_status = live_status

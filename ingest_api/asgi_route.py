@@ -26,7 +26,7 @@ from fastapi.routing import APIRoute
 from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from lakebroker.ingest_api.auth import access_rule, bearer_token, principal_of
+from lakebroker.ingest_api.auth import access_rule, admit, bearer_token, principal_of
 from lakebroker.ingest_api.errors import error_response
 from lakebroker.tables.errors import LakebrokerError
 
@@ -61,6 +61,7 @@ class AsgiRoute(APIRoute):
                 try:
                     principal = await principal_of(scope, scope["app"].state.auth, bearer_token(scope))
                     access.authorize(principal, scope["method"], route_path, scope["path_params"].get("topic"))
+                    admit(scope, principal)
                 except LakebrokerError as exc:
                     await error_response(exc)(scope, receive, send)
                     return

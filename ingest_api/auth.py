@@ -158,7 +158,7 @@ class AuthGate:
             except LakebrokerError as exc:  # 401, or 507 when the token table cannot be read
                 await error_response(exc)(scope, receive, send)
                 return
-            scope.setdefault("state", {})[_STATE_KEY] = principal
+            admit(scope, principal)
         await self.app(scope, receive, send)
 
     def _public(self, scope: Scope) -> bool:
@@ -199,8 +199,8 @@ class Access:
     def authorize(self, principal: ApiToken, method: str, route_path: str, topic: str | None) -> None:
         """Raises Forbidden unless `principal` may call this route (on `topic`, its `{topic}` parameter)."""
         wanted = self.need_of(method, route_path)
-        if wanted != AUTHENTICATED and not principal.has(TokenScope(wanted)):
-            raise Forbidden(f"{principal.label()} lacks the {wanted!s} scope this route needs", scope=str(wanted))
+        if wanted != AUTHENTICATED:
+            check_scope(principal, TokenScope(wanted))
         if topic is not None:
             check_topic(principal, topic)
         elif principal.topics is not None and not self.topic_checked_by_route:
@@ -214,6 +214,18 @@ async def principal_of(scope: Scope, authenticator: Authenticator, token: str | 
     if principal is None:
         principal = await authenticator.authenticate(token)
     return principal
+
+
+def admitted(scope: Scope) -> ApiToken:
+    """The caller a plain ASGI route admitted (asgi_route.py stores it where AuthGate does)."""
+    principal: ApiToken | None = scope.get("state", {}).get(_STATE_KEY)
+    if principal is None:
+        raise Unauthenticated("this route needs an API token")
+    return principal
+
+
+def admit(scope: Scope, principal: ApiToken) -> None:
+    scope.setdefault("state", {})[_STATE_KEY] = principal
 
 
 def require(
@@ -263,6 +275,11 @@ def public() -> Any:
 
     setattr(no_token_needed, _MARK, "public")
     return Depends(no_token_needed)
+
+
+def check_scope(principal: ApiToken, scope: TokenScope) -> None:
+    if not principal.has(scope):
+        raise Forbidden(f"{principal.label()} lacks the {scope!s} scope this call needs", scope=str(scope))
 
 
 def check_topic(principal: ApiToken, topic: str) -> None:

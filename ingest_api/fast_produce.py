@@ -7,8 +7,8 @@ arrive, and write the `Answer` itself. The answers are the ASGI path's, from the
 in the same order:
 
     header limits (431) -> token (401) -> declared body size (413) -> scope and topic (403)
-    -> topic (404) -> ack (422) -> [body] -> parse (400/415/422) -> LocalProduce.start_one
-    -> [WAL group: its write calls back] -> LocalProduce.finish_one (ack=table: settle_one)
+    -> topic (404) -> ack (422) -> [body] -> parse (400/415/422) -> ProduceCore.start_one
+    -> [WAL group: its write calls back] -> ProduceCore.finish_one (ack=table: settle_one)
 
 `begin` returns None when it cannot decide without waiting (the token table needs a fresh
 read): the protocol then serves the request through ASGI, which awaits that read.
@@ -25,17 +25,15 @@ from fastapi import FastAPI
 from lakebroker.ingest_api.asgi_route import AsgiRoute, header_in
 from lakebroker.ingest_api.auth import OPEN_ACCESS, Access, Authenticator, access_rule, bearer_of
 from lakebroker.ingest_api.body import media_type, parse_message
-from lakebroker.ingest_api.broker import Broker
 from lakebroker.ingest_api.errors import error_response
 from lakebroker.ingest_api.forwarding import Caller
 from lakebroker.ingest_api.limits import MAX_HEADER_BYTES, MAX_HEADERS, body_timeout, declared_too_large, header_refusal
-from lakebroker.ingest_api.local_produce import OneMessage
-from lakebroker.ingest_api.messages import AckMode, NewMessage
+from lakebroker.ingest_api.local_produce import OneMessage, ProduceResult
+from lakebroker.ingest_api.messages import AckMode
 from lakebroker.ingest_api.node import IngestNode
-from lakebroker.ingest_api.not_here import NotOwner
+from lakebroker.ingest_api.produce_core import ProduceCore, ProduceRequest
 from lakebroker.ingest_api.produce_wire import produce_target, produced
 from lakebroker.ingest_api.responses import Answer
-from lakebroker.ingest_api.router import Router
 from lakebroker.tables.errors import LakebrokerError
 from lakebroker.tables.tokens import ApiToken
 
@@ -52,6 +50,7 @@ class FastRequest:
     query: Mapping[str, str]
     ack: AckMode
     kind: str  # media type of the body
+    principal: ApiToken
     headers: Headers  # read again only if the message goes to another node
 
 
@@ -62,8 +61,7 @@ class FastProduce:
                      None)
         if route is None:
             raise RuntimeError(f"the app has no POST {PATH} route to serve fast")
-        self.broker: Broker = node.broker
-        self.router: Router = node.router
+        self.core: ProduceCore = node.core
         self.auth: Authenticator = node.auth
         self.access: Access | None = access_rule(route)
         self.max_request_bytes: int = node.settings.max_request_bytes
@@ -97,24 +95,25 @@ class FastProduce:
             return None  # no declared length (the body ends with the connection): uvicorn reads it
         if len(headers) > MAX_HEADERS or size > MAX_HEADER_BYTES:
             return header_refusal(headers)
-        principal: ApiToken | None = None
+        principal: ApiToken = OPEN_ACCESS  # a public route: anyone may produce
         if self.access is not None:
             try:
-                principal = self.auth.authenticate_now(bearer_of(headers))
+                known = self.auth.authenticate_now(bearer_of(headers))
             except LakebrokerError as exc:
                 return Answer.of(error_response(exc))
-            if principal is None:
+            if known is None:
                 return None  # the token table needs a read: ASGI awaits it
+            principal = known
         if largest > self.max_request_bytes:
             return declared_too_large(headers, self.max_request_bytes)
         try:
-            if self.access is not None and principal is not None and principal is not OPEN_ACCESS:
+            if self.access is not None and principal is not OPEN_ACCESS:
                 self.access.authorize(principal, "POST", PATH, topic)  # auth off: every scope, every topic
-            query, ack = produce_target(self.broker, topic, raw_query)
+            query, ack = produce_target(self.core.broker, topic, raw_query)
         except LakebrokerError as exc:
             return Answer.of(error_response(exc))
         kind = _JSON if content_type == b"application/json" else media_type(content_type.decode("latin-1"))
-        return FastRequest(topic, query, ack, kind, headers)
+        return FastRequest(topic, query, ack, kind, principal, headers)
 
     def start(self, request: FastRequest, body: bytes,
               then: Callable[[], None]) -> Answer | OneMessage | Coroutine[Any, Any, Answer]:
@@ -123,12 +122,14 @@ class FastProduce:
         node's partition is forwarded there: the coroutine that does it answers."""
         try:
             message = parse_message(request.kind, request.query, body)
-            one = self.broker.local.start_one(request.topic, message, request.ack,
-                                        None if request.ack is AckMode.TABLE else then)
-        except NotOwner as exc:
-            return self._forward(request, message, exc)
+            one = self.core.start_one(
+                ProduceRequest(request.topic, message, request.ack, request.principal,
+                               Caller.of(lambda name: header_in(request.headers, name))),
+                None if request.ack is AckMode.TABLE else then)
         except LakebrokerError as exc:
             return Answer.of(error_response(exc))
+        if not isinstance(one, OneMessage):
+            return self._forwarded(one, request.ack)
         if one.ack is not AckMode.TABLE and not one.waits():
             return self.finish(one)
         return one
@@ -136,25 +137,25 @@ class FastProduce:
     def finish(self, one: OneMessage) -> Answer:
         """The answer once `one` waits no more (ack none or wal)."""
         try:
-            result = self.broker.local.finish_one(one)
+            result = self.core.finish_one(one)
         except LakebrokerError as exc:
             return Answer.of(error_response(exc))
         return produced(result, one.ack)
 
     async def settle(self, one: OneMessage) -> Answer:
         try:
-            result = await self.broker.local.settle_one(one)
+            result = await self.core.settle_one(one)
         except LakebrokerError as exc:
             return Answer.of(error_response(exc))
         return produced(result, one.ack)
 
-    async def _forward(self, request: FastRequest, message: NewMessage, refusal: NotOwner) -> Answer:
+    @staticmethod
+    async def _forwarded(forwarding: Coroutine[Any, Any, ProduceResult], ack: AckMode) -> Answer:
         try:
-            result = await self.router.forward_one(request.topic, message, request.ack, refusal,
-                                                   Caller.of(lambda name: header_in(request.headers, name)))
+            result = await forwarding
         except LakebrokerError as exc:
             return Answer.of(error_response(exc))
-        return produced(result, request.ack)
+        return produced(result, ack)
 
     def timed_out(self) -> Answer:
         """The body did not arrive within body_read_timeout_s: BodyLimit's 408."""

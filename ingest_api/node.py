@@ -1,5 +1,6 @@
-"""One ingest node's parts, built once: the broker, the router its doors produce through, and the
-authenticator. The composition root (lakebroker/server.py) builds a node and hands it to each door
+"""One ingest node's parts, built once: the broker, the produce core its doors produce through
+(with the router it forwards by), and the authenticator. The composition root
+(lakebroker/server.py) builds a node and hands it to each door
 (the app, the fast single-message path); a door takes what it needs from here, never from another
 door's state."""
 
@@ -14,6 +15,7 @@ from lakebroker.ingest_api.auth import Authenticator, auth_enforced
 from lakebroker.ingest_api.broker import Broker
 from lakebroker.ingest_api.metrics import IngestMetrics
 from lakebroker.ingest_api.node_identity import node_credential
+from lakebroker.ingest_api.produce_core import ProduceCore
 from lakebroker.ingest_api.router import Router
 from lakebroker.tables.layout import Layout
 from lakebroker.tables.lock import DataDirLock
@@ -27,6 +29,7 @@ class IngestNode:
     metrics: IngestMetrics
     broker: Broker
     router: Router
+    core: ProduceCore
     auth: Authenticator
     lock: DataDirLock
 
@@ -37,7 +40,9 @@ class IngestNode:
         broker = Broker(settings, metrics)
         layout = Layout.of(settings)
         auth = Authenticator(TokenStore(layout), auth_enforced(settings), max_age_s=settings.auth_cache_ms / 1000)
-        return cls(settings, metrics, broker, Router(broker), auth, DataDirLock(layout.lock_file))
+        router = Router(broker)
+        return cls(settings, metrics, broker, router, ProduceCore(broker, router), auth,
+                   DataDirLock(layout.lock_file))
 
     async def start(self) -> None:
         """Take the data dir (one process assigns its offsets), recover, join the cluster, then

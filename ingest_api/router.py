@@ -1,6 +1,6 @@
 """Where each message of a produce goes: this node's broker for the partitions it owns, the owning
-node for the rest. Every front door produces through here (the HTTP routes, the fast single-message
-path, the REST Proxy v2 routes), so the cluster's rules live in one place:
+node for the rest. The produce core (produce_core.py), which every front door hands its request
+to, routes through here, so the cluster's rules live in one place:
 
 - partitions are picked once, on the node the producer reached (partitioner.py: a key's murmur2,
   an id's hash, or for other keyless messages a partition this node owns, so they need no hop);
@@ -118,13 +118,6 @@ class Router:
     def forwarder(self) -> Forwarder:
         assert self._forwarder is not None, "Router.start runs once the broker has joined its cluster"
         return self._forwarder
-
-    async def produce_one(self, topic: str, message: NewMessage, ack: AckMode,
-                          caller: Caller = LOCAL) -> ProduceResult:
-        try:
-            return await self.broker.local.produce_one(topic, message, ack)
-        except NotOwner as exc:
-            return await self.forward_one(topic, message, ack, exc, caller)
 
     async def forward_one(self, topic: str, message: NewMessage, ack: AckMode, refusal: NotOwner,
                           caller: Caller) -> ProduceResult:

@@ -83,7 +83,12 @@ class EmbeddedAccess:
     def produce(self, topic: str, message: NewMessage, ack: AckMode) -> dict[str, Any]:
         async def work(broker: Broker) -> dict[str, Any]:
             # The embedded broker stops right after, committing to Delta: answer as for ack=table.
-            (result,) = await broker.local.produce(topic, [message], AckMode.TABLE if ack is AckMode.NONE else ack)
+            from lakebroker.ingest_api.produce_core import THIS_NODE, ProduceCore, ProduceRequest
+
+            # No peers to forward to: a partition another node owns is refused (NotOwner).
+            core = ProduceCore(broker, router=None)
+            result = await core.produce_one(ProduceRequest(
+                topic, message, AckMode.TABLE if ack is AckMode.NONE else ack, THIS_NODE))
             return asdict(result)
 
         out: dict[str, Any] = self._run(work)

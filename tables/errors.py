@@ -3,6 +3,7 @@
     LakebrokerError
      ├── InvalidRequest          bad input a person can fix (400)
      │    ├── InvalidName        a topic or group name that is not allowed
+     │    ├── NoSuchPartition    a partition number the topic does not have
      │    └── InvalidWebhookUrl  a webhook URL that is malformed or points inside the network (422)
      ├── Unauthenticated         no token, or an unknown, revoked or expired one (401)
      ├── Forbidden               a valid token without the scope or the topic (403)
@@ -11,6 +12,7 @@
      ├── OutOfRange              an offset outside [log start, log end] (416)
      ├── RequestTimeout          a request head or body that did not arrive in time (408)
      ├── TooLarge                a message or body over its limit (413)
+     │    └── MessageTooLarge    one message over its topic's max_message_bytes
      ├── HeadersTooLarge         a request head over the server's bound (431)
      ├── Backpressure            the WAL backlog is over its bound (429)
      ├── StorageUnavailable      the disk is full or failing (507)
@@ -36,6 +38,13 @@ class LakebrokerError(Exception):
 class InvalidRequest(LakebrokerError):
     status = 400
     code = "invalid_request"
+
+
+class NoSuchPartition(InvalidRequest):
+    def __init__(self, message: str, partition: int, partitions: int) -> None:
+        super().__init__(message)
+        self.partition = partition
+        self.partitions = partitions  # the topic's count
 
 
 class InvalidName(InvalidRequest):
@@ -88,6 +97,13 @@ class RequestTimeout(LakebrokerError):
 class TooLarge(LakebrokerError):
     status = 413
     code = "too_large"
+
+
+class MessageTooLarge(TooLarge):
+    def __init__(self, message: str, size: int, limit: int) -> None:
+        super().__init__(message)
+        self.size = size  # key, value and headers
+        self.limit = limit
 
 
 class HeadersTooLarge(LakebrokerError):

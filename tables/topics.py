@@ -19,7 +19,7 @@ import orjson
 from deltalake import DeltaTable
 
 from lakebroker.tables import delta, fencing, storage
-from lakebroker.tables.errors import AlreadyExists, InvalidRequest, NotFound
+from lakebroker.tables.errors import AlreadyExists, InvalidRequest, NoSuchPartition, NotFound
 from lakebroker.tables.layout import Layout, validate_name
 from lakebroker.tables.schemas import (
     KEY_COMPACTED_PROPERTY,
@@ -77,9 +77,9 @@ class TopicConfig:
 
     def check_partition(self, partition: int) -> None:
         if not 0 <= partition < self.partitions:
-            raise InvalidRequest(
+            raise NoSuchPartition(
                 f"partition {partition} is out of range for topic {self.name!r} "
-                f"with {self.partitions} partitions (0-{self.partitions - 1})"
+                f"with {self.partitions} partitions (0-{self.partitions - 1})", partition, self.partitions
             )
 
     def public(self) -> dict[str, Any]:

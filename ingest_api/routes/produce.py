@@ -16,8 +16,8 @@ from starlette.types import Receive, Scope, Send
 
 from lakebroker.ingest_api.arrow_batch import ARROW_STREAM, parse_arrow_batch, results_arrow, wants_arrow
 from lakebroker.ingest_api.asgi_route import AsgiRoute, header, query_of, read_body, served_by
+from lakebroker.ingest_api.auth import admitted
 from lakebroker.ingest_api.body import media_type, parse_message
-from lakebroker.ingest_api.broker import Broker
 from lakebroker.ingest_api.chunks import BatchResults, ColumnarBatch
 from lakebroker.ingest_api.columnar import parse_batch_body
 from lakebroker.ingest_api.deps import TopicPath
@@ -25,10 +25,10 @@ from lakebroker.ingest_api.errors import error_response
 from lakebroker.ingest_api.forwarding import Caller
 from lakebroker.ingest_api.local_produce import ProduceResult
 from lakebroker.ingest_api.messages import AckMode
+from lakebroker.ingest_api.produce_core import ProduceCore, ProduceRequest
 from lakebroker.ingest_api.produce_wire import ack_of, produce_target, produced
 from lakebroker.ingest_api.responses import JSON_TYPE, send_answer, send_body
 from lakebroker.ingest_api.results_json import batch_results_json
-from lakebroker.ingest_api.router import Router
 from lakebroker.ingest_api.schemas import (
     MAX_INT,
     BatchIn,
@@ -77,13 +77,12 @@ def _caller(scope: Scope) -> Caller:
 
 
 async def produce_one(scope: Scope, receive: Receive, send: Send) -> None:
-    app_state = scope["app"].state
-    broker: Broker = app_state.broker
+    core: ProduceCore = scope["app"].state.core
     topic = scope["path_params"]["topic"]
     try:
-        query, ack = produce_target(broker, topic, scope["query_string"])
+        query, ack = produce_target(core.broker, topic, scope["query_string"])
         message = parse_message(media_type(header(scope, b"content-type")), query, await read_body(receive))
-        result = await app_state.router.produce_one(topic, message, ack, _caller(scope))
+        result = await core.produce_one(ProduceRequest(topic, message, ack, admitted(scope), _caller(scope)))
     except LakebrokerError as exc:
         await error_response(exc)(scope, receive, send)
         return
@@ -91,28 +90,26 @@ async def produce_one(scope: Scope, receive: Receive, send: Send) -> None:
 
 
 async def produce_batch(scope: Scope, receive: Receive, send: Send) -> None:
-    app_state = scope["app"].state
-    broker: Broker = app_state.broker
-    router: Router = app_state.router
+    core: ProduceCore = scope["app"].state.core
     topic = scope["path_params"]["topic"]
     try:
-        broker.topic(topic)
+        core.broker.topic(topic)
         ack = ack_of(query_of(scope))
         body = await read_body(receive)
-        await broker.batch_turns.wait()  # one batch's CPU per loop pass: single messages run between
+        await core.batch_turn()
         kind = media_type(header(scope, b"content-type"))
-        parsed = parse_arrow_batch(body, broker.settings.max_request_bytes) if kind == ARROW_STREAM \
+        parsed = parse_arrow_batch(body, core.broker.settings.max_request_bytes) if kind == ARROW_STREAM \
             else parse_batch_body(kind, body)
-        owners: list[str] = []
-        placed = await router.produce_batch(topic, parsed if isinstance(parsed, ColumnarBatch) else parsed.messages(),
-                                            ack, _caller(scope), owners)
-        await broker.batch_turns.wait()  # the answers of a WAL group's batches, one per pass too
+        answer = await core.produce_batch(ProduceRequest(
+            topic, parsed if isinstance(parsed, ColumnarBatch) else parsed.messages(), ack, admitted(scope),
+            _caller(scope)))
     except LakebrokerError as exc:
         await error_response(exc)(scope, receive, send)
         return
     status = 202 if ack is AckMode.NONE else 200
+    placed = answer.results
     # A client that sends each partition's messages to its owner reads the owners again on this.
-    extra = [(FORWARDED_TO, ", ".join(owners).encode())] if owners else []
+    extra = [(FORWARDED_TO, ", ".join(answer.forwarded_to).encode())] if answer.forwarded_to else []
     if wants_arrow(header(scope, b"accept")):
         await send_body(send, status, ARROW_STREAM.encode(), results_arrow(
             placed if isinstance(placed, BatchResults) else _as_arrays(placed)), extra)

@@ -24,13 +24,14 @@ from lakebroker.ingest_api.body import parse_json
 from lakebroker.ingest_api.deps import BrokerDep, TopicPath
 from lakebroker.ingest_api.errors import V2_MEDIA, V2_PARTITION_NOT_FOUND, v2_error
 from lakebroker.ingest_api.forwarding import Caller
+from lakebroker.ingest_api.local_produce import ProduceResult
 from lakebroker.ingest_api.messages import AckMode, NewMessage
-from lakebroker.ingest_api.records import message_bytes
+from lakebroker.ingest_api.produce_core import ProduceCore, ProduceRequest
 from lakebroker.ingest_api.responses import JSONBytes
-from lakebroker.ingest_api.router import Router
 from lakebroker.ingest_api.schemas import inline_schema
-from lakebroker.tables.errors import InvalidRequest
+from lakebroker.tables.errors import InvalidRequest, LakebrokerError, MessageTooLarge, NoSuchPartition
 from lakebroker.tables.message_format import from_base64, from_json_value
+from lakebroker.tables.tokens import ApiToken
 from lakebroker.tables.topics import MAX_PARTITIONS, TopicConfig
 
 produce_router = APIRouter(tags=["kafka-rest-v2"])
@@ -139,10 +140,8 @@ def _decode(text: Any, what: str) -> bytes | None:
         raise RecordError(f"{what} is not valid base64") from None
 
 
-def _to_message(record: dict[str, Any], binary: bool, topic: TopicConfig, partition: int | None) -> NewMessage:
-    if partition is not None and partition >= topic.partitions:
-        raise RecordError(f"partition {partition!r} does not exist in topic {topic.name!r} "
-                          f"(partitions 0-{topic.partitions - 1})")
+def _to_message(record: dict[str, Any], binary: bool, partition: int | None) -> NewMessage:
+    """A record as a message; its size and partition are the core's rules (ProduceCore.produce_each)."""
     raw_key, raw_value = record.get("key"), record.get("value")
     if binary:
         key_bytes = _decode(raw_key, "key")
@@ -150,32 +149,44 @@ def _to_message(record: dict[str, Any], binary: bool, topic: TopicConfig, partit
             key = None if key_bytes is None else key_bytes.decode()
         except UnicodeDecodeError:
             raise RecordError("key must decode to UTF-8 text: lakebroker keys are strings") from None
-        message = NewMessage(value=_decode(raw_value, "value"), format="binary", key=key, partition=partition)
-    else:
-        try:
-            value, fmt = from_json_value(raw_value)
-        except InvalidRequest as exc:
-            raise RecordError(exc.message) from None
-        try:
-            key = raw_key if raw_key is None or isinstance(raw_key, str) else orjson.dumps(raw_key).decode()
-        except orjson.JSONEncodeError as exc:  # an integer beyond 64 bits
-            raise RecordError(f"key cannot be stored as JSON text ({exc}): send it as a string") from None
-        message = NewMessage(value=value, format=fmt, key=key, partition=partition)
-    size = message_bytes(message.key, message.value, None)
-    if size > topic.max_message_bytes:
-        raise RecordError(f"the record is {size} bytes (key and value), over topic {topic.name!r}'s "
-                          f"max.message.bytes {topic.max_message_bytes}")
-    return message
+        return NewMessage(value=_decode(raw_value, "value"), format="binary", key=key, partition=partition)
+    try:
+        value, fmt = from_json_value(raw_value)
+    except InvalidRequest as exc:
+        raise RecordError(exc.message) from None
+    try:
+        key = raw_key if raw_key is None or isinstance(raw_key, str) else orjson.dumps(raw_key).decode()
+    except orjson.JSONEncodeError as exc:  # an integer beyond 64 bits
+        raise RecordError(f"key cannot be stored as JSON text ({exc}): send it as a string") from None
+    return NewMessage(value=value, format=fmt, key=key, partition=partition)
 
 
-async def _produce(request: Request, broker: BrokerDep, topic_name: str, partition: int | None) -> JSONBytes:
+def _kafka_text(error: LakebrokerError, topic: TopicConfig) -> str:
+    """A refusal in the proxy's words (Kafka's names for the topic's settings)."""
+    if isinstance(error, MessageTooLarge):
+        return (f"the record is {error.size} bytes (key and value), over topic {topic.name!r}'s "
+                f"max.message.bytes {error.limit}")
+    if isinstance(error, NoSuchPartition):
+        return (f"partition {error.partition} does not exist in topic {topic.name!r} "
+                f"(partitions 0-{error.partitions - 1})")
+    return error.message
+
+
+def _refused(text: str) -> dict[str, Any]:
+    return {"partition": None, "offset": None, "error_code": RECORD_NOT_RETRIABLE, "error": text}
+
+
+async def _produce(request: Request, broker: BrokerDep, principal: ApiToken, topic_name: str,
+                   partition: int | None) -> JSONBytes:
     kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if kind not in (JSON_V2, BINARY_V2):
         return v2_error(415, f"content type {kind or '(none)'!r} is not supported: use {JSON_V2} or {BINARY_V2}")
     topic = broker.topic(topic_name)  # NotFound: 404, error_code 40401
-    if partition is not None and not 0 <= partition < topic.partitions:
-        return v2_error(404, f"partition {partition} does not exist in topic {topic.name!r} "
-                        f"(partitions 0-{topic.partitions - 1})", V2_PARTITION_NOT_FOUND)
+    if partition is not None:
+        try:
+            topic.check_partition(partition)
+        except NoSuchPartition as exc:
+            return v2_error(404, _kafka_text(exc, topic), V2_PARTITION_NOT_FOUND)
     body = parse_json(await request.body())  # malformed: 400; integers beyond 64 bits stay exact
     records = body.get("records") if isinstance(body, dict) else None
     if not isinstance(records, list) or not 1 <= len(records) <= MAX_RECORDS:
@@ -191,15 +202,16 @@ async def _produce(request: Request, broker: BrokerDep, topic_name: str, partiti
     messages: list[NewMessage] = []
     for record in records:
         try:
-            messages.append(_to_message(record, binary, topic, record.get("partition", partition)))
+            messages.append(_to_message(record, binary, record.get("partition", partition)))
             slots.append(None)
         except RecordError as exc:
-            slots.append({"partition": None, "offset": None, "error_code": RECORD_NOT_RETRIABLE, "error": str(exc)})
-    router: Router = request.app.state.router
-    placed = await router.produce(topic.name, messages, AckMode.WAL,
-                                  Caller.of(lambda name: request.headers.get(name.decode()))) if messages else []
+            slots.append(_refused(str(exc)))
+    core: ProduceCore = request.app.state.core
+    caller = Caller.of(lambda name: request.headers.get(name.decode()))
+    placed = await core.produce_each(
+        ProduceRequest(topic.name, messages, AckMode.WAL, principal, caller)) if messages else []
     results = iter(placed)
-    offsets = [slot or _written(next(results)) for slot in slots]
+    offsets = [slot or _written(next(results), topic) for slot in slots]
     return JSONBytes({"key_schema_id": None, "value_schema_id": None, "offsets": offsets}, media_type=V2_MEDIA)
 
 
@@ -208,7 +220,9 @@ def _valid_partition(partition: Any) -> bool:
     return partition is None or (type(partition) is int and 0 <= partition < MAX_PARTITIONS)
 
 
-def _written(result: Any) -> dict[str, Any]:
+def _written(result: ProduceResult | LakebrokerError, topic: TopicConfig) -> dict[str, Any]:
+    if isinstance(result, LakebrokerError):
+        return _refused(_kafka_text(result, topic))
     return {"partition": result.partition, "offset": result.offset, "error_code": None, "error": None}
 
 
@@ -219,18 +233,18 @@ def _request_body(model: type[BaseModel]) -> dict[str, Any]:
 
 @produce_router.post("/topics/{topic}", openapi_extra=_request_body(V2Produce), responses=_PRODUCE_RESPONSES,
                      response_class=V2Response)
-async def produce_v2(topic: TopicPath, request: Request, broker: BrokerDep) -> JSONBytes:
+async def produce_v2(topic: TopicPath, request: Request, broker: BrokerDep, principal: PrincipalDep) -> JSONBytes:
     """Kafka REST Proxy v2 produce; a record's `partition` picks its partition, else its key does."""
-    return await _produce(request, broker, topic, None)
+    return await _produce(request, broker, principal, topic, None)
 
 
 @produce_router.post("/topics/{topic}/partitions/{partition}", openapi_extra=_request_body(V2PartitionProduce),
                      responses=_PRODUCE_RESPONSES, response_class=V2Response)
 async def produce_to_partition_v2(
-    topic: TopicPath, partition: int, request: Request, broker: BrokerDep
+    topic: TopicPath, partition: int, request: Request, broker: BrokerDep, principal: PrincipalDep
 ) -> JSONBytes:
     """Kafka REST Proxy v2 produce to one partition (404 with error_code 40402 if it does not exist)."""
-    return await _produce(request, broker, topic, partition)
+    return await _produce(request, broker, principal, topic, partition)
 
 
 # -- metadata -----------------------------------------------------------------------------------------
