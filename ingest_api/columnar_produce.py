@@ -26,7 +26,7 @@ from lakebroker.ingest_api.chunks import (
     spans_by_bytes,
     split_by_bytes,
 )
-from lakebroker.ingest_api.dedup import DedupIndex, DedupKey, Placed, dedup_ids
+from lakebroker.ingest_api.dedup import DedupIndex, DedupKey, Placed, dedup_ids, spread_ids
 from lakebroker.ingest_api.group_commit import GroupCommitter, PendingChunk
 from lakebroker.ingest_api.messages import AckMode
 from lakebroker.ingest_api.ownership import Ownership, remember_placed
@@ -54,15 +54,19 @@ class ColumnarProduce:
         n = batch.rows
         producers = one_array(batch.columns.column("producer_id"))
         sequenced = producers.null_count < n  # an Arrow batch's producer_id and sequence columns (sequences.py)
-        ids = one_array(batch.columns.column("message_id"))  # then their dedup ids, null where none
+        message_ids = one_array(batch.columns.column("message_id"))
+        sequences = one_array(batch.columns.column("sequence"))
+        ids = message_ids  # then their dedup ids, null where none
         if sequenced:
-            ids = dedup_ids(ids, producers, one_array(batch.columns.column("sequence")))
+            ids = spread_ids(message_ids, producers, sequences)
         elif ids.null_count < n:
             ids = dedup_ids(ids)
         # Every message's partition, duplicates too (they take their turn in the keyless runs
         # as on the per-message path), checked before the dedup index hears of any id.
         everyone = self.partitioner.columns(topic, batch.partitions, one_array(batch.columns.column("key")), sizes,
                                             ids)
+        if sequenced:  # a producer's sequences are per partition
+            ids = dedup_ids(message_ids, producers, sequences, pa.array(everyone))
         topic_id = bytes.fromhex(topic.topic_id)
         runs = _runs(everyone)
         self.ownership.check_open(topic, topic_id, {p for p, _, _ in runs} if runs is not None else

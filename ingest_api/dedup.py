@@ -21,7 +21,7 @@ import time
 from array import array
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Literal
+from typing import Literal, TypeAlias
 
 import numpy as np
 import pyarrow as pa
@@ -39,7 +39,36 @@ _TAG_MASK = 0xFFFF_FFFF
 _blake2b = hashlib.blake2b
 
 
-def dedup_id(message_id: str | None, producer_id: str | None, sequence: int | None) -> str | None:
+Column: TypeAlias = pa.Array | pa.ChunkedArray
+
+
+def dedup_id(message_id: str | None, producer_id: str | None, sequence: int | None, partition: int) -> str | None:
+    """A message's identity in the dedup index: its id, else its producer's sequence in its partition
+    (a producer's sequences run per partition, as Kafka's do: sequence 0 in two partitions is two
+    messages)."""
+    if message_id is not None:
+        return "m:" + message_id
+    if producer_id is not None and sequence is not None:
+        return f"p:{producer_id}:{partition}:{sequence}"
+    return None
+
+
+def dedup_ids(message_id: Column, producer_id: Column | None = None, sequence: Column | None = None,
+              partition: Column | int | None = None) -> Column:
+    """`dedup_id` over columns (`partition`: a column, or one partition for every row): null in a
+    row that has none."""
+    by_message = pc.binary_join_element_wise("m", message_id, ":")
+    if producer_id is None or sequence is None:
+        return by_message
+    assert partition is not None, "a producer's sequences are per partition"
+    part = pa.scalar(str(partition)) if isinstance(partition, int) else pc.cast(partition, pa.string())
+    by_producer = pc.binary_join_element_wise("p", producer_id, part, pc.cast(sequence, pa.string()), ":")
+    return pc.if_else(pc.is_valid(message_id), by_message, by_producer)
+
+
+def spread_id(message_id: str | None, producer_id: str | None, sequence: int | None) -> str | None:
+    """What places a keyless message with an id on a partition (partitioner.py): its id, or its
+    producer and sequence, so a retry lands where the first send did."""
     if message_id is not None:
         return "m:" + message_id
     if producer_id is not None and sequence is not None:
@@ -47,9 +76,8 @@ def dedup_id(message_id: str | None, producer_id: str | None, sequence: int | No
     return None
 
 
-def dedup_ids(message_id: pa.Array | pa.ChunkedArray, producer_id: pa.Array | pa.ChunkedArray | None = None,
-              sequence: pa.Array | pa.ChunkedArray | None = None) -> pa.Array | pa.ChunkedArray:
-    """`dedup_id` over columns: null in a row that has none."""
+def spread_ids(message_id: Column, producer_id: Column | None = None, sequence: Column | None = None) -> Column:
+    """`spread_id` over columns: null in a row that has none."""
     by_message = pc.binary_join_element_wise("m", message_id, ":")
     if producer_id is None or sequence is None:
         return by_message

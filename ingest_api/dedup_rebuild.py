@@ -182,7 +182,8 @@ def _table_ids(source: _Source, lo: int, hi: int | None) -> pa.Table:
 def _batch_ids(topic_id: str, batch: pa.RecordBatch) -> pa.Table:
     """A batch of `_ID_COLUMNS` rows as `_PLACED`."""
     return _placed([topic_id] * batch.num_rows, batch["timestamp"].cast(pa.int64()),
-                   dedup_ids(batch["message_id"], batch["producer_id"], batch["sequence"]), batch["partition"],
+                   dedup_ids(batch["message_id"], batch["producer_id"], batch["sequence"], batch["partition"]),
+                   batch["partition"],
                    batch["offset"])
 
 
@@ -205,7 +206,8 @@ def _wal_ids(records: list[Record], chunks: list[Chunk], committed: Mapping[Part
         if some:
             ids = dedup_ids(pa.array([r.message_id for r in some], pa.string()),
                             pa.array([r.producer_id for r in some], pa.string()),
-                            pa.array([r.sequence for r in some], pa.int64()))
+                            pa.array([r.sequence for r in some], pa.int64()),
+                            pa.array([r.partition for r in some], pa.int32()))
             seen.append(_placed([r.topic_id.hex() for r in some], pa.array([r.timestamp_us for r in some], pa.int64()),
                                 ids, pa.array([r.partition for r in some], pa.int32()),
                                 pa.array([r.offset for r in some], pa.int64())))
@@ -214,7 +216,7 @@ def _wal_ids(records: list[Record], chunks: list[Chunk], committed: Mapping[Part
         if c.timestamp_us < horizon_us or c.topic_id not in live:
             continue
         rows = c.columns.slice(skip)  # producer ids: only those a node gave messages it handed on (hand_off.py)
-        ids = dedup_ids(rows["message_id"], rows["producer_id"], rows["sequence"])
+        ids = dedup_ids(rows["message_id"], rows["producer_id"], rows["sequence"], c.partition)
         if ids.null_count == len(ids):
             continue
         n = len(ids)

@@ -192,7 +192,7 @@ class LocalProduce:
         message gets a future if it is `awaited` or carries an id (later sends of the id wait on it).
         `partition` was picked before the dedup check, so a duplicate takes its turn in the keyless
         runs on every produce path alike."""
-        did = dedup_id(m.message_id, m.producer_id, m.sequence)
+        did = dedup_id(m.message_id, m.producer_id, m.sequence, partition)
         key: DedupKey | None = None if did is None else (topic.topic_id, did)
         if key is not None:
             hit = self.dedup.lookup(key)

@@ -191,7 +191,7 @@ class Ownership:
                 future.add_done_callback(self._remember_chunk(topic.topic_id))
                 self.committer.submit([PendingChunk(dataclasses.replace(chunk, offset=-1), future)])
             else:
-                did = dedup_id(item.message_id, item.producer_id, item.sequence)
+                did = dedup_id(item.message_id, item.producer_id, item.sequence, item.partition)
                 assert did is not None
                 if (hashed := key_hash((topic.topic_id, did))) in placed:
                     skipped += 1
@@ -218,7 +218,7 @@ class Ownership:
                 return
             chunk = future.result()
             columns = chunk.columns
-            ids = dedup_ids(columns["message_id"], columns["producer_id"], columns["sequence"])
+            ids = dedup_ids(columns["message_id"], columns["producer_id"], columns["sequence"], chunk.partition)
             for i, did in enumerate(ids.to_pylist()):
                 if did is not None:
                     self.dedup.remember((topic_hex, did), (chunk.partition, chunk.offset + i, chunk.timestamp_us))
@@ -414,7 +414,7 @@ def _without_placed(chunk: Chunk, topic_hex: str, placed: set[tuple[int, int]]) 
     """The chunk without the rows whose id is in `placed` (by key_hash), or in a row before it; the
     kept rows' ids join `placed`. None if none is left."""
     columns = chunk.columns
-    ids = dedup_ids(columns["message_id"], columns["producer_id"], columns["sequence"]).to_pylist()
+    ids = dedup_ids(columns["message_id"], columns["producer_id"], columns["sequence"], chunk.partition).to_pylist()
     keep = []
     for did in ids:
         hashed = None if did is None else key_hash((topic_hex, did))

@@ -28,7 +28,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from lakebroker.ingest_api.dedup import dedup_id
+from lakebroker.ingest_api.dedup import spread_id
 from lakebroker.ingest_api.messages import NewMessage
 from lakebroker.ingest_api.records import RECORD_OVERHEAD
 from lakebroker.tables.topics import TopicConfig
@@ -173,7 +173,7 @@ class Partitioner:
         if m.key is not None:
             return partition_for_key(m.key, topic.partitions)
         if m.message_id is not None or m.producer_id is not None:
-            did = dedup_id(m.message_id, m.producer_id, m.sequence)
+            did = spread_id(m.message_id, m.producer_id, m.sequence)
             if did is not None:
                 return partition_for_key(did, topic.partitions)
         return self._keyless(topic).next(topic.partitions)
@@ -188,7 +188,7 @@ class Partitioner:
         keyless = []
         for i, m in enumerate(messages):
             if m.partition is None and m.key is None:
-                did = dedup_id(m.message_id, m.producer_id, m.sequence)
+                did = spread_id(m.message_id, m.producer_id, m.sequence)
                 if did is None:
                     keyless.append(i)
                 else:
@@ -203,7 +203,7 @@ class Partitioner:
     def columns(self, topic: TopicConfig, explicit: pa.Array, keys: pa.Array, sizes: np.ndarray,
                 ids: pa.Array | None = None) -> np.ndarray:
         """The partitions of a batch held as columns (`sizes`: each message's, as message_bytes
-        counts it; `ids`: its dedup ids (dedup.dedup_ids), null where none)."""
+        counts it; `ids`: what spreads keyless messages with an id (dedup.spread_ids), null where none)."""
         cache = self._key_caches.get(topic.topic_id)
         if cache is None or cache.partitions != topic.partitions:
             cache = self._key_caches[topic.topic_id] = KeyCache(topic.partitions)

@@ -231,9 +231,15 @@ def test_ids_over_columns_are_the_ids_of_each_row() -> None:
     rows = [("a", None, None), (None, "p", 7), (None, "p", None), (None, None, None), ("a", "p", 7),
             ("ü:x", None, None), (None, "p:q", 0), ("", None, None)]
     message_id, producer_id, sequence = (pa.chunked_array([list(c)]) for c in zip(*rows, strict=True))
-    assert dedup_ids(message_id, producer_id.cast(pa.string()), sequence.cast(pa.int64())).to_pylist() == [
-        dedup_id(*row) for row in rows]
+    partition = pa.chunked_array([[i % 3 for i in range(len(rows))]], pa.int32())
+    assert dedup_ids(message_id, producer_id.cast(pa.string()), sequence.cast(pa.int64()), partition).to_pylist() \
+        == [dedup_id(*row, i % 3) for i, row in enumerate(rows)]
+    assert dedup_ids(message_id, producer_id.cast(pa.string()), sequence.cast(pa.int64()), 2).to_pylist() == [
+        dedup_id(*row, 2) for row in rows]
     assert dedup_ids(message_id).to_pylist() == [None if m is None else "m:" + m for m, _, _ in rows]
+    # A producer's sequence 7 in two partitions is two messages; a message id is one wherever it goes.
+    assert dedup_id(None, "p", 7, 0) != dedup_id(None, "p", 7, 1)
+    assert dedup_id("a", "p", 7, 0) == dedup_id("a", "p", 7, 1)
 
 
 def test_keys_hashed_in_bulk_are_the_keys_remembered_one_by_one() -> None:

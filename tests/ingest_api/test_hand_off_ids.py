@@ -48,8 +48,8 @@ def test_a_chunks_rows_without_ids_get_one_each_by_offset_and_the_chunk_survives
     given = identified(chunk, "n1")
     assert isinstance(given, Chunk)
     rows = given.columns.to_pylist()
-    assert [dedup_id(r["message_id"], r["producer_id"], r["sequence"]) for r in rows] == [
-        "m:m", "p:lakebroker-node:n1:3:101", "p:app:7", "p:lakebroker-node:n1:3:103"]
+    assert [dedup_id(r["message_id"], r["producer_id"], r["sequence"], chunk.partition) for r in rows] == [
+        "m:m", "p:lakebroker-node:n1:3:3:101", "p:app:3:7", "p:lakebroker-node:n1:3:3:103"]
     assert [r["value"] for r in rows] == [b"a", b"b", b"c", b"d"]
     frame = b"".join(bytes(b) for b in chunk_frame(given))
     assert decode_chunk(frame[FRAME_HEADER.size:]).columns.equals(given.columns), "the WAL keeps the ids"

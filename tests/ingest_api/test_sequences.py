@@ -98,3 +98,50 @@ def _ipc_of(columns: dict[str, pa.Array]) -> bytes:
     with pa.ipc.new_stream(sink, table.schema) as writer:
         writer.write_table(table)
     return sink.getvalue().to_pybytes()
+
+
+def _to_partition(partition: int, sequences: list[int]) -> bytes:
+    table = pa.table({"value": pa.array([b"p%d-s%d" % (partition, s) for s in sequences], pa.binary()),
+                      "partition": pa.array([partition] * len(sequences), pa.int64()),
+                      "producer_id": pa.array(["kafka-like"] * len(sequences)),
+                      "sequence": pa.array(sequences, pa.int64())})
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    return sink.getvalue().to_pybytes()
+
+
+async def test_a_producers_sequences_run_per_partition_and_restart_in_each(tmp_path: Path) -> None:
+    """Sequence 0 to partition 0 and sequence 0 to partition 1 are two messages, as in Kafka, whose
+    producers count from 0 in every partition: neither is a duplicate of the other, as Arrow columns
+    or one message at a time, and each keeps its own placement. A retry is still one."""
+    from lakebroker.ingest_api.messages import NewMessage
+
+    broker = _broker(tmp_path)
+    await broker.start()
+    try:
+        await broker.create_topic(new_topic("t", 2))
+        first = await broker.local.produce_columns("t", parse_arrow_batch(_to_partition(0, [0, 1, 2]), LIMIT),
+                                                   AckMode.WAL)
+        other = await broker.local.produce_columns("t", parse_arrow_batch(_to_partition(1, [0, 1, 2]), LIMIT),
+                                                   AckMode.WAL)
+        assert (first.partition.tolist(), first.duplicate.tolist()) == ([0, 0, 0], [False] * 3)
+        assert (other.partition.tolist(), other.offset.tolist(), other.duplicate.tolist()) == (
+            [1, 1, 1], [0, 1, 2], [False] * 3)
+        again = await broker.local.produce_columns("t", parse_arrow_batch(_to_partition(1, [1, 2]), LIMIT),
+                                                   AckMode.WAL)
+        assert (again.partition.tolist(), again.offset.tolist(), again.duplicate.tolist()) == (
+            [1, 1], [1, 2], [True, True])
+
+        (one,) = await broker.local.produce("t", [NewMessage(value=b"x", partition=1, producer_id="q", sequence=0)],
+                                            AckMode.WAL)
+        (two,) = await broker.local.produce("t", [NewMessage(value=b"y", partition=0, producer_id="q", sequence=0)],
+                                            AckMode.WAL)
+        assert (one.partition, one.duplicate, two.partition, two.offset, two.duplicate) == (1, False, 0, 3, False)
+        await broker.flusher.flush_once()
+        rows = DeltaTable(str(broker.layout.topic_table(broker.topic("t")))).to_pyarrow_table(
+            columns=["partition", "value"]).to_pylist()
+        assert sorted((r["partition"], r["value"]) for r in rows) == sorted(
+            [(0, b"p0-s%d" % s) for s in range(3)] + [(1, b"p1-s%d" % s) for s in range(3)] + [(1, b"x"), (0, b"y")])
+    finally:
+        await broker.stop()
