@@ -22,11 +22,11 @@ from typing import Any
 
 from fastapi import FastAPI
 
-from lakebroker.ingest_api.asgi_route import AsgiRoute, header_in
+from lakebroker.ingest_api.asgi_route import AsgiRoute
 from lakebroker.ingest_api.auth import OPEN_ACCESS, Access, Authenticator, access_rule, bearer_of
 from lakebroker.ingest_api.body import media_type, parse_message
 from lakebroker.ingest_api.errors import error_response
-from lakebroker.ingest_api.forwarding import Caller
+from lakebroker.ingest_api.forwarding import FORWARDED_BY_BYTES, Caller
 from lakebroker.ingest_api.limits import MAX_HEADER_BYTES, MAX_HEADERS, body_timeout, declared_too_large, header_refusal
 from lakebroker.ingest_api.local_produce import OneMessage, ProduceResult
 from lakebroker.ingest_api.messages import AckMode
@@ -51,7 +51,7 @@ class FastRequest:
     ack: AckMode
     kind: str  # media type of the body
     principal: ApiToken
-    headers: Headers  # read again only if the message goes to another node
+    caller: Caller  # what forwarding needs: the Authorization to pass on, and whether a node sent it
 
 
 class FastProduce:
@@ -81,6 +81,8 @@ class FastProduce:
         # function that owns it, from the headers again (refusals are rare).
         size = 4 * len(headers)
         content_type = b""
+        authorization = b""
+        forwarded_by = b""
         largest = -1
         for name, value in headers:
             size += len(name) + len(value)
@@ -89,6 +91,12 @@ class FastProduce:
             elif name == b"content-type":
                 if not content_type:
                     content_type = value
+            elif name == b"authorization":
+                if not authorization:
+                    authorization = value
+            elif name == FORWARDED_BY_BYTES:
+                if not forwarded_by:
+                    forwarded_by = value
             elif name == b"transfer-encoding":
                 return None  # a chunked body: uvicorn reads it
         if largest < 0:
@@ -113,7 +121,8 @@ class FastProduce:
         except LakebrokerError as exc:
             return Answer.of(error_response(exc))
         kind = _JSON if content_type == b"application/json" else media_type(content_type.decode("latin-1"))
-        return FastRequest(topic, query, ack, kind, principal, headers)
+        caller = Caller(authorization.decode("latin-1") or None, bool(forwarded_by))
+        return FastRequest(topic, query, ack, kind, principal, caller)
 
     def start(self, request: FastRequest, body: bytes,
               then: Callable[[], None]) -> Answer | OneMessage | Coroutine[Any, Any, Answer]:
@@ -123,8 +132,7 @@ class FastProduce:
         try:
             message = parse_message(request.kind, request.query, body)
             one = self.core.start_one(
-                ProduceRequest(request.topic, message, request.ack, request.principal,
-                               Caller.of(lambda name: header_in(request.headers, name))),
+                ProduceRequest(request.topic, message, request.ack, request.principal, request.caller),
                 None if request.ack is AckMode.TABLE else then)
         except LakebrokerError as exc:
             return Answer.of(error_response(exc))
