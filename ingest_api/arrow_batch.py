@@ -31,8 +31,6 @@ dictionary that many batches share, which validation reads again with each, coun
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -40,7 +38,6 @@ import pyarrow.compute as pc
 from lakebroker.ingest_api import ipc_frames
 from lakebroker.ingest_api.body import MAX_BATCH, MAX_KEY_CHARS, InvalidShape
 from lakebroker.ingest_api.chunks import CHUNK_SCHEMA, BatchResults, ColumnarBatch, one_array
-from lakebroker.ingest_api.messages import NewMessage
 from lakebroker.tables.errors import InvalidRequest, TooLarge
 from lakebroker.tables.topics import MAX_PARTITIONS
 
@@ -107,7 +104,7 @@ def _batch(table: pa.Table) -> ColumnarBatch:
         [key, value, fmt, headers, message_id, producer, sequence],
         schema=CHUNK_SCHEMA,
     )
-    return ColumnarBatch(columns, partition, _messages(columns, partition))
+    return ColumnarBatch.of(columns, partition)
 
 
 def results_arrow(results: BatchResults) -> bytes:
@@ -343,18 +340,3 @@ def _first(mask: pa.Array) -> int:
 
 def _is_string(t: pa.DataType) -> bool:
     return bool(pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t))
-
-
-def _messages(columns: pa.Table, partitions: pa.Array) -> Callable[[], list[NewMessage]]:
-    """The batch as messages, for the per-message path (a batch spanning partitions other nodes own)."""
-
-    def messages() -> list[NewMessage]:
-        rows = zip(columns.column("key").to_pylist(), columns.column("value").to_pylist(),
-                   columns.column("format").to_pylist(), columns.column("headers").to_pylist(),
-                   columns.column("message_id").to_pylist(), columns.column("producer_id").to_pylist(),
-                   columns.column("sequence").to_pylist(), partitions.to_pylist(), strict=True)
-        return [NewMessage(value=value, format=fmt, key=key, headers=dict(headers) if headers else None,
-                           partition=partition, message_id=mid, producer_id=producer, sequence=sequence)
-                for key, value, fmt, headers, mid, producer, sequence, partition in rows]
-
-    return messages

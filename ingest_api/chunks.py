@@ -60,6 +60,23 @@ class ColumnarBatch:
     def rows(self) -> int:
         return int(self.columns.num_rows)
 
+    @classmethod
+    def of(cls, columns: pa.Table, partitions: pa.Array) -> ColumnarBatch:
+        """`columns` (CHUNK_SCHEMA) with each message's explicit partition (or null)."""
+
+        def messages() -> list[NewMessage]:
+            from lakebroker.ingest_api.messages import NewMessage
+
+            rows = zip(columns.column("key").to_pylist(), columns.column("value").to_pylist(),
+                       columns.column("format").to_pylist(), columns.column("headers").to_pylist(),
+                       columns.column("message_id").to_pylist(), columns.column("producer_id").to_pylist(),
+                       columns.column("sequence").to_pylist(), partitions.to_pylist(), strict=True)
+            return [NewMessage(value=value, format=fmt, key=key, headers=dict(headers) if headers else None,
+                               partition=partition, message_id=mid, producer_id=producer, sequence=sequence)
+                    for key, value, fmt, headers, mid, producer, sequence, partition in rows]
+
+        return cls(columns, partitions, messages)
+
 
 @dataclass(slots=True)
 class BatchResults:

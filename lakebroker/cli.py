@@ -176,6 +176,8 @@ def produce(
 def serve(
     host: Annotated[str | None, typer.Option(help="Bind address (default setting host).")] = None,
     port: Annotated[int | None, typer.Option(help="Port (default setting port).")] = None,
+    kafka_port: Annotated[int | None, typer.Option(
+        min=0, max=65535, help="Port of the Kafka listener (default setting kafka_port, 9092).")] = None,
     auth: Annotated[AuthMode | None, typer.Option(
         help="API tokens: auto is required unless HOST is loopback (default: the auth setting).")] = None,
     workers: Annotated[int, typer.Option(
@@ -199,7 +201,7 @@ def serve(
 
     keep_small()
 
-    overrides = {"host": host, "port": port, "auth": auth}
+    overrides = {"host": host, "port": port, "kafka_port": kafka_port, "auth": auth}
     chosen = settings().model_copy(update={k: v for k, v in overrides.items() if v is not None})
     if workers > 1:
         from lakebroker.workers import run_workers

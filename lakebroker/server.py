@@ -26,6 +26,9 @@ from lakebroker.ingest_api.auth import is_loopback
 from lakebroker.ingest_api.fast_produce import FastProduce
 from lakebroker.ingest_api.http_fast_produce import fast_protocol
 from lakebroker.ingest_api.http_limits import BoundedHttpToolsProtocol, bounded_protocol
+from lakebroker.ingest_api.kafka.listener import KafkaListener
+from lakebroker.ingest_api.live_status import Service
+from lakebroker.ingest_api.messages import AckMode
 from lakebroker.ingest_api.node import IngestNode
 from lakebroker.ingest_api.node_identity import advertised_url, refuse_twin
 from lakebroker.tables.layout import Layout
@@ -49,15 +52,26 @@ UVICORN_LIMITS: dict[str, Any] = {
 
 
 def build_app(settings: Settings, registry: CollectorRegistry | None = None,
-              on_started: Callable[[], None] | None = None, *, node: IngestNode | None = None) -> FastAPI:
+              on_started: Callable[[], None] | None = None, *, node: IngestNode | None = None,
+              kafka: KafkaListener | None = None) -> FastAPI:
     """The ingest app over `node` (by default one built for `settings`, its metrics in `registry`)
-    with the delivery that runs beside it, started once the node holds the data-dir lock and shown
-    through the app's subscription status and dashboard."""
+    with the services that run beside it, started once the node holds the data-dir lock: the Kafka
+    listener if given, and the delivery, shown through the app's subscription status and dashboard."""
     node = node or IngestNode.build(settings, registry)
     # a supervised child process, or a task on this loop; its metrics beside the node's
     delivery = embedded_delivery(settings, node.metrics.registry)
-    return create_app(settings, on_started=on_started, services=[delivery] if delivery is not None else [],
-                      live_status=delivery, node=node)
+    services: list[Service] = [s for s in (kafka, delivery) if s is not None]
+    return create_app(settings, on_started=on_started, services=services, live_status=delivery, node=node)
+
+
+def kafka_listener(settings: Settings, node: IngestNode, *, reuse_port: bool = False) -> KafkaListener | None:
+    """The Kafka door over `node`'s produce core, unless the setting turns it off. It advertises the
+    host of the node's URL."""
+    if not settings.kafka_listener:
+        return None
+    advertised = urlsplit(advertised_url(settings)).hostname or settings.host
+    return KafkaListener(node.core, node.auth, settings.host, settings.kafka_port, advertised,
+                         AckMode(settings.kafka_acks_all), reuse_port=reuse_port)
 
 
 def _already_shut_down(signum: int, frame: object) -> None:
@@ -122,13 +136,15 @@ def run_server(settings: Settings, *, reuse_port: bool = False) -> None:
         parser = "httptools" if issubclass(http, HttpToolsProtocol) else "not httptools"
         logging.getLogger(__name__).info("HTTP protocol %s.%s (%s), event loop %s.%s", http.__module__,
                                          http.__qualname__, parser, loop.__module__, loop.__qualname__)
-        layout.server_file.write_bytes(orjson.dumps({"url": f"http://{host}:{port}", "pid": os.getpid()}))
+        layout.server_file.write_bytes(orjson.dumps({"url": f"http://{host}:{port}", "pid": os.getpid(),
+                                                     "kafka": f"{host}:{kafka.port}" if kafka else None}))
         jobs.append(start_scheduler(settings))
 
     # One node's parts, handed to both doors: the app (ASGI) and the fast single-message path
     # answered by the HTTP protocol itself (ingest_api/http_fast_produce.py).
     node = IngestNode.build(settings, registry)
-    app = build_app(settings, on_started=announce, node=node)
+    kafka = kafka_listener(settings, node, reuse_port=reuse_port)
+    app = build_app(settings, on_started=announce, node=node, kafka=kafka)
     deadlines = settings.header_read_timeout_s, settings.body_read_timeout_s
     http = (fast_protocol(deadlines[0], FastProduce(node, app), deadlines[1]) if settings.fast_produce
             else bounded_protocol(*deadlines))

@@ -63,6 +63,10 @@ def run_workers(settings: Settings, workers: int, *, pin_cpus: bool = True) -> i
     env = dict(os.environ)  # LAKEBROKER_ADVERTISED_URL too: each worker advertises its host (server.worker_url)
     env["LAKEBROKER_TABLES_URI"] = Layout.of(settings).tables_root
     env.update({f"LAKEBROKER_{job}_INTERVAL_S": "0" for job in _JOBS})  # scheduled here, once
+    held_kafka = None
+    if settings.kafka_listener:  # the Kafka port is shared the same way
+        held_kafka = listen(settings.host, settings.kafka_port, reuse_port=True)
+        env["LAKEBROKER_KAFKA_PORT"] = str(held_kafka.getsockname()[1])
     cpus = worker_cpus(workers, pin_cpus)
 
     def start(index: int) -> subprocess.Popen[bytes]:
@@ -82,7 +86,8 @@ def run_workers(settings: Settings, workers: int, *, pin_cpus: bool = True) -> i
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, stop)
     procs = [start(i) for i in range(workers)]
-    log.info("serving on %s:%d with %d worker processes (pids %s)%s", settings.host, port, workers,
+    log.info("serving on %s:%d%s with %d worker processes (pids %s)%s", settings.host, port,
+             f" (Kafka :{env['LAKEBROKER_KAFKA_PORT']})" if held_kafka else "", workers,
              ", ".join(str(p.pid) for p in procs),
              "" if cpus[0] is None else f" on CPUs {', '.join(str(c) for c in cpus)}")
 
@@ -111,4 +116,6 @@ def run_workers(settings: Settings, workers: int, *, pin_cpus: bool = True) -> i
                 proc.kill()
                 proc.wait()
         held.close()
+        if held_kafka is not None:
+            held_kafka.close()
     return max((p.returncode or 0 for p in procs), default=0)

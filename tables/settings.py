@@ -65,6 +65,19 @@ class Settings(BaseSettings):
         "an upgraded uvicorn breaks it: every request then takes the ASGI path, with the same answers."
     )
 
+    # the Kafka listener (ingest_api/kafka/, docs/kafka.md)
+    kafka_listener: bool = Field(
+        True, description="Serve Kafka's protocol beside HTTP, on HOST at KAFKA_PORT, so Kafka clients produce "
+        "by pointing bootstrap.servers at the broker. With auth required, clients authenticate with SASL/PLAIN "
+        "and an API token as the password."
+    )
+    kafka_port: int = Field(9092, ge=0, le=65535, description="Port of the Kafka listener (0: any free port).")
+    kafka_acks_all: Literal["wal", "table"] = Field(
+        "table", description="What a Kafka producer's acks=all waits for: `table`, the message committed to the "
+        "topic's Delta table (it survives the loss of this node), or `wal`, fsynced in this node's WAL. acks=1 "
+        "always waits for the WAL and acks=0 for nothing."
+    )
+
     # cluster (ingest_api/cluster.py, tables/ownership.py)
     advertised_url: str | None = Field(
         None, description="The URL other nodes and clients use to reach this node. None: http://HOST:PORT of "

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -10,6 +11,10 @@ from fastapi.testclient import TestClient
 from lakebroker.server import build_app
 from lakebroker.tables.settings import Settings
 from tests.s3 import s3_root, s3_server, s3_spark  # noqa: F401 - fixtures: one MinIO per test process
+
+# Every `lakebroker serve` a test starts (tests/servers.py, the guides' and the wheel's commands) has
+# a Kafka listener: on any free port, since several servers run at once.
+os.environ.setdefault("LAKEBROKER_KAFKA_PORT", "0")
 
 
 @pytest.fixture

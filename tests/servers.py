@@ -36,12 +36,15 @@ def clock_off_env(offset_s: int) -> dict[str, str]:
 
 
 class ServerProcess:
-    def __init__(self, data_dir: Path, env: dict[str, str] | None = None, port: int = 0) -> None:
+    def __init__(self, data_dir: Path, env: dict[str, str] | None = None, port: int = 0, kafka_port: int = 0,
+                 ) -> None:
         self.data_dir = data_dir
-        self.env = {**os.environ, **NO_SCHEDULED_JOBS, **(env or {})}
+        # kafka_port 0: any free port (every test server has a Kafka listener; several run at once)
+        self.env = {**os.environ, **NO_SCHEDULED_JOBS, "LAKEBROKER_KAFKA_PORT": str(kafka_port), **(env or {})}
         self.port = port  # 0: any free port; a fixed one lets a restarted server keep its URL
         self.proc: subprocess.Popen[bytes] | None = None
         self.url = ""
+        self.kafka = ""  # host:port of its Kafka listener
         self.log = data_dir.parent / f"{data_dir.name}-server.log"
 
     def start(self, timeout: float = 60) -> str:
@@ -59,7 +62,8 @@ class ServerProcess:
                 raise RuntimeError(f"server exited with {self.proc.returncode}: {self.log.read_text()[-3000:]}")
             if server_file.exists():
                 try:
-                    self.url = orjson.loads(server_file.read_bytes())["url"]
+                    announced = orjson.loads(server_file.read_bytes())
+                    self.url, self.kafka = announced["url"], announced.get("kafka") or ""
                     if httpx.get(self.url + "/readyz", timeout=2).status_code == 200:
                         return self.url
                 except (ValueError, KeyError, httpx.HTTPError):

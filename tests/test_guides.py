@@ -9,7 +9,8 @@ Each page's marked blocks run in page order against a `lakebroker serve` of the 
   only its start.
 - a `python` block runs in this process, with the server's URL for `http://127.0.0.1:8080`.
 
-Pages: docs/concepts.md, docs/producing.md, docs/security.md (with auth required).
+Pages: docs/concepts.md, docs/producing.md, docs/security.md (with auth required), docs/kafka.md
+(with the server's Kafka listener for `127.0.0.1:9092`).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ PAGES: dict[str, dict[str, str]] = {
     "producing.md": {},
     # On loopback the API is open unless asked; a new token counts at once, not within auth_cache_ms.
     "security.md": {"LAKEBROKER_AUTH": "required", "LAKEBROKER_AUTH_CACHE_MS": "0"},
+    "kafka.md": {},
 }
 ANSWERED = "@@answered@@"
 # Every curl of a block prints its body, then its status and a line of its own.
@@ -85,10 +87,11 @@ def run_shell(block: Block, url: str, data_dir: Path) -> None:
             assert text.startswith(body[:-3]) if body.endswith("...") else text == body, (where, body, text)
 
 
-def run_python(block: Block, url: str, namespace: dict[str, Any]) -> str:
+def run_python(block: Block, server: ServerProcess, namespace: dict[str, Any]) -> str:
     printed = io.StringIO()
+    text = block.text.replace("http://127.0.0.1:8080", server.url).replace("127.0.0.1:9092", server.kafka)
     with redirect_stdout(printed):
-        exec(compile(block.text.replace("http://127.0.0.1:8080", url), f"<line {block.line}>", "exec"), namespace)
+        exec(compile(text, f"<line {block.line}>", "exec"), namespace)
     return printed.getvalue()
 
 
@@ -105,11 +108,13 @@ def test_the_guides_examples_answer_what_they_state(name: str, tmp_path: Path) -
             if block.language == "bash":
                 run_shell(block, url, server.data_dir)
             elif block.language == "python":
-                printed.append(run_python(block, url, namespace))
+                printed.append(run_python(block, server, namespace))
             else:
                 pytest.fail(f"docs/{name} line {block.line}: {ME} runs bash and python blocks, not {block.language!r}")
     finally:
         server.stop()
+    if name == "kafka.md":  # kafka-python's record: the key's murmur2 partition, its first offset
+        assert printed == [f"orders {partition_for_key('user-7', 3)} 0\n"]
     if name == "producing.md":  # the Python client's producer: the key's partition, as Kafka's partitioner picks
         result = namespace["result"]
         assert (result.topic, result.partition, result.duplicate) == ("orders", partition_for_key("user-7", 3), False)

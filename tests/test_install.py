@@ -17,6 +17,9 @@ from pathlib import Path
 import httpx
 import orjson
 import pytest
+from kio.schema.api_versions.v3.request import ApiVersionsRequest
+
+from tests.kafka_wire import KafkaConnection
 
 REPO = Path(__file__).resolve().parent.parent
 NOT_RUNTIME = ("airflow", "playwright", "pyspark", "delta", "schemathesis", "matplotlib", "pytest")
@@ -67,7 +70,8 @@ def test_plain_install_serves_without_airflow_playwright_or_spark(tmp_path: Path
     data = tmp_path / "data"
     log_path = tmp_path / "serve.log"
     with log_path.open("wb") as log:
-        serve = subprocess.Popen([venv / "bin" / "lakebroker", "--data-dir", data, "serve", "--port", "0"],
+        serve = subprocess.Popen([venv / "bin" / "lakebroker", "--data-dir", data, "serve", "--port", "0",
+                                  "--kafka-port", "0"],
                                  stdout=log, stderr=subprocess.STDOUT, env=env, cwd=tmp_path)
     try:
         url = wait_for_server(serve, data / "server.json", log_path)
@@ -76,6 +80,10 @@ def test_plain_install_serves_without_airflow_playwright_or_spark(tmp_path: Path
         r = httpx.post(f"{url}/v1/topics/orders/messages", params={"ack": "table"},
                        json={"key": "k", "value": {"n": 1}})
         assert r.status_code == 200, r.text
+        # and the Kafka listener, on the runtime dependencies alone
+        with KafkaConnection(orjson.loads((data / "server.json").read_bytes())["kafka"]) as kafka:
+            versions = kafka.call(ApiVersionsRequest(client_software_name="t", client_software_version="1"))
+        assert versions.error_code == 0 and versions.api_keys
         written = r.json()
         read = httpx.get(f"{url}/v1/topics/orders/partitions/{written['partition']}/messages").json()
         assert [m["value"] for m in read["messages"]] == [{"n": 1}]

@@ -2,16 +2,19 @@
 
 One table of cases, run through every door against real `lakebroker serve` processes: a single
 message answered below ASGI (the fast path) and through ASGI (`fast_produce` off), a JSON batch,
-an NDJSON batch, an Arrow IPC batch, and Confluent's REST Proxy v2; then backpressure, and a
-partition between owners, on servers of their own (its errors in Confluent's
-`error_code`s; a record's own fault is that record's slot, not the request's). A rule copied into
-one door and missed in another shows here as a door that answers differently.
+an NDJSON batch, an Arrow IPC batch, Confluent's REST Proxy v2 and Kafka's protocol (a produce
+request on a SASL-authenticated connection); then backpressure, and a partition between owners, on
+servers of their own. Each door answers in its own terms: REST Proxy v2 in Confluent's
+`error_code`s (a record's own fault is that record's slot, not the request's), Kafka in its error
+codes (`KAFKA`). A rule copied into one door and missed in another shows here as a door that
+answers differently.
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,10 +24,14 @@ import httpx
 import orjson
 import pyarrow as pa
 import pytest
+from kio.schema.errors import ErrorCode
+from kio.schema.sasl_authenticate.v2.request import SaslAuthenticateRequest
+from kio.schema.sasl_handshake.v1.request import SaslHandshakeRequest
 
 from lakebroker.ingest_api.partitioner import partition_for_key
 from lakebroker.tables.layout import Layout
 from lakebroker.tables.tokens import TokenStore
+from tests.kafka_wire import KafkaConnection, partition_answer, produce, record_batch
 from tests.servers import ServerProcess, until
 
 pytestmark = [pytest.mark.timeout(300)]
@@ -53,6 +60,7 @@ class Server:
     url: str
     admin: str  # an admin token's header value
     narrow: str  # a produce token for the topic `other` alone
+    kafka: str = ""  # host:port of its Kafka listener
 
 
 def _server(tmp_path_factory: pytest.TempPathFactory, name: str, **env: str) -> Iterator[Server]:
@@ -63,7 +71,7 @@ def _server(tmp_path_factory: pytest.TempPathFactory, name: str, **env: str) -> 
     _, narrow = tokens.create(["produce"], topics=["other"], name="narrow")
     try:
         node.start()
-        server = Server(node.url, f"Bearer {admin}", f"Bearer {narrow}")
+        server = Server(node.url, f"Bearer {admin}", f"Bearer {narrow}", node.kafka)
         for topic in ("t", "other"):
             r = httpx.post(f"{server.url}/v1/topics", headers={"authorization": server.admin}, timeout=30,
                            json={"name": topic, "partitions": PARTITIONS, "max_message_bytes": MAX_MESSAGE_BYTES})
@@ -155,6 +163,28 @@ def _v2(server: Server, topic: str, m: dict[str, Any], auth: str, raw: bytes | N
     return Outcome(200, None, slot["partition"], slot["offset"], False)
 
 
+def _kafka(server: Server, topic: str, m: dict[str, Any], auth: str, raw: bytes | None) -> Outcome:
+    """A Produce request on a connection authenticated with the token as its SASL/PLAIN password. A
+    Kafka client chooses the partition itself: the key's murmur2 one, as Kafka's producers do. An
+    id becomes the producer's id and sequence, as an idempotent producer's retry carries them."""
+    key = m.get("key")
+    partition = m.get("partition", partition_for_key(key, PARTITIONS) if key is not None else 0)
+    producer = {"producer_id": zlib.crc32(m["id"].encode()), "base_sequence": 0} if "id" in m else {}
+    records = raw if raw is not None else record_batch(
+        [str(m.get("value", "")).encode()], key=None if key is None else key.encode(),
+        headers=tuple((k.encode(), str(v).encode()) for k, v in m.get("headers", {}).items()), **producer)
+    with KafkaConnection(server.kafka) as kafka:
+        assert kafka.call(SaslHandshakeRequest(mechanism="PLAIN")).error_code == 0
+        token = auth.removeprefix("Bearer ")
+        assert kafka.call(SaslAuthenticateRequest(auth_bytes=b"\0\0" + token.encode())).error_code == 0
+        answer = kafka.call(produce(topic, partition, records, acks=1))
+    placed = partition_answer(answer)
+    if placed.error_code != ErrorCode.none:
+        throttled = answer.throttle_time.total_seconds()
+        return Outcome(0, ErrorCode(placed.error_code).name, retry_after=str(round(throttled)) if throttled else None)
+    return Outcome(200, None, partition, placed.base_offset)
+
+
 Door = Callable[[Server, str, dict[str, Any], str, bytes | None], Outcome]
 DOORS: dict[str, Door] = {
     "single": _single,
@@ -162,6 +192,7 @@ DOORS: dict[str, Door] = {
     "ndjson": _batch("application/x-ndjson"),
     "arrow": _batch(ARROW),
     "rest-v2": _v2,
+    "kafka": _kafka,
 }
 # A record's own fault (its size, its partition) through REST Proxy v2: that record's slot, not retriable.
 RECORD_FAULT = "50002"
@@ -180,6 +211,7 @@ class Case:
     raw: bytes | None = None  # a body sent as it is (the same bytes through every door)
     narrow: bool = False  # sent with the token for the topic `other` alone
     v2: Outcome | None = None  # the REST Proxy's outcome, where _v2_form does not tell it
+    kafka: str | None = None  # Kafka's error code (None: produced)
     doors: tuple[str, ...] = tuple(DOORS)
 
 
@@ -187,18 +219,20 @@ KEY = "user-1"
 CASES = {
     "a key's murmur2 partition": Case("t", {"key": KEY, "value": "v"}, Outcome(200, partition=partition_for_key(
         KEY, PARTITIONS))),
-    "unknown topic": Case("nope", {"value": "v"}, Outcome(404, "not_found")),
+    "unknown topic": Case("nope", {"value": "v"}, Outcome(404, "not_found"), kafka="unknown_topic_or_partition"),
     "partition out of range": Case("t", {"value": "v", "partition": PARTITIONS}, Outcome(400, "invalid_request"),
-                                   v2=Outcome(200, RECORD_FAULT)),
-    "malformed body": Case("t", {}, Outcome(400, "invalid_request"), raw=b"{not json",
-                           doors=("single", "json", "ndjson", "rest-v2")),
+                                   v2=Outcome(200, RECORD_FAULT), kafka="unknown_topic_or_partition"),
+    "malformed body": Case("t", {}, Outcome(400, "invalid_request"), raw=b"{not json", kafka="corrupt_message",
+                           doors=("single", "json", "ndjson", "rest-v2", "kafka")),
     "value over the topic's limit": Case("t", {"value": "x" * (MAX_MESSAGE_BYTES + 1)}, Outcome(413, "too_large"),
-                                         v2=Outcome(200, RECORD_FAULT)),
+                                         v2=Outcome(200, RECORD_FAULT), kafka="message_too_large"),
     "key over the topic's limit": Case("t", {"key": "k" * (MAX_MESSAGE_BYTES + 1), "value": "v"},
-                                       Outcome(413, "too_large"), v2=Outcome(200, RECORD_FAULT)),
+                                       Outcome(413, "too_large"), v2=Outcome(200, RECORD_FAULT),
+                                       kafka="message_too_large"),
     "headers that are not strings": Case("t", {"value": "v", "headers": {"n": 1}}, Outcome(422, "invalid_request"),
                                          doors=("single", "json", "ndjson")),
-    "a token without the topic": Case("t", {"value": "v"}, Outcome(403, "forbidden"), narrow=True),
+    "a token without the topic": Case("t", {"value": "v"}, Outcome(403, "forbidden"), narrow=True,
+                                      kafka="topic_authorization_failed"),
 }
 
 
@@ -208,6 +242,8 @@ def _check(server: Server, name: str, case: Case) -> None:
             continue
         got = send(server, case.topic, case.message, server.narrow if case.narrow else server.admin, case.raw)
         want = (case.v2 or _v2_form(case.expected)) if door == "rest-v2" else case.expected
+        if door == "kafka":
+            want = Outcome(200) if case.kafka is None else Outcome(0, case.kafka)
         if want.status == 200 and want.code is None:
             assert (got.status, got.code) == (200, None), (name, door, got)
             if want.partition is not None:
@@ -231,6 +267,9 @@ def test_a_duplicate_id_answers_its_first_placement_through_every_door(fast: Ser
             first = send(server, "t", message, server.admin, None)
             again = send(server, "t", message, server.admin, None)
             assert first.status == 200 and not first.duplicate, (door, first)
+            if door == "kafka":  # Kafka answers a producer's retry with its first offset, and no more
+                assert (again.status, again.partition, again.offset) == (200, first.partition, first.offset), door
+                continue
             assert (again.partition, again.offset, again.duplicate) == (first.partition, first.offset, True), door
 
 
@@ -239,7 +278,9 @@ def test_backpressure_is_a_429_with_retry_after_through_every_door(full: Server)
     assert first.status == 200, first
     for door, send in DOORS.items():
         got = send(full, "t", {"value": "v"}, full.admin, None)
-        want = Outcome(429, "42901" if door == "rest-v2" else "backpressure")
+        # Kafka: a retriable error, and a throttle time the client waits out before it sends again
+        want = Outcome(429, "42901" if door == "rest-v2" else "backpressure") if door != "kafka" else Outcome(
+            0, "request_timed_out")
         assert (got.status, got.code) == (want.status, want.code), (door, got)
         assert got.retry_after is not None and int(got.retry_after) >= 1, (door, got)
 
@@ -262,9 +303,12 @@ def test_a_partition_whose_owner_just_died_is_a_503_with_retry_after_through_eve
         assert b.proc is not None
         os.kill(b.proc.pid, signal.SIGKILL)
         b.proc.wait(timeout=30)
-        server = Server(a.url, "Bearer unused", "Bearer unused")  # auth is off on loopback
+        server = Server(a.url, "Bearer unused", "Bearer unused", a.kafka)  # auth is off on loopback
         for door, send in DOORS.items():
             got = send(server, "t", {"key": key, "value": "v"}, server.admin, None)
+            if door == "kafka":  # a Kafka client is never forwarded: it asks the metadata again and waits
+                assert (got.status, got.code) == (0, "not_leader_or_follower"), got
+                continue
             want = Outcome(503, "50301" if door == "rest-v2" else "partition_unavailable")
             assert (got.status, got.code) == (want.status, want.code), (door, got)
             assert got.retry_after is not None and int(got.retry_after) >= 1, (door, got)

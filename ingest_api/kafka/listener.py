@@ -1,0 +1,363 @@
+"""The Kafka door: a listener that speaks Kafka's protocol and hands each partition's records to
+the produce core (produce_core.py) as one columnar batch. It parses Kafka's frames and renders
+Kafka's answers and error codes; the rules (authorization, admission, partitions, dedup, acks)
+are the core's.
+
+A partition this node does not own is refused with NOT_LEADER_OR_FOLLOWER, never forwarded
+(the request is marked forwarded for the core): the client reads the metadata again and goes to
+the owner itself, as Kafka clients do.
+
+APIs: ApiVersions, Metadata, Produce, InitProducerId, and SASL/PLAIN (SaslHandshake,
+SaslAuthenticate) with an API token as the password. With auth enforced, a connection must
+authenticate before any other API; its token is checked again at each produce (a revoked or
+expired token stops working on an open connection too). Requests on one connection are answered
+in order, one at a time, as Kafka requires."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import uuid
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import pyarrow as pa
+from kio.schema.errors import ErrorCode
+
+from lakebroker.ingest_api.auth import OPEN_ACCESS, Authenticator, check_topic
+from lakebroker.ingest_api.chunks import BatchResults, ColumnarBatch
+from lakebroker.ingest_api.forwarding import Caller
+from lakebroker.ingest_api.kafka import record_batches, wire
+from lakebroker.ingest_api.local_produce import ProduceResult
+from lakebroker.ingest_api.messages import AckMode
+from lakebroker.ingest_api.not_here import NoOwnerYet, NotOwner
+from lakebroker.ingest_api.produce_core import ProduceCore, ProduceRequest
+from lakebroker.tables.errors import (
+    Backpressure,
+    Forbidden,
+    InvalidRequest,
+    LakebrokerError,
+    NoSuchPartition,
+    NotFound,
+    StorageUnavailable,
+    TooLarge,
+    Unauthenticated,
+)
+from lakebroker.tables.tokens import ApiToken
+
+log = logging.getLogger(__name__)
+
+PRODUCE, METADATA, SASL_HANDSHAKE, API_VERSIONS, INIT_PRODUCER_ID, SASL_AUTHENTICATE = 0, 3, 17, 18, 22, 36
+# Each API from v0 (librdkafka enables features by the low end of a range), up to the one version
+# every current client then picks. kio reads Produce from v3 (magic-v2 batches only).
+VERSIONS = {PRODUCE: (3, 9), METADATA: (0, 12), SASL_HANDSHAKE: (0, 1), API_VERSIONS: (0, 4),
+            INIT_PRODUCER_ID: (0, 4), SASL_AUTHENTICATE: (0, 2)}
+BEFORE_AUTH = frozenset({API_VERSIONS, SASL_HANDSHAKE, SASL_AUTHENTICATE})
+MECHANISMS = ("PLAIN",)
+BROKER_ID = 0
+_ZERO = timedelta(0)
+FORWARDED = Caller(None, forwarded=True)  # a Kafka client finds the owner itself: never forward
+
+
+def error_code(exc: BaseException) -> ErrorCode:
+    if isinstance(exc, NotOwner | NoOwnerYet):
+        return ErrorCode.not_leader_or_follower
+    if isinstance(exc, NotFound | NoSuchPartition):
+        return ErrorCode.unknown_topic_or_partition
+    if isinstance(exc, Forbidden):
+        return ErrorCode.topic_authorization_failed
+    if isinstance(exc, Unauthenticated):
+        return ErrorCode.sasl_authentication_failed
+    if isinstance(exc, record_batches.UnsupportedCodec):
+        return ErrorCode.unsupported_compression_type
+    if isinstance(exc, record_batches.OldMagic):
+        return ErrorCode.unsupported_for_message_format
+    if isinstance(exc, record_batches.CorruptBatch):
+        return ErrorCode.corrupt_message
+    if isinstance(exc, TooLarge):
+        return ErrorCode.message_too_large
+    if isinstance(exc, Backpressure):
+        return ErrorCode.request_timed_out  # retriable: the client backs off (throttle_time) and sends again
+    if isinstance(exc, InvalidRequest):
+        return ErrorCode.invalid_record
+    if isinstance(exc, StorageUnavailable):
+        return ErrorCode.kafka_storage_error
+    return ErrorCode.unknown_server_error
+
+
+@dataclass(slots=True)
+class Session:
+    """One connection's state: its SASL step and, once authenticated, its token."""
+
+    token: str | None = None  # the password it authenticated with, checked again at each produce
+    mechanism: str | None = None  # chosen by SaslHandshake
+    authenticated: bool = False
+
+
+class KafkaListener:
+    def __init__(self, core: ProduceCore, auth: Authenticator, host: str, port: int, advertised_host: str,
+                 acks_all: AckMode = AckMode.TABLE, *, reuse_port: bool = False) -> None:
+        self.core = core
+        self.auth = auth
+        self.host, self.port = host, port
+        self.advertised_host = advertised_host
+        self.acks_all = acks_all  # what acks=all (-1) waits for
+        self.reuse_port = reuse_port
+        self.advertised_port = port
+        self.max_request_bytes = core.broker.settings.max_request_bytes
+        self._servers: list[asyncio.Server] = []
+        self._connections: set[asyncio.Task[None]] = set()
+
+    async def start(self) -> None:
+        """Listen on HOST:PORT. As one of `serve --workers`' processes (`reuse_port`), which share that
+        port, also on a port of its own, which Metadata advertises: a client that bootstrapped through
+        the shared port then reaches this very process."""
+        binds = [(self.port, self.reuse_port)] + ([(0, False)] if self.reuse_port else [])
+        for port, shared in binds:
+            try:
+                self._servers.append(await asyncio.start_server(self._connection, self.host, port,
+                                                                reuse_port=shared or None, backlog=1024))
+            except OSError as exc:
+                await self.stop()
+                raise OSError(exc.errno, f"the Kafka listener cannot bind {self.host}:{port}: {exc.strerror} "
+                              "(setting kafka_port; kafka_listener=false turns it off)") from None
+        self.port = self._servers[0].sockets[0].getsockname()[1]
+        self.advertised_port = self._servers[-1].sockets[0].getsockname()[1]
+        record_batches.warm_up()
+        log.info("Kafka listener on %s:%d, advertised as %s:%d; acks=all waits for ack=%s%s", self.host, self.port,
+                 self.advertised_host, self.advertised_port, self.acks_all.value,
+                 "; clients authenticate with SASL/PLAIN (an API token as the password)" if self.auth.enforced else "")
+
+    async def stop(self) -> None:
+        for server in self._servers:
+            server.close()
+        for task in list(self._connections):
+            task.cancel()
+        await asyncio.gather(*self._connections, return_exceptions=True)
+        for server in self._servers:
+            await server.wait_closed()
+        self._servers = []
+
+    async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._connections.add(task)
+        peer = writer.get_extra_info("peername")
+        session = Session(authenticated=not self.auth.enforced)
+        try:
+            while (frame := await wire.read_frame(reader, self.max_request_bytes)) is not None:
+                request = wire.parse(frame)
+                answer = await self._answer(session, request)
+                if answer is not None:
+                    writer.write(answer)
+                    await writer.drain()
+        except _CloseAfter as exc:
+            writer.write(exc.answer)
+            log.info("Kafka client %s: SASL authentication failed; closing its connection", peer)
+        except wire.Malformed as exc:
+            log.warning("Kafka client %s: %s; closing its connection", peer, exc)
+        except LakebrokerError as exc:  # its token no longer holds, or the token table cannot be read
+            log.info("Kafka client %s: %s; closing its connection", peer, exc.message)
+        except (ConnectionError, asyncio.CancelledError):
+            pass
+        except Exception:  # a bug here costs this connection, never the listener
+            log.exception("Kafka client %s: unexpected error; closing its connection", peer)
+        finally:
+            self._connections.discard(task)
+            writer.close()
+
+    async def _answer(self, session: Session, request: wire.Request) -> bytes | None:
+        low, high = VERSIONS.get(request.api_key, (0, -1))
+        if request.api_key == API_VERSIONS and (request.body is None or request.version > high):
+            return self._api_versions(request, ErrorCode.unsupported_version)
+        if request.body is None or not low <= request.version <= high:
+            raise wire.Malformed(f"api {request.api_key} v{request.version} is not supported "
+                                 "(the client sends only what ApiVersions lists)")
+        if not session.authenticated and request.api_key not in BEFORE_AUTH:
+            raise wire.Malformed(f"api {request.api_key} before SASL authentication: this listener requires "
+                                 "SASL/PLAIN (security.protocol=SASL_PLAINTEXT, an API token as the password)")
+        if request.api_key == API_VERSIONS:
+            return self._api_versions(request, ErrorCode.none)
+        if request.api_key == SASL_HANDSHAKE:
+            return self._sasl_handshake(session, request)
+        if request.api_key == SASL_AUTHENTICATE:
+            return await self._sasl_authenticate(session, request)
+        if request.api_key == METADATA:
+            return await self._metadata(session, request)
+        if request.api_key == INIT_PRODUCER_ID:
+            return self._init_producer_id(request)
+        return await self._produce(session, request)
+
+    def _api_versions(self, request: wire.Request, error: ErrorCode) -> bytes:
+        # An unknown version is answered in v0, which every client reads (KIP-511).
+        version = 0 if error is ErrorCode.unsupported_version else request.version
+        schema = wire.response_schema(API_VERSIONS, version)
+        entry = wire.nested(schema, "ApiVersion")
+        keys = tuple(entry(api_key=k, min_version=lo, max_version=hi) for k, (lo, hi) in sorted(VERSIONS.items()))
+        return wire.frame_of(request, wire.build(schema, error_code=error, api_keys=keys, throttle_time=_ZERO))
+
+    # -- SASL/PLAIN ----------------------------------------------------------------------
+    def _sasl_handshake(self, session: Session, request: wire.Request) -> bytes:
+        schema = wire.response_schema(SASL_HANDSHAKE, request.version)
+        mechanism = request.body.mechanism
+        if request.version == 0 or mechanism not in MECHANISMS:
+            # v0 would send the SASL bytes unframed next: only v1's framed exchange is spoken here
+            error = ErrorCode.unsupported_sasl_mechanism
+        else:
+            error, session.mechanism = ErrorCode.none, mechanism
+        return wire.frame_of(request, wire.build(schema, error_code=error, mechanisms=MECHANISMS))
+
+    async def _sasl_authenticate(self, session: Session, request: wire.Request) -> bytes:
+        schema = wire.response_schema(SASL_AUTHENTICATE, request.version)
+        if session.mechanism != "PLAIN":
+            raise wire.Malformed("SaslAuthenticate before a SaslHandshake that chose PLAIN")
+        # PLAIN (RFC 4616): authorization id, user name and password, each ended by a NUL but the last
+        parts = bytes(request.body.auth_bytes).split(b"\0")
+        try:
+            if len(parts) != 3:
+                raise Unauthenticated("SASL/PLAIN expects [authzid] NUL username NUL password")
+            token = parts[2].decode()
+            await self.auth.authenticate(token)
+        except (Unauthenticated, UnicodeDecodeError) as exc:
+            text = exc.message if isinstance(exc, Unauthenticated) else "the password is not UTF-8 text"
+            answer = wire.build(schema, error_code=ErrorCode.sasl_authentication_failed,
+                                error_message=f"{text}: the password is an API token (lbk_...)", auth_bytes=b"",
+                                session_lifetime=_ZERO)
+            raise _CloseAfter(wire.frame_of(request, answer)) from None
+        session.token, session.authenticated = token, True
+        return wire.frame_of(request, wire.build(schema, error_code=ErrorCode.none, error_message=None,
+                                                 auth_bytes=b"", session_lifetime=_ZERO))
+
+    async def _principal(self, session: Session) -> ApiToken:
+        """The connection's token, checked again now (it may have been revoked or expired since)."""
+        return await self.auth.authenticate(session.token) if self.auth.enforced else OPEN_ACCESS
+
+    # -- Metadata ------------------------------------------------------------------------
+    async def _metadata(self, session: Session, request: wire.Request) -> bytes:
+        schema = wire.response_schema(METADATA, request.version)
+        broker_entry, topic_entry = wire.nested(schema, "MetadataResponseBroker"), wire.nested(
+            schema, "MetadataResponseTopic")
+        partition_entry = wire.nested(schema, "MetadataResponsePartition")
+        principal = await self._principal(session)
+        topics = self.core.broker.topics
+        asked = None if request.body.topics is None else [t.name for t in request.body.topics]
+        names = sorted(n for n in topics if _may_see(principal, n)) if asked is None else asked
+        ownership = self.core.broker.ownership
+        out = []
+        for name in names:
+            topic = topics.get(name) if name is not None else None
+            error = ErrorCode.none
+            if topic is None:
+                error = ErrorCode.unknown_topic_or_partition
+            elif not _may_see(principal, name):
+                error = ErrorCode.topic_authorization_failed
+            if topic is None or error is not ErrorCode.none:
+                out.append(wire.build(topic_entry, error_code=error, name=name, topic_id=uuid.UUID(int=0),
+                                      partitions=()))
+                continue
+            topic_key = bytes.fromhex(topic.topic_id)
+            partitions = []
+            for p in range(topic.partitions):
+                epoch = ownership.epochs.get((topic_key, p))
+                # Another node's partition (or one not yet claimed) is unavailable here: the client
+                # waits and asks again rather than sending it to a node that would refuse it.
+                partitions.append(wire.build(
+                    partition_entry, partition_index=p,
+                    error_code=ErrorCode.none if epoch is not None else ErrorCode.leader_not_available,
+                    leader_id=BROKER_ID if epoch is not None else -1, leader_epoch=-1 if epoch is None else epoch,
+                    replica_nodes=(BROKER_ID,), isr_nodes=(BROKER_ID,), offline_replicas=()))
+            out.append(wire.build(topic_entry, error_code=ErrorCode.none, name=name,
+                                  topic_id=uuid.UUID(hex=topic.topic_id[:32].ljust(32, "0")),
+                                  partitions=tuple(partitions)))
+        brokers = (wire.build(broker_entry, node_id=BROKER_ID, host=self.advertised_host, port=self.advertised_port),)
+        return wire.frame_of(request, wire.build(schema, throttle_time=_ZERO, brokers=brokers, cluster_id="lakebroker",
+                                                 controller_id=BROKER_ID, topics=tuple(out)))
+
+    def _init_producer_id(self, request: wire.Request) -> bytes:
+        schema = wire.response_schema(INIT_PRODUCER_ID, request.version)
+        if request.body.transactional_id is not None:
+            return wire.frame_of(request, wire.build(
+                schema, throttle_time=_ZERO, error_code=ErrorCode.transactional_id_authorization_failed,
+                producer_id=-1, producer_epoch=-1))
+        # A random id: unique across nodes and restarts without coordination (2^-62 a collision).
+        return wire.frame_of(request, wire.build(schema, throttle_time=_ZERO, error_code=ErrorCode.none,
+                                                 producer_id=random.getrandbits(62), producer_epoch=0))
+
+    # -- Produce -------------------------------------------------------------------------
+    async def _produce(self, session: Session, request: wire.Request) -> bytes | None:
+        body = request.body
+        schema = wire.response_schema(PRODUCE, request.version)
+        topic_entry = wire.nested(schema, "TopicProduceResponse")
+        partition_entry = wire.nested(schema, "PartitionProduceResponse")
+        if body.transactional_id is not None:
+            answers = [(ErrorCode.transactional_id_authorization_failed, -1, 0.0)
+                       for t in body.topic_data for _ in t.partition_data]
+            ack = AckMode.WAL
+        else:
+            ack = {0: AckMode.NONE, 1: AckMode.WAL}.get(body.acks, self.acks_all)
+            principal = await self._principal(session)
+            answers = await asyncio.gather(*(self._produce_partition(principal, t.name, p.index, p.records, ack)
+                                             for t in body.topic_data for p in t.partition_data))
+        if ack is AckMode.NONE:
+            return None
+        by_topic: dict[str, list[Any]] = {}
+        places = [(t.name, p.index) for t in body.topic_data for p in t.partition_data]
+        for (name, index), (error, base_offset, _) in zip(places, answers, strict=True):
+            by_topic.setdefault(name, []).append(wire.build(
+                partition_entry, index=index, error_code=error, base_offset=base_offset, log_start_offset=-1,
+                record_errors=(), error_message=None, log_append_time=None))
+        topics = tuple(wire.build(topic_entry, name=name, partition_responses=tuple(parts))
+                       for name, parts in by_topic.items())
+        # Backpressure: Kafka's quota answer, which clients honour by pausing before they send again
+        throttle = timedelta(seconds=max((wait for _, _, wait in answers), default=0.0))
+        return wire.frame_of(request, wire.build(schema, responses=topics, throttle_time=throttle))
+
+    async def _produce_partition(self, principal: ApiToken, topic: str, partition: int, records: bytes | None,
+                                 ack: AckMode) -> tuple[ErrorCode, int, float]:
+        """A partition's records through the core: its error code, its first offset, and how long the
+        client should wait before it sends again (backpressure)."""
+        try:
+            if not records:
+                raise record_batches.CorruptBatch("no records")
+            base_offset = -1
+            for batch in record_batches.decode(records, self.max_request_bytes):
+                columns = batch.columns
+                explicit = _partitions(partition, columns.num_rows)
+                answer = await self.core.produce_batch(ProduceRequest(
+                    topic, ColumnarBatch.of(columns, explicit), ack, principal, FORWARDED))
+                if base_offset < 0:
+                    base_offset = _first_offset(answer.results)
+            return ErrorCode.none, base_offset, 0.0
+        except LakebrokerError as exc:
+            if not isinstance(exc, NotOwner | NoOwnerYet | NotFound | NoSuchPartition | Backpressure):
+                log.warning("Kafka produce to %s[%d] refused: %s", topic, partition, exc.message)
+            return error_code(exc), -1, exc.retry_after_s if isinstance(exc, Backpressure) else 0.0
+
+
+class _CloseAfter(wire.Malformed):
+    """An answer to send, after which the connection closes (a failed SASL authentication)."""
+
+    def __init__(self, answer: bytes) -> None:
+        super().__init__("SASL authentication failed")
+        self.answer = answer
+
+
+def _may_see(principal: ApiToken, topic: str) -> bool:
+    try:
+        check_topic(principal, topic)
+    except Forbidden:
+        return False
+    return True
+
+
+def _partitions(partition: int, rows: int) -> pa.Array:
+    return pa.repeat(pa.scalar(partition, pa.int64()), rows)
+
+
+def _first_offset(results: BatchResults | list[ProduceResult]) -> int:
+    if isinstance(results, BatchResults):
+        return int(results.offset[0]) if len(results.offset) else -1
+    first = results[0].offset if results else None
+    return -1 if first is None else first

@@ -1,0 +1,98 @@
+"""Kafka's framing, with kio's generated message types: a size-prefixed request, its header, its
+body; a response in the header version its API and version call for.
+
+kio raises KeyError on a tagged field it does not know (Kafka's rule is to skip it), and its
+decode errors are DecodeError: both are a malformed request here, answered by closing the
+connection, as a Kafka broker does with a request it cannot parse."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import io
+import struct
+import sys
+from typing import Any
+
+from kio.index import KioIndexError, load_request_schema, load_response_schema
+from kio.schema.request_header.v1.header import RequestHeader as HeaderV1
+from kio.serial import entity_reader, entity_writer
+from kio.serial.errors import SerialError
+
+_SIZE = struct.Struct(">i")
+_KEY_VERSION = struct.Struct(">hh")
+
+
+class Malformed(Exception):
+    """A request that cannot be read: the connection is closed."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Request:
+    api_key: int
+    version: int
+    correlation_id: int
+    client_id: str | None
+    body: Any  # kio's entity; None when the version is not one kio (or this broker) knows
+
+
+async def read_frame(reader: asyncio.StreamReader, max_bytes: int) -> bytes | None:
+    """The next request's bytes, or None when the client closed the connection between requests."""
+    try:
+        head = await reader.readexactly(4)
+    except asyncio.IncompleteReadError as exc:
+        if exc.partial:
+            raise Malformed("the connection closed inside a request's size") from None
+        return None
+    (size,) = _SIZE.unpack(head)
+    if size < 8 or size > max_bytes:
+        raise Malformed(f"a request of {size} bytes (the limit is {max_bytes})")
+    try:
+        return await reader.readexactly(size)
+    except asyncio.IncompleteReadError:
+        raise Malformed("the connection closed inside a request") from None
+
+
+def parse(frame: bytes) -> Request:
+    api_key, version = _KEY_VERSION.unpack_from(frame, 0)
+    try:
+        schema = load_request_schema(api_key, version)
+    except KioIndexError:
+        schema = None
+    try:
+        if schema is None:  # the first fields of every header version are v1's
+            known, _ = entity_reader(HeaderV1)(frame, 0)
+            return Request(api_key, version, known.correlation_id, known.client_id, None)
+        header, used = entity_reader(schema.__header_schema__)(frame, 0)
+        body, size = entity_reader(schema)(frame, used)
+    except (SerialError, KeyError, ValueError) as exc:
+        raise Malformed(f"api {api_key} v{version}: {exc!r}") from None
+    if used + size != len(frame):
+        raise Malformed(f"api {api_key} v{version}: {len(frame) - used - size} bytes past the request's end")
+    return Request(api_key, version, header.correlation_id, header.client_id, body)
+
+
+def response_schema(api_key: int, version: int) -> Any:
+    return load_response_schema(api_key, version)
+
+
+def build(schema: Any, **fields: Any) -> Any:
+    """An entity of `schema` from the fields it has (a field a version lacks is left out), so one
+    handler answers every version of its API."""
+    names = {f.name for f in dataclasses.fields(schema)}
+    return schema(**{k: v for k, v in fields.items() if k in names})
+
+
+def nested(schema: Any, name: str) -> Any:
+    """A nested entity class of the same version as `schema` (e.g. the Produce response's partitions)."""
+    return getattr(sys.modules[schema.__module__], name)
+
+
+def frame_of(request: Request, response: Any) -> bytes:
+    out = io.BytesIO()
+    out.write(b"\0\0\0\0")
+    entity_writer(response.__header_schema__)(out, response.__header_schema__(correlation_id=request.correlation_id))
+    entity_writer(type(response))(out, response)
+    data = out.getbuffer()
+    _SIZE.pack_into(data, 0, len(data) - 4)
+    return bytes(data)

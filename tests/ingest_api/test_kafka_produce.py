@@ -1,0 +1,231 @@
+"""Kafka's own clients produce through `lakebroker serve`'s Kafka listener: librdkafka
+kafka-python, idempotent, with every compression codec, keys, headers and
+acks=0/1/all; what they were told is what the topic holds. Then what no client would send: damaged
+batches, bombs, bad versions and garbage, each answered with Kafka's error code (or the
+connection closed) while the listener keeps serving."""
+
+from __future__ import annotations
+
+import datetime
+import gzip
+import os
+import struct
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from deltalake import DeltaTable
+from kafka import KafkaProducer
+from kio.schema.api_versions.v3.request import ApiVersionsRequest
+from kio.schema.errors import ErrorCode
+from kio.schema.init_producer_id.v4.request import InitProducerIdRequest
+from kio.static.primitive import i64
+
+from lakebroker.ingest_api.partitioner import partition_for_key
+from lakebroker.tables.layout import Layout
+from tests.kafka_wire import KafkaConnection, partition_answer, produce, record_batch
+from tests.servers import ServerProcess, free_port, until
+
+pytestmark = [pytest.mark.timeout(300)]
+
+PARTITIONS = 3
+CODECS = ("none", "gzip", "snappy", "lz4", "zstd")
+MINUTE = datetime.timedelta(seconds=60)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    root = tmp_path_factory.mktemp("kafka")
+    node = ServerProcess(root / "data", {"LAKEBROKER_MAX_REQUEST_BYTES": str(1 << 20)}, port=free_port(),
+                         kafka_port=free_port())
+    try:
+        node.start()
+        yield node
+    finally:
+        node.stop()
+
+
+def _topic(server: ServerProcess, name: str, partitions: int = PARTITIONS) -> str:
+    r = httpx.post(f"{server.url}/v1/topics", json={"name": name, "partitions": partitions}, timeout=30)
+    assert r.status_code == 201, r.text
+    return name
+
+
+def _messages(server: ServerProcess, topic: str, partition: int) -> list[dict[str, Any]]:
+    r = httpx.get(f"{server.url}/v1/topics/{topic}/partitions/{partition}/messages", params={"limit": 10_000},
+                  timeout=30)
+    assert r.status_code == 200, r.text
+    messages: list[dict[str, Any]] = r.json()["messages"]
+    return messages
+
+
+def _value(m: dict[str, Any]) -> bytes:
+    import base64
+    return base64.b64decode(m["value_b64"]) if "value_b64" in m else str(m["value"]).encode()
+
+
+def _sent(count: int, codec: str) -> list[tuple[str, bytes, list[tuple[str, bytes]]]]:
+    """Keyed messages, some with headers (one name twice), values of every byte."""
+    out = []
+    for i in range(count):
+        headers = [("trace", f"t-{i}".encode()), ("tag", b"a"), ("tag", b"b")] if i % 3 == 0 else []
+        out.append((f"user-{i % 11}", bytes([i % 256]) * (i % 50 + 1) + f"{codec}-{i}".encode(), headers))
+    return out
+
+
+def _check_stored(server: ServerProcess, topic: str, sent: list[tuple[str, bytes, list[tuple[str, bytes]]]],
+                  placed: list[tuple[int, int]]) -> None:
+    """Every acknowledged message is in the partition and at the offset its producer was told, once,
+    with its key, value and headers; keys on Kafka's murmur2 partition."""
+    stored = {p: {m["offset"]: m for m in _messages(server, topic, p)} for p in range(PARTITIONS)}
+    assert sum(len(v) for v in stored.values()) == len(sent)
+    for (key, value, headers), (partition, offset) in zip(sent, placed, strict=True):
+        assert partition == partition_for_key(key, PARTITIONS), key
+        m = stored[partition][offset]
+        assert (m["key"], _value(m)) == (key, value)
+        assert sorted((m.get("headers") or {}).items()) == sorted({k: v.decode() for k, v in headers}.items())
+    for partition, messages in stored.items():
+        assert sorted(messages) == list(range(len(messages))), partition  # dense offsets
+
+
+@pytest.mark.parametrize("codec", CODECS)
+def test_kafka_python_idempotent_produce(server: ServerProcess, codec: str) -> None:
+    topic = _topic(server, f"py-{codec}")
+    producer = KafkaProducer(bootstrap_servers=server.kafka, enable_idempotence=True, acks="all",
+                             compression_type=None if codec == "none" else codec, linger_ms=20)
+    try:
+        sent = _sent(200, codec)
+        futures = [producer.send(topic, key=k.encode(), value=v, headers=h) for k, v, h in sent]
+        producer.flush(60)
+        placed = [(m.partition, m.offset) for m in (f.get(timeout=60) for f in futures)]
+    finally:
+        producer.close()
+    _check_stored(server, topic, sent, placed)
+    # The table keeps a header name that repeats, in its order (JSON reads show its last value)
+    rows = DeltaTable(Layout(server.data_dir).topic_table(topic)).to_pyarrow_table(columns=["headers"])
+    with_headers = [h for h in rows.column("headers").to_pylist() if h]
+    assert len(with_headers) == len([h for _, _, h in sent if h])
+    assert all([name for name, _ in h] == ["trace", "tag", "tag"] and [v for _, v in h][1:] == ["a", "b"]
+               for h in with_headers)
+
+
+@pytest.mark.parametrize("acks", [0, 1])
+def test_acks_0_and_1(server: ServerProcess, acks: int) -> None:
+    topic = _topic(server, f"acks-{acks}")
+    producer = KafkaProducer(bootstrap_servers=server.kafka, acks=acks, enable_idempotence=False)
+    try:
+        futures = [producer.send(topic, key=f"k{i}".encode(), value=b"v") for i in range(50)]
+        producer.flush(60)
+        for f in futures:
+            f.get(timeout=60)
+    finally:
+        producer.close()
+    until(lambda: sum(len(_messages(server, topic, p)) for p in range(PARTITIONS)) == 50, "every message stored",
+          timeout=30)
+
+
+def test_a_transactional_producer_gets_kafkas_error(server: ServerProcess) -> None:
+    with KafkaConnection(server.kafka) as kafka:
+        answer = kafka.call(InitProducerIdRequest(transactional_id="tx-1", transaction_timeout=MINUTE,
+                                                  producer_id=i64(-1), producer_epoch=-1))
+    assert answer.error_code == ErrorCode.transactional_id_authorization_failed
+
+
+def test_an_idempotent_retry_after_a_restart_is_stored_once(tmp_path: Path) -> None:
+    """The producer's batch is acknowledged, the broker restarts, the producer sends the same batch
+    again (it never saw the answer): it is answered with its first offset and stored once."""
+    node = ServerProcess(tmp_path / "data", port=free_port(), kafka_port=free_port())
+    try:
+        node.start()
+        _topic(node, "once", 1)
+        with KafkaConnection(node.kafka) as kafka:
+            pid = kafka.call(InitProducerIdRequest(transactional_id=None, transaction_timeout=MINUTE,
+                                                   producer_id=i64(-1), producer_epoch=-1)).producer_id
+            batch = record_batch([b"a", b"b", b"c"], producer_id=pid, base_sequence=0)
+            first = partition_answer(kafka.call(produce("once", 0, batch)))
+        assert (first.error_code, first.base_offset) == (ErrorCode.none, 0)
+        node.stop()
+        node.start()
+        with KafkaConnection(node.kafka) as kafka:
+            again = partition_answer(kafka.call(produce("once", 0, batch)))
+            nxt = partition_answer(kafka.call(produce("once", 0, record_batch([b"d"], producer_id=pid,
+                                                                                  base_sequence=3))))
+        assert (again.error_code, again.base_offset) == (ErrorCode.none, 0)
+        assert (nxt.error_code, nxt.base_offset) == (ErrorCode.none, 3)
+        assert [_value(m) for m in _messages(node, "once", 0)] == [b"a", b"b", b"c", b"d"]
+    finally:
+        node.stop()
+
+
+# -- what no client would send ----------------------------------------------------------------------
+def _gzip_batch(plain_records: bytes, count: int) -> bytes:
+    """A batch whose records are `plain_records` (already laid end to end), gzipped."""
+    good = record_batch([b"x"] * count)
+    head = bytearray(good[:61])
+    body = gzip.compress(plain_records)
+    head[21:23] = struct.pack(">h", 1)  # attributes: gzip
+    return _resealed(bytes(head) + body)
+
+
+def _resealed(batch: bytes) -> bytes:
+    """`batch` with its length and CRC32C made right again."""
+    from crc32c import crc32c
+    out = bytearray(batch)
+    struct.pack_into(">i", out, 8, len(out) - 12)
+    struct.pack_into(">I", out, 17, crc32c(bytes(out[21:])))
+    return bytes(out)
+
+
+def _answer(server: ServerProcess, topic: str, records: bytes) -> ErrorCode:
+    with KafkaConnection(server.kafka) as kafka:
+        return ErrorCode(partition_answer(kafka.call(produce(topic, 0, records))).error_code)
+
+
+def test_damaged_batches_get_kafkas_error_codes(server: ServerProcess) -> None:
+    topic = _topic(server, "damaged", 1)
+    good = record_batch([b"v1", b"v2"])
+    flipped = bytearray(good)
+    flipped[-1] ^= 0xFF
+    assert _answer(server, topic, bytes(flipped)) == ErrorCode.corrupt_message  # the CRC no longer holds
+    assert _answer(server, topic, good[:-3]) == ErrorCode.corrupt_message  # cut short
+    wrong_count = bytearray(good)
+    struct.pack_into(">i", wrong_count, 57, 3)
+    assert _answer(server, topic, _resealed(bytes(wrong_count))) == ErrorCode.corrupt_message
+    codec_7 = bytearray(good)
+    codec_7[22] = 7
+    assert _answer(server, topic, _resealed(bytes(codec_7))) == ErrorCode.unsupported_compression_type
+    assert _answer(server, topic, record_batch([b"v"], key=b"\xff\xfe")) == ErrorCode.invalid_record  # not UTF-8
+    assert _answer(server, topic, record_batch([b"v"], headers=((b"h", b"\xff"),))) == ErrorCode.invalid_record
+    assert _answer(server, "no-such-topic", good) == ErrorCode.unknown_topic_or_partition
+    assert _messages(server, topic, 0) == []  # nothing of the refused batches was stored
+    assert _answer(server, topic, good) == ErrorCode.none
+
+
+def test_a_compression_bomb_is_too_large_not_out_of_memory(server: ServerProcess) -> None:
+    """A 1 MiB request limit: a small gzip batch that expands to 64 MiB is refused while it expands."""
+    topic = _topic(server, "bomb", 1)
+    record = bytes([0x80, 0x80, 0x80, 0x40]) + b"\0" * (64 << 20)  # a record that says it is 64 MiB long
+    bomb = _gzip_batch(record, 1)
+    assert len(bomb) < 100_000
+    assert _answer(server, topic, bomb) == ErrorCode.message_too_large
+    assert _answer(server, topic, record_batch([b"still serving"])) == ErrorCode.none
+
+
+def test_garbage_closes_only_its_own_connection(server: ServerProcess) -> None:
+    with KafkaConnection(server.kafka) as kafka:
+        kafka.sock.sendall(struct.pack(">i", 1 << 30))  # a request larger than any limit
+        assert kafka.closed_by_peer()
+    with KafkaConnection(server.kafka) as kafka:
+        kafka.send_raw(os.urandom(64))  # an unknown API, a made-up header
+        assert kafka.closed_by_peer()
+    with KafkaConnection(server.kafka) as kafka:
+        kafka.send_raw(struct.pack(">hhi", 18, 99, 1) + b"\xff\xff")  # ApiVersions v99
+        kafka.correlation = 1
+        answer = kafka.receive(18, 0)  # KIP-511: answered in v0 with the versions it has
+        assert answer.error_code == ErrorCode.unsupported_version and answer.api_keys
+    with KafkaConnection(server.kafka) as kafka:
+        versions = kafka.call(ApiVersionsRequest(client_software_name="t", client_software_version="1"))
+        assert versions.error_code == ErrorCode.none
+        assert {k.api_key: (k.min_version, k.max_version) for k in versions.api_keys}[0] == (3, 9)
