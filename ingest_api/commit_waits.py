@@ -15,8 +15,13 @@ class CommitWaits:
         self._waits: dict[PartitionKey, list[tuple[int, asyncio.Future[None]]]] = defaultdict(list)
 
     def add(self, key: PartitionKey, offset: int) -> asyncio.Future[None]:
+        """A wait its caller may cancel (a Kafka Fetch's long poll that timed out): cancelled waits
+        are dropped here once they outnumber the live ones, so an idle partition's list stays short."""
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waits[key].append((offset, future))
+        waits = self._waits[key]
+        waits.append((offset, future))
+        if len(waits) >= 64 and len(waits) & (len(waits) - 1) == 0:  # at each power of two: amortized O(1)
+            self._waits[key] = [(o, f) for o, f in waits if not f.done()]
         return future
 
     def committed(self, key: PartitionKey, end: int) -> None:

@@ -13,6 +13,7 @@ from typing import Any
 from kio.index import load_response_schema
 from kio.records.schema import NewRecordBatch, Record, RecordHeader
 from kio.records.writers import write_batch
+from kio.schema.fetch.v12.request import FetchPartition, FetchRequest, FetchTopic
 from kio.schema.produce.v9.request import PartitionProduceData, ProduceRequest, TopicProduceData
 from kio.serial import entity_reader, entity_writer
 from kio.static.primitive import i8, i16, i32, i64
@@ -95,6 +96,12 @@ def record_batch(values: list[bytes], *, key: bytes | None = None, producer_id: 
 def produce(topic: str, partition: int, records: bytes, acks: int = -1) -> ProduceRequest:
     return ProduceRequest(acks=i16(acks), timeout=datetime.timedelta(seconds=30), topic_data=(
         TopicProduceData(name=topic, partition_data=(PartitionProduceData(index=i32(partition), records=records),)),))
+
+
+def fetch(topic: str, partition: int, offset: int, max_wait_s: float) -> FetchRequest:
+    return FetchRequest(max_wait=datetime.timedelta(seconds=max_wait_s), min_bytes=i32(1), topics=(FetchTopic(
+        topic=topic, partitions=(FetchPartition(partition=i32(partition), fetch_offset=i64(offset),
+                                                partition_max_bytes=i32(1 << 20)),)),), forgotten_topics_data=())
 
 
 def partition_answer(response: Any) -> Any:

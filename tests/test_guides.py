@@ -113,8 +113,10 @@ def test_the_guides_examples_answer_what_they_state(name: str, tmp_path: Path) -
                 pytest.fail(f"docs/{name} line {block.line}: {ME} runs bash and python blocks, not {block.language!r}")
     finally:
         server.stop()
-    if name == "kafka.md":  # kafka-python's record: the key's murmur2 partition, its first offset
-        assert printed == [f"orders {partition_for_key('user-7', 3)} 0\n"]
+    if name == "kafka.md":  # kafka-python's record: the key's murmur2 partition, its first offset; read back
+        partition = partition_for_key("user-7", 3)
+        record = (partition, 0, b"user-7", b'{"amount": 42}', [("source", b"checkout")])
+        assert printed == [f"orders {partition} 0\n", f"{[record]}\n"]
     if name == "producing.md":  # the Python client's producer: the key's partition, as Kafka's partitioner picks
         result = namespace["result"]
         assert (result.topic, result.partition, result.duplicate) == ("orders", partition_for_key("user-7", 3), False)

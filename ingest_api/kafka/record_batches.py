@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import cramjam
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 from crc32c import crc32c
 from isal import isal_zlib
 from kio.serial.errors import DecodeError
@@ -290,3 +291,55 @@ def _binary(buffer: pa.Buffer, at: np.ndarray, length: np.ndarray) -> pa.Array:
     validity = None if present.all() else pa.py_buffer(np.packbits(present, bitorder="little").tobytes())
     return pa.Array.from_buffers(pa.binary(), len(at), [validity, pa.py_buffer(offsets.tobytes()), values],
                                  null_count=int((~present).sum()))
+
+
+# -- writing: the rows a Fetch answers with ---------------------------------------------------------
+def encode(rows: pa.Table, leader_epoch: int) -> bytes:
+    """`rows` (TOPIC_SCHEMA, sorted by offset, at least one) as one uncompressed magic-v2 batch.
+    Each record's timestamp is its log-append time, as a CreateTime batch carries it; offsets may
+    have holes (key compaction), which the offset deltas keep."""
+    offsets = rows.column("offset").to_pylist()
+    stamps = pc.divide(rows.column("timestamp").cast(pa.int64()), 1000).to_pylist()  # µs → ms
+    keys = rows.column("key").to_pylist()
+    values = rows.column("value").to_pylist()
+    headers = rows.column("headers").to_pylist()
+    base, base_ts = offsets[0], stamps[0]
+    body = bytearray()
+    for offset, stamp, key, value, pairs in zip(offsets, stamps, keys, values, headers, strict=True):
+        record = bytearray(b"\0")  # attributes
+        record += _zigzag(stamp - base_ts)
+        record += _zigzag(offset - base)
+        _put_bytes(record, None if key is None else key.encode())
+        _put_bytes(record, value)
+        record += _zigzag(len(pairs) if pairs else 0)
+        for name, text in pairs or ():
+            _put_bytes(record, name.encode())
+            _put_bytes(record, None if text is None else text.encode())
+        body += _zigzag(len(record))
+        body += record
+    after_crc = _AFTER_CRC.pack(0, offsets[-1] - base, base_ts, max(stamps), -1, -1, -1, len(offsets)) + bytes(body)
+    return _BEFORE_CRC.pack(base, len(after_crc) + 9, leader_epoch, 2, crc32c(after_crc)) + after_crc
+
+
+# baseOffset, batchLength, partitionLeaderEpoch, magic, crc | attributes, lastOffsetDelta,
+# baseTimestamp, maxTimestamp, producerId, producerEpoch, baseSequence, recordCount
+_BEFORE_CRC = struct.Struct(">qiiBI")
+_AFTER_CRC = struct.Struct(">hiqqqhii")
+
+
+def _zigzag(n: int) -> bytes:
+    z = (n << 1) ^ (n >> 63)
+    out = bytearray()
+    while z >= 0x80:
+        out.append((z & 0x7F) | 0x80)
+        z >>= 7
+    out.append(z)
+    return bytes(out)
+
+
+def _put_bytes(out: bytearray, data: bytes | None) -> None:
+    if data is None:
+        out += _zigzag(-1)
+    else:
+        out += _zigzag(len(data))
+        out += data
