@@ -26,6 +26,9 @@ EMPTY, PREPARING, COMPLETING, STABLE = "Empty", "PreparingRebalance", "Completin
 # together share one rebalance (Kafka's group.initial.rebalance.delay.ms, shorter here).
 INITIAL_DELAY_S = 0.5
 SWEEP_S = 0.5  # how often expired sessions are looked for
+# The session timeouts a member may ask for (Kafka's group.min/max.session.timeout.ms): a member
+# that vanishes holds its partitions for at most the longest.
+MIN_SESSION_S, MAX_SESSION_S = 6.0, 1800.0
 
 
 @dataclass
@@ -89,6 +92,8 @@ class GroupCoordinator:
     # -- JoinGroup ----------------------------------------------------------------------
     async def join(self, name: str, member_id: str, client_id: str, client_host: str, session_timeout_s: float,
                    rebalance_timeout_s: float, protocol_type: str, protocols: list[tuple[str, bytes]]) -> Joined:
+        if not MIN_SESSION_S <= session_timeout_s <= MAX_SESSION_S:
+            return Joined(ErrorCode.invalid_session_timeout)
         group = self.groups.setdefault(name, Group(name))
         if group.protocol_type is not None and group.members and protocol_type != group.protocol_type:
             return Joined(ErrorCode.inconsistent_group_protocol)
@@ -159,8 +164,11 @@ class GroupCoordinator:
                 member.member_id, everyone if member.member_id == group.leader else ()))
 
     def _empty(self, group: Group) -> None:
+        """No member left: the group is forgotten here (its committed offsets stay in the table)."""
         group.state, group.leader, group.protocol = EMPTY, None, None
         group.generation += 1
+        if self.groups.get(group.name) is group:
+            del self.groups[group.name]
 
     # -- SyncGroup, Heartbeat, LeaveGroup -----------------------------------------------
     async def sync(self, name: str, generation: int, member_id: str,

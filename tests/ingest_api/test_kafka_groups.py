@@ -165,11 +165,12 @@ def test_the_admin_client_lists_and_describes_groups(server: ServerProcess) -> N
 
 
 def test_a_member_that_stops_heartbeating_is_dropped(server: ServerProcess) -> None:
-    """A raw member joins with a 1 s session and goes silent: the group is empty again after it."""
-    second = datetime.timedelta(seconds=1)
+    """A raw member joins with the shortest session (6 s) and goes silent: it is dropped, and the
+    group with it. A session outside 6 s - 30 min is refused."""
+    session = datetime.timedelta(seconds=6)
     with KafkaConnection(server.kafka) as kafka:
         joined = kafka.call(JoinGroupRequest(
-            group_id="g-silent", session_timeout=second, rebalance_timeout=second, member_id="",
+            group_id="g-silent", session_timeout=session, rebalance_timeout=session, member_id="",
             group_instance_id=None, protocol_type="consumer", reason=None,
             protocols=(JoinGroupRequestProtocol(name="range", metadata=b"\0"),)))
         assert joined.error_code == ErrorCode.none and joined.leader == joined.member_id
@@ -184,4 +185,9 @@ def test_a_member_that_stops_heartbeating_is_dropped(server: ServerProcess) -> N
             return str(described.groups[0].group_state)
 
         assert state() == "Stable"
-        until(lambda: state() == "Empty", "the silent member dropped", timeout=30)
+        until(lambda: state() == "Dead", "the silent member dropped", timeout=30)
+        too_short = kafka.call(JoinGroupRequest(
+            group_id="g-silent", session_timeout=datetime.timedelta(seconds=1), rebalance_timeout=session,
+            member_id="", group_instance_id=None, protocol_type="consumer", reason=None,
+            protocols=(JoinGroupRequestProtocol(name="range", metadata=b"\0"),)))
+        assert too_short.error_code == ErrorCode.invalid_session_timeout
