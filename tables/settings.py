@@ -52,7 +52,8 @@ class Settings(BaseSettings):
     max_request_bytes: int = Field(32 * 1024 * 1024, gt=0, description="Largest HTTP request body accepted.")
     body_read_timeout_s: float = Field(
         60.0, gt=0, description="A request body must arrive whole within this many seconds of the server starting "
-        "to read it, or the answer is 408 and the connection is closed (a slow upload cannot hold a slot)."
+        "to read it, or the answer is 408 and the connection is closed (a slow upload cannot hold a slot). A "
+        "Kafka request must likewise arrive whole within it once its size has, or its connection is closed."
     )
     header_read_timeout_s: float = Field(
         10.0, gt=0, description="A request's line and headers must arrive whole within this many seconds of the "

@@ -69,6 +69,8 @@ VERSIONS = {PRODUCE: (3, 9), FETCH: (4, 12), LIST_OFFSETS: (1, 6), METADATA: (0,
             OFFSET_FETCH: (1, 7), FIND_COORDINATOR: (0, 4), JOIN_GROUP: (0, 9), HEARTBEAT: (0, 4),
             LEAVE_GROUP: (0, 5), SYNC_GROUP: (0, 5), DESCRIBE_GROUPS: (0, 5), LIST_GROUPS: (0, 4),
             SASL_HANDSHAKE: (0, 1), API_VERSIONS: (0, 4), INIT_PRODUCER_ID: (0, 4), SASL_AUTHENTICATE: (0, 2)}
+MAX_CONNECTIONS = 4096  # as the HTTP server's limit_concurrency
+IDLE_S = 600.0  # an idle connection is closed after this long (Kafka's connections.max.idle.ms)
 GROUP_APIS = frozenset({OFFSET_COMMIT, OFFSET_FETCH, FIND_COORDINATOR, JOIN_GROUP, HEARTBEAT, LEAVE_GROUP, SYNC_GROUP,
                         DESCRIBE_GROUPS, LIST_GROUPS})
 EARLIEST, LATEST = -2, -1  # ListOffsets' timestamps that ask for the log start and the log end
@@ -126,6 +128,7 @@ class KafkaListener:
         self.reuse_port = reuse_port
         self.advertised_port = port
         self.max_request_bytes = core.broker.settings.max_request_bytes
+        self.body_timeout_s = core.broker.settings.body_read_timeout_s
         self.reads = TopicReads(core.broker.layout)
         self.groups = GroupCoordinator()
         self.offsets = OffsetsTable(core.broker.layout)
@@ -171,7 +174,12 @@ class KafkaListener:
         peer = writer.get_extra_info("peername")
         session = Session(authenticated=not self.auth.enforced, host=str(peer[0]) if peer else "")
         try:
-            while (frame := await wire.read_frame(reader, self.max_request_bytes)) is not None:
+            if len(self._connections) > MAX_CONNECTIONS:
+                log.warning("Kafka client %s refused: %d connections are open (the most the listener keeps)", peer,
+                            MAX_CONNECTIONS)
+                return
+            while (frame := await wire.read_frame(reader, self.max_request_bytes, IDLE_S,
+                                                  self.body_timeout_s)) is not None:
                 request = wire.parse(frame)
                 answer = await self._answer(session, request)
                 if answer is not None:

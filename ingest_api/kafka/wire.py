@@ -36,10 +36,15 @@ class Request:
     body: Any  # kio's entity; None when the version is not one kio (or this broker) knows
 
 
-async def read_frame(reader: asyncio.StreamReader, max_bytes: int) -> bytes | None:
-    """The next request's bytes, or None when the client closed the connection between requests."""
+async def read_frame(reader: asyncio.StreamReader, max_bytes: int, idle_s: float, body_s: float) -> bytes | None:
+    """The next request's bytes, or None when the client closed the connection between requests or
+    left it idle for `idle_s` (Kafka's connections.max.idle.ms). A request, once its size has
+    arrived, must arrive whole within `body_s`, or the connection is closed (a slow sender cannot
+    hold a buffer)."""
     try:
-        head = await reader.readexactly(4)
+        head = await asyncio.wait_for(reader.readexactly(4), idle_s)
+    except TimeoutError:
+        return None
     except asyncio.IncompleteReadError as exc:
         if exc.partial:
             raise Malformed("the connection closed inside a request's size") from None
@@ -48,7 +53,9 @@ async def read_frame(reader: asyncio.StreamReader, max_bytes: int) -> bytes | No
     if size < 8 or size > max_bytes:
         raise Malformed(f"a request of {size} bytes (the limit is {max_bytes})")
     try:
-        return await reader.readexactly(size)
+        return await asyncio.wait_for(reader.readexactly(size), body_s)
+    except TimeoutError:
+        raise Malformed(f"a request of {size} bytes did not arrive within {body_s:g} s") from None
     except asyncio.IncompleteReadError:
         raise Malformed("the connection closed inside a request") from None
 

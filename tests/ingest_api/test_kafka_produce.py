@@ -39,7 +39,8 @@ MINUTE = datetime.timedelta(seconds=60)
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     root = tmp_path_factory.mktemp("kafka")
-    node = ServerProcess(root / "data", {"LAKEBROKER_MAX_REQUEST_BYTES": str(1 << 20)}, port=free_port(),
+    node = ServerProcess(root / "data", {"LAKEBROKER_MAX_REQUEST_BYTES": str(1 << 20),
+                                         "LAKEBROKER_BODY_READ_TIMEOUT_S": "2"}, port=free_port(),
                          kafka_port=free_port())
     try:
         node.start()
@@ -246,6 +247,9 @@ def test_garbage_closes_only_its_own_connection(server: ServerProcess) -> None:
         assert kafka.closed_by_peer()
     with KafkaConnection(server.kafka) as kafka:
         kafka.send_raw(os.urandom(64))  # an unknown API, a made-up header
+        assert kafka.closed_by_peer()
+    with KafkaConnection(server.kafka) as kafka:  # a request that never arrives whole (body_read_timeout_s 2)
+        kafka.sock.sendall(struct.pack(">i", 100) + b"\0" * 10)
         assert kafka.closed_by_peer()
     with KafkaConnection(server.kafka) as kafka:
         kafka.send_raw(struct.pack(">hhi", 18, 99, 1) + b"\xff\xff")  # ApiVersions v99
