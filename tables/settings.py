@@ -74,9 +74,11 @@ class Settings(BaseSettings):
     )
     kafka_port: int = Field(9092, ge=0, le=65535, description="Port of the Kafka listener (0: any free port).")
     kafka_acks_all: Literal["wal", "table"] = Field(
-        "table", description="What a Kafka producer's acks=all waits for: `table`, the message committed to the "
-        "topic's Delta table (it survives the loss of this node), or `wal`, fsynced in this node's WAL. acks=1 "
-        "always waits for the WAL and acks=0 for nothing."
+        "wal", description="What a Kafka producer's acks=all (the default of current Kafka clients) waits for: "
+        "`wal`, the message fsynced in this node's WAL, as the HTTP API's default ack; or `table`, committed to "
+        "the topic's Delta table, where it survives the loss of this node, at the cost of a flush interval per "
+        "request (a Kafka client keeps at most 5 requests in flight per connection). acks=1 waits for the WAL "
+        "and acks=0 for nothing."
     )
 
     # cluster (ingest_api/cluster.py, tables/ownership.py)

@@ -119,7 +119,7 @@ class Session:
 
 class KafkaListener:
     def __init__(self, core: ProduceCore, auth: Authenticator, host: str, port: int, advertised_host: str,
-                 acks_all: AckMode = AckMode.TABLE, *, reuse_port: bool = False) -> None:
+                 acks_all: AckMode = AckMode.WAL, *, reuse_port: bool = False) -> None:
         self.core = core
         self.auth = auth
         self.host, self.port = host, port

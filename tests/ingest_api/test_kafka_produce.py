@@ -81,6 +81,9 @@ def _check_stored(server: ServerProcess, topic: str, sent: list[tuple[str, bytes
                   placed: list[tuple[int, int]]) -> None:
     """Every acknowledged message is in the partition and at the offset its producer was told, once,
     with its key, value and headers; keys on Kafka's murmur2 partition."""
+    # acks=all answers from the WAL (kafka_acks_all=wal): the table has them within a flush interval
+    until(lambda: sum(len(_messages(server, topic, p)) for p in range(PARTITIONS)) >= len(sent),
+          "every acknowledged message in the table", timeout=30)
     stored = {p: {m["offset"]: m for m in _messages(server, topic, p)} for p in range(PARTITIONS)}
     assert sum(len(v) for v in stored.values()) == len(sent)
     for (key, value, headers), (partition, offset) in zip(sent, placed, strict=True):
@@ -182,6 +185,7 @@ def test_an_idempotent_retry_after_a_restart_is_stored_once(tmp_path: Path) -> N
                                                                                   base_sequence=3))))
         assert (again.error_code, again.base_offset) == (ErrorCode.none, 0)
         assert (nxt.error_code, nxt.base_offset) == (ErrorCode.none, 3)
+        until(lambda: len(_messages(node, "once", 0)) >= 4, "the table has the four records", timeout=30)
         assert [_value(m) for m in _messages(node, "once", 0)] == [b"a", b"b", b"c", b"d"]
     finally:
         node.stop()
@@ -260,3 +264,21 @@ def test_garbage_closes_only_its_own_connection(server: ServerProcess) -> None:
         versions = kafka.call(ApiVersionsRequest(client_software_name="t", client_software_version="1"))
         assert versions.error_code == ErrorCode.none
         assert {k.api_key: (k.min_version, k.max_version) for k in versions.api_keys}[0] == (3, 9)
+
+
+def test_acks_all_can_wait_for_the_table(tmp_path: Path) -> None:
+    """kafka_acks_all=table, records flushed 5 s after they arrive: acks=1 is answered from the WAL,
+    before the record is in the table; acks=all once it is, so both read back at once."""
+    node = ServerProcess(tmp_path / "data", {"LAKEBROKER_KAFKA_ACKS_ALL": "table",
+                                             "LAKEBROKER_FLUSH_INTERVAL_MS": "5000"})
+    try:
+        node.start()
+        _topic(node, "to-table", 1)
+        with KafkaConnection(node.kafka) as kafka:
+            wal = partition_answer(kafka.call(produce("to-table", 0, record_batch([b"at-wal"]), acks=1)))
+            assert _messages(node, "to-table", 0) == []  # acknowledged, not yet committed
+            table = partition_answer(kafka.call(produce("to-table", 0, record_batch([b"at-table"]), acks=-1)))
+        assert (wal.error_code, wal.base_offset, table.error_code, table.base_offset) == (0, 0, 0, 1)
+        assert [_value(m) for m in _messages(node, "to-table", 0)] == [b"at-wal", b"at-table"]
+    finally:
+        node.stop()
