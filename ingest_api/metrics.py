@@ -164,6 +164,21 @@ class IngestMetrics:
             "Committed-to-Delta offsets a consumer group (a pull consumer's or a Spark stream's) has not committed "
             "past, per partition this node owns.", ["group", "topic", "partition"], registry=registry,
         )
+        self.kafka_requests = Counter(
+            "lakebroker_kafka_requests", "Requests the Kafka listener answered, by API.", ["api"], registry=registry,
+        )
+        self.kafka_partition_errors = Counter(
+            "lakebroker_kafka_partition_errors", "Partitions of Produce and Fetch requests answered with an error, "
+            "by API and Kafka error name.", ["api", "error"], registry=registry,
+        )
+        self.kafka_connections = Gauge(
+            "lakebroker_kafka_connections", "Open connections of the Kafka listener.", registry=registry
+        )
+        self.kafka_closed = Counter(
+            "lakebroker_kafka_connections_closed", "Kafka connections the listener closed, by reason: malformed "
+            "(a request it cannot read, or one that did not arrive in time), auth (SASL failed, or a token that no "
+            "longer holds), limit (too many open).", ["reason"], registry=registry,
+        )
         self.high_watermark = Gauge(
             "lakebroker_partition_high_watermark", "The committed end: offsets below it are in the Delta table.",
             ["topic", "partition"], registry=registry,

@@ -10,15 +10,20 @@ from __future__ import annotations
 
 import importlib
 import re
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
 
+from lakebroker.ingest_api.kafka.listener import KafkaListener
+from lakebroker.ingest_api.node import IngestNode
+from lakebroker.server import build_app, kafka_listener
 from lakebroker.tables.job_runs import JobName
 from lakebroker.tables.offsets import OffsetReason
 from lakebroker.tables.settings import Settings
 from scripts import reference_pages
+from tests.kafka_wire import KafkaConnection, partition_answer, produce, record_batch
 from tests.markdown_blocks import code_blocks
 from tests.receivers import Receiver
 from tests.waiting import eventually
@@ -60,7 +65,6 @@ def test_the_metrics_page_lists_every_family_serve_registers(tmp_path: Path) -> 
     (lakebroker/server.py: the job collector, then build_app with the delivery process)."""
     from prometheus_client import CollectorRegistry
 
-    from lakebroker.server import build_app
     from lakebroker.spark_pipeline.metrics import JobMetricsCollector
     from lakebroker.tables.layout import Layout
 
@@ -73,11 +77,28 @@ def test_the_metrics_page_lists_every_family_serve_registers(tmp_path: Path) -> 
     assert sorted(families) == sorted(metric_names("ingest", "delivery-process", "jobs"))
 
 
-def test_every_metric_in_the_metrics_page_appears_after_produce_and_deliver(client: TestClient, orders: str) -> None:
+@pytest.fixture
+def with_kafka(settings: Settings) -> Iterator[tuple[TestClient, KafkaListener]]:
+    """The app as serve builds it, with its Kafka listener (on a free port)."""
+    node = IngestNode.build(settings.model_copy(update={"kafka_port": 0}))
+    kafka = kafka_listener(node.settings, node)
+    assert kafka is not None
+    with TestClient(build_app(node.settings, node=node, kafka=kafka)) as client:
+        yield client, kafka
+
+
+def test_every_metric_in_the_metrics_page_appears_after_produce_and_deliver(
+        with_kafka: tuple[TestClient, KafkaListener]) -> None:
+    client, kafka = with_kafka
     names = metric_names("ingest", "delivery")  # what serve's /metrics shows, with its delivery worker in process
     assert len(names) >= 20
+    assert client.post("/v1/topics", json={"name": "orders", "partitions": 3}).status_code == 201
     receiver = Receiver(behaviour=lambda n, body: (500, {}, 0.0) if body["offset"] == 0 else (200, {}, 0.0))
     try:
+        with KafkaConnection(f"127.0.0.1:{kafka.port}") as conn:  # a refused partition, then garbage
+            assert partition_answer(conn.call(produce("orders", 9, record_batch([b"v"])))).error_code != 0
+            conn.send_raw(b"\xff" * 16)
+            assert conn.closed_by_peer()
         assert client.post("/v1/subscriptions", json={"name": "hooks", "topic": "orders", "url": receiver.url,
                                                       "start": "earliest", "max_attempts": 1}).status_code == 201
         assert client.post("/v1/topics/orders/batch?ack=table", json={

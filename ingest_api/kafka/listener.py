@@ -36,6 +36,7 @@ from lakebroker.ingest_api.kafka.fetch import TopicReads
 from lakebroker.ingest_api.kafka.groups import GroupCoordinator
 from lakebroker.ingest_api.local_produce import ProduceResult
 from lakebroker.ingest_api.messages import AckMode
+from lakebroker.ingest_api.metrics import Children
 from lakebroker.ingest_api.not_here import NoOwnerYet, NotOwner
 from lakebroker.ingest_api.produce_core import ProduceCore, ProduceRequest
 from lakebroker.ingest_api.reader import offset_for_timestamp
@@ -71,6 +72,11 @@ VERSIONS = {PRODUCE: (3, 9), FETCH: (4, 12), LIST_OFFSETS: (1, 6), METADATA: (0,
             SASL_HANDSHAKE: (0, 1), API_VERSIONS: (0, 4), INIT_PRODUCER_ID: (0, 4), SASL_AUTHENTICATE: (0, 2)}
 MAX_CONNECTIONS = 4096  # as the HTTP server's limit_concurrency
 IDLE_S = 600.0  # an idle connection is closed after this long (Kafka's connections.max.idle.ms)
+API_NAMES = {PRODUCE: "Produce", FETCH: "Fetch", LIST_OFFSETS: "ListOffsets", METADATA: "Metadata",
+             OFFSET_COMMIT: "OffsetCommit", OFFSET_FETCH: "OffsetFetch", FIND_COORDINATOR: "FindCoordinator",
+             JOIN_GROUP: "JoinGroup", HEARTBEAT: "Heartbeat", LEAVE_GROUP: "LeaveGroup", SYNC_GROUP: "SyncGroup",
+             DESCRIBE_GROUPS: "DescribeGroups", LIST_GROUPS: "ListGroups", SASL_HANDSHAKE: "SaslHandshake",
+             API_VERSIONS: "ApiVersions", INIT_PRODUCER_ID: "InitProducerId", SASL_AUTHENTICATE: "SaslAuthenticate"}
 GROUP_APIS = frozenset({OFFSET_COMMIT, OFFSET_FETCH, FIND_COORDINATOR, JOIN_GROUP, HEARTBEAT, LEAVE_GROUP, SYNC_GROUP,
                         DESCRIBE_GROUPS, LIST_GROUPS})
 EARLIEST, LATEST = -2, -1  # ListOffsets' timestamps that ask for the log start and the log end
@@ -134,6 +140,11 @@ class KafkaListener:
         self.offsets = OffsetsTable(core.broker.layout)
         self._servers: list[asyncio.Server] = []
         self._connections: set[asyncio.Task[None]] = set()
+        metrics = core.broker.metrics
+        metrics.kafka_connections.set_function(lambda: len(self._connections))
+        self._requests = Children(metrics.kafka_requests)
+        self._partition_errors = Children(metrics.kafka_partition_errors)
+        self._closed = Children(metrics.kafka_closed)
 
     async def start(self) -> None:
         """Listen on HOST:PORT. As one of `serve --workers`' processes (`reuse_port`), which share that
@@ -177,20 +188,25 @@ class KafkaListener:
             if len(self._connections) > MAX_CONNECTIONS:
                 log.warning("Kafka client %s refused: %d connections are open (the most the listener keeps)", peer,
                             MAX_CONNECTIONS)
+                self._closed("limit").inc()
                 return
             while (frame := await wire.read_frame(reader, self.max_request_bytes, IDLE_S,
                                                   self.body_timeout_s)) is not None:
                 request = wire.parse(frame)
                 answer = await self._answer(session, request)
+                self._requests(API_NAMES.get(request.api_key, str(request.api_key))).inc()
                 if answer is not None:
                     writer.write(answer)
                     await writer.drain()
         except _CloseAfter as exc:
             writer.write(exc.answer)
+            self._closed("auth").inc()
             log.info("Kafka client %s: SASL authentication failed; closing its connection", peer)
         except wire.Malformed as exc:
+            self._closed("malformed").inc()
             log.warning("Kafka client %s: %s; closing its connection", peer, exc)
         except LakebrokerError as exc:  # its token no longer holds, or the token table cannot be read
+            self._closed("auth").inc()
             log.info("Kafka client %s: %s; closing its connection", peer, exc.message)
         except (ConnectionError, asyncio.CancelledError):
             pass
@@ -343,6 +359,8 @@ class KafkaListener:
         by_topic: dict[str, list[Any]] = {}
         places = [(t.name, p.index) for t in body.topic_data for p in t.partition_data]
         for (name, index), (error, base_offset, _) in zip(places, answers, strict=True):
+            if error is not ErrorCode.none:
+                self._partition_errors("Produce", error.name.upper()).inc()
             by_topic.setdefault(name, []).append(wire.build(
                 partition_entry, index=index, error_code=error, base_offset=base_offset, log_start_offset=-1,
                 record_errors=(), error_message=None, log_append_time=None))
@@ -416,6 +434,8 @@ class KafkaListener:
                     future.cancel()
         by_topic: dict[str, list[Any]] = {}
         for (name, p), answer in zip(asked, answers, strict=True):
+            if answer.error is not ErrorCode.none:
+                self._partition_errors("Fetch", answer.error.name.upper()).inc()
             by_topic.setdefault(name, []).append(wire.build(
                 partition_entry, partition_index=p.partition, error_code=answer.error, high_watermark=answer.end,
                 last_stable_offset=answer.end, log_start_offset=answer.start, aborted_transactions=None,

@@ -233,6 +233,7 @@ def test_damaged_batches_get_kafkas_error_codes(server: ServerProcess) -> None:
     assert _answer(server, "no-such-topic", good) == ErrorCode.unknown_topic_or_partition
     assert _messages(server, topic, 0) == []  # nothing of the refused batches was stored
     assert _answer(server, topic, good) == ErrorCode.none
+    assert _metric(server, 'lakebroker_kafka_partition_errors_total{api="Produce",error="CORRUPT_MESSAGE"}') >= 3
 
 
 def test_a_compression_bomb_is_too_large_not_out_of_memory(server: ServerProcess) -> None:
@@ -245,7 +246,13 @@ def test_a_compression_bomb_is_too_large_not_out_of_memory(server: ServerProcess
     assert _answer(server, topic, record_batch([b"still serving"])) == ErrorCode.none
 
 
+def _metric(server: ServerProcess, sample: str) -> float:
+    text = httpx.get(f"{server.url}/metrics", timeout=30).text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(sample + " "))
+
+
 def test_garbage_closes_only_its_own_connection(server: ServerProcess) -> None:
+    closed = _metric(server, 'lakebroker_kafka_connections_closed_total{reason="malformed"}')
     with KafkaConnection(server.kafka) as kafka:
         kafka.sock.sendall(struct.pack(">i", 1 << 30))  # a request larger than any limit
         assert kafka.closed_by_peer()
@@ -264,6 +271,8 @@ def test_garbage_closes_only_its_own_connection(server: ServerProcess) -> None:
         versions = kafka.call(ApiVersionsRequest(client_software_name="t", client_software_version="1"))
         assert versions.error_code == ErrorCode.none
         assert {k.api_key: (k.min_version, k.max_version) for k in versions.api_keys}[0] == (3, 9)
+    assert _metric(server, 'lakebroker_kafka_connections_closed_total{reason="malformed"}') >= closed + 3
+    assert _metric(server, 'lakebroker_kafka_requests_total{api="ApiVersions"}') >= 1
 
 
 def test_acks_all_can_wait_for_the_table(tmp_path: Path) -> None:
