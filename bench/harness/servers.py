@@ -165,7 +165,7 @@ def lakebroker_server(
 ) -> Server:
     """`lakebroker serve --port 0`; with `sampled`, under bench.sampler writing its profile there."""
     data_dir.mkdir(parents=True, exist_ok=True)
-    cli = ["--data-dir", str(data_dir), "serve", "--port", "0"]
+    cli = ["--data-dir", str(data_dir), "serve", "--port", "0", "--kafka-port", "0"]  # several may run at once
     if sampled is None:
         argv = [sys.executable, "-m", "lakebroker", *cli]
     else:

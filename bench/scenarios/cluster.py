@@ -100,7 +100,8 @@ def _node(root: Path, data: Path, port: int = 0) -> subprocess.Popen[bytes]:
     data.mkdir(parents=True, exist_ok=True)
     with (data.parent / f"{data.name}.log").open("ab") as log:
         return subprocess.Popen([sys.executable, "-m", "lakebroker", "--data-dir", str(data), "serve", "--port",
-                                 str(port)], stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO)
+                                 str(port), "--kafka-port", "0"], stdout=log, stderr=subprocess.STDOUT, env=env,
+                                cwd=REPO)
 
 
 def _url_of(data: Path, timeout_s: float = 60) -> str:

@@ -161,7 +161,7 @@ class KafkaListener:
                               "(setting kafka_port; kafka_listener=false turns it off)") from None
         self.port = self._servers[0].sockets[0].getsockname()[1]
         self.advertised_port = self._servers[-1].sockets[0].getsockname()[1]
-        record_batches.warm_up()
+        await asyncio.to_thread(record_batches.warm_up)  # off the loop: leases are renewed on it
         self.groups.start()
         log.info("Kafka listener on %s:%d, advertised as %s:%d; acks=all waits for ack=%s%s", self.host, self.port,
                  self.advertised_host, self.advertised_port, self.acks_all.value,
