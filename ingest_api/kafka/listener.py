@@ -8,7 +8,7 @@ A partition this node does not own is refused with NOT_LEADER_OR_FOLLOWER, never
 the owner itself, as Kafka clients do.
 
 APIs: ApiVersions, Metadata, Produce, Fetch and ListOffsets (fetch.py reads), InitProducerId, the
-consumer group APIs (groups.py coordinates; offsets go to the offsets table), and SASL/PLAIN
+consumer group APIs (group_requests.py, over groups.py and the offsets table), and SASL/PLAIN
 (SaslHandshake, SaslAuthenticate) with an API token as the password. With auth enforced, a
 connection must authenticate before any other API; its token is checked again at each request
 that reads or writes (a revoked or expired token stops working on an open connection too).
@@ -17,7 +17,6 @@ Requests on one connection are answered in order, one at a time, as Kafka requir
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import random
 import uuid
@@ -32,8 +31,21 @@ from lakebroker.ingest_api.auth import OPEN_ACCESS, Authenticator, check_scope, 
 from lakebroker.ingest_api.chunks import BatchResults, ColumnarBatch
 from lakebroker.ingest_api.forwarding import Caller
 from lakebroker.ingest_api.kafka import record_batches, wire
+from lakebroker.ingest_api.kafka.errors import error_code, may_see
 from lakebroker.ingest_api.kafka.fetch import TopicReads
-from lakebroker.ingest_api.kafka.groups import GroupCoordinator
+from lakebroker.ingest_api.kafka.group_requests import (
+    DESCRIBE_GROUPS,
+    FIND_COORDINATOR,
+    GROUP_APIS,
+    HEARTBEAT,
+    JOIN_GROUP,
+    LEAVE_GROUP,
+    LIST_GROUPS,
+    OFFSET_COMMIT,
+    OFFSET_FETCH,
+    SYNC_GROUP,
+    GroupRequests,
+)
 from lakebroker.ingest_api.local_produce import ProduceResult
 from lakebroker.ingest_api.messages import AckMode
 from lakebroker.ingest_api.metrics import Children
@@ -44,23 +56,17 @@ from lakebroker.ingest_api.wal import PartitionKey
 from lakebroker.tables.errors import (
     Backpressure,
     Forbidden,
-    InvalidRequest,
     LakebrokerError,
     NoSuchPartition,
     NotFound,
-    StorageUnavailable,
-    TooLarge,
     Unauthenticated,
 )
-from lakebroker.tables.offsets import OffsetReason, OffsetsTable, pull_group
 from lakebroker.tables.tokens import ApiToken, Scope
 from lakebroker.tables.topics import TopicConfig
 
 log = logging.getLogger(__name__)
 
 PRODUCE, FETCH, LIST_OFFSETS, METADATA = 0, 1, 2, 3
-OFFSET_COMMIT, OFFSET_FETCH, FIND_COORDINATOR, JOIN_GROUP, HEARTBEAT, LEAVE_GROUP, SYNC_GROUP = 8, 9, 10, 11, 12, 13, 14
-DESCRIBE_GROUPS, LIST_GROUPS = 15, 16
 SASL_HANDSHAKE, API_VERSIONS, INIT_PRODUCER_ID, SASL_AUTHENTICATE = 17, 18, 22, 36
 # Each API from its lowest version in kio (librdkafka enables features by the low end of a range:
 # record batches need Produce 3 and Fetch 4), up to the one every current client then picks.
@@ -77,40 +83,12 @@ API_NAMES = {PRODUCE: "Produce", FETCH: "Fetch", LIST_OFFSETS: "ListOffsets", ME
              JOIN_GROUP: "JoinGroup", HEARTBEAT: "Heartbeat", LEAVE_GROUP: "LeaveGroup", SYNC_GROUP: "SyncGroup",
              DESCRIBE_GROUPS: "DescribeGroups", LIST_GROUPS: "ListGroups", SASL_HANDSHAKE: "SaslHandshake",
              API_VERSIONS: "ApiVersions", INIT_PRODUCER_ID: "InitProducerId", SASL_AUTHENTICATE: "SaslAuthenticate"}
-GROUP_APIS = frozenset({OFFSET_COMMIT, OFFSET_FETCH, FIND_COORDINATOR, JOIN_GROUP, HEARTBEAT, LEAVE_GROUP, SYNC_GROUP,
-                        DESCRIBE_GROUPS, LIST_GROUPS})
 EARLIEST, LATEST = -2, -1  # ListOffsets' timestamps that ask for the log start and the log end
 BEFORE_AUTH = frozenset({API_VERSIONS, SASL_HANDSHAKE, SASL_AUTHENTICATE})
 MECHANISMS = ("PLAIN",)
 BROKER_ID = 0
 _ZERO = timedelta(0)
 FORWARDED = Caller(None, forwarded=True)  # a Kafka client finds the owner itself: never forward
-
-
-def error_code(exc: BaseException) -> ErrorCode:
-    if isinstance(exc, NotOwner | NoOwnerYet):
-        return ErrorCode.not_leader_or_follower
-    if isinstance(exc, NotFound | NoSuchPartition):
-        return ErrorCode.unknown_topic_or_partition
-    if isinstance(exc, Forbidden):
-        return ErrorCode.topic_authorization_failed
-    if isinstance(exc, Unauthenticated):
-        return ErrorCode.sasl_authentication_failed
-    if isinstance(exc, record_batches.UnsupportedCodec):
-        return ErrorCode.unsupported_compression_type
-    if isinstance(exc, record_batches.OldMagic):
-        return ErrorCode.unsupported_for_message_format
-    if isinstance(exc, record_batches.CorruptBatch):
-        return ErrorCode.corrupt_message
-    if isinstance(exc, TooLarge):
-        return ErrorCode.message_too_large
-    if isinstance(exc, Backpressure):
-        return ErrorCode.request_timed_out  # retriable: the client backs off (throttle_time) and sends again
-    if isinstance(exc, InvalidRequest):
-        return ErrorCode.invalid_record
-    if isinstance(exc, StorageUnavailable):
-        return ErrorCode.kafka_storage_error
-    return ErrorCode.unknown_server_error
 
 
 @dataclass(slots=True)
@@ -136,8 +114,7 @@ class KafkaListener:
         self.max_request_bytes = core.broker.settings.max_request_bytes
         self.body_timeout_s = core.broker.settings.body_read_timeout_s
         self.reads = TopicReads(core.broker.layout)
-        self.groups = GroupCoordinator()
-        self.offsets = OffsetsTable(core.broker.layout)
+        self.group_requests = GroupRequests(core, BROKER_ID, lambda: (self.advertised_host, self.advertised_port))
         self._servers: list[asyncio.Server] = []
         self._connections: set[asyncio.Task[None]] = set()
         metrics = core.broker.metrics
@@ -162,13 +139,13 @@ class KafkaListener:
         self.port = self._servers[0].sockets[0].getsockname()[1]
         self.advertised_port = self._servers[-1].sockets[0].getsockname()[1]
         await asyncio.to_thread(record_batches.warm_up)  # off the loop: leases are renewed on it
-        self.groups.start()
+        self.group_requests.start()
         log.info("Kafka listener on %s:%d, advertised as %s:%d; acks=all waits for ack=%s%s", self.host, self.port,
                  self.advertised_host, self.advertised_port, self.acks_all.value,
                  "; clients authenticate with SASL/PLAIN (an API token as the password)" if self.auth.enforced else "")
 
     async def stop(self) -> None:
-        await self.groups.stop()
+        await self.group_requests.stop()
         for server in self._servers:
             server.close()
         for task in list(self._connections):
@@ -241,7 +218,7 @@ class KafkaListener:
         if request.api_key == LIST_OFFSETS:
             return await self._list_offsets(session, request)
         if request.api_key in GROUP_APIS:
-            return await self._group_api(session, request)
+            return await self.group_requests.answer(await self._principal(session), session.host, request)
         return await self._produce(session, request)
 
     def _api_versions(self, request: wire.Request, error: ErrorCode) -> bytes:
@@ -297,7 +274,7 @@ class KafkaListener:
         principal = await self._principal(session)
         topics = self.core.broker.topics
         asked = None if request.body.topics is None else [t.name for t in request.body.topics]
-        names = sorted(n for n in topics if _may_see(principal, n)) if asked is None else asked
+        names = sorted(n for n in topics if may_see(principal, n)) if asked is None else asked
         ownership = self.core.broker.ownership
         out = []
         for name in names:
@@ -305,7 +282,7 @@ class KafkaListener:
             error = ErrorCode.none
             if topic is None:
                 error = ErrorCode.unknown_topic_or_partition
-            elif not _may_see(principal, name):
+            elif not may_see(principal, name):
                 error = ErrorCode.topic_authorization_failed
             if topic is None or error is not ErrorCode.none:
                 out.append(wire.build(topic_entry, error_code=error, name=name, topic_id=uuid.UUID(int=0),
@@ -501,160 +478,6 @@ class KafkaListener:
         return wire.frame_of(request, wire.build(schema, throttle_time=_ZERO, topics=tuple(topics)))
 
 
-    # -- consumer groups ----------------------------------------------------------------
-    async def _group_api(self, session: Session, request: wire.Request) -> bytes:
-        """FindCoordinator, the group protocol and committed offsets. A group needs the `consume`
-        scope; committing or reading a topic's offsets, that topic too."""
-        schema = wire.response_schema(request.api_key, request.version)
-        body = request.body
-        principal = await self._principal(session)
-        try:
-            check_scope(principal, Scope.CONSUME)
-        except Forbidden:
-            return wire.frame_of(request, _refused_group(schema, request, ErrorCode.group_authorization_failed))
-        if request.api_key == FIND_COORDINATOR:
-            return wire.frame_of(request, self._find_coordinator(schema, body))
-        if request.api_key == LIST_GROUPS:
-            entry = wire.nested(schema, "ListedGroup")
-            groups = tuple(wire.build(entry, group_id=g.name, protocol_type=g.protocol_type or "", group_state=g.state)
-                           for g in self.groups.groups.values())
-            return wire.frame_of(request, wire.build(schema, throttle_time=_ZERO, error_code=ErrorCode.none,
-                                                     groups=groups))
-        if request.api_key == DESCRIBE_GROUPS:
-            return wire.frame_of(request, self._describe_groups(schema, body))
-        try:
-            pull_group(body.group_id)
-        except InvalidRequest:
-            return wire.frame_of(request, _refused_group(schema, request, ErrorCode.invalid_group_id))
-        if request.api_key == JOIN_GROUP:
-            rebalance = getattr(body, "rebalance_timeout", body.session_timeout)
-            joined = await self.groups.join(body.group_id, body.member_id, request.client_id or "",
-                                            session.host, body.session_timeout.total_seconds(),
-                                            rebalance.total_seconds(), body.protocol_type,
-                                            [(p.name, bytes(p.metadata)) for p in body.protocols])
-            member = wire.nested(schema, "JoinGroupResponseMember")
-            return wire.frame_of(request, wire.build(
-                schema, throttle_time=_ZERO, error_code=joined.error, generation_id=joined.generation,
-                protocol_type=joined.protocol_type, protocol_name=joined.protocol, leader=joined.leader,
-                skip_assignment=False, member_id=joined.member_id or body.member_id,
-                members=tuple(wire.build(member, member_id=m, group_instance_id=None, metadata=meta)
-                              for m, meta in joined.members)))
-        if request.api_key == SYNC_GROUP:
-            error, assignment = await self.groups.sync(body.group_id, body.generation_id, body.member_id,
-                                                       {a.member_id: bytes(a.assignment) for a in body.assignments})
-            group = self.groups.groups.get(body.group_id)
-            return wire.frame_of(request, wire.build(
-                schema, throttle_time=_ZERO, error_code=error, assignment=assignment,
-                protocol_type=group.protocol_type if group else None, protocol_name=group.protocol if group else None))
-        if request.api_key == HEARTBEAT:
-            error = self.groups.heartbeat(body.group_id, body.generation_id, body.member_id)
-            return wire.frame_of(request, wire.build(schema, throttle_time=_ZERO, error_code=error))
-        if request.api_key == LEAVE_GROUP:
-            leaving = [m.member_id for m in body.members] if hasattr(body, "members") else [body.member_id]
-            errors = self.groups.leave(body.group_id, leaving)
-            entry = wire.nested(schema, "MemberResponse") if hasattr(body, "members") else None
-            members = () if entry is None else tuple(
-                wire.build(entry, member_id=m, group_instance_id=None, error_code=e)
-                for m, e in zip(leaving, errors, strict=True))
-            top = errors[0] if entry is None else ErrorCode.none
-            return wire.frame_of(request, wire.build(schema, throttle_time=_ZERO, error_code=top, members=members))
-        if request.api_key == OFFSET_COMMIT:
-            return wire.frame_of(request, await self._offset_commit(principal, schema, body))
-        return wire.frame_of(request, await self._offset_fetch(principal, schema, body))
-
-    def _find_coordinator(self, schema: Any, body: Any) -> Any:
-        """This node coordinates every group it is asked about (groups are kept per node)."""
-        keys = tuple(body.coordinator_keys) if hasattr(body, "coordinator_keys") else (body.key,)
-        here = {"node_id": BROKER_ID, "host": self.advertised_host, "port": self.advertised_port}
-        error = ErrorCode.none if all(getattr(body, "key_type", 0) == 0 for _ in keys) else ErrorCode.invalid_request
-        if "coordinators" in {f.name for f in dataclasses.fields(schema)}:
-            entry = wire.nested(schema, "Coordinator")
-            return wire.build(schema, throttle_time=_ZERO, coordinators=tuple(
-                wire.build(entry, key=k, error_code=error, error_message=None, **here) for k in keys))
-        return wire.build(schema, throttle_time=_ZERO, error_code=error, error_message=None, **here)
-
-    def _describe_groups(self, schema: Any, body: Any) -> Any:
-        group_entry, member_entry = wire.nested(schema, "DescribedGroup"), wire.nested(schema, "DescribedGroupMember")
-        out = []
-        for name in body.groups:
-            group = self.groups.groups.get(name)
-            members = () if group is None else tuple(wire.build(
-                member_entry, member_id=m.member_id, group_instance_id=None, client_id=m.client_id,
-                client_host=m.client_host, member_metadata=dict(m.protocols).get(group.protocol or "", b""),
-                member_assignment=m.assignment) for m in group.members.values())
-            out.append(wire.build(group_entry, error_code=ErrorCode.none, group_id=name,
-                                  group_state="Dead" if group is None else group.state,
-                                  protocol_type="" if group is None else group.protocol_type or "",
-                                  protocol_data="" if group is None else group.protocol or "",
-                                  members=members, authorized_operations=-2147483648))
-        return wire.build(schema, throttle_time=_ZERO, groups=tuple(out))
-
-    async def _offset_commit(self, principal: ApiToken, schema: Any, body: Any) -> Any:
-        topic_entry, partition_entry = wire.nested(schema, "OffsetCommitResponseTopic"), wire.nested(
-            schema, "OffsetCommitResponsePartition")
-        generation = getattr(body, "generation_id_or_member_epoch", getattr(body, "generation_id", -1))
-        group_error = self.groups.check_commit(body.group_id, generation, body.member_id)
-        answers = []
-        for t in body.topics:
-            parts = []
-            offsets: dict[int, int] = {}
-            for p in t.partitions:
-                error = group_error
-                if error is ErrorCode.none:
-                    try:
-                        check_topic(principal, t.name)
-                        topic = self.core.broker.topic(t.name)
-                        topic.check_partition(p.partition_index)
-                        if not 0 <= p.committed_offset <= self.core.broker.assigned_end(topic, p.partition_index):
-                            error = ErrorCode.offset_out_of_range
-                        else:
-                            offsets[p.partition_index] = p.committed_offset
-                    except LakebrokerError as exc:
-                        error = error_code(exc)
-                parts.append((p.partition_index, error))
-            if offsets:
-                try:
-                    await asyncio.to_thread(self.offsets.commit, pull_group(body.group_id), t.name, offsets,
-                                            OffsetReason.ACK)
-                except LakebrokerError as exc:
-                    parts = [(i, error_code(exc) if i in offsets else e) for i, e in parts]
-            answers.append(wire.build(topic_entry, name=t.name, partitions=tuple(
-                wire.build(partition_entry, partition_index=i, error_code=e) for i, e in parts)))
-        return wire.build(schema, throttle_time=_ZERO, topics=tuple(answers))
-
-    async def _offset_fetch(self, principal: ApiToken, schema: Any, body: Any) -> Any:
-        topic_entry, partition_entry = wire.nested(schema, "OffsetFetchResponseTopic"), wire.nested(
-            schema, "OffsetFetchResponsePartition")
-        committed = await asyncio.to_thread(self.offsets.latest, pull_group(body.group_id))
-        by_topic: dict[str, dict[int, int]] = {}
-        for (_, topic_name, partition), (offset, _) in committed.items():
-            by_topic.setdefault(topic_name, {})[partition] = offset
-        if body.topics is None:  # every topic the group has committed in, that the token may see
-            asked = [(name, sorted(parts)) for name, parts in by_topic.items() if _may_see(principal, name)]
-        else:
-            asked = [(t.name, list(t.partition_indexes)) for t in body.topics]
-        answers = []
-        for name, partitions in asked:
-            allowed = _may_see(principal, name)
-            known = by_topic.get(name, {}) if allowed else {}
-            answers.append(wire.build(topic_entry, name=name, partitions=tuple(wire.build(
-                partition_entry, partition_index=p, committed_offset=known.get(p, -1), committed_leader_epoch=-1,
-                metadata="",
-                error_code=ErrorCode.none if allowed else ErrorCode.topic_authorization_failed) for p in partitions)))
-        return wire.build(schema, throttle_time=_ZERO, error_code=ErrorCode.none, topics=tuple(answers))
-
-
-def _refused_group(schema: Any, request: wire.Request, error: ErrorCode) -> Any:
-    """A group request's answer that is only an error code (the fields of its version, empty)."""
-    names = {f.name for f in dataclasses.fields(schema)}
-    empty: dict[str, Any] = {"throttle_time": _ZERO, "error_code": error, "generation_id": -1, "leader": "",
-                             "member_id": getattr(request.body, "member_id", ""), "members": (), "assignment": b"",
-                             "groups": (), "topics": (), "coordinators": (), "node_id": -1, "host": "", "port": -1,
-                             "protocol_name": None, "protocol_type": None, "skip_assignment": False,
-                             "error_message": None}
-    return schema(**{k: v for k, v in empty.items() if k in names})
-
-
 @dataclass(frozen=True, slots=True)
 class _Fetched:
     """One partition's Fetch answer, and what to wait for when it has nothing yet."""
@@ -672,14 +495,6 @@ class _CloseAfter(wire.Malformed):
     def __init__(self, answer: bytes) -> None:
         super().__init__("SASL authentication failed")
         self.answer = answer
-
-
-def _may_see(principal: ApiToken, topic: str) -> bool:
-    try:
-        check_topic(principal, topic)
-    except Forbidden:
-        return False
-    return True
 
 
 def _partitions(partition: int, rows: int) -> pa.Array:
