@@ -16,6 +16,7 @@ Frame layout (little-endian), beside the per-record frame of records.py:
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import struct
 from collections.abc import Callable
@@ -55,13 +56,16 @@ class ColumnarBatch:
     columns: pa.Table  # CHUNK_SCHEMA, one row per message in request order
     partitions: pa.Array  # int64: each message's explicit partition, or null
     messages: Callable[[], list[NewMessage]]  # the same batch for the per-message path
+    # Set once its messages are queued for the WAL (their offsets' order is then fixed), or none is
+    # to be: a door that pipelines a connection's requests hands the core the next one then.
+    queued: asyncio.Event | None = None
 
     @property
     def rows(self) -> int:
         return int(self.columns.num_rows)
 
     @classmethod
-    def of(cls, columns: pa.Table, partitions: pa.Array) -> ColumnarBatch:
+    def of(cls, columns: pa.Table, partitions: pa.Array, queued: asyncio.Event | None = None) -> ColumnarBatch:
         """`columns` (CHUNK_SCHEMA) with each message's explicit partition (or null)."""
 
         def messages() -> list[NewMessage]:
@@ -75,7 +79,7 @@ class ColumnarBatch:
                                partition=partition, message_id=mid, producer_id=producer, sequence=sequence)
                     for key, value, fmt, headers, mid, producer, sequence, partition in rows]
 
-        return cls(columns, partitions, messages)
+        return cls(columns, partitions, messages, queued)
 
 
 @dataclass(slots=True)

@@ -11,9 +11,11 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from lakebroker.ingest_api.acks import Acks
 from lakebroker.ingest_api.admission import Admission
@@ -26,12 +28,12 @@ from lakebroker.ingest_api.chunks import (
     spans_by_bytes,
     split_by_bytes,
 )
-from lakebroker.ingest_api.dedup import DedupIndex, DedupKey, Placed, dedup_ids, spread_ids
+from lakebroker.ingest_api.dedup import DedupIndex, DedupKey, Placed, dedup_id, dedup_ids, spread_ids
 from lakebroker.ingest_api.group_commit import GroupCommitter, PendingChunk
 from lakebroker.ingest_api.messages import AckMode
 from lakebroker.ingest_api.ownership import Ownership, remember_placed
 from lakebroker.ingest_api.partitioner import Partitioner
-from lakebroker.ingest_api.sequences import SequenceMarks, chunk_marks
+from lakebroker.ingest_api.sequences import Found, MarkKey, RunPlacement, SequenceMarks, chunk_marks
 from lakebroker.tables.topics import TopicConfig
 
 
@@ -57,22 +59,28 @@ class ColumnarProduce:
         message_ids = one_array(batch.columns.column("message_id"))
         sequences = one_array(batch.columns.column("sequence"))
         ids = message_ids  # then their dedup ids, null where none
-        if sequenced:
-            ids = spread_ids(message_ids, producers, sequences)
+        if sequenced:  # what spreads keyless messages without an explicit partition (a retry lands alike)
+            ids = spread_ids(message_ids, producers, sequences) if batch.partitions.null_count else message_ids
         elif ids.null_count < n:
             ids = dedup_ids(ids)
         # Every message's partition, duplicates too (they take their turn in the keyless runs
         # as on the per-message path), checked before the dedup index hears of any id.
         everyone = self.partitioner.columns(topic, batch.partitions, one_array(batch.columns.column("key")), sizes,
                                             ids)
-        if sequenced:  # a producer's sequences are per partition
-            ids = dedup_ids(message_ids, producers, sequences, pa.array(everyone))
         topic_id = bytes.fromhex(topic.topic_id)
         runs = _runs(everyone)
+        plans: list[_RunPlan] | None = None
+        if sequenced and runs is not None and message_ids.null_count == n:
+            plans = self._plan_runs(topic, runs, producers, sequences)
+            if plans is None:  # not one producer's consecutive sequences, or not cleanly new or a retry
+                await self._settle_overlaps(topic, runs, producers)
+        if sequenced and plans is None:  # a producer's sequences are per partition
+            ids = dedup_ids(message_ids, producers, sequences, pa.array(everyone))
         self.ownership.check_open(topic, topic_id, {p for p, _, _ in runs} if runs is not None else
                          set(np.flatnonzero(np.bincount(everyone)).tolist()))
-        if runs is not None and ids.null_count == n:
-            return await self._produce_runs(topic, topic_id, batch.columns, everyone, runs, sizes, ack, started)
+        if runs is not None and (plans is not None or ids.null_count == n):
+            return await self._produce_runs(topic, topic_id, batch.columns, everyone, runs, sizes, ack, started,
+                                            plans, batch.queued)
         results = BatchResults(np.full(n, -1, np.int32), np.full(n, -1, np.int64), np.zeros(n, np.bool_),
                                np.full(n, -1, np.int64))
         keep = np.ones(n, np.bool_)
@@ -111,6 +119,8 @@ class ColumnarProduce:
                 if sequenced:
                     future.add_done_callback(self._raise_marks())
             self.committer.submit([PendingChunk(chunk, future)])
+        if batch.queued is not None:
+            batch.queued.set()
         self.acks.queued(topic.name, ack.value, len(kept))
         if ack is AckMode.NONE:
             for i, hit in waits:
@@ -132,37 +142,113 @@ class ColumnarProduce:
 
     async def _produce_runs(self, topic: TopicConfig, topic_id: bytes, columns: pa.Table, partitions: np.ndarray,
                             runs: list[tuple[int, int, int]], sizes: np.ndarray, ack: AckMode,
-                            started: float) -> BatchResults:
+                            started: float, plans: list[_RunPlan] | None = None,
+                            queued: asyncio.Event | None = None) -> BatchResults:
         """`produce_columns` for a batch whose messages carry no id, each partition's messages one
         run of the request (keyless runs, a batch for one partition): every message is stored, in
         chunks that are slices of the request, and its answers filled in by slices. A few array
-        operations per request, each of which lets other threads take the GIL from the event loop."""
+        operations per request, each of which lets other threads take the GIL from the event loop.
+        With `plans`, each run is one producer's consecutive sequences, deduplicated as one run
+        (sequences.py): a retried run is answered from where it was stored, a new one is stored."""
         loop = asyncio.get_running_loop()
         spans: list[tuple[int, int, asyncio.Future[Chunk] | None]] = []
-        for partition, first, end in runs:
+        retries: list[tuple[int, int, _RunPlan]] = []
+        n = len(partitions)
+        for k, (partition, first, end) in enumerate(runs):
+            plan = plans[k] if plans is not None else None
+            if plan is not None and plan.retry is not None:
+                retries.append((first, end, plan))
+                continue
+            pieces: list[tuple[int, asyncio.Future[Chunk]]] = []
             for start, stop, size in spans_by_bytes(sizes, first, end):
                 part = columns.slice(start, stop - start)
-                future: asyncio.Future[Chunk] | None = None if ack is AckMode.NONE else loop.create_future()
+                future: asyncio.Future[Chunk] | None = None
+                if ack is not AckMode.NONE or plan is not None:
+                    future = loop.create_future()
+                    if plan is not None:
+                        pieces.append((plan.first + start - first, future))
                 self.committer.submit([PendingChunk(Chunk(topic.name, topic_id, partition, -1, 0, part, size), future)])
                 spans.append((start, stop, future))
-        n = len(partitions)
-        self.acks.queued(topic.name, ack.value, n)
+            if plan is not None:
+                self.marks.begin_run(plan.key, plan.first, plan.last, _run_placement(pieces))
+        if queued is not None:
+            queued.set()
+        stored = n - sum(end - first for first, end, _ in retries)
+        self.acks.queued(topic.name, ack.value, stored)
+        results = BatchResults(partitions, np.full(n, -1, np.int64), np.zeros(n, np.bool_), np.full(n, -1, np.int64),
+                               complete=not retries)
+        for first, end, _ in retries:
+            results.duplicate[first:end] = True
         if ack is AckMode.NONE:
-            return BatchResults(partitions, np.full(n, -1, np.int64), np.zeros(n, np.bool_), np.full(n, -1, np.int64))
-        await asyncio.gather(*(f for _, _, f in spans if f is not None), return_exceptions=True)
-        results = BatchResults(partitions, np.empty(n, np.int64), np.zeros(n, np.bool_), np.empty(n, np.int64),
-                               complete=True)
+            for first, end, plan in retries:
+                if isinstance(plan.retry, RunPlacement):
+                    results.offset[first:end], results.timestamp_us[first:end] = plan.retry.placed(plan.first,
+                                                                                                   plan.last)
+            return results
+        await asyncio.gather(*(f for _, _, f in spans if f is not None),
+                             *(p.retry for _, _, p in retries if isinstance(p.retry, asyncio.Future)),
+                             return_exceptions=True)
         highest: dict[int, int] = {}
-        for start, stop, done in spans:  # together they cover the request
+        for start, stop, done in spans:  # together with the retries they cover the request
             assert done is not None
             chunk = done.result()  # re-raises StorageUnavailable for a group that failed
             results.offset[start:stop] = np.arange(chunk.offset, chunk.end, dtype=np.int64)
             results.timestamp_us[start:stop] = chunk.timestamp_us
-            highest[chunk.partition] = chunk.end - 1
+            highest[chunk.partition] = max(highest.get(chunk.partition, -1), chunk.end - 1)
+        for first, end, plan in retries:
+            placement = plan.retry.result() if isinstance(plan.retry, asyncio.Future) else plan.retry
+            assert placement is not None
+            results.offset[first:end], results.timestamp_us[first:end] = placement.placed(plan.first, plan.last)
+            partition = int(partitions[first])
+            highest[partition] = max(highest.get(partition, -1), int(results.offset[end - 1]))
         if ack is AckMode.TABLE:
             await self.acks.in_table(topic_id, highest)
-        self.acks.answered(topic.name, ack.value, started, 0)
+        self.acks.answered(topic.name, ack.value, started, n - stored)
         return results
+
+    def _plan_runs(self, topic: TopicConfig, runs: list[tuple[int, int, int]], producers: pa.Array,
+                   sequences: pa.Array) -> list[_RunPlan] | None:
+        """Each run as one producer's consecutive sequences, new or a retry of one run it sent;
+        None when any run is not (the per-message path then sorts it out)."""
+        plans: list[_RunPlan] = []
+        for partition, first, end in runs:
+            who = producers.slice(first, end - first)
+            numbers = sequences.slice(first, end - first)
+            if who.null_count or numbers.null_count:
+                return None
+            producer = who[0].as_py()
+            if end - first > 1 and pc.count_distinct(who).as_py() != 1:
+                return None
+            seq = numbers.to_numpy(zero_copy_only=False)
+            low, high = int(seq[0]), int(seq[-1])
+            if high - low != len(seq) - 1 or (len(seq) > 1 and not bool((np.diff(seq) == 1).all())):
+                return None
+            key = (topic.topic_id, partition, producer)
+            found = self.marks.find_run(key, low, high)
+            if found is Found.OVERLAP:
+                return None
+            if found is Found.NEW:
+                # a send of these sequences on the per-message path (an earlier overlap) is in the
+                # dedup index, or in flight there
+                if any(self.dedup.lookup((topic.topic_id, did)) is not None for did in
+                       {dedup_id(None, producer, low, partition), dedup_id(None, producer, high, partition)}
+                       if did is not None):
+                    return None
+                plans.append(_RunPlan(key, low, high, None))
+            else:
+                plans.append(_RunPlan(key, low, high, found))
+        return plans
+
+    async def _settle_overlaps(self, topic: TopicConfig, runs: list[tuple[int, int, int]],
+                               producers: pa.Array) -> None:
+        """Before a sequenced batch takes the per-message path, its producers' runs in flight settle,
+        so that path's marks see them."""
+        waits: list[asyncio.Future[RunPlacement]] = []
+        for partition, first, end in runs:
+            for producer in set(producers.slice(first, end - first).drop_null().to_pylist()):
+                waits.extend(self.marks.in_flight((topic.topic_id, partition, producer)))
+        if waits:
+            await asyncio.gather(*waits, return_exceptions=True)
 
     def _dedup_columns(self, topic: TopicConfig, ids: list[str | None], results: BatchResults, keep: np.ndarray,
                        waits: list[tuple[int, asyncio.Future[Placed]]],
@@ -208,6 +294,42 @@ class ColumnarProduce:
                 self.marks.raise_all(chunk_marks(future.result()))
 
         return done
+
+
+@dataclass(frozen=True, slots=True)
+class _RunPlan:
+    """A run of a request that is one producer's consecutive sequences in a partition: new
+    (`retry` None), or a retry of a run stored (its placement) or in flight (its future)."""
+
+    key: MarkKey
+    first: int
+    last: int
+    retry: RunPlacement | asyncio.Future[RunPlacement] | None
+
+
+def _run_placement(pieces: list[tuple[int, asyncio.Future[Chunk]]]) -> asyncio.Future[RunPlacement]:
+    """A future of where a run is stored, from its chunks' futures (each with its first sequence):
+    set once every chunk is durable, or failed with the first failure."""
+    placed: asyncio.Future[RunPlacement] = asyncio.get_running_loop().create_future()
+    left = len(pieces)
+
+    def one_done(_done: asyncio.Future[Chunk]) -> None:
+        nonlocal left
+        left -= 1
+        if left or placed.done():
+            return
+        for _, chunk_future in pieces:
+            failure = chunk_future.exception() if not chunk_future.cancelled() else asyncio.CancelledError()
+            if failure is not None:
+                placed.set_exception(failure)
+                placed.exception()  # retrieved: a retry that waits on it sees it; nobody else need
+                return
+        chunks = [(sequence, f.result()) for sequence, f in pieces]
+        placed.set_result(RunPlacement(tuple((sequence, c.offset, c.rows, c.timestamp_us) for sequence, c in chunks)))
+
+    for _, chunk_future in pieces:
+        chunk_future.add_done_callback(one_done)
+    return placed
 
 
 def _runs(parts: np.ndarray) -> list[tuple[int, int, int]] | None:

@@ -14,8 +14,10 @@ from prometheus_client import CollectorRegistry
 from lakebroker.ingest_api.arrow_batch import parse_arrow_batch
 from lakebroker.ingest_api.body import InvalidShape
 from lakebroker.ingest_api.broker import Broker
+from lakebroker.ingest_api.chunks import BatchResults
 from lakebroker.ingest_api.messages import AckMode
 from lakebroker.ingest_api.metrics import IngestMetrics
+from lakebroker.ingest_api.sequences import RunPlacement
 from lakebroker.tables.settings import Settings
 from lakebroker.tables.topics import new_topic
 
@@ -145,3 +147,52 @@ async def test_a_producers_sequences_run_per_partition_and_restart_in_each(tmp_p
             [(0, b"p0-s%d" % s) for s in range(3)] + [(1, b"p1-s%d" % s) for s in range(3)] + [(1, b"x"), (0, b"y")])
     finally:
         await broker.stop()
+
+
+async def test_a_run_of_sequences_is_deduplicated_as_one_and_a_retry_gets_its_offsets(tmp_path: Path) -> None:
+    """A request whose rows are one producer's consecutive sequences in a partition (a Kafka record
+    batch) is one entry, not an id per message: a retry of all or part of it is answered with the
+    original offsets and times, a retry sent while the first is in flight waits for it, and a run
+    that reaches past a stored one stores only its new sequences."""
+    import asyncio
+
+    broker = _broker(tmp_path)
+    await broker.start()
+    try:
+        await broker.create_topic(new_topic("t", 2))
+
+        async def send(sequences: list[int], ack: AckMode = AckMode.WAL) -> BatchResults:
+            return await broker.local.produce_columns("t", parse_arrow_batch(_to_partition(0, sequences), LIMIT), ack)
+
+        first = await send([0, 1, 2, 3, 4])
+        assert (first.offset.tolist(), first.duplicate.tolist()) == ([0, 1, 2, 3, 4], [False] * 5)
+        assert len(broker.dedup) == 0, "a run takes no dedup id per message"
+        again = await send([0, 1, 2, 3, 4])
+        assert (again.offset.tolist(), again.duplicate.tolist()) == ([0, 1, 2, 3, 4], [True] * 5)
+        assert again.timestamp_us.tolist() == first.timestamp_us.tolist()
+        part = await send([2, 3], AckMode.NONE)
+        assert (part.partition.tolist(), part.offset.tolist(), part.duplicate.tolist()) == (
+            [0, 0], [2, 3], [True, True])
+
+        past = await send([3, 4, 5, 6])
+        assert (past.duplicate.tolist(), past.offset.tolist()[2:]) == ([True, True, False, False], [5, 6])
+
+        one, other = await asyncio.gather(send([7, 8, 9]), send([7, 8, 9]))
+        assert one.offset.tolist() == other.offset.tolist() == [7, 8, 9]
+        assert sorted([one.duplicate.tolist(), other.duplicate.tolist()]) == [[False] * 3, [True] * 3]
+
+        await broker.flusher.flush_once()
+        rows = DeltaTable(str(broker.layout.topic_table(broker.topic("t")))).to_pyarrow_table(
+            columns=["offset", "value"]).sort_by("offset").to_pylist()
+        assert [(r["offset"], r["value"]) for r in rows] == [(s, b"p0-s%d" % s) for s in range(10)]
+    finally:
+        await broker.stop()
+
+
+def test_a_run_stored_in_several_chunks_answers_each_sequence_with_its_offset() -> None:
+    """Other requests' single messages may be placed between a run's chunks: each sequence's
+    offset comes from the chunk that holds it."""
+    placement = RunPlacement(((10, 100, 3, 7), (13, 105, 2, 9)))
+    offsets, times = placement.placed(11, 14)
+    assert (offsets.tolist(), times.tolist()) == ([101, 102, 105, 106], [7, 7, 9, 9])
+    assert placement.timestamp_us == 9
