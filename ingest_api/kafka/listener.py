@@ -12,7 +12,8 @@ consumer group APIs (group_requests.py, over groups.py and the offsets table), a
 (SaslHandshake, SaslAuthenticate) with an API token as the password. With auth enforced, a
 connection must authenticate before any other API; its token is checked again at each request
 that reads or writes (a revoked or expired token stops working on an open connection too).
-Requests on one connection are answered in order, one at a time, as Kafka requires."""
+Requests on one connection are answered in order, as Kafka requires; Produce and Fetch requests
+are pipelined (`_connection`)."""
 
 from __future__ import annotations
 
@@ -24,12 +25,9 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-import pyarrow as pa
 from kio.schema.errors import ErrorCode
 
 from lakebroker.ingest_api.auth import OPEN_ACCESS, Authenticator, check_scope, check_topic
-from lakebroker.ingest_api.chunks import BatchResults, ColumnarBatch
-from lakebroker.ingest_api.forwarding import Caller
 from lakebroker.ingest_api.kafka import record_batches, wire
 from lakebroker.ingest_api.kafka.errors import error_code, may_see
 from lakebroker.ingest_api.kafka.fetch import TopicReads
@@ -46,15 +44,14 @@ from lakebroker.ingest_api.kafka.group_requests import (
     SYNC_GROUP,
     GroupRequests,
 )
-from lakebroker.ingest_api.local_produce import ProduceResult
+from lakebroker.ingest_api.kafka.produce_requests import PRODUCE, ProduceRequests
 from lakebroker.ingest_api.messages import AckMode
 from lakebroker.ingest_api.metrics import Children
 from lakebroker.ingest_api.not_here import NoOwnerYet, NotOwner
-from lakebroker.ingest_api.produce_core import ProduceCore, ProduceRequest
+from lakebroker.ingest_api.produce_core import ProduceCore
 from lakebroker.ingest_api.reader import offset_for_timestamp
 from lakebroker.ingest_api.wal import PartitionKey
 from lakebroker.tables.errors import (
-    Backpressure,
     Forbidden,
     LakebrokerError,
     NoSuchPartition,
@@ -66,7 +63,7 @@ from lakebroker.tables.topics import TopicConfig
 
 log = logging.getLogger(__name__)
 
-PRODUCE, FETCH, LIST_OFFSETS, METADATA = 0, 1, 2, 3
+FETCH, LIST_OFFSETS, METADATA = 1, 2, 3
 SASL_HANDSHAKE, API_VERSIONS, INIT_PRODUCER_ID, SASL_AUTHENTICATE = 17, 18, 22, 36
 # Each API from its lowest version in kio (librdkafka enables features by the low end of a range:
 # record batches need Produce 3 and Fetch 4), up to the one every current client then picks.
@@ -77,6 +74,7 @@ VERSIONS = {PRODUCE: (3, 9), FETCH: (4, 12), LIST_OFFSETS: (1, 6), METADATA: (0,
             LEAVE_GROUP: (0, 5), SYNC_GROUP: (0, 5), DESCRIBE_GROUPS: (0, 5), LIST_GROUPS: (0, 4),
             SASL_HANDSHAKE: (0, 1), API_VERSIONS: (0, 4), INIT_PRODUCER_ID: (0, 4), SASL_AUTHENTICATE: (0, 2)}
 MAX_CONNECTIONS = 4096  # as the HTTP server's limit_concurrency
+MAX_IN_FLIGHT = 16  # requests read ahead of their answers on one connection (Java's producer sends 5)
 IDLE_S = 600.0  # an idle connection is closed after this long (Kafka's connections.max.idle.ms)
 API_NAMES = {PRODUCE: "Produce", FETCH: "Fetch", LIST_OFFSETS: "ListOffsets", METADATA: "Metadata",
              OFFSET_COMMIT: "OffsetCommit", OFFSET_FETCH: "OffsetFetch", FIND_COORDINATOR: "FindCoordinator",
@@ -88,7 +86,6 @@ BEFORE_AUTH = frozenset({API_VERSIONS, SASL_HANDSHAKE, SASL_AUTHENTICATE})
 MECHANISMS = ("PLAIN",)
 BROKER_ID = 0
 _ZERO = timedelta(0)
-FORWARDED = Caller(None, forwarded=True)  # a Kafka client finds the owner itself: never forward
 
 
 @dataclass(slots=True)
@@ -122,6 +119,7 @@ class KafkaListener:
         self._requests = Children(metrics.kafka_requests)
         self._partition_errors = Children(metrics.kafka_partition_errors)
         self._closed = Children(metrics.kafka_closed)
+        self.produce_requests = ProduceRequests(core, acks_all, self._partition_errors)
 
     async def start(self) -> None:
         """Listen on HOST:PORT. As one of `serve --workers`' processes (`reuse_port`), which share that
@@ -156,25 +154,30 @@ class KafkaListener:
         self._servers = []
 
     async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """Read requests and answer them, in order. Produce and Fetch requests are pipelined: the next
+        request is read once a Produce's records are queued for the WAL (so a connection's records
+        keep their order) or at once after a Fetch, while the answers are written in request order
+        as they are ready. Other requests (SASL among them) are answered before the next is read."""
         task = asyncio.current_task()
         assert task is not None
         self._connections.add(task)
         peer = writer.get_extra_info("peername")
         session = Session(authenticated=not self.auth.enforced, host=str(peer[0]) if peer else "")
+        answers: asyncio.Queue[asyncio.Task[bytes | None] | None] = asyncio.Queue(MAX_IN_FLIGHT)
+        sender = asyncio.create_task(self._send_in_order(answers, writer))
+        reading: asyncio.Task[None] | None = None
         try:
             if len(self._connections) > MAX_CONNECTIONS:
                 log.warning("Kafka client %s refused: %d connections are open (the most the listener keeps)", peer,
                             MAX_CONNECTIONS)
                 self._closed("limit").inc()
                 return
-            while (frame := await wire.read_frame(reader, self.max_request_bytes, IDLE_S,
-                                                  self.body_timeout_s)) is not None:
-                request = wire.parse(frame)
-                answer = await self._answer(session, request)
-                self._requests(API_NAMES.get(request.api_key, str(request.api_key))).inc()
-                if answer is not None:
-                    writer.write(answer)
-                    await writer.drain()
+            reading = asyncio.create_task(self._read_requests(session, reader, answers))
+            await asyncio.wait((reading, sender), return_when=asyncio.FIRST_COMPLETED)
+            if sender.done():
+                sender.result()  # raises what ended the connection (a refused SASL exchange, say)
+            reading.result()  # raises a malformed frame
+            await sender  # the answers still to write
         except _CloseAfter as exc:
             writer.write(exc.answer)
             self._closed("auth").inc()
@@ -190,10 +193,45 @@ class KafkaListener:
         except Exception:  # a bug here costs this connection, never the listener
             log.exception("Kafka client %s: unexpected error; closing its connection", peer)
         finally:
+            if reading is not None:
+                reading.cancel()
+            sender.cancel()
+            while not answers.empty():
+                if (left := answers.get_nowait()) is not None:
+                    left.cancel()
             self._connections.discard(task)
             writer.close()
 
-    async def _answer(self, session: Session, request: wire.Request) -> bytes | None:
+    async def _read_requests(self, session: Session, reader: asyncio.StreamReader,
+                             answers: asyncio.Queue[asyncio.Task[bytes | None] | None]) -> None:
+        """Each request as a task of its own, queued for `_send_in_order`, until the client closes."""
+        while (frame := await wire.read_frame(reader, self.max_request_bytes, IDLE_S,
+                                              self.body_timeout_s)) is not None:
+            request = wire.parse(frame)
+            self._requests(API_NAMES.get(request.api_key, str(request.api_key))).inc()
+            queued = asyncio.Event()
+            answer = asyncio.create_task(self._answer(session, request, queued))
+            await answers.put(answer)  # waits while MAX_IN_FLIGHT answers are outstanding
+            if request.api_key == PRODUCE:
+                waiting = asyncio.create_task(queued.wait())
+                await asyncio.wait((answer, waiting), return_when=asyncio.FIRST_COMPLETED)
+                waiting.cancel()
+            elif request.api_key != FETCH:
+                await asyncio.wait((answer,))
+        await answers.put(None)
+
+    @staticmethod
+    async def _send_in_order(answers: asyncio.Queue[asyncio.Task[bytes | None] | None],
+                             writer: asyncio.StreamWriter) -> None:
+        """Write each answer once it is ready, in request order. A request that failed ends the
+        connection: its error is raised where the connection awaits this."""
+        while (answer := await answers.get()) is not None:
+            frame = await answer
+            if frame is not None:
+                writer.write(frame)
+                await writer.drain()
+
+    async def _answer(self, session: Session, request: wire.Request, queued: asyncio.Event) -> bytes | None:
         low, high = VERSIONS.get(request.api_key, (0, -1))
         if request.api_key == API_VERSIONS and (request.body is None or request.version > high):
             return self._api_versions(request, ErrorCode.unsupported_version)
@@ -219,7 +257,8 @@ class KafkaListener:
             return await self._list_offsets(session, request)
         if request.api_key in GROUP_APIS:
             return await self.group_requests.answer(await self._principal(session), session.host, request)
-        return await self._produce(session, request)
+        principal = None if request.body.transactional_id is not None else await self._principal(session)
+        return await self.produce_requests.answer(principal, request, queued)
 
     def _api_versions(self, request: wire.Request, error: ErrorCode) -> bytes:
         # An unknown version is answered in v0, which every client reads (KIP-511).
@@ -315,59 +354,6 @@ class KafkaListener:
         # A random id: unique across nodes and restarts without coordination (2^-62 a collision).
         return wire.frame_of(request, wire.build(schema, throttle_time=_ZERO, error_code=ErrorCode.none,
                                                  producer_id=random.getrandbits(62), producer_epoch=0))
-
-    # -- Produce -------------------------------------------------------------------------
-    async def _produce(self, session: Session, request: wire.Request) -> bytes | None:
-        body = request.body
-        schema = wire.response_schema(PRODUCE, request.version)
-        topic_entry = wire.nested(schema, "TopicProduceResponse")
-        partition_entry = wire.nested(schema, "PartitionProduceResponse")
-        if body.transactional_id is not None:
-            answers = [(ErrorCode.transactional_id_authorization_failed, -1, 0.0)
-                       for t in body.topic_data for _ in t.partition_data]
-            ack = AckMode.WAL
-        else:
-            ack = {0: AckMode.NONE, 1: AckMode.WAL}.get(body.acks, self.acks_all)
-            principal = await self._principal(session)
-            answers = await asyncio.gather(*(self._produce_partition(principal, t.name, p.index, p.records, ack)
-                                             for t in body.topic_data for p in t.partition_data))
-        if ack is AckMode.NONE:
-            return None
-        by_topic: dict[str, list[Any]] = {}
-        places = [(t.name, p.index) for t in body.topic_data for p in t.partition_data]
-        for (name, index), (error, base_offset, _) in zip(places, answers, strict=True):
-            if error is not ErrorCode.none:
-                self._partition_errors("Produce", error.name.upper()).inc()
-            by_topic.setdefault(name, []).append(wire.build(
-                partition_entry, index=index, error_code=error, base_offset=base_offset, log_start_offset=-1,
-                record_errors=(), error_message=None, log_append_time=None))
-        topics = tuple(wire.build(topic_entry, name=name, partition_responses=tuple(parts))
-                       for name, parts in by_topic.items())
-        # Backpressure: Kafka's quota answer, which clients honour by pausing before they send again
-        throttle = timedelta(seconds=max((wait for _, _, wait in answers), default=0.0))
-        return wire.frame_of(request, wire.build(schema, responses=topics, throttle_time=throttle))
-
-    async def _produce_partition(self, principal: ApiToken, topic: str, partition: int, records: bytes | None,
-                                 ack: AckMode) -> tuple[ErrorCode, int, float]:
-        """A partition's records through the core: its error code, its first offset, and how long the
-        client should wait before it sends again (backpressure)."""
-        try:
-            if not records:
-                raise record_batches.CorruptBatch("no records")
-            base_offset = -1
-            for batch in record_batches.decode(records, self.max_request_bytes):
-                columns = batch.columns
-                explicit = _partitions(partition, columns.num_rows)
-                answer = await self.core.produce_batch(ProduceRequest(
-                    topic, ColumnarBatch.of(columns, explicit), ack, principal, FORWARDED))
-                if base_offset < 0:
-                    base_offset = _first_offset(answer.results)
-            return ErrorCode.none, base_offset, 0.0
-        except LakebrokerError as exc:
-            if not isinstance(exc, NotOwner | NoOwnerYet | NotFound | NoSuchPartition | Backpressure):
-                log.warning("Kafka produce to %s[%d] refused: %s", topic, partition, exc.message)
-            return error_code(exc), -1, exc.retry_after_s if isinstance(exc, Backpressure) else 0.0
-
 
     # -- Fetch and ListOffsets ------------------------------------------------------------
     def _readable(self, principal: ApiToken, name: str, partition: int) -> tuple[TopicConfig, PartitionKey]:
@@ -495,14 +481,3 @@ class _CloseAfter(wire.Malformed):
     def __init__(self, answer: bytes) -> None:
         super().__init__("SASL authentication failed")
         self.answer = answer
-
-
-def _partitions(partition: int, rows: int) -> pa.Array:
-    return pa.repeat(pa.scalar(partition, pa.int64()), rows)
-
-
-def _first_offset(results: BatchResults | list[ProduceResult]) -> int:
-    if isinstance(results, BatchResults):
-        return int(results.offset[0]) if len(results.offset) else -1
-    first = results[0].offset if results else None
-    return -1 if first is None else first

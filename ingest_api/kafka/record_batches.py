@@ -48,17 +48,20 @@ class UnsupportedCodec(InvalidRequest):
 
 
 @dataclass(frozen=True, slots=True)
-class Decoded:
-    columns: pa.Table  # CHUNK_SCHEMA, one row per record in batch order
+class Batch:
+    """One record batch, checked (its header, its CRC) and decompressed: its records' bytes."""
+
+    body: bytes
+    count: int
     producer_id: int  # -1: not an idempotent producer
     producer_epoch: int
     base_sequence: int
 
 
-def decode(records: bytes, max_bytes: int) -> list[Decoded]:
+def batches(records: bytes, max_bytes: int) -> list[Batch]:
     """Every batch in a partition's `records` field. `max_bytes` bounds what decompression may
     produce (a small gzip body can expand to anything)."""
-    out: list[Decoded] = []
+    out: list[Batch] = []
     pos = 0
     while pos < len(records):
         if len(records) - pos < HEADER_BYTES:
@@ -80,17 +83,24 @@ def decode(records: bytes, max_bytes: int) -> list[Decoded]:
             raise InvalidRequest("transactional batches are not supported")
         if attributes & 0x20:
             raise InvalidRequest("control batches are not accepted from producers")
+        if count <= 0:
+            raise CorruptBatch("a record batch holds no record")
         body = _decompressed(bytes(view[HEADER_BYTES:]), attributes & 0x07, max_bytes)
-        out.append(Decoded(_columns(body, count, producer_id, base_sequence), producer_id, epoch, base_sequence))
+        out.append(Batch(body, count, producer_id, epoch, base_sequence))
         pos = end
     return out
+
+
+def decode(records: bytes, max_bytes: int) -> pa.Table:
+    """A partition's `records` field as CHUNK_SCHEMA columns, one row per record in batch order."""
+    return columns(batches(records, max_bytes))
 
 
 def warm_up() -> None:
     """Decode one record: the first decode pays pyarrow's kernel set-up (about a second), which a
     listener pays at start rather than in its first client's produce."""
     one = bytes([0x10, 0, 0, 0, 0x02]) + b"k" + bytes([0x02]) + b"v" + bytes([0])
-    _columns(one, 1, -1, -1)
+    columns([Batch(one, 1, -1, -1, -1)])
 
 
 def _decompressed(body: bytes, codec: int, max_bytes: int) -> bytes:
@@ -170,35 +180,40 @@ def _varints(b: np.ndarray, pos: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return (value >> np.uint64(1)).astype(np.int64) ^ -(value & np.uint64(1)).astype(np.int64), size
 
 
-def _starts(body: bytes, count: int) -> tuple[np.ndarray, np.ndarray]:
-    """Where each record begins and ends: the walk over the length prefixes, the one step per record."""
-    starts = np.empty(count, np.int64)
-    ends = np.empty(count, np.int64)
-    pos = 0
-    end = len(body)
-    try:
-        for i in range(count):
-            starts[i] = pos
-            length, size = read_signed_varint(body, pos)
-            if length < 0:
-                raise CorruptBatch(f"record {i} has a negative length")
-            pos += size + length
-            ends[i] = pos
-    except DecodeError:
-        raise CorruptBatch(f"the batch ends inside a record of its {count}") from None
-    if pos != end:
-        raise CorruptBatch(f"the batch's {count} records do not add up to its length")
-    return starts, ends
+def _starts(found: list[Batch]) -> tuple[bytes, np.ndarray, np.ndarray]:
+    """The batches' records laid end to end, and where each record begins and ends in them: the
+    walk over the length prefixes, the one step per record."""
+    body = found[0].body if len(found) == 1 else b"".join(b.body for b in found)
+    total = sum(b.count for b in found)
+    starts = np.empty(total, np.int64)
+    ends = np.empty(total, np.int64)
+    i = pos = 0
+    for batch in found:
+        end = pos + len(batch.body)
+        try:
+            for _ in range(batch.count):
+                starts[i] = pos
+                length, size = read_signed_varint(body, pos)
+                if length < 0:
+                    raise CorruptBatch(f"record {i} has a negative length")
+                pos += size + length
+                ends[i] = pos
+                i += 1
+        except DecodeError:
+            raise CorruptBatch(f"a batch ends inside a record of its {batch.count}") from None
+        if pos != end:
+            raise CorruptBatch(f"a batch's {batch.count} records do not add up to its length")
+    return body, starts, ends
 
 
-def _columns(body: bytes, count: int, producer_id: int, base_sequence: int) -> pa.Table:
-    """The records as CHUNK_SCHEMA columns. An idempotent producer's records carry its id and each
-    one's sequence (the batch's base sequence + its index), which the broker's producer dedup
+def columns(found: list[Batch]) -> pa.Table:
+    """The records of `found` (one partition's batches, or several partitions') as CHUNK_SCHEMA
+    columns, decoded in one pass. An idempotent producer's records carry its id and each one's
+    sequence (the batch's base sequence + its index), which the broker's producer dedup
     (ingest_api/sequences.py) checks as for any producer."""
-    if count <= 0:
-        raise CorruptBatch("a record batch holds no record")
+    body, starts, ends = _starts(found)
+    count = len(starts)
     b = np.frombuffer(body, np.uint8)
-    starts, ends = _starts(body, count)
     _, n = _varints(b, starts)
     p = starts + n + 1  # past the attributes byte
     _, n = _varints(b, p)  # timestamp delta: the broker stamps its own log-append time
@@ -229,14 +244,28 @@ def _columns(body: bytes, count: int, producer_id: int, base_sequence: int) -> p
         raise InvalidRequest("a record key is not UTF-8 text: lakebroker keys are strings") from None
     value = _binary(buffer, value_at, value_len)
     headers = _headers(body, p, ends, header_count) if header_count.any() else pa.nulls(count, _HEADERS)
-    if producer_id >= 0 and base_sequence >= 0:
-        producer = pa.repeat(pa.scalar(f"kafka-{producer_id}"), count)
-        sequence = pa.array(np.arange(base_sequence, base_sequence + count, dtype=np.int64))
-    else:
-        producer, sequence = pa.nulls(count, pa.string()), pa.nulls(count, pa.int64())
+    producer, sequence = _producers(found, count)
     return pa.Table.from_arrays(
         [key_text, value, pa.repeat("binary", count), headers, pa.nulls(count, pa.string()), producer, sequence],
         schema=CHUNK_SCHEMA)
+
+
+def _producers(found: list[Batch], count: int) -> tuple[pa.Array, pa.Array]:
+    """Each record's producer id (`kafka-<id>`) and sequence, null for a batch of a producer that
+    is not idempotent."""
+    idempotent = [b.producer_id >= 0 and b.base_sequence >= 0 for b in found]
+    if not any(idempotent):
+        return pa.nulls(count, pa.string()), pa.nulls(count, pa.int64())
+    counts = np.array([b.count for b in found], np.int64)
+    first = np.cumsum(counts) - counts  # each batch's first row
+    sequence = np.arange(count, dtype=np.int64) + np.repeat(
+        np.array([b.base_sequence for b in found], np.int64) - first, counts)
+    if all(idempotent) and len({b.producer_id for b in found}) == 1:
+        return pa.repeat(pa.scalar(f"kafka-{found[0].producer_id}"), count), pa.array(sequence)
+    names = pa.array([f"kafka-{b.producer_id}" if ok else None for b, ok in zip(found, idempotent, strict=True)])
+    batch_of = pa.array(np.repeat(np.arange(len(found)), counts))
+    valid = np.repeat(np.array(idempotent), counts)
+    return names.take(batch_of), pa.array(sequence, mask=~valid)
 
 
 _HEADERS = CHUNK_SCHEMA.field("headers").type
@@ -277,20 +306,27 @@ def _headers(body: bytes, at: np.ndarray, ends: np.ndarray, counts: np.ndarray) 
 
 
 def _binary(buffer: pa.Buffer, at: np.ndarray, length: np.ndarray) -> pa.Array:
-    """Arrow binary values at (`at`, `length`) in `buffer`; length -1 is null."""
+    """Arrow binary values at (`at`, `length`) in `buffer`; length -1 is null. Built as a
+    binary view array over the request's bytes (16 bytes a value: its length, and up to 12 bytes
+    inline or its first 4 and where the rest is), which Arrow's cast then copies to a binary array
+    in C: a gather by numpy would index every byte."""
+    n = len(at)
     present = length >= 0
-    lengths = np.where(present, length, 0)
-    offsets = np.zeros(len(at) + 1, np.int32)
-    np.cumsum(lengths, out=offsets[1:])
+    lengths = np.where(present, length, 0).astype(np.int32)
+    views = np.zeros((n, 16), np.uint8)
+    words = views.view(np.int32)  # (n, 4): length, then 12 bytes inline, or a prefix, buffer 0, offset
+    words[:, 0] = lengths
     data = np.frombuffer(buffer, np.uint8)
-    if lengths.sum():
-        index = np.repeat(at - offsets[:-1], lengths) + np.arange(int(offsets[-1]))
-        values = pa.py_buffer(data[index].tobytes())
-    else:
-        values = pa.py_buffer(b"")
+    inline = np.arange(12)
+    head = data[np.minimum(at[:, None] + inline, max(len(data) - 1, 0))] if len(data) else np.zeros((n, 12), np.uint8)
+    head[inline[None, :] >= lengths[:, None]] = 0
+    views[:, 4:16] = head
+    long = lengths > 12
+    words[long, 2] = 0
+    words[long, 3] = at[long]
     validity = None if present.all() else pa.py_buffer(np.packbits(present, bitorder="little").tobytes())
-    return pa.Array.from_buffers(pa.binary(), len(at), [validity, pa.py_buffer(offsets.tobytes()), values],
-                                 null_count=int((~present).sum()))
+    return pa.Array.from_buffers(pa.binary_view(), n, [validity, pa.py_buffer(views.tobytes()), buffer],
+                                 null_count=int((~present).sum())).cast(pa.binary())
 
 
 # -- writing: the rows a Fetch answers with ---------------------------------------------------------
