@@ -49,13 +49,15 @@ class KafkaConnection:
     def send_raw(self, frame: bytes) -> None:
         self.sock.sendall(_SIZE.pack(len(frame)) + frame)
 
-    def receive(self, api_key: int, version: int) -> Any:
-        """The next response, read as `api_key` v`version`'s."""
+    def receive(self, api_key: int, version: int, correlation: int | None = None) -> Any:
+        """The next response, read as `api_key` v`version`'s, to the request sent last (or the one
+        `correlation` numbers, of several sent ahead: answers come in request order)."""
         (size,) = _SIZE.unpack(self._exactly(4))
         frame = self._exactly(size)
         schema = load_response_schema(api_key, version)
         header, used = entity_reader(schema.__header_schema__)(frame, 0)
-        assert header.correlation_id == self.correlation, (header, self.correlation)
+        expected = self.correlation if correlation is None else correlation
+        assert header.correlation_id == expected, (header, expected)
         body, _ = entity_reader(schema)(frame, used)
         return body
 

@@ -22,7 +22,8 @@ from kafka import KafkaProducer
 from kio.schema.api_versions.v3.request import ApiVersionsRequest
 from kio.schema.errors import ErrorCode
 from kio.schema.init_producer_id.v4.request import InitProducerIdRequest
-from kio.static.primitive import i64
+from kio.schema.produce.v9.request import PartitionProduceData, ProduceRequest, TopicProduceData
+from kio.static.primitive import i16, i32, i64
 
 from lakebroker.ingest_api.partitioner import partition_for_key
 from lakebroker.tables.layout import Layout
@@ -154,6 +155,40 @@ def test_acks_0_and_1(server: ServerProcess, acks: int) -> None:
     finally:
         producer.close()
     until(lambda: sum(len(_messages(server, topic, p)) for p in range(PARTITIONS)) == 50, "every message stored",
+          timeout=30)
+
+
+def test_pipelined_requests_keep_their_order_and_a_retry_among_them_its_offsets(server: ServerProcess) -> None:
+    """Eight idempotent Produce requests to one partition sent without waiting, then a retry of the
+    fourth: the answers come in request order, the records are stored in the order sent, and the
+    retry is answered with the fourth's offset and stored once."""
+    topic = _topic(server, "pipelined", 1)
+    with KafkaConnection(server.kafka) as kafka:
+        pid = kafka.call(InitProducerIdRequest(transactional_id=None, transaction_timeout=MINUTE,
+                                               producer_id=i64(-1), producer_epoch=-1)).producer_id
+        batches = [record_batch([b"r%d-%d" % (r, i) for i in range(10)], producer_id=pid, base_sequence=10 * r)
+                   for r in range(8)]
+        for batch in [*batches, batches[3]]:
+            kafka.send(produce(topic, 0, batch))
+        answers = [partition_answer(kafka.receive(0, 9, correlation)) for correlation in range(2, 11)]
+    assert [a.error_code for a in answers] == [ErrorCode.none] * 9
+    assert [a.base_offset for a in answers] == [0, 10, 20, 30, 40, 50, 60, 70, 30]
+    until(lambda: len(_messages(server, topic, 0)) >= 80, "every record stored", timeout=30)
+    assert [_value(m) for m in _messages(server, topic, 0)] == [b"r%d-%d" % (r, i) for r in range(8) for i in range(10)]
+
+
+def test_a_partition_refused_in_a_request_leaves_the_others_stored(server: ServerProcess) -> None:
+    """One request for a partition that exists and one that does not: the first is stored, the
+    second gets UNKNOWN_TOPIC_OR_PARTITION."""
+    topic = _topic(server, "half-there", 1)
+    request = ProduceRequest(acks=i16(1), timeout=MINUTE, topic_data=(TopicProduceData(name=topic, partition_data=(
+        PartitionProduceData(index=i32(0), records=record_batch([b"here"])),
+        PartitionProduceData(index=i32(7), records=record_batch([b"nowhere"]))),),))
+    with KafkaConnection(server.kafka) as kafka:
+        (answer,) = kafka.call(request).responses
+    assert [(p.index, p.error_code) for p in answer.partition_responses] == [
+        (0, ErrorCode.none), (7, ErrorCode.unknown_topic_or_partition)]
+    until(lambda: [_value(m) for m in _messages(server, topic, 0)] == [b"here"], "the good partition stored",
           timeout=30)
 
 
