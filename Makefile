@@ -22,7 +22,7 @@ setup-run: $(RUN_STAMP)
 	$(VENV)/bin/lakebroker spark setup
 
 # The dev install first: it holds the spark extra, so the run stamp then needs no install of its own.
-setup: $(DEV_STAMP) setup-run .cache/bin/minio.version
+setup: $(DEV_STAMP) setup-run .cache/bin/minio.version .cache/kafka/jars.version
 
 # Every version, transitive ones too, is pinned in requirements.lock.
 # The client too: lakebroker.spark.write_to_topic's Spark tasks send with it.
@@ -43,6 +43,11 @@ $(DEV_STAMP): pyproject.toml requirements.lock clients/python/pyproject.toml
 # The local S3-compatible server (MinIO, built once from its Go module) the tests and `make s3-server` run.
 .cache/bin/minio.version: scripts/s3_server.sh
 	bash scripts/s3_server.sh build
+
+# Apache Kafka's broker and Java tools (jars from Maven Central): the Kafka benchmark's reference broker and
+# the tests that run Kafka's own clients against the listener.
+.cache/kafka/jars.version: scripts/kafka/pom.xml scripts/kafka_tools.sh
+	bash scripts/kafka_tools.sh build
 
 # MinIO on 127.0.0.1:$${S3_PORT:-9000}, in the foreground; creates the bucket `lakebroker`, prints the endpoint.
 s3-server:

@@ -161,28 +161,33 @@ def _snappy_block(block: bytes, max_bytes: int) -> bytes:
 
 
 def _varints(b: np.ndarray, pos: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The zigzag varint at each position, and its size, all at once."""
-    value = np.zeros(len(pos), np.uint64)
-    size = np.zeros(len(pos), np.int64)
-    live = np.ones(len(pos), np.bool_)
-    for k in range(10):
-        at = pos + k
-        if live.any() and int(at[live].max()) >= len(b):
-            raise CorruptBatch("a record's varint runs past the end of its batch")
-        byte = b[np.minimum(at, len(b) - 1)].astype(np.uint64)
-        value |= np.where(live, (byte & np.uint64(0x7F)) << np.uint64(7 * k), np.uint64(0))
-        size += live
-        live &= byte >= 0x80
-        if not live.any():
+    """The zigzag varint at each position, and its size, all at once. Each further byte is read
+    only for the varints that go on: most are one byte or two."""
+    if len(pos) and int(pos.max()) >= len(b):
+        raise CorruptBatch("a record's varint runs past the end of its batch")
+    byte = b[pos].astype(np.uint64)
+    value = byte & np.uint64(0x7F)
+    size = np.ones(len(pos), np.int64)
+    going = np.flatnonzero(byte >= 0x80)
+    for k in range(1, 10):
+        if not len(going):
             break
+        at = pos[going] + k
+        if int(at.max()) >= len(b):
+            raise CorruptBatch("a record's varint runs past the end of its batch")
+        byte = b[at].astype(np.uint64)
+        value[going] |= (byte & np.uint64(0x7F)) << np.uint64(7 * k)
+        size[going] += 1
+        going = going[byte >= 0x80]
     else:
-        raise CorruptBatch("a record holds a varint longer than 10 bytes")
+        if len(going):
+            raise CorruptBatch("a record holds a varint longer than 10 bytes")
     return (value >> np.uint64(1)).astype(np.int64) ^ -(value & np.uint64(1)).astype(np.int64), size
 
 
 def _starts(found: list[Batch]) -> tuple[bytes, np.ndarray, np.ndarray]:
-    """The batches' records laid end to end, and where each record begins and ends in them: the
-    walk over the length prefixes, the one step per record."""
+    """The batches' records laid end to end, and where each record's fields begin (past its length)
+    and where it ends in them: the walk over the length prefixes, the one step per record."""
     body = found[0].body if len(found) == 1 else b"".join(b.body for b in found)
     total = sum(b.count for b in found)
     starts = np.empty(total, np.int64)
@@ -192,10 +197,10 @@ def _starts(found: list[Batch]) -> tuple[bytes, np.ndarray, np.ndarray]:
         end = pos + len(batch.body)
         try:
             for _ in range(batch.count):
-                starts[i] = pos
                 length, size = read_signed_varint(body, pos)
                 if length < 0:
                     raise CorruptBatch(f"record {i} has a negative length")
+                starts[i] = pos + size
                 pos += size + length
                 ends[i] = pos
                 i += 1
@@ -214,8 +219,7 @@ def columns(found: list[Batch]) -> pa.Table:
     body, starts, ends = _starts(found)
     count = len(starts)
     b = np.frombuffer(body, np.uint8)
-    _, n = _varints(b, starts)
-    p = starts + n + 1  # past the attributes byte
+    p = starts + 1  # past the attributes byte
     _, n = _varints(b, p)  # timestamp delta: the broker stamps its own log-append time
     p += n
     _, n = _varints(b, p)  # offset delta: the broker assigns the offsets
@@ -317,13 +321,16 @@ def _binary(buffer: pa.Buffer, at: np.ndarray, length: np.ndarray) -> pa.Array:
     words = views.view(np.int32)  # (n, 4): length, then 12 bytes inline, or a prefix, buffer 0, offset
     words[:, 0] = lengths
     data = np.frombuffer(buffer, np.uint8)
-    inline = np.arange(12)
-    head = data[np.minimum(at[:, None] + inline, max(len(data) - 1, 0))] if len(data) else np.zeros((n, 12), np.uint8)
-    head[inline[None, :] >= lengths[:, None]] = 0
-    views[:, 4:16] = head
-    long = lengths > 12
-    words[long, 2] = 0
-    words[long, 3] = at[long]
+    short = np.flatnonzero((lengths > 0) & (lengths <= 12))
+    if len(short):  # inline, whole
+        inline = np.arange(12)
+        head = data[np.minimum(at[short, None] + inline, len(data) - 1)]
+        head[inline[None, :] >= lengths[short, None]] = 0
+        views[short, 4:16] = head
+    long = np.flatnonzero(lengths > 12)
+    if len(long):  # its first 4 bytes, and where it is
+        views[long, 4:8] = data[at[long, None] + np.arange(4)]
+        words[long, 3] = at[long]
     validity = None if present.all() else pa.py_buffer(np.packbits(present, bitorder="little").tobytes())
     return pa.Array.from_buffers(pa.binary_view(), n, [validity, pa.py_buffer(views.tobytes()), buffer],
                                  null_count=int((~present).sum())).cast(pa.binary())
