@@ -203,3 +203,16 @@ def test_each_sampling_window_is_a_profile_of_its_own(tmp_path: Path) -> None:
     assert any("_burn_first" in label for _, label, _ in first["total"])
     assert not any("_burn_first" in label for _, label, _ in second["total"])
     assert any("_burn_second" in label for _, label, _ in second["total"])
+
+
+def test_tiny_kafka_scenario_runs_kafkas_own_tools_against_both_brokers(tmp_path: Path) -> None:
+    """A real Kafka broker from Maven Central's jars and lakebroker's listener, each loaded by Kafka's
+    ProducerPerformance (acks=1 and acks=all) and read by ConsumerPerformance: every run completes
+    (the tools fail when a record is not acknowledged or not read) and its figures are positive."""
+    result = measure_in_process(scenario("kafka"), "tiny")
+    produced = result.figures["produced"]
+    assert sorted(produced) == ["kafka-acks1", "kafka-acksall", "lakebroker-acks1", "lakebroker-acksall"]
+    assert all(run["records_s"] > 0 for runs in produced.values() for run in runs)
+    assert all(c["records_s"] > 0 for c in result.figures["consumed"].values())
+    assert [c.name for c in result.checks] == ["produce acks=1, over Kafka", "produce acks=all, over Kafka",
+                                               "consume, over Kafka"]
