@@ -6,7 +6,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from lakebroker.tables.topics import MAX_PARTITIONS
+from lakebroker.tables.layout import validate_name
+from lakebroker.tables.topics import MAX_PARTITIONS, TopicConfig, new_topic
 
 # The largest integer every JSON parser keeps exact (JavaScript's Number.MAX_SAFE_INTEGER); the
 # tables store int64, and a bound above 2**53 cannot even be checked exactly by a float-based
@@ -31,6 +32,14 @@ class TopicCreate(BaseModel):
     cleanup_policy: Literal["delete", "compact"] = "delete"
     max_message_bytes: int | None = Field(None, ge=1, le=64 * 1024 * 1024)
     tombstone_retention_ms: int = Field(24 * 3600 * 1000, ge=0, le=MAX_INT)
+
+    def topic(self, default_partitions: int, default_max_message_bytes: int) -> TopicConfig:
+        """The new topic's configuration, the broker's defaults filling what was not given."""
+        validate_name(self.name)
+        fields = self.model_dump(exclude={"name", "partitions"})
+        if fields["max_message_bytes"] is None:
+            fields["max_message_bytes"] = default_max_message_bytes
+        return new_topic(self.name, self.partitions or default_partitions, **fields)
 
 
 class TopicUpdate(BaseModel):

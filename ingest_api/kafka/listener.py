@@ -1,14 +1,15 @@
-"""The Kafka door: a listener that speaks Kafka's protocol and hands each partition's records to
-the produce core (produce_core.py) as one columnar batch. It parses Kafka's frames and renders
-Kafka's answers and error codes; the rules (authorization, admission, partitions, dedup, acks)
-are the core's.
+"""The Kafka door: a listener that speaks Kafka's protocol and hands each topic's records of a
+Produce request to the produce core (produce_core.py) as one columnar batch (produce_requests.py).
+It parses Kafka's frames and renders Kafka's answers and error codes; the rules (authorization,
+admission, partitions, dedup, acks) are the core's.
 
 A partition this node does not own is refused with NOT_LEADER_OR_FOLLOWER, never forwarded
 (the request is marked forwarded for the core): the client reads the metadata again and goes to
 the owner itself, as Kafka clients do.
 
 APIs: ApiVersions, Metadata, Produce, Fetch and ListOffsets (fetch.py reads), InitProducerId, the
-consumer group APIs (group_requests.py, over groups.py and the offsets table), and SASL/PLAIN
+consumer group APIs (group_requests.py, over groups.py and the offsets table), the admin APIs
+(admin_requests.py: topics, their configs, the cluster), and SASL/PLAIN
 (SaslHandshake, SaslAuthenticate) with an API token as the password. With auth enforced, a
 connection must authenticate before any other API; its token is checked again at each request
 that reads or writes (a revoked or expired token stops working on an open connection too).
@@ -20,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import ssl
 import uuid
 from dataclasses import dataclass
 from datetime import timedelta
@@ -29,6 +31,7 @@ from kio.schema.errors import ErrorCode
 
 from lakebroker.ingest_api.auth import OPEN_ACCESS, Authenticator, check_scope, check_topic
 from lakebroker.ingest_api.kafka import record_batches, wire
+from lakebroker.ingest_api.kafka.admin_requests import ADMIN_NAMES, ADMIN_VERSIONS, AdminRequests
 from lakebroker.ingest_api.kafka.errors import error_code, may_see
 from lakebroker.ingest_api.kafka.fetch import TopicReads
 from lakebroker.ingest_api.kafka.group_requests import (
@@ -72,7 +75,8 @@ SASL_HANDSHAKE, API_VERSIONS, INIT_PRODUCER_ID, SASL_AUTHENTICATE = 17, 18, 22, 
 VERSIONS = {PRODUCE: (3, 9), FETCH: (4, 12), LIST_OFFSETS: (1, 6), METADATA: (0, 12), OFFSET_COMMIT: (2, 8),
             OFFSET_FETCH: (1, 7), FIND_COORDINATOR: (0, 4), JOIN_GROUP: (0, 9), HEARTBEAT: (0, 4),
             LEAVE_GROUP: (0, 5), SYNC_GROUP: (0, 5), DESCRIBE_GROUPS: (0, 5), LIST_GROUPS: (0, 4),
-            SASL_HANDSHAKE: (0, 1), API_VERSIONS: (0, 4), INIT_PRODUCER_ID: (0, 4), SASL_AUTHENTICATE: (0, 2)}
+            SASL_HANDSHAKE: (0, 1), API_VERSIONS: (0, 4), INIT_PRODUCER_ID: (0, 4), SASL_AUTHENTICATE: (0, 2),
+            **ADMIN_VERSIONS}
 MAX_CONNECTIONS = 4096  # as the HTTP server's limit_concurrency
 MAX_IN_FLIGHT = 16  # requests read ahead of their answers on one connection (Java's producer sends 5)
 IDLE_S = 600.0  # an idle connection is closed after this long (Kafka's connections.max.idle.ms)
@@ -80,7 +84,8 @@ API_NAMES = {PRODUCE: "Produce", FETCH: "Fetch", LIST_OFFSETS: "ListOffsets", ME
              OFFSET_COMMIT: "OffsetCommit", OFFSET_FETCH: "OffsetFetch", FIND_COORDINATOR: "FindCoordinator",
              JOIN_GROUP: "JoinGroup", HEARTBEAT: "Heartbeat", LEAVE_GROUP: "LeaveGroup", SYNC_GROUP: "SyncGroup",
              DESCRIBE_GROUPS: "DescribeGroups", LIST_GROUPS: "ListGroups", SASL_HANDSHAKE: "SaslHandshake",
-             API_VERSIONS: "ApiVersions", INIT_PRODUCER_ID: "InitProducerId", SASL_AUTHENTICATE: "SaslAuthenticate"}
+             API_VERSIONS: "ApiVersions", INIT_PRODUCER_ID: "InitProducerId", SASL_AUTHENTICATE: "SaslAuthenticate",
+             **ADMIN_NAMES}
 EARLIEST, LATEST = -2, -1  # ListOffsets' timestamps that ask for the log start and the log end
 BEFORE_AUTH = frozenset({API_VERSIONS, SASL_HANDSHAKE, SASL_AUTHENTICATE})
 MECHANISMS = ("PLAIN",)
@@ -100,18 +105,22 @@ class Session:
 
 class KafkaListener:
     def __init__(self, core: ProduceCore, auth: Authenticator, host: str, port: int, advertised_host: str,
-                 acks_all: AckMode = AckMode.WAL, *, reuse_port: bool = False) -> None:
+                 acks_all: AckMode = AckMode.WAL, *, reuse_port: bool = False, tls: ssl.SSLContext | None = None,
+                 ) -> None:
+        """`tls`: the listener speaks TLS only, with this context (settings kafka_tls_cert and _key)."""
         self.core = core
         self.auth = auth
         self.host, self.port = host, port
         self.advertised_host = advertised_host
         self.acks_all = acks_all  # what acks=all (-1) waits for
         self.reuse_port = reuse_port
+        self.tls = tls
         self.advertised_port = port
         self.max_request_bytes = core.broker.settings.max_request_bytes
         self.body_timeout_s = core.broker.settings.body_read_timeout_s
         self.reads = TopicReads(core.broker.layout)
         self.group_requests = GroupRequests(core, BROKER_ID, lambda: (self.advertised_host, self.advertised_port))
+        self.admin_requests = AdminRequests(core, BROKER_ID, lambda: (self.advertised_host, self.advertised_port))
         self._servers: list[asyncio.Server] = []
         self._connections: set[asyncio.Task[None]] = set()
         metrics = core.broker.metrics
@@ -128,7 +137,7 @@ class KafkaListener:
         binds = [(self.port, self.reuse_port)] + ([(0, False)] if self.reuse_port else [])
         for port, shared in binds:
             try:
-                self._servers.append(await asyncio.start_server(self._connection, self.host, port,
+                self._servers.append(await asyncio.start_server(self._connection, self.host, port, ssl=self.tls,
                                                                 reuse_port=shared or None, backlog=1024))
             except OSError as exc:
                 await self.stop()
@@ -138,8 +147,9 @@ class KafkaListener:
         self.advertised_port = self._servers[-1].sockets[0].getsockname()[1]
         await asyncio.to_thread(record_batches.warm_up)  # off the loop: leases are renewed on it
         self.group_requests.start()
-        log.info("Kafka listener on %s:%d, advertised as %s:%d; acks=all waits for ack=%s%s", self.host, self.port,
-                 self.advertised_host, self.advertised_port, self.acks_all.value,
+        log.info("Kafka listener on %s:%d (%s), advertised as %s:%d; acks=all waits for ack=%s%s", self.host,
+                 self.port, "TLS" if self.tls else "plaintext", self.advertised_host, self.advertised_port,
+                 self.acks_all.value,
                  "; clients authenticate with SASL/PLAIN (an API token as the password)" if self.auth.enforced else "")
 
     async def stop(self) -> None:
@@ -255,6 +265,8 @@ class KafkaListener:
             return await self._fetch(session, request)
         if request.api_key == LIST_OFFSETS:
             return await self._list_offsets(session, request)
+        if request.api_key in ADMIN_VERSIONS:
+            return await self.admin_requests.answer(await self._principal(session), request)
         if request.api_key in GROUP_APIS:
             return await self.group_requests.answer(await self._principal(session), session.host, request)
         principal = None if request.body.transactional_id is not None else await self._principal(session)

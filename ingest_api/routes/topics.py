@@ -12,7 +12,7 @@ from lakebroker.ingest_api.deps import BrokerDep, TopicPath
 from lakebroker.ingest_api.reader import log_start, partition_files
 from lakebroker.ingest_api.schemas import ErrorPublic, PartitionPublic, TopicCreate, TopicPublic, TopicUpdate
 from lakebroker.tables.layout import validate_name
-from lakebroker.tables.topics import TopicConfig, new_topic
+from lakebroker.tables.topics import TopicConfig
 
 router = APIRouter(prefix="/v1/topics", tags=["topics"])
 _ERRORS: dict[int | str, dict[str, Any]] = {code: {"model": ErrorPublic} for code in (400, 404, 409, 422)}
@@ -39,10 +39,7 @@ async def _public(broker: BrokerDep, topic: TopicConfig, with_offsets: bool) -> 
 async def create_topic(body: TopicCreate, broker: BrokerDep, principal: PrincipalDep) -> TopicPublic:
     validate_name(body.name)
     check_topic(principal, body.name)
-    fields = body.model_dump(exclude={"name", "partitions"})
-    if fields["max_message_bytes"] is None:
-        fields["max_message_bytes"] = broker.settings.default_max_message_bytes
-    topic = new_topic(body.name, body.partitions or broker.settings.default_partitions, **fields)
+    topic = body.topic(broker.settings.default_partitions, broker.settings.default_max_message_bytes)
     return await _public(broker, await broker.create_topic(topic), with_offsets=False)
 
 

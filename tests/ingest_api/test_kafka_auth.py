@@ -4,6 +4,7 @@ revoked while its connection is open stops working on it."""
 
 from __future__ import annotations
 
+import datetime
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -12,10 +13,13 @@ import httpx
 import pytest
 from kafka import KafkaProducer
 from kafka.errors import TopicAuthorizationFailedError
+from kio.schema.create_topics.v7.request import CreatableTopic, CreateTopicsRequest
+from kio.schema.delete_topics.v5.request import DeleteTopicsRequest
 from kio.schema.errors import ErrorCode
 from kio.schema.metadata.v12.request import MetadataRequest, MetadataRequestTopic
 from kio.schema.sasl_authenticate.v2.request import SaslAuthenticateRequest
 from kio.schema.sasl_handshake.v1.request import SaslHandshakeRequest
+from kio.static.primitive import i16, i32, i32Timedelta
 
 from lakebroker.tables.layout import Layout
 from lakebroker.tables.tokens import TokenStore
@@ -23,6 +27,8 @@ from tests.kafka_wire import KafkaConnection, fetch, partition_answer, produce, 
 from tests.servers import ServerProcess
 
 pytestmark = [pytest.mark.timeout(300)]
+
+MINUTE_I32 = i32Timedelta.parse(datetime.timedelta(seconds=60))
 
 
 @dataclass
@@ -111,3 +117,29 @@ def test_reading_needs_the_consume_scope(secured: Secured) -> None:
         assert _authenticate(kafka, secured.admin.removeprefix("Bearer ")) == ErrorCode.none
         answer = kafka.call(fetch("other", 0, 0, 0))
     assert answer.responses[0].partitions[0].error_code == ErrorCode.none
+
+
+def test_changing_topics_needs_the_admin_scope(secured: Secured) -> None:
+    """CreateTopics and DeleteTopics as the HTTP API's topic routes: a produce token is refused
+    (TOPIC_AUTHORIZATION_FAILED, nothing made or deleted), an admin token is not."""
+    def create(token: str, name: str) -> ErrorCode:
+        with KafkaConnection(secured.server.kafka) as kafka:
+            assert _authenticate(kafka, token) == ErrorCode.none
+            answer = kafka.call(CreateTopicsRequest(topics=(CreatableTopic(
+                name=name, num_partitions=i32(1), replication_factor=i16(-1), assignments=(), configs=()),),
+                timeout=MINUTE_I32, validate_only=False))
+        return ErrorCode(answer.topics[0].error_code)
+
+    def delete(token: str, name: str) -> ErrorCode:
+        with KafkaConnection(secured.server.kafka) as kafka:
+            assert _authenticate(kafka, token) == ErrorCode.none
+            answer = kafka.call(DeleteTopicsRequest(topic_names=(name,), timeout=MINUTE_I32))
+        return ErrorCode(answer.responses[0].error_code)
+
+    assert create(secured.narrow, "other-new") == ErrorCode.topic_authorization_failed
+    assert delete(secured.narrow, "other") == ErrorCode.topic_authorization_failed
+    admin = {"authorization": f"Bearer {secured.admin}"}
+    assert httpx.get(f"{secured.server.url}/v1/topics/other", headers=admin, timeout=30).status_code == 200
+    assert httpx.get(f"{secured.server.url}/v1/topics/other-new", headers=admin, timeout=30).status_code == 404
+    assert create(secured.admin, "made-by-kafka") == ErrorCode.none
+    assert delete(secured.admin, "made-by-kafka") == ErrorCode.none
