@@ -10,6 +10,7 @@ import logging
 import os
 import signal
 import socket
+import ssl
 from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlsplit
@@ -31,6 +32,7 @@ from lakebroker.ingest_api.live_status import Service
 from lakebroker.ingest_api.messages import AckMode
 from lakebroker.ingest_api.node import IngestNode
 from lakebroker.ingest_api.node_identity import advertised_url, refuse_twin
+from lakebroker.tables.errors import InvalidRequest
 from lakebroker.tables.layout import Layout
 from lakebroker.tables.lock import DataDirLock
 from lakebroker.tables.logs import configure_logging
@@ -71,7 +73,20 @@ def kafka_listener(settings: Settings, node: IngestNode, *, reuse_port: bool = F
         return None
     advertised = urlsplit(advertised_url(settings)).hostname or settings.host
     return KafkaListener(node.core, node.auth, settings.host, settings.kafka_port, advertised,
-                         AckMode(settings.kafka_acks_all), reuse_port=reuse_port)
+                         AckMode(settings.kafka_acks_all), reuse_port=reuse_port, tls=kafka_tls(settings))
+
+
+def kafka_tls(settings: Settings) -> ssl.SSLContext | None:
+    """The Kafka listener's TLS context from its certificate and key, or None (plaintext)."""
+    if settings.kafka_tls_cert is None or settings.kafka_tls_key is None:
+        return None
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    try:
+        context.load_cert_chain(settings.kafka_tls_cert, settings.kafka_tls_key)
+    except (OSError, ssl.SSLError) as exc:
+        raise InvalidRequest(f"the Kafka listener's TLS certificate {settings.kafka_tls_cert} or key "
+                             f"{settings.kafka_tls_key} cannot be loaded: {exc}") from None
+    return context
 
 
 def _already_shut_down(signum: int, frame: object) -> None:

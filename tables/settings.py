@@ -6,7 +6,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, SecretStr, field_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from lakebroker.tables import user_cache
@@ -80,6 +80,12 @@ class Settings(BaseSettings):
         "request (a Kafka client keeps at most 5 requests in flight per connection). acks=1 waits for the WAL "
         "and acks=0 for nothing."
     )
+
+    kafka_tls_cert: Path | None = Field(
+        None, description="A PEM certificate chain (the server's certificate first): with KAFKA_TLS_KEY, the Kafka "
+        "listener speaks TLS only (clients connect with security.protocol=SSL, or SASL_SSL when auth is required)."
+    )
+    kafka_tls_key: Path | None = Field(None, description="The PEM private key of KAFKA_TLS_CERT.")
 
     # cluster (ingest_api/cluster.py, tables/ownership.py)
     advertised_url: str | None = Field(
@@ -254,6 +260,13 @@ class Settings(BaseSettings):
             raise ValueError(f"spark_conf may not set {', '.join(owned)}: lakebroker sets it (its Delta extension, "
                              "jars and put-if-absent LogStore keep Spark's commits safe beside the flusher's)")
         return value
+
+    @model_validator(mode="after")
+    def _kafka_tls_pair(self) -> Settings:
+        if (self.kafka_tls_cert is None) != (self.kafka_tls_key is None):
+            raise ValueError("kafka_tls_cert and kafka_tls_key come together: the listener needs the certificate "
+                             "and its key")
+        return self
 
     @property
     def spark_jars_dir(self) -> Path:
