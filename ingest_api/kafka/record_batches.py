@@ -187,28 +187,35 @@ def _varints(b: np.ndarray, pos: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 def _starts(found: list[Batch]) -> tuple[bytes, np.ndarray, np.ndarray]:
     """The batches' records laid end to end, and where each record's fields begin (past its length)
-    and where it ends in them: the walk over the length prefixes, the one step per record."""
+    and where it ends in them: the walk over the length prefixes, the one step per record. A
+    length of one or two bytes (a record under 8 KiB) is read inline; a longer one by kio."""
     body = found[0].body if len(found) == 1 else b"".join(b.body for b in found)
-    total = sum(b.count for b in found)
-    starts = np.empty(total, np.int64)
-    ends = np.empty(total, np.int64)
-    i = pos = 0
+    starts: list[int] = []
+    ends: list[int] = []
+    pos = 0
     for batch in found:
         end = pos + len(batch.body)
         try:
             for _ in range(batch.count):
-                length, size = read_signed_varint(body, pos)
+                first = body[pos]
+                if first < 0x80:  # zigzag: the low bit is the sign
+                    length, size = (first >> 1) ^ -(first & 1), 1
+                elif (second := body[pos + 1]) < 0x80:
+                    zigzag = (first & 0x7F) | (second << 7)
+                    length, size = (zigzag >> 1) ^ -(zigzag & 1), 2
+                else:
+                    length, size = read_signed_varint(body, pos)
                 if length < 0:
-                    raise CorruptBatch(f"record {i} has a negative length")
-                starts[i] = pos + size
-                pos += size + length
-                ends[i] = pos
-                i += 1
-        except DecodeError:
+                    raise CorruptBatch(f"record {len(starts)} has a negative length")
+                pos += size
+                starts.append(pos)
+                pos += length
+                ends.append(pos)
+        except (DecodeError, IndexError):
             raise CorruptBatch(f"a batch ends inside a record of its {batch.count}") from None
         if pos != end:
             raise CorruptBatch(f"a batch's {batch.count} records do not add up to its length")
-    return body, starts, ends
+    return body, np.array(starts, np.int64), np.array(ends, np.int64)
 
 
 def columns(found: list[Batch]) -> pa.Table:
