@@ -110,13 +110,15 @@ class AdminRequests:
             return wire.build(entry, name=asked.name, topic_id=uuid.UUID(int=0), error_code=_code(exc),
                               error_message=exc.message, num_partitions=-1, replication_factor=-1, configs=None,
                               topic_config_error_code=0)
-        config = wire.nested(schema, "CreatableTopicConfigs")
+        configs = None
+        if wire.has_nested(schema, "CreatableTopicConfigs"):  # v5 and later answer with the topic's configs
+            config = wire.nested(schema, "CreatableTopicConfigs")
+            configs = tuple(wire.build(config, name=name, value=value, read_only=False,
+                                       config_source=DYNAMIC_TOPIC_CONFIG, is_sensitive=False)
+                            for name, value in _configs(topic))
         return wire.build(entry, name=topic.name, topic_id=_topic_uuid(topic), error_code=ErrorCode.none,
                           error_message=None, num_partitions=topic.partitions, replication_factor=1,
-                          topic_config_error_code=0, configs=tuple(
-                              wire.build(config, name=name, value=value, read_only=False,
-                                         config_source=DYNAMIC_TOPIC_CONFIG, is_sensitive=False)
-                              for name, value in _configs(topic)))
+                          topic_config_error_code=0, configs=configs)
 
     async def _delete(self, schema: Any, principal: ApiToken, asked: tuple[str | None, uuid.UUID | None]) -> Any:
         entry = wire.nested(schema, "DeletableTopicResult")

@@ -18,7 +18,7 @@ from lakebroker.ingest_api.kafka.errors import error_code, may_see
 from lakebroker.ingest_api.kafka.groups import GroupCoordinator
 from lakebroker.ingest_api.produce_core import ProduceCore
 from lakebroker.tables.errors import Forbidden, InvalidRequest, LakebrokerError
-from lakebroker.tables.offsets import OffsetReason, OffsetsTable, pull_group
+from lakebroker.tables.offsets import PULL_GROUP_PREFIX, OffsetReason, OffsetsTable, pull_group
 from lakebroker.tables.tokens import ApiToken, Scope
 
 OFFSET_COMMIT, OFFSET_FETCH, FIND_COORDINATOR, JOIN_GROUP, HEARTBEAT, LEAVE_GROUP, SYNC_GROUP = 8, 9, 10, 11, 12, 13, 14
@@ -56,12 +56,15 @@ class GroupRequests:
             return wire.frame_of(request, self._find_coordinator(schema, body))
         if request.api_key == LIST_GROUPS:
             entry = wire.nested(schema, "ListedGroup")
+            live = self.groups.groups
             groups = tuple(wire.build(entry, group_id=g.name, protocol_type=g.protocol_type or "", group_state=g.state)
-                           for g in self.groups.groups.values())
+                           for g in live.values())
+            groups += tuple(wire.build(entry, group_id=name, protocol_type="consumer", group_state="Empty")
+                            for name in sorted(await self._committed_groups()) if name not in live)
             return wire.frame_of(request, wire.build(schema, throttle_time=_ZERO, error_code=ErrorCode.none,
                                                      groups=groups))
         if request.api_key == DESCRIBE_GROUPS:
-            return wire.frame_of(request, self._describe_groups(schema, body))
+            return wire.frame_of(request, self._describe_groups(schema, body, await self._committed_groups()))
         try:
             pull_group(body.group_id)
         except InvalidRequest:
@@ -114,7 +117,13 @@ class GroupRequests:
                 wire.build(entry, key=k, error_code=error, error_message=None, **here) for k in keys))
         return wire.build(schema, throttle_time=_ZERO, error_code=error, error_message=None, **here)
 
-    def _describe_groups(self, schema: Any, body: Any) -> Any:
+    async def _committed_groups(self) -> set[str]:
+        """The groups (by their Kafka name) with offsets in the offsets table: a group whose members
+        all left is Kafka's `Empty` group, not a dead one, while its offsets are kept."""
+        latest = await asyncio.to_thread(self.offsets.latest)
+        return {group.removeprefix(PULL_GROUP_PREFIX) for group, _, _ in latest if group.startswith(PULL_GROUP_PREFIX)}
+
+    def _describe_groups(self, schema: Any, body: Any, committed: set[str]) -> Any:
         group_entry, member_entry = wire.nested(schema, "DescribedGroup"), wire.nested(schema, "DescribedGroupMember")
         out = []
         for name in body.groups:
@@ -123,9 +132,10 @@ class GroupRequests:
                 member_entry, member_id=m.member_id, group_instance_id=None, client_id=m.client_id,
                 client_host=m.client_host, member_metadata=dict(m.protocols).get(group.protocol or "", b""),
                 member_assignment=m.assignment) for m in group.members.values())
-            out.append(wire.build(group_entry, error_code=ErrorCode.none, group_id=name,
-                                  group_state="Dead" if group is None else group.state,
-                                  protocol_type="" if group is None else group.protocol_type or "",
+            state = group.state if group is not None else "Empty" if name in committed else "Dead"
+            out.append(wire.build(group_entry, error_code=ErrorCode.none, group_id=name, group_state=state,
+                                  protocol_type="consumer" if group is None and state == "Empty" else
+                                  "" if group is None else group.protocol_type or "",
                                   protocol_data="" if group is None else group.protocol or "",
                                   members=members, authorized_operations=-2147483648))
         return wire.build(schema, throttle_time=_ZERO, groups=tuple(out))
