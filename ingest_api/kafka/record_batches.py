@@ -33,6 +33,7 @@ _HEADER = struct.Struct(">qiiBIhiqqqhii")
 HEADER_BYTES = _HEADER.size  # 61
 _CRC_FROM = 21  # the CRC covers attributes to the end
 CODECS = {0: "none", 1: "gzip", 2: "snappy", 3: "lz4", 4: "zstd"}
+_BINARY = pa.binary()
 
 
 class CorruptBatch(InvalidRequest):
@@ -248,11 +249,13 @@ def columns(found: list[Batch]) -> pa.Table:
     if ((header_count == 0) & (p != ends)).any():
         raise CorruptBatch("a record holds bytes past its last field")
     buffer = pa.py_buffer(body)
-    key = _binary(buffer, key_at, key_len)
-    try:
-        key_text = key.cast(pa.string())
-    except pa.ArrowInvalid:
-        raise InvalidRequest("a record key is not UTF-8 text: lakebroker keys are strings") from None
+    if (key_len < 0).all():  # keyless records, as most producers send: no key to build
+        key_text = pa.nulls(count, pa.string())
+    else:
+        try:
+            key_text = _binary(buffer, key_at, key_len, pa.string())
+        except pa.ArrowInvalid:
+            raise InvalidRequest("a record key is not UTF-8 text: lakebroker keys are strings") from None
     value = _binary(buffer, value_at, value_len)
     headers = _headers(body, p, ends, header_count) if header_count.any() else pa.nulls(count, _HEADERS)
     producer, sequence = _producers(found, count)
@@ -316,11 +319,11 @@ def _headers(body: bytes, at: np.ndarray, ends: np.ndarray, counts: np.ndarray) 
                                    pa.array(values, pa.string()), type=_HEADERS)
 
 
-def _binary(buffer: pa.Buffer, at: np.ndarray, length: np.ndarray) -> pa.Array:
-    """Arrow binary values at (`at`, `length`) in `buffer`; length -1 is null. Built as a
-    binary view array over the request's bytes (16 bytes a value: its length, and up to 12 bytes
-    inline or its first 4 and where the rest is), which Arrow's cast then copies to a binary array
-    in C: a gather by numpy would index every byte."""
+def _binary(buffer: pa.Buffer, at: np.ndarray, length: np.ndarray, to: pa.DataType = _BINARY) -> pa.Array:
+    """Arrow binary values (or `to`: strings, checked as UTF-8) at (`at`, `length`) in `buffer`;
+    length -1 is null. Built as a binary view array over the request's bytes (16 bytes a value:
+    its length, and up to 12 bytes inline or its first 4 and where the rest is), which Arrow's cast
+    then copies to a binary array in C: a gather by numpy would index every byte."""
     n = len(at)
     present = length >= 0
     lengths = np.where(present, length, 0).astype(np.int32)
@@ -340,7 +343,7 @@ def _binary(buffer: pa.Buffer, at: np.ndarray, length: np.ndarray) -> pa.Array:
         words[long, 3] = at[long]
     validity = None if present.all() else pa.py_buffer(np.packbits(present, bitorder="little").tobytes())
     return pa.Array.from_buffers(pa.binary_view(), n, [validity, pa.py_buffer(views.tobytes()), buffer],
-                                 null_count=int((~present).sum())).cast(pa.binary())
+                                 null_count=int((~present).sum())).cast(to)
 
 
 # -- writing: the rows a Fetch answers with ---------------------------------------------------------
