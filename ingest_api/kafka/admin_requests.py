@@ -38,6 +38,7 @@ DYNAMIC_TOPIC_CONFIG = 1  # a config's source, as DescribeConfigs names it
 # Kafka's topic configs and the topic fields they are; -1 is Kafka's "no limit" for the two limits.
 CONFIGS = {"retention.ms": "retention_ms", "retention.bytes": "retention_bytes", "cleanup.policy": "cleanup_policy",
            "max.message.bytes": "max_message_bytes", "delete.retention.ms": "tombstone_retention_ms"}
+CONFIGS_BY_FIELD = {field: name for name, field in CONFIGS.items()}
 UNLIMITED = frozenset({"retention_ms", "retention_bytes"})
 # Configs that tools set when they create topics and that mean nothing here (segments, replicas,
 # the log's flushes and compaction lags): accepted and not kept.
@@ -297,9 +298,6 @@ def _model(model: type[TopicCreate] | type[TopicUpdate], **fields: Any) -> Any:
         if where == "partitions":
             raise InvalidPartitions(f"partitions: {first['msg']}") from None
         raise InvalidConfig(f"{where}: {first['msg']}") from None
-
-
-CONFIGS_BY_FIELD = {field: name for name, field in CONFIGS.items()}
 
 
 def _code(exc: LakebrokerError) -> ErrorCode:

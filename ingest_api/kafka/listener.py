@@ -7,9 +7,10 @@ A partition this node does not own is refused with NOT_LEADER_OR_FOLLOWER, never
 (the request is marked forwarded for the core): the client reads the metadata again and goes to
 the owner itself, as Kafka clients do.
 
-APIs: ApiVersions, Metadata, Produce, Fetch and ListOffsets (fetch.py reads), InitProducerId, the
-consumer group APIs (group_requests.py, over groups.py and the offsets table), the admin APIs
-(admin_requests.py: topics, their configs, the cluster), and SASL/PLAIN
+APIs: ApiVersions, Metadata (metadata_requests.py), Produce (produce_requests.py), Fetch and
+ListOffsets (fetch_requests.py), InitProducerId, the consumer group APIs (group_requests.py, over
+groups.py and the offsets table), the admin APIs (admin_requests.py: topics, their configs, the
+cluster), and SASL/PLAIN
 (SaslHandshake, SaslAuthenticate) with an API token as the password. With auth enforced, a
 connection must authenticate before any other API; its token is checked again at each request
 that reads or writes (a revoked or expired token stops working on an open connection too).
@@ -22,18 +23,15 @@ import asyncio
 import logging
 import random
 import ssl
-import uuid
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
 
 from kio.schema.errors import ErrorCode
 
-from lakebroker.ingest_api.auth import OPEN_ACCESS, Authenticator, check_scope, check_topic
+from lakebroker.ingest_api.auth import OPEN_ACCESS, Authenticator
 from lakebroker.ingest_api.kafka import record_batches, wire
 from lakebroker.ingest_api.kafka.admin_requests import ADMIN_NAMES, ADMIN_VERSIONS, AdminRequests
-from lakebroker.ingest_api.kafka.errors import error_code, may_see
-from lakebroker.ingest_api.kafka.fetch import TopicReads
+from lakebroker.ingest_api.kafka.fetch_requests import FETCH, LIST_OFFSETS, FetchRequests
 from lakebroker.ingest_api.kafka.group_requests import (
     DESCRIBE_GROUPS,
     FIND_COORDINATOR,
@@ -47,26 +45,19 @@ from lakebroker.ingest_api.kafka.group_requests import (
     SYNC_GROUP,
     GroupRequests,
 )
-from lakebroker.ingest_api.kafka.produce_requests import PRODUCE, ProduceRequests
+from lakebroker.ingest_api.kafka.metadata_requests import METADATA, MetadataRequests
+from lakebroker.ingest_api.kafka.produce_requests import PRODUCE, ProduceRequests, queued_or_done
 from lakebroker.ingest_api.messages import AckMode
 from lakebroker.ingest_api.metrics import Children
-from lakebroker.ingest_api.not_here import NoOwnerYet, NotOwner
 from lakebroker.ingest_api.produce_core import ProduceCore
-from lakebroker.ingest_api.reader import offset_for_timestamp
-from lakebroker.ingest_api.wal import PartitionKey
 from lakebroker.tables.errors import (
-    Forbidden,
     LakebrokerError,
-    NoSuchPartition,
-    NotFound,
     Unauthenticated,
 )
-from lakebroker.tables.tokens import ApiToken, Scope
-from lakebroker.tables.topics import TopicConfig
+from lakebroker.tables.tokens import ApiToken
 
 log = logging.getLogger(__name__)
 
-FETCH, LIST_OFFSETS, METADATA = 1, 2, 3
 SASL_HANDSHAKE, API_VERSIONS, INIT_PRODUCER_ID, SASL_AUTHENTICATE = 17, 18, 22, 36
 # Each API from its lowest version in kio (librdkafka enables features by the low end of a range:
 # record batches need Produce 3 and Fetch 4), up to the one every current client then picks.
@@ -86,7 +77,6 @@ API_NAMES = {PRODUCE: "Produce", FETCH: "Fetch", LIST_OFFSETS: "ListOffsets", ME
              DESCRIBE_GROUPS: "DescribeGroups", LIST_GROUPS: "ListGroups", SASL_HANDSHAKE: "SaslHandshake",
              API_VERSIONS: "ApiVersions", INIT_PRODUCER_ID: "InitProducerId", SASL_AUTHENTICATE: "SaslAuthenticate",
              **ADMIN_NAMES}
-EARLIEST, LATEST = -2, -1  # ListOffsets' timestamps that ask for the log start and the log end
 BEFORE_AUTH = frozenset({API_VERSIONS, SASL_HANDSHAKE, SASL_AUTHENTICATE})
 MECHANISMS = ("PLAIN",)
 BROKER_ID = 0
@@ -118,9 +108,9 @@ class KafkaListener:
         self.advertised_port = port
         self.max_request_bytes = core.broker.settings.max_request_bytes
         self.body_timeout_s = core.broker.settings.body_read_timeout_s
-        self.reads = TopicReads(core.broker.layout)
-        self.group_requests = GroupRequests(core, BROKER_ID, lambda: (self.advertised_host, self.advertised_port))
-        self.admin_requests = AdminRequests(core, BROKER_ID, lambda: (self.advertised_host, self.advertised_port))
+        self.metadata_requests = MetadataRequests(core, BROKER_ID, self.address)
+        self.group_requests = GroupRequests(core, BROKER_ID, self.address)
+        self.admin_requests = AdminRequests(core, BROKER_ID, self.address)
         self._servers: list[asyncio.Server] = []
         self._connections: set[asyncio.Task[None]] = set()
         metrics = core.broker.metrics
@@ -129,6 +119,11 @@ class KafkaListener:
         self._partition_errors = Children(metrics.kafka_partition_errors)
         self._closed = Children(metrics.kafka_closed)
         self.produce_requests = ProduceRequests(core, acks_all, self._partition_errors)
+        self.fetch_requests = FetchRequests(core, self._partition_errors)
+
+    def address(self) -> tuple[str, int]:
+        """The host and port clients reach this listener at (known once it is bound)."""
+        return self.advertised_host, self.advertised_port
 
     async def start(self) -> None:
         """Listen on HOST:PORT. As one of `serve --workers`' processes (`reuse_port`), which share that
@@ -223,9 +218,7 @@ class KafkaListener:
             answer = asyncio.create_task(self._answer(session, request, queued))
             await answers.put(answer)  # waits while MAX_IN_FLIGHT answers are outstanding
             if request.api_key == PRODUCE:
-                waiting = asyncio.create_task(queued.wait())
-                await asyncio.wait((answer, waiting), return_when=asyncio.FIRST_COMPLETED)
-                waiting.cancel()
+                await queued_or_done(queued, answer)
             elif request.api_key != FETCH:
                 await asyncio.wait((answer,))
         await answers.put(None)
@@ -258,13 +251,11 @@ class KafkaListener:
         if request.api_key == SASL_AUTHENTICATE:
             return await self._sasl_authenticate(session, request)
         if request.api_key == METADATA:
-            return await self._metadata(session, request)
+            return self.metadata_requests.answer(await self._principal(session), request)
         if request.api_key == INIT_PRODUCER_ID:
             return self._init_producer_id(request)
-        if request.api_key == FETCH:
-            return await self._fetch(session, request)
-        if request.api_key == LIST_OFFSETS:
-            return await self._list_offsets(session, request)
+        if request.api_key in (FETCH, LIST_OFFSETS):
+            return await self.fetch_requests.answer(await self._principal(session), request)
         if request.api_key in ADMIN_VERSIONS:
             return await self.admin_requests.answer(await self._principal(session), request)
         if request.api_key in GROUP_APIS:
@@ -316,47 +307,6 @@ class KafkaListener:
         """The connection's token, checked again now (it may have been revoked or expired since)."""
         return await self.auth.authenticate(session.token) if self.auth.enforced else OPEN_ACCESS
 
-    # -- Metadata ------------------------------------------------------------------------
-    async def _metadata(self, session: Session, request: wire.Request) -> bytes:
-        schema = wire.response_schema(METADATA, request.version)
-        broker_entry, topic_entry = wire.nested(schema, "MetadataResponseBroker"), wire.nested(
-            schema, "MetadataResponseTopic")
-        partition_entry = wire.nested(schema, "MetadataResponsePartition")
-        principal = await self._principal(session)
-        topics = self.core.broker.topics
-        asked = None if request.body.topics is None else [t.name for t in request.body.topics]
-        names = sorted(n for n in topics if may_see(principal, n)) if asked is None else asked
-        ownership = self.core.broker.ownership
-        out = []
-        for name in names:
-            topic = topics.get(name) if name is not None else None
-            error = ErrorCode.none
-            if topic is None:
-                error = ErrorCode.unknown_topic_or_partition
-            elif not may_see(principal, name):
-                error = ErrorCode.topic_authorization_failed
-            if topic is None or error is not ErrorCode.none:
-                out.append(wire.build(topic_entry, error_code=error, name=name, topic_id=uuid.UUID(int=0),
-                                      partitions=()))
-                continue
-            topic_key = bytes.fromhex(topic.topic_id)
-            partitions = []
-            for p in range(topic.partitions):
-                epoch = ownership.epochs.get((topic_key, p))
-                # Another node's partition (or one not yet claimed) is unavailable here: the client
-                # waits and asks again rather than sending it to a node that would refuse it.
-                partitions.append(wire.build(
-                    partition_entry, partition_index=p,
-                    error_code=ErrorCode.none if epoch is not None else ErrorCode.leader_not_available,
-                    leader_id=BROKER_ID if epoch is not None else -1, leader_epoch=-1 if epoch is None else epoch,
-                    replica_nodes=(BROKER_ID,), isr_nodes=(BROKER_ID,), offline_replicas=()))
-            out.append(wire.build(topic_entry, error_code=ErrorCode.none, name=name,
-                                  topic_id=uuid.UUID(hex=topic.topic_id[:32].ljust(32, "0")),
-                                  partitions=tuple(partitions)))
-        brokers = (wire.build(broker_entry, node_id=BROKER_ID, host=self.advertised_host, port=self.advertised_port),)
-        return wire.frame_of(request, wire.build(schema, throttle_time=_ZERO, brokers=brokers, cluster_id="lakebroker",
-                                                 controller_id=BROKER_ID, topics=tuple(out)))
-
     def _init_producer_id(self, request: wire.Request) -> bytes:
         schema = wire.response_schema(INIT_PRODUCER_ID, request.version)
         if request.body.transactional_id is not None:
@@ -366,125 +316,6 @@ class KafkaListener:
         # A random id: unique across nodes and restarts without coordination (2^-62 a collision).
         return wire.frame_of(request, wire.build(schema, throttle_time=_ZERO, error_code=ErrorCode.none,
                                                  producer_id=random.getrandbits(62), producer_epoch=0))
-
-    # -- Fetch and ListOffsets ------------------------------------------------------------
-    def _readable(self, principal: ApiToken, name: str, partition: int) -> tuple[TopicConfig, PartitionKey]:
-        """The topic and partition key a consumer may read here: Forbidden without the consume
-        scope or the topic, NotFound / NoSuchPartition, NotOwner when another node owns it."""
-        check_scope(principal, Scope.CONSUME)
-        check_topic(principal, name)
-        topic = self.core.broker.topic(name)
-        topic.check_partition(partition)
-        key = (bytes.fromhex(topic.topic_id), partition)
-        if key not in self.core.broker.ownership.epochs:
-            raise self.core.broker.ownership.not_here(topic, partition)
-        return topic, key
-
-    async def _fetch(self, session: Session, request: wire.Request) -> bytes:
-        body = request.body
-        schema = wire.response_schema(FETCH, request.version)
-        topic_entry, partition_entry = wire.nested(schema, "FetchableTopicResponse"), wire.nested(schema,
-                                                                                                  "PartitionData")
-        principal = await self._principal(session)
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + body.max_wait.total_seconds()
-        asked = [(t.topic, p) for t in body.topics for p in t.partitions]
-        while True:
-            answers, waits, size = [], [], 0
-            for name, p in asked:
-                answer = await self._fetch_partition(principal, name, p, max(0, body.max_bytes - size))
-                answers.append(answer)
-                size += len(answer.records)
-                if answer.wait is not None:
-                    waits.append(answer.wait)
-            remaining = deadline - loop.time()
-            if size >= body.min_bytes or remaining <= 0 or not waits or len(waits) < len(asked):
-                break
-            # Long poll: until a commit brings any asked partition a record, or max_wait is up.
-            futures = [self.core.broker.flusher.wait_committed(*wait) for wait in waits]
-            try:
-                await asyncio.wait(futures, timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                for future in futures:
-                    future.cancel()
-        by_topic: dict[str, list[Any]] = {}
-        for (name, p), answer in zip(asked, answers, strict=True):
-            if answer.error is not ErrorCode.none:
-                self._partition_errors("Fetch", answer.error.name.upper()).inc()
-            by_topic.setdefault(name, []).append(wire.build(
-                partition_entry, partition_index=p.partition, error_code=answer.error, high_watermark=answer.end,
-                last_stable_offset=answer.end, log_start_offset=answer.start, aborted_transactions=None,
-                preferred_read_replica=-1, records=answer.records))
-        topics = tuple(wire.build(topic_entry, topic=name, partitions=tuple(parts)) for name, parts in by_topic.items())
-        return wire.frame_of(request, wire.build(schema, throttle_time=_ZERO, error_code=ErrorCode.none, session_id=0,
-                                                 responses=topics))
-
-    async def _fetch_partition(self, principal: ApiToken, name: str, p: Any, budget: int) -> _Fetched:
-        try:
-            topic, key = self._readable(principal, name, p.partition)
-            end = self.core.broker.committed_end(topic, p.partition)
-            if p.fetch_offset > end:
-                start = await asyncio.to_thread(self.reads.log_start, topic, p.partition, end)
-                return _Fetched(ErrorCode.offset_out_of_range, end, start)
-            if p.fetch_offset == end:  # caught up: nothing yet, a wait for the next commit
-                start = await asyncio.to_thread(self.reads.log_start, topic, p.partition, end)
-                return _Fetched(ErrorCode.none, end, start, wait=(key, p.fetch_offset))
-            if budget <= 0:  # the response is full: this partition's records wait for the next Fetch
-                return _Fetched(ErrorCode.none, end, await asyncio.to_thread(self.reads.log_start, topic,
-                                                                             p.partition, end))
-            read = await asyncio.to_thread(self.reads.read, topic, p.partition, p.fetch_offset, end,
-                                           min(p.partition_max_bytes, budget),
-                                           self.core.broker.ownership.epochs.get(key, -1))
-            if p.fetch_offset < read.log_start:
-                return _Fetched(ErrorCode.offset_out_of_range, end, read.log_start)
-            return _Fetched(ErrorCode.none, end, read.log_start, read.records)
-        except LakebrokerError as exc:
-            if not isinstance(exc, NotOwner | NoOwnerYet | NotFound | NoSuchPartition | Forbidden):
-                log.warning("Kafka fetch from %s[%d] refused: %s", name, p.partition, exc.message)
-            return _Fetched(error_code(exc), -1, -1)
-
-    async def _list_offsets(self, session: Session, request: wire.Request) -> bytes:
-        schema = wire.response_schema(LIST_OFFSETS, request.version)
-        topic_entry = wire.nested(schema, "ListOffsetsTopicResponse")
-        partition_entry = wire.nested(schema, "ListOffsetsPartitionResponse")
-        principal = await self._principal(session)
-        topics = []
-        for t in request.body.topics:
-            parts = []
-            for p in t.partitions:
-                error, offset, timestamp, epoch = ErrorCode.none, -1, -1, -1
-                try:
-                    topic, key = self._readable(principal, t.name, p.partition_index)
-                    epoch = self.core.broker.ownership.epochs.get(key, -1)
-                    end = self.core.broker.committed_end(topic, p.partition_index)
-                    if p.timestamp == LATEST:
-                        offset = end
-                    elif p.timestamp == EARLIEST:
-                        offset = await asyncio.to_thread(self.reads.log_start, topic, p.partition_index, end)
-                    elif p.timestamp >= 0:
-                        found = await asyncio.to_thread(offset_for_timestamp, self.core.broker.layout, topic,
-                                                        p.partition_index, p.timestamp * 1000)
-                        offset, timestamp = (-1, -1) if found is None or found >= end else (found, p.timestamp)
-                    else:
-                        error = ErrorCode.invalid_request
-                except LakebrokerError as exc:
-                    error = error_code(exc)
-                parts.append(wire.build(partition_entry, partition_index=p.partition_index, error_code=error,
-                                        timestamp=timestamp, offset=offset, leader_epoch=epoch,
-                                        old_style_offsets=()))
-            topics.append(wire.build(topic_entry, name=t.name, partitions=tuple(parts)))
-        return wire.frame_of(request, wire.build(schema, throttle_time=_ZERO, topics=tuple(topics)))
-
-
-@dataclass(frozen=True, slots=True)
-class _Fetched:
-    """One partition's Fetch answer, and what to wait for when it has nothing yet."""
-
-    error: ErrorCode
-    end: int  # the high watermark: the committed end
-    start: int  # the log start
-    records: bytes = b""
-    wait: tuple[PartitionKey, int] | None = None
 
 
 class _CloseAfter(wire.Malformed):

@@ -163,9 +163,18 @@ async def in_order(steps: Sequence[Callable[[asyncio.Event], Awaitable[T]]], que
             mine = asyncio.Event()
             task = asyncio.ensure_future(step(mine))
             tasks.append(task)
-            waiting = asyncio.create_task(mine.wait())
-            await asyncio.wait((task, waiting), return_when=asyncio.FIRST_COMPLETED)
-            waiting.cancel()
+            await queued_or_done(mine, task)
     finally:
         queued.set()
     return list(await asyncio.gather(*tasks))
+
+
+async def queued_or_done(queued: asyncio.Event, task: asyncio.Future[Any]) -> None:
+    """Wait until `task` has queued its records (set `queued`) or ended, whichever comes first."""
+    if queued.is_set() or task.done():
+        return
+    waiting = asyncio.create_task(queued.wait())
+    try:
+        await asyncio.wait((task, waiting), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        waiting.cancel()
