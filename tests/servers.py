@@ -10,13 +10,18 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import httpx
 import orjson
 import uvicorn
+
+from bench.harness.servers import free_port
+
+__all__ = ["free_port"]  # one free-port helper for tests and benchmarks
 
 REPO = Path(__file__).resolve().parent.parent
 # A test server schedules no Spark jobs unless its test asks for them (env overrides this): one that
@@ -88,12 +93,41 @@ class ServerProcess:
         return None if self.proc is None else self.proc.returncode
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
+@contextmanager
+def serving(data_dir: Path, env: dict[str, str] | None = None, port: int = 0, kafka_port: int = 0,
+            ) -> Iterator[ServerProcess]:
+    """A started `serve` process, stopped on the way out."""
+    node = ServerProcess(data_dir, env, port, kafka_port)
+    try:
+        node.start()
+        yield node
+    finally:
+        node.stop()
 
+
+def create_topic(server: ServerProcess, name: str, partitions: int = 1) -> str:
+    r = httpx.post(f"{server.url}/v1/topics", json={"name": name, "partitions": partitions}, timeout=30)
+    assert r.status_code == 201, r.text
+    return name
+
+
+def described_topic(server: ServerProcess, name: str) -> dict[str, Any] | None:
+    """`GET /v1/topics/{name}`'s answer; None when there is no such topic."""
+    r = httpx.get(f"{server.url}/v1/topics/{name}", timeout=30)
+    if r.status_code == 404:
+        return None
+    assert r.status_code == 200, r.text
+    shown: dict[str, Any] = r.json()
+    return shown
+
+
+def stored_messages(server: ServerProcess, topic: str, partition: int) -> list[dict[str, Any]]:
+    """A partition's messages as the HTTP API reads them (10,000 at most)."""
+    r = httpx.get(f"{server.url}/v1/topics/{topic}/partitions/{partition}/messages", params={"limit": 10_000},
+                  timeout=30)
+    assert r.status_code == 200, r.text
+    messages: list[dict[str, Any]] = r.json()["messages"]
+    return messages
 
 
 def children(pid: int) -> set[int]:

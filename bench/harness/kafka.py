@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.harness.servers import BenchError
+from bench.harness.servers import BenchError, free_port
 from bench.result import REPO
 
 LOG4J = REPO / "scripts" / "kafka" / "log4j2.yaml"
@@ -32,12 +32,6 @@ def java(main: str, *args: str, heap: str = TOOL_HEAP) -> list[str]:
     return ["java", heap, f"-Dlog4j2.configurationFile={LOG4J}", "-cp", classpath(), main, *args]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _accepts(port: int) -> bool:
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=1):
@@ -50,7 +44,7 @@ def _accepts(port: int) -> bool:
 def kafka_broker(work: Path, timeout_s: float = 90) -> Iterator[str]:
     """A single-node Kafka (broker and controller in one process, KRaft) on loopback at its defaults
     but for topics made with 3 partitions; yields its bootstrap address."""
-    port, controller = _free_port(), _free_port()
+    port, controller = free_port(), free_port()
     logs = work / "kafka-logs"
     props = work / "kafka-server.properties"
     props.write_text("\n".join([

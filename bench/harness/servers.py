@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -27,6 +28,13 @@ _TICK = os.sysconf("SC_CLK_TCK")
 
 class BenchError(RuntimeError):
     """A benchmark could not run (a server did not start, a tool failed)."""
+
+
+def free_port() -> int:
+    """A loopback port free now (the caller binds it soon after; nothing reserves it)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 def wait_for(predicate: Callable[[], object], timeout: float, step: float = 0.5) -> bool:

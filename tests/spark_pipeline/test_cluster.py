@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -20,17 +19,12 @@ from lakebroker.spark_pipeline.scheduler import job_env, spark_home, spark_submi
 from lakebroker.tables import job_runs
 from lakebroker.tables.job_runs import JobName
 from lakebroker.tables.layout import Layout
+from tests.servers import free_port
 from tests.spark_pipeline.topics import create_topic, file_count, log_ends, offsets_by_partition, produce, settings_for
 from tests.waiting import eventually
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 REPO = Path(__file__).resolve().parents[2]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _wait_for(log: Path, needle: str, proc: subprocess.Popen[bytes], timeout: float) -> None:
@@ -48,7 +42,7 @@ def cluster(tmp_path: Path) -> Iterator[str]:
     env = {**os.environ, "SPARK_HOME": str(home), "SPARK_LOCAL_IP": "127.0.0.1",
            "SPARK_LOG_DIR": str(tmp_path / "logs"), "SPARK_WORKER_DIR": str(tmp_path / "work"),
            "SPARK_DAEMON_MEMORY": "256m"}
-    port = _free_port()
+    port = free_port()
     url = f"spark://127.0.0.1:{port}"
     procs: list[subprocess.Popen[bytes]] = []
     try:
@@ -56,14 +50,14 @@ def cluster(tmp_path: Path) -> Iterator[str]:
         with master_log.open("wb") as out:
             procs.append(subprocess.Popen(
                 [str(home / "bin" / "spark-class"), "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
-                 "--port", str(port), "--webui-port", str(_free_port())],
+                 "--port", str(port), "--webui-port", str(free_port())],
                 stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True))
         _wait_for(master_log, "I have been elected leader", procs[0], 120)
         worker_log = tmp_path / "worker.log"
         with worker_log.open("wb") as out:
             procs.append(subprocess.Popen(
                 [str(home / "bin" / "spark-class"), "org.apache.spark.deploy.worker.Worker", "--host", "127.0.0.1",
-                 "--cores", "1", "--memory", "768m", "--webui-port", str(_free_port()),
+                 "--cores", "1", "--memory", "768m", "--webui-port", str(free_port()),
                  "--work-dir", str(tmp_path / "work"), url],
                 stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True))
         _wait_for(worker_log, "Successfully registered with master", procs[1], 120)
