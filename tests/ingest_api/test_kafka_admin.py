@@ -8,7 +8,6 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-import httpx
 import pytest
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import (
@@ -24,28 +23,15 @@ from kafka.admin import ConfigResourceType, KafkaAdminClient
 from kafka.admin import NewTopic as PyNewTopic
 from kafka.errors import InvalidConfigurationError, TopicAlreadyExistsError
 
-from tests.servers import ServerProcess, free_port
+from tests.servers import ServerProcess, described_topic, serving
 
 pytestmark = [pytest.mark.timeout(300)]
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    node = ServerProcess(tmp_path_factory.mktemp("kafka-admin") / "data", kafka_port=free_port())
-    try:
-        node.start()
+    with serving(tmp_path_factory.mktemp("kafka-admin") / "data") as node:
         yield node
-    finally:
-        node.stop()
-
-
-def _shown(server: ServerProcess, name: str) -> dict[str, Any] | None:
-    r = httpx.get(f"{server.url}/v1/topics/{name}", timeout=30)
-    if r.status_code == 404:
-        return None
-    assert r.status_code == 200, r.text
-    shown: dict[str, Any] = r.json()
-    return shown
 
 
 def _done(futures: dict[Any, Any]) -> dict[Any, Any]:
@@ -56,7 +42,7 @@ def test_librdkafka_admin_creates_describes_alters_grows_and_deletes_a_topic(ser
     admin = AdminClient({"bootstrap.servers": server.kafka})
     _done(admin.create_topics([NewTopic("orders", num_partitions=3, replication_factor=1, config={
         "retention.ms": "3600000", "cleanup.policy": "compact", "min.insync.replicas": "2"})]))
-    shown = _shown(server, "orders")
+    shown = described_topic(server, "orders")
     assert shown is not None
     assert (shown["partitions"], shown["retention_ms"], shown["cleanup_policy"]) == (3, 3_600_000, "compact")
 
@@ -71,7 +57,7 @@ def test_librdkafka_admin_creates_describes_alters_grows_and_deletes_a_topic(ser
         ConfigEntry("retention.ms", None, incremental_operation=AlterConfigOpType.DELETE),
         ConfigEntry("cleanup.policy", "compact", incremental_operation=AlterConfigOpType.APPEND),  # already so
     ])]))
-    shown = _shown(server, "orders")
+    shown = described_topic(server, "orders")
     assert shown is not None
     assert (shown["retention_bytes"], shown["retention_ms"], shown["cleanup_policy"]) == (
         1_048_576, 7 * 24 * 3600 * 1000, "compact")
@@ -82,11 +68,11 @@ def test_librdkafka_admin_creates_describes_alters_grows_and_deletes_a_topic(ser
     assert raised.value.args[0].name() == "INVALID_CONFIG"
     _done(admin.incremental_alter_configs([ConfigResource(ConfigResource.Type.TOPIC, "orders", incremental_configs=[
         ConfigEntry("cleanup.policy", "delete", incremental_operation=AlterConfigOpType.SET)])]))
-    shown = _shown(server, "orders")
+    shown = described_topic(server, "orders")
     assert shown is not None and shown["cleanup_policy"] == "delete"
 
     _done(admin.create_partitions([NewPartitions("orders", 5)]))
-    shown = _shown(server, "orders")
+    shown = described_topic(server, "orders")
     assert shown is not None and shown["partitions"] == 5
     assert len(admin.list_topics(timeout=30).topics["orders"].partitions) == 5
 
@@ -95,7 +81,7 @@ def test_librdkafka_admin_creates_describes_alters_grows_and_deletes_a_topic(ser
     assert [(n.host, n.port) for n in cluster.nodes] == [(host, int(port))]
 
     _done(admin.delete_topics(["orders"]))
-    assert _shown(server, "orders") is None
+    assert described_topic(server, "orders") is None
 
 
 @pytest.mark.parametrize(("topic", "error"), [
@@ -111,7 +97,7 @@ def test_what_the_broker_cannot_keep_is_refused_with_kafkas_code(server: ServerP
     with pytest.raises(KafkaException) as raised:
         _done(admin.create_topics([topic]))
     assert raised.value.args[0].name() == error, raised.value
-    assert _shown(server, topic.topic) is None
+    assert described_topic(server, topic.topic) is None
 
 
 def test_partitions_only_grow_and_an_unknown_topic_is_unknown(server: ServerProcess) -> None:
@@ -139,4 +125,4 @@ def test_kafka_python_admin_creates_describes_and_deletes(server: ServerProcess)
         admin.delete_topics(["py-topic"])
     finally:
         admin.close()
-    assert _shown(server, "py-topic") is None
+    assert described_topic(server, "py-topic") is None

@@ -22,7 +22,7 @@ from kio.schema.list_offsets.v6.request import ListOffsetsPartition, ListOffsets
 from kio.static.primitive import i32, i64
 
 from tests.kafka_wire import KafkaConnection, fetch
-from tests.servers import ServerProcess, free_port
+from tests.servers import ServerProcess, create_topic, serving
 
 pytestmark = [pytest.mark.timeout(300)]
 
@@ -32,18 +32,8 @@ COUNT = 400
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    root = tmp_path_factory.mktemp("kafka-consume")
-    node = ServerProcess(root / "data", {"LAKEBROKER_FLUSH_INTERVAL_MS": "50"}, kafka_port=free_port())
-    try:
-        node.start()
+    with serving(tmp_path_factory.mktemp("kafka-consume") / "data", {"LAKEBROKER_FLUSH_INTERVAL_MS": "50"}) as node:
         yield node
-    finally:
-        node.stop()
-
-
-def _topic(server: ServerProcess, name: str) -> None:
-    r = httpx.post(f"{server.url}/v1/topics", json={"name": name, "partitions": PARTITIONS}, timeout=30)
-    assert r.status_code == 201, r.text
 
 
 def _produce_http(server: ServerProcess, topic: str, count: int) -> list[dict[str, Any]]:
@@ -86,7 +76,7 @@ def _expected(sent: list[dict[str, Any]]) -> dict[tuple[int, int], tuple[str, by
 
 
 def test_librdkafka_reads_what_http_produced(server: ServerProcess) -> None:
-    _topic(server, "from-http-rd")
+    create_topic(server, "from-http-rd", PARTITIONS)
     sent = _produce_http(server, "from-http-rd", COUNT)
     consumer = Consumer({"bootstrap.servers": server.kafka, "group.id": "unused", "enable.auto.commit": False,
                          "message.max.bytes": 4096, "fetch.max.bytes": 4096,
@@ -105,7 +95,7 @@ def test_librdkafka_reads_what_http_produced(server: ServerProcess) -> None:
 
 
 def test_kafka_python_reads_what_http_produced(server: ServerProcess) -> None:
-    _topic(server, "from-http-py")
+    create_topic(server, "from-http-py", PARTITIONS)
     sent = _produce_http(server, "from-http-py", COUNT)
     consumer = KafkaConsumer(bootstrap_servers=server.kafka, group_id=None, enable_auto_commit=False)
     parts = [PyPartition("from-http-py", p) for p in range(PARTITIONS)]
@@ -131,7 +121,7 @@ def test_kafka_python_reads_what_http_produced(server: ServerProcess) -> None:
 def test_a_fetch_at_the_end_waits_for_the_next_commit(server: ServerProcess) -> None:
     """A Fetch at the log end with a 60 s max wait: answered with the record produced meanwhile, at
     its commit, not at the end of the wait."""
-    _topic(server, "long-poll")
+    create_topic(server, "long-poll", PARTITIONS)
     with KafkaConnection(server.kafka, timeout=90) as kafka:
         started = time.monotonic()
         kafka.send(fetch("long-poll", 0, 0, 60))
@@ -149,7 +139,7 @@ def test_a_fetch_at_the_end_waits_for_the_next_commit(server: ServerProcess) -> 
 
 
 def test_offsets_out_of_range_and_list_offsets(server: ServerProcess) -> None:
-    _topic(server, "offsets")
+    create_topic(server, "offsets", PARTITIONS)
     before_ms = int(time.time() * 1000)
     for i in range(3):
         r = httpx.post(f"{server.url}/v1/topics/offsets/messages", params={"ack": "table"},

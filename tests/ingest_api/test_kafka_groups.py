@@ -21,7 +21,7 @@ from kio.schema.join_group.v9.request import JoinGroupRequest, JoinGroupRequestP
 from kio.schema.sync_group.v5.request import SyncGroupRequest, SyncGroupRequestAssignment
 
 from tests.kafka_wire import KafkaConnection
-from tests.servers import ServerProcess, free_port, until
+from tests.servers import ServerProcess, create_topic, free_port, serving, until
 
 pytestmark = [pytest.mark.timeout(300)]
 
@@ -30,19 +30,8 @@ PARTITIONS = 4
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    root = tmp_path_factory.mktemp("kafka-groups")
-    node = ServerProcess(root / "data", {"LAKEBROKER_FLUSH_INTERVAL_MS": "50"}, port=free_port(),
-                         kafka_port=free_port())
-    try:
-        node.start()
+    with serving(tmp_path_factory.mktemp("kafka-groups") / "data", {"LAKEBROKER_FLUSH_INTERVAL_MS": "50"}) as node:
         yield node
-    finally:
-        node.stop()
-
-
-def _topic(server: ServerProcess, name: str) -> None:
-    r = httpx.post(f"{server.url}/v1/topics", json={"name": name, "partitions": PARTITIONS}, timeout=30)
-    assert r.status_code == 201, r.text
 
 
 def _produce(server: ServerProcess, topic: str, first: int, count: int) -> None:
@@ -70,7 +59,7 @@ def _drain(consumer: Consumer, until_s: float, into: dict[str, str], name: str) 
 
 
 def test_two_consumers_share_the_partitions_and_rebalance(server: ServerProcess) -> None:
-    _topic(server, "shared")
+    create_topic(server, "shared", PARTITIONS)
     _produce(server, "shared", 0, 400)
     seen: dict[str, str] = {}
     a = _consumer(server, "g-shared")
@@ -121,7 +110,7 @@ def test_a_group_resumes_from_its_commits_after_a_restart(tmp_path: Path) -> Non
                          kafka_port=free_port())
     try:
         node.start()
-        _topic(node, "resume")
+        create_topic(node, "resume", PARTITIONS)
         _produce(node, "resume", 0, 100)
         first: dict[str, str] = {}
         consumer = _consumer(node, "g-resume")
@@ -143,7 +132,7 @@ def test_a_group_resumes_from_its_commits_after_a_restart(tmp_path: Path) -> Non
 
 
 def test_the_admin_client_lists_and_describes_groups(server: ServerProcess) -> None:
-    _topic(server, "described")
+    create_topic(server, "described", PARTITIONS)
     _produce(server, "described", 0, 10)
     consumer = _consumer(server, "g-described", **{"client.id": "described-client"})
     consumer.subscribe(["described"])

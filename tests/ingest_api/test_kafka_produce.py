@@ -28,7 +28,7 @@ from kio.static.primitive import i16, i32, i64
 from lakebroker.ingest_api.partitioner import partition_for_key
 from lakebroker.tables.layout import Layout
 from tests.kafka_wire import KafkaConnection, partition_answer, produce, record_batch
-from tests.servers import ServerProcess, free_port, until
+from tests.servers import ServerProcess, create_topic, free_port, serving, stored_messages, until
 
 pytestmark = [pytest.mark.timeout(300)]
 
@@ -39,29 +39,9 @@ MINUTE = datetime.timedelta(seconds=60)
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    root = tmp_path_factory.mktemp("kafka")
-    node = ServerProcess(root / "data", {"LAKEBROKER_MAX_REQUEST_BYTES": str(1 << 20),
-                                         "LAKEBROKER_BODY_READ_TIMEOUT_S": "2"}, port=free_port(),
-                         kafka_port=free_port())
-    try:
-        node.start()
+    env = {"LAKEBROKER_MAX_REQUEST_BYTES": str(1 << 20), "LAKEBROKER_BODY_READ_TIMEOUT_S": "2"}
+    with serving(tmp_path_factory.mktemp("kafka") / "data", env) as node:
         yield node
-    finally:
-        node.stop()
-
-
-def _topic(server: ServerProcess, name: str, partitions: int = PARTITIONS) -> str:
-    r = httpx.post(f"{server.url}/v1/topics", json={"name": name, "partitions": partitions}, timeout=30)
-    assert r.status_code == 201, r.text
-    return name
-
-
-def _messages(server: ServerProcess, topic: str, partition: int) -> list[dict[str, Any]]:
-    r = httpx.get(f"{server.url}/v1/topics/{topic}/partitions/{partition}/messages", params={"limit": 10_000},
-                  timeout=30)
-    assert r.status_code == 200, r.text
-    messages: list[dict[str, Any]] = r.json()["messages"]
-    return messages
 
 
 def _value(m: dict[str, Any]) -> bytes:
@@ -83,9 +63,9 @@ def _check_stored(server: ServerProcess, topic: str, sent: list[tuple[str, bytes
     """Every acknowledged message is in the partition and at the offset its producer was told, once,
     with its key, value and headers; keys on Kafka's murmur2 partition."""
     # acks=all answers from the WAL (kafka_acks_all=wal): the table has them within a flush interval
-    until(lambda: sum(len(_messages(server, topic, p)) for p in range(PARTITIONS)) >= len(sent),
+    until(lambda: sum(len(stored_messages(server, topic, p)) for p in range(PARTITIONS)) >= len(sent),
           "every acknowledged message in the table", timeout=30)
-    stored = {p: {m["offset"]: m for m in _messages(server, topic, p)} for p in range(PARTITIONS)}
+    stored = {p: {m["offset"]: m for m in stored_messages(server, topic, p)} for p in range(PARTITIONS)}
     assert sum(len(v) for v in stored.values()) == len(sent)
     for (key, value, headers), (partition, offset) in zip(sent, placed, strict=True):
         assert partition == partition_for_key(key, PARTITIONS), key
@@ -100,7 +80,7 @@ def _check_stored(server: ServerProcess, topic: str, sent: list[tuple[str, bytes
 def test_librdkafka_idempotent_produce(server: ServerProcess, codec: str) -> None:
     """librdkafka's snappy is the raw form (Java's is framed); its default partitioner is not
     murmur2, so Kafka's Java partitioner is asked for."""
-    topic = _topic(server, f"rd-{codec}")
+    topic = create_topic(server, f"rd-{codec}", PARTITIONS)
     producer = Producer({"bootstrap.servers": server.kafka, "enable.idempotence": True, "acks": "all",
                          "compression.type": codec, "linger.ms": 20, "partitioner": "murmur2_random"})
     sent = _sent(300, codec)
@@ -124,7 +104,7 @@ def test_librdkafka_idempotent_produce(server: ServerProcess, codec: str) -> Non
 
 @pytest.mark.parametrize("codec", CODECS)
 def test_kafka_python_idempotent_produce(server: ServerProcess, codec: str) -> None:
-    topic = _topic(server, f"py-{codec}")
+    topic = create_topic(server, f"py-{codec}", PARTITIONS)
     producer = KafkaProducer(bootstrap_servers=server.kafka, enable_idempotence=True, acks="all",
                              compression_type=None if codec == "none" else codec, linger_ms=20)
     try:
@@ -145,7 +125,7 @@ def test_kafka_python_idempotent_produce(server: ServerProcess, codec: str) -> N
 
 @pytest.mark.parametrize("acks", [0, 1])
 def test_acks_0_and_1(server: ServerProcess, acks: int) -> None:
-    topic = _topic(server, f"acks-{acks}")
+    topic = create_topic(server, f"acks-{acks}", PARTITIONS)
     producer = KafkaProducer(bootstrap_servers=server.kafka, acks=acks, enable_idempotence=False)
     try:
         futures = [producer.send(topic, key=f"k{i}".encode(), value=b"v") for i in range(50)]
@@ -154,7 +134,7 @@ def test_acks_0_and_1(server: ServerProcess, acks: int) -> None:
             f.get(timeout=60)
     finally:
         producer.close()
-    until(lambda: sum(len(_messages(server, topic, p)) for p in range(PARTITIONS)) == 50, "every message stored",
+    until(lambda: sum(len(stored_messages(server, topic, p)) for p in range(PARTITIONS)) == 50, "every message stored",
           timeout=30)
 
 
@@ -162,7 +142,7 @@ def test_pipelined_requests_keep_their_order_and_a_retry_among_them_its_offsets(
     """Eight idempotent Produce requests to one partition sent without waiting, then a retry of the
     fourth: the answers come in request order, the records are stored in the order sent, and the
     retry is answered with the fourth's offset and stored once."""
-    topic = _topic(server, "pipelined", 1)
+    topic = create_topic(server, "pipelined", 1)
     with KafkaConnection(server.kafka) as kafka:
         pid = kafka.call(InitProducerIdRequest(transactional_id=None, transaction_timeout=MINUTE,
                                                producer_id=i64(-1), producer_epoch=-1)).producer_id
@@ -173,14 +153,15 @@ def test_pipelined_requests_keep_their_order_and_a_retry_among_them_its_offsets(
         answers = [partition_answer(kafka.receive(0, 9, correlation)) for correlation in range(2, 11)]
     assert [a.error_code for a in answers] == [ErrorCode.none] * 9
     assert [a.base_offset for a in answers] == [0, 10, 20, 30, 40, 50, 60, 70, 30]
-    until(lambda: len(_messages(server, topic, 0)) >= 80, "every record stored", timeout=30)
-    assert [_value(m) for m in _messages(server, topic, 0)] == [b"r%d-%d" % (r, i) for r in range(8) for i in range(10)]
+    until(lambda: len(stored_messages(server, topic, 0)) >= 80, "every record stored", timeout=30)
+    stored = [_value(m) for m in stored_messages(server, topic, 0)]
+    assert stored == [b"r%d-%d" % (r, i) for r in range(8) for i in range(10)]
 
 
 def test_a_partition_refused_in_a_request_leaves_the_others_stored(server: ServerProcess) -> None:
     """One request for a partition that exists and one that does not: the first is stored, the
     second gets UNKNOWN_TOPIC_OR_PARTITION."""
-    topic = _topic(server, "half-there", 1)
+    topic = create_topic(server, "half-there", 1)
     request = ProduceRequest(acks=i16(1), timeout=MINUTE, topic_data=(TopicProduceData(name=topic, partition_data=(
         PartitionProduceData(index=i32(0), records=record_batch([b"here"])),
         PartitionProduceData(index=i32(7), records=record_batch([b"nowhere"]))),),))
@@ -188,7 +169,7 @@ def test_a_partition_refused_in_a_request_leaves_the_others_stored(server: Serve
         (answer,) = kafka.call(request).responses
     assert [(p.index, p.error_code) for p in answer.partition_responses] == [
         (0, ErrorCode.none), (7, ErrorCode.unknown_topic_or_partition)]
-    until(lambda: [_value(m) for m in _messages(server, topic, 0)] == [b"here"], "the good partition stored",
+    until(lambda: [_value(m) for m in stored_messages(server, topic, 0)] == [b"here"], "the good partition stored",
           timeout=30)
 
 
@@ -205,7 +186,7 @@ def test_an_idempotent_retry_after_a_restart_is_stored_once(tmp_path: Path) -> N
     node = ServerProcess(tmp_path / "data", port=free_port(), kafka_port=free_port())
     try:
         node.start()
-        _topic(node, "once", 1)
+        create_topic(node, "once", 1)
         with KafkaConnection(node.kafka) as kafka:
             pid = kafka.call(InitProducerIdRequest(transactional_id=None, transaction_timeout=MINUTE,
                                                    producer_id=i64(-1), producer_epoch=-1)).producer_id
@@ -220,8 +201,8 @@ def test_an_idempotent_retry_after_a_restart_is_stored_once(tmp_path: Path) -> N
                                                                                   base_sequence=3))))
         assert (again.error_code, again.base_offset) == (ErrorCode.none, 0)
         assert (nxt.error_code, nxt.base_offset) == (ErrorCode.none, 3)
-        until(lambda: len(_messages(node, "once", 0)) >= 4, "the table has the four records", timeout=30)
-        assert [_value(m) for m in _messages(node, "once", 0)] == [b"a", b"b", b"c", b"d"]
+        until(lambda: len(stored_messages(node, "once", 0)) >= 4, "the table has the four records", timeout=30)
+        assert [_value(m) for m in stored_messages(node, "once", 0)] == [b"a", b"b", b"c", b"d"]
     finally:
         node.stop()
 
@@ -251,7 +232,7 @@ def _answer(server: ServerProcess, topic: str, records: bytes) -> ErrorCode:
 
 
 def test_damaged_batches_get_kafkas_error_codes(server: ServerProcess) -> None:
-    topic = _topic(server, "damaged", 1)
+    topic = create_topic(server, "damaged", 1)
     good = record_batch([b"v1", b"v2"])
     flipped = bytearray(good)
     flipped[-1] ^= 0xFF
@@ -266,14 +247,14 @@ def test_damaged_batches_get_kafkas_error_codes(server: ServerProcess) -> None:
     assert _answer(server, topic, record_batch([b"v"], key=b"\xff\xfe")) == ErrorCode.invalid_record  # not UTF-8
     assert _answer(server, topic, record_batch([b"v"], headers=((b"h", b"\xff"),))) == ErrorCode.invalid_record
     assert _answer(server, "no-such-topic", good) == ErrorCode.unknown_topic_or_partition
-    assert _messages(server, topic, 0) == []  # nothing of the refused batches was stored
+    assert stored_messages(server, topic, 0) == []  # nothing of the refused batches was stored
     assert _answer(server, topic, good) == ErrorCode.none
     assert _metric(server, 'lakebroker_kafka_partition_errors_total{api="Produce",error="CORRUPT_MESSAGE"}') >= 3
 
 
 def test_a_compression_bomb_is_too_large_not_out_of_memory(server: ServerProcess) -> None:
     """A 1 MiB request limit: a small gzip batch that expands to 64 MiB is refused while it expands."""
-    topic = _topic(server, "bomb", 1)
+    topic = create_topic(server, "bomb", 1)
     record = bytes([0x80, 0x80, 0x80, 0x40]) + b"\0" * (64 << 20)  # a record that says it is 64 MiB long
     bomb = _gzip_batch(record, 1)
     assert len(bomb) < 100_000
@@ -317,12 +298,12 @@ def test_acks_all_can_wait_for_the_table(tmp_path: Path) -> None:
                                              "LAKEBROKER_FLUSH_INTERVAL_MS": "5000"})
     try:
         node.start()
-        _topic(node, "to-table", 1)
+        create_topic(node, "to-table", 1)
         with KafkaConnection(node.kafka) as kafka:
             wal = partition_answer(kafka.call(produce("to-table", 0, record_batch([b"at-wal"]), acks=1)))
-            assert _messages(node, "to-table", 0) == []  # acknowledged, not yet committed
+            assert stored_messages(node, "to-table", 0) == []  # acknowledged, not yet committed
             table = partition_answer(kafka.call(produce("to-table", 0, record_batch([b"at-table"]), acks=-1)))
         assert (wal.error_code, wal.base_offset, table.error_code, table.base_offset) == (0, 0, 0, 1)
-        assert [_value(m) for m in _messages(node, "to-table", 0)] == [b"at-wal", b"at-table"]
+        assert [_value(m) for m in stored_messages(node, "to-table", 0)] == [b"at-wal", b"at-table"]
     finally:
         node.stop()

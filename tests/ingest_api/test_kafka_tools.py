@@ -14,20 +14,15 @@ import httpx
 import pytest
 
 from bench.harness.kafka import java
-from tests.servers import ServerProcess, free_port, until
+from tests.servers import ServerProcess, described_topic, serving, stored_messages, until
 
 pytestmark = [pytest.mark.timeout(300)]
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    node = ServerProcess(tmp_path_factory.mktemp("kafka-tools") / "data", {"LAKEBROKER_FLUSH_INTERVAL_MS": "50"},
-                         kafka_port=free_port())
-    try:
-        node.start()
+    with serving(tmp_path_factory.mktemp("kafka-tools") / "data", {"LAKEBROKER_FLUSH_INTERVAL_MS": "50"}) as node:
         yield node
-    finally:
-        node.stop()
 
 
 def _tool(main: str, *args: str, stdin: str | None = None, timeout: float = 120) -> str:
@@ -36,29 +31,17 @@ def _tool(main: str, *args: str, stdin: str | None = None, timeout: float = 120)
     return done.stdout
 
 
-def _topic(server: ServerProcess, name: str) -> dict[str, object] | None:
-    r = httpx.get(f"{server.url}/v1/topics/{name}", timeout=30)
-    return r.json() if r.status_code == 200 else None
-
-
-def _messages(server: ServerProcess, topic: str, partition: int) -> list[dict[str, object]]:
-    r = httpx.get(f"{server.url}/v1/topics/{topic}/partitions/{partition}/messages", timeout=30)
-    assert r.status_code == 200, r.text
-    messages: list[dict[str, object]] = r.json()["messages"]
-    return messages
-
-
 def test_kafka_topics_creates_grows_describes_and_deletes(server: ServerProcess) -> None:
     tc = "org.apache.kafka.tools.TopicCommand"
     _tool(tc, "--bootstrap-server", server.kafka, "--create", "--topic", "by-tool", "--partitions", "2",
           "--config", "retention.ms=120000")
-    shown = _topic(server, "by-tool")
+    shown = described_topic(server, "by-tool")
     assert shown is not None and (shown["partitions"], shown["retention_ms"]) == (2, 120_000)
     _tool(tc, "--bootstrap-server", server.kafka, "--alter", "--topic", "by-tool", "--partitions", "4")
     described = _tool(tc, "--bootstrap-server", server.kafka, "--describe", "--topic", "by-tool")
     assert "PartitionCount: 4" in described and "retention.ms=120000" in described, described
     _tool(tc, "--bootstrap-server", server.kafka, "--delete", "--topic", "by-tool")
-    until(lambda: _topic(server, "by-tool") is None, "the topic deleted", timeout=30)
+    until(lambda: described_topic(server, "by-tool") is None, "the topic deleted", timeout=30)
 
 
 def test_console_producer_and_kcat_write_console_consumer_and_kcat_read(server: ServerProcess) -> None:
@@ -69,8 +52,8 @@ def test_console_producer_and_kcat_write_console_consumer_and_kcat_read(server: 
           stdin="k1:from java 1\nk2:from java 2\n")
     subprocess.run(["kcat", "-P", "-b", server.kafka, "-t", "console", "-p", "0", "-K", ":"],
                    input="k3:from kcat\n", text=True, check=True, timeout=60)
-    until(lambda: len(_messages(server, "console", 0)) == 3, "three records in the table", timeout=30)
-    stored = [(m["key"], base64.b64decode(str(m["value_b64"])).decode()) for m in _messages(server, "console", 0)]
+    until(lambda: len(stored_messages(server, "console", 0)) == 3, "three records in the table", timeout=30)
+    stored = [(m["key"], base64.b64decode(str(m["value_b64"])).decode()) for m in stored_messages(server, "console", 0)]
     assert stored == [("k1", "from java 1"), ("k2", "from java 2"), ("k3", "from kcat")]
 
     consumed = _tool("org.apache.kafka.tools.consumer.ConsoleConsumer", "--bootstrap-server", server.kafka,
