@@ -21,7 +21,7 @@ from lakebroker.ingest_api.auth import (
     require,
 )
 from lakebroker.ingest_api.dashboard import Dashboard
-from lakebroker.ingest_api.errors import V2ErrorShape, install_error_handlers
+from lakebroker.ingest_api.errors import ProxyErrorShape, install_error_handlers
 from lakebroker.ingest_api.limits import BodyLimit, HeaderLimit
 from lakebroker.ingest_api.live_status import LiveStatus, Service
 from lakebroker.ingest_api.node import IngestNode
@@ -33,6 +33,7 @@ from lakebroker.ingest_api.routes import (
     ops,
     produce,
     rest_proxy,
+    rest_proxy_v3,
     subscriptions,
     topics,
     wal,
@@ -113,6 +114,10 @@ def create_app(
                        dependencies=[require(Scope.PRODUCE)])
     app.include_router(rest_proxy.metadata_router, responses=rest_proxy.AUTH_ERRORS,
                        dependencies=[require(AUTHENTICATED, topic_checked_by_route=True)])
+    app.include_router(rest_proxy_v3.produce_router, responses=rest_proxy_v3.AUTH_ERRORS,
+                       dependencies=[require(Scope.PRODUCE)])
+    app.include_router(rest_proxy_v3.cluster_router, responses=rest_proxy_v3.AUTH_ERRORS,
+                       dependencies=[require(AUTHENTICATED)])
     app.include_router(cluster.router, responses=AUTH_ERRORS,
                        dependencies=[require(AUTHENTICATED, topic_checked_by_route=True)])
     app.include_router(consume.router, responses=AUTH_ERRORS, dependencies=[require(Scope.CONSUME)])
@@ -132,6 +137,6 @@ def create_app(
     ]
     for guard, kwargs in guards:
         app.add_middleware(guard, **kwargs)
-    app.add_middleware(V2ErrorShape)  # every error under /topics in the REST Proxy's shape
+    app.add_middleware(ProxyErrorShape)  # every error under /topics and /v3 in the REST Proxy's shapes
     app.add_middleware(FrontDoor, api=app, guards=guards)  # outermost: produce skips the router
     return app

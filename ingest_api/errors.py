@@ -1,5 +1,5 @@
 """Maps every error to its HTTP answer, in one place: `{"error": {"code", "message"}}`, or under
-/topics (the Kafka REST Proxy v2) that API's `{"error_code", "message"}`."""
+/topics and /v3 (Confluent's REST Proxy v2 and v3) those APIs' `{"error_code", "message"}`."""
 
 from __future__ import annotations
 
@@ -64,11 +64,12 @@ def _allowed_methods(request: Request) -> set[str]:
     return methods
 
 
-# -- Kafka REST Proxy v2 ------------------------------------------------------------------------
-# Routes under /topics speak Confluent's REST Proxy v2: every error there, whoever raised it (the
-# auth gate, the body limit, a route, FastAPI), answers `{"error_code", "message"}` with that API's
-# media type. The codes are Confluent's (kafka-rest Errors, rest-utils KafkaExceptionMapper) where
-# one exists; otherwise the HTTP status * 100 + 1.
+# -- Kafka REST Proxy v2 and v3 -----------------------------------------------------------------
+# Routes under /topics speak Confluent's REST Proxy v2, and under /v3 its v3: every error there,
+# whoever raised it (the auth gate, the body limit, a route, FastAPI), answers `{"error_code",
+# "message"}`. v2's codes are Confluent's (kafka-rest Errors, rest-utils KafkaExceptionMapper)
+# where one exists, otherwise the HTTP status * 100 + 1, with v2's media type; v3's code is the
+# HTTP status, in plain JSON.
 V2_MEDIA = "application/vnd.kafka.v2+json"
 V2_CODES = {"unauthenticated": 40101, "forbidden": 40301, "not_found": 40401, "backpressure": 42901}
 V2_PARTITION_NOT_FOUND = 40402
@@ -78,13 +79,18 @@ def is_v2_path(path: str) -> bool:
     return path == "/topics" or path.startswith("/topics/")
 
 
+def is_v3_path(path: str) -> bool:
+    return path == "/v3" or path.startswith("/v3/")
+
+
 def v2_error(status: int, message: str, error_code: int | None = None) -> JSONBytes:
     return JSONBytes({"error_code": error_code or status * 100 + 1, "message": message}, status_code=status,
                      media_type=V2_MEDIA)
 
 
-class V2ErrorShape:
-    """ASGI middleware: rewrites `{"error": {"code", "message"}}` answers on v2 paths into v2's shape.
+class ProxyErrorShape:
+    """ASGI middleware: rewrites `{"error": {"code", "message"}}` answers on v2 and v3 paths into
+    their shape.
 
     It sits outermost, so it sees the auth gate's 401s and the limits' 413/431 as well as the
     routes' errors. Only an error answer in our shape is buffered and rewritten; the rest streams."""
@@ -93,7 +99,8 @@ class V2ErrorShape:
         self.app = app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or not is_v2_path(scope["path"]):
+        v2 = scope["type"] == "http" and is_v2_path(scope["path"])
+        if not (v2 or (scope["type"] == "http" and is_v3_path(scope["path"]))):
             await self.app(scope, receive, send)
             return
         held: Message | None = None
@@ -111,24 +118,24 @@ class V2ErrorShape:
                 chunks.append(message.get("body", b""))
                 if message.get("more_body"):
                     return
-                await _send_v2(send, held, b"".join(chunks))
+                await _send_reshaped(send, held, b"".join(chunks), v2)
                 return
             await send(message)
 
         await self.app(scope, receive, reshape)
 
 
-async def _send_v2(send: Send, start: Message, body: bytes) -> None:
+async def _send_reshaped(send: Send, start: Message, body: bytes, v2: bool) -> None:
     try:
         error = orjson.loads(body)["error"]
         status = int(start["status"])
-        body = orjson.dumps({"error_code": V2_CODES.get(error["code"], status * 100 + 1),
-                             "message": error["message"]})
+        code = V2_CODES.get(error["code"], status * 100 + 1) if v2 else status
+        body = orjson.dumps({"error_code": code, "message": error["message"]})
     except (orjson.JSONDecodeError, KeyError, TypeError):
         pass  # not one of ours: pass it on as it is
     else:
         headers = [(k, v) for k, v in start.get("headers", ()) if k not in (b"content-type", b"content-length")]
-        start = {**start, "headers": [*headers, (b"content-type", V2_MEDIA.encode()),
+        start = {**start, "headers": [*headers, (b"content-type", (V2_MEDIA if v2 else "application/json").encode()),
                                       (b"content-length", str(len(body)).encode())]}
     await send(start)
     await send({"type": "http.response.body", "body": body})

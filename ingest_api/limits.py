@@ -45,8 +45,10 @@ class BodyLimit:
         refusal: LakebrokerError | None = None
         answered = False
 
+        late = False  # refused after the app began its answer (one that streams while it reads)
+
         async def limited() -> Message:
-            nonlocal seen, deadline, body_done, refusal
+            nonlocal seen, deadline, body_done, refusal, late
             if body_done:  # later reads wait for a disconnect, which may take as long as it likes
                 return await receive()
             if deadline is None:
@@ -55,19 +57,20 @@ class BodyLimit:
                 async with asyncio.timeout_at(deadline):
                     message = await receive()
             except TimeoutError:
-                refusal = body_timeout(self.read_timeout_s)
+                refusal, late = body_timeout(self.read_timeout_s), answered
                 raise refusal from None
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
                 body_done = not message.get("more_body", False)
                 if seen > self.max_bytes:
-                    refusal = TooLarge(f"request body is over the server limit of {self.max_bytes} bytes")
+                    refusal, late = TooLarge(f"request body is over the server limit of {self.max_bytes} bytes "
+                                             "(setting max_request_bytes)"), answered
                     raise refusal
             return message
 
         async def answer(message: Message) -> None:
             nonlocal answered
-            if refusal is None:
+            if refusal is None or late:  # a streamed answer ends as the app ends it, with the refusal in it
                 answered = answered or message["type"] == "http.response.start"
                 await send(message)
             elif not answered:

@@ -1,5 +1,6 @@
 """Who this node is: its id (kept in its data dir), the URL it advertises, and the credential it
-sends its own requests with. Refuses to start as a node another live process already is."""
+sends its own requests with. Refuses to start as a node another live process already is. And the
+id of the cluster it belongs to, as Kafka's clients and the REST Proxy v3 name it."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from lakebroker.tables.settings import Settings
 from lakebroker.tables.tokens import TokenStore
 
 TWIN_POLL_S = 0.25
+CLUSTER_ID = "lakebroker"  # Kafka's Metadata and DescribeCluster, and REST Proxy v3's /v3/clusters/{id}
 
 
 def node_id(layout: Layout) -> str:

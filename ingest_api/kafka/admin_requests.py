@@ -19,6 +19,7 @@ from pydantic import ValidationError
 from lakebroker.ingest_api.auth import check_scope, check_topic
 from lakebroker.ingest_api.kafka import wire
 from lakebroker.ingest_api.kafka.errors import error_code, may_see
+from lakebroker.ingest_api.node_identity import CLUSTER_ID
 from lakebroker.ingest_api.produce_core import ProduceCore
 from lakebroker.ingest_api.schemas import TopicCreate, TopicUpdate
 from lakebroker.tables.errors import AlreadyExists, Forbidden, InvalidName, InvalidRequest, LakebrokerError
@@ -203,7 +204,7 @@ class AdminRequests:
         broker = wire.build(wire.nested(schema, "DescribeClusterBroker"), broker_id=self.broker_id, host=host,
                             port=port, rack=None)
         return wire.build(schema, throttle_time=_ZERO, error_code=ErrorCode.none, error_message=None,
-                          cluster_id="lakebroker", controller_id=self.broker_id, brokers=(broker,),
+                          cluster_id=CLUSTER_ID, controller_id=self.broker_id, brokers=(broker,),
                           cluster_authorized_operations=-2147483648)
 
 

@@ -15,11 +15,11 @@ from kio.schema.errors import ErrorCode
 
 from lakebroker.ingest_api.kafka import wire
 from lakebroker.ingest_api.kafka.errors import may_see
+from lakebroker.ingest_api.node_identity import CLUSTER_ID
 from lakebroker.ingest_api.produce_core import ProduceCore
 from lakebroker.tables.tokens import ApiToken
 
 METADATA = 3
-CLUSTER_ID = "lakebroker"
 _ZERO = timedelta(0)
 
 

@@ -12,10 +12,8 @@ others are written. Errors of the whole request answer `{error_code, message}`
 
 from __future__ import annotations
 
-import binascii
 from typing import Any
 
-import orjson
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -27,10 +25,11 @@ from lakebroker.ingest_api.forwarding import Caller
 from lakebroker.ingest_api.local_produce import ProduceResult
 from lakebroker.ingest_api.messages import AckMode, NewMessage
 from lakebroker.ingest_api.produce_core import ProduceCore, ProduceRequest
+from lakebroker.ingest_api.proxy_records import RecordError, base64_bytes, kafka_text, key_of_bytes, key_of_json
 from lakebroker.ingest_api.responses import JSONBytes
 from lakebroker.ingest_api.schemas import inline_schema
-from lakebroker.tables.errors import InvalidRequest, LakebrokerError, MessageTooLarge, NoSuchPartition
-from lakebroker.tables.message_format import from_base64, from_json_value
+from lakebroker.tables.errors import InvalidRequest, LakebrokerError, NoSuchPartition
+from lakebroker.tables.message_format import from_json_value
 from lakebroker.tables.tokens import ApiToken
 from lakebroker.tables.topics import MAX_PARTITIONS, TopicConfig
 
@@ -125,51 +124,17 @@ _READ_RESPONSES: dict[int | str, dict[str, Any]] = {code: _v2_content(V2Error, _
 
 
 # -- produce ------------------------------------------------------------------------------------------
-class RecordError(ValueError):
-    """One record cannot be written; the others still are."""
-
-
-def _decode(text: Any, what: str) -> bytes | None:
-    if text is None:
-        return None
-    if not isinstance(text, str):
-        raise RecordError(f"{what} must be a base64 string in the binary format")
-    try:
-        return from_base64(text)
-    except (binascii.Error, ValueError):
-        raise RecordError(f"{what} is not valid base64") from None
-
-
 def _to_message(record: dict[str, Any], binary: bool, partition: int | None) -> NewMessage:
     """A record as a message; its size and partition are the core's rules (ProduceCore.produce_each)."""
     raw_key, raw_value = record.get("key"), record.get("value")
     if binary:
-        key_bytes = _decode(raw_key, "key")
-        try:
-            key = None if key_bytes is None else key_bytes.decode()
-        except UnicodeDecodeError:
-            raise RecordError("key must decode to UTF-8 text: lakebroker keys are strings") from None
-        return NewMessage(value=_decode(raw_value, "value"), format="binary", key=key, partition=partition)
+        return NewMessage(value=base64_bytes(raw_value, "value"), format="binary",
+                          key=key_of_bytes(base64_bytes(raw_key, "key")), partition=partition)
     try:
         value, fmt = from_json_value(raw_value)
     except InvalidRequest as exc:
         raise RecordError(exc.message) from None
-    try:
-        key = raw_key if raw_key is None or isinstance(raw_key, str) else orjson.dumps(raw_key).decode()
-    except orjson.JSONEncodeError as exc:  # an integer beyond 64 bits
-        raise RecordError(f"key cannot be stored as JSON text ({exc}): send it as a string") from None
-    return NewMessage(value=value, format=fmt, key=key, partition=partition)
-
-
-def _kafka_text(error: LakebrokerError, topic: TopicConfig) -> str:
-    """A refusal in the proxy's words (Kafka's names for the topic's settings)."""
-    if isinstance(error, MessageTooLarge):
-        return (f"the record is {error.size} bytes (key and value), over topic {topic.name!r}'s "
-                f"max.message.bytes {error.limit}")
-    if isinstance(error, NoSuchPartition):
-        return (f"partition {error.partition} does not exist in topic {topic.name!r} "
-                f"(partitions 0-{error.partitions - 1})")
-    return error.message
+    return NewMessage(value=value, format=fmt, key=key_of_json(raw_key), partition=partition)
 
 
 def _refused(text: str) -> dict[str, Any]:
@@ -186,7 +151,7 @@ async def _produce(request: Request, broker: BrokerDep, principal: ApiToken, top
         try:
             topic.check_partition(partition)
         except NoSuchPartition as exc:
-            return v2_error(404, _kafka_text(exc, topic), V2_PARTITION_NOT_FOUND)
+            return v2_error(404, kafka_text(exc, topic), V2_PARTITION_NOT_FOUND)
     body = parse_json(await request.body())  # malformed: 400; integers beyond 64 bits stay exact
     records = body.get("records") if isinstance(body, dict) else None
     if not isinstance(records, list) or not 1 <= len(records) <= MAX_RECORDS:
@@ -222,7 +187,7 @@ def _valid_partition(partition: Any) -> bool:
 
 def _written(result: ProduceResult | LakebrokerError, topic: TopicConfig) -> dict[str, Any]:
     if isinstance(result, LakebrokerError):
-        return _refused(_kafka_text(result, topic))
+        return _refused(kafka_text(result, topic))
     return {"partition": result.partition, "offset": result.offset, "error_code": None, "error": None}
 
 

@@ -51,6 +51,9 @@ ACCESS: dict[tuple[str, str], str] = {
     ("POST", "/topics/{topic}/partitions/{partition}"): "produce",
     ("GET", "/topics"): "authenticated",
     ("GET", "/topics/{topic}"): "authenticated",
+    ("POST", "/v3/clusters/{cluster_id}/topics/{topic}/records"): "produce",
+    ("GET", "/v3/clusters"): "authenticated",
+    ("GET", "/v3/clusters/{cluster_id}"): "authenticated",
     ("GET", "/v1/topics/{topic}/partitions/{partition}/messages"): "consume",
     ("GET", "/v1/topics/{topic}/groups/{group}/offsets"): "consume",
     ("POST", "/v1/topics/{topic}/groups/{group}/offsets"): "consume",
@@ -80,7 +83,8 @@ ACCESS: dict[tuple[str, str], str] = {
 }
 TOPIC_AWARE = {("GET", "/v1/topics"), ("GET", "/v1/cluster"), ("POST", "/v1/topics"), ("GET", "/v1/dashboard"),
                ("GET", "/topics")}
-SAMPLES = {"topic": "orders", "partition": "0", "name": "hooks", "group": "g1", "asset": "dashboard.js"}
+SAMPLES = {"topic": "orders", "partition": "0", "name": "hooks", "group": "g1", "asset": "dashboard.js",
+           "cluster_id": "lakebroker"}
 NON_ADMIN = [Scope.PRODUCE, Scope.CONSUME, Scope.METRICS]
 
 
@@ -138,7 +142,11 @@ def client(app: FastAPI, admin: str) -> Iterator[TestClient]:
 
 
 def is_rest_proxy(r: httpx.Response) -> bool:
-    """Routes under /topics are the Kafka REST Proxy v2: errors in its shape, with Confluent's codes."""
+    """Routes under /topics and /v3 are Confluent's REST Proxy v2 and v3: errors in their shape."""
+    return is_v2(r) or r.request.url.path.startswith("/v3/")
+
+
+def is_v2(r: httpx.Response) -> bool:
     return r.request.url.path == "/topics" or r.request.url.path.startswith("/topics/")
 
 
@@ -150,18 +158,24 @@ def assert_401(r: httpx.Response, invalid_token: bool = False) -> None:
     assert r.status_code == 401, (r.request.method, r.request.url, r.status_code, r.text)
     assert r.headers["www-authenticate"].startswith("Bearer")
     assert ('error="invalid_token"' in r.headers["www-authenticate"]) == invalid_token
-    if is_rest_proxy(r):
+    if is_v2(r):
         assert r.headers["content-type"] == "application/vnd.kafka.v2+json"
         assert r.json()["error_code"] == 40101 and r.json()["message"]
+    elif is_rest_proxy(r):
+        assert r.headers["content-type"] == "application/json"
+        assert r.json()["error_code"] == 401 and r.json()["message"]
     else:
         assert r.json()["error"]["code"] == "unauthenticated"
 
 
 def assert_403(r: httpx.Response) -> None:
     assert r.status_code == 403, (r.request.method, r.request.url, r.status_code, r.text)
-    if is_rest_proxy(r):
+    if is_v2(r):
         assert r.headers["content-type"] == "application/vnd.kafka.v2+json"
         assert r.json()["error_code"] == 40301 and r.json()["message"]
+    elif is_rest_proxy(r):
+        assert r.headers["content-type"] == "application/json"
+        assert r.json()["error_code"] == 403 and r.json()["message"]
     else:
         assert r.json()["error"]["code"] == "forbidden"
 

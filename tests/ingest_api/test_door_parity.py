@@ -2,11 +2,11 @@
 
 One table of cases, run through every door against real `lakebroker serve` processes: a single
 message answered below ASGI (the fast path) and through ASGI (`fast_produce` off), a JSON batch,
-an NDJSON batch, an Arrow IPC batch, Confluent's REST Proxy v2 and Kafka's protocol (a produce
-request on a SASL-authenticated connection); then backpressure, and a partition between owners, on
-servers of their own. Each door answers in its own terms: REST Proxy v2 in Confluent's
-`error_code`s (a record's own fault is that record's slot, not the request's), Kafka in its error
-codes (`KAFKA`). A rule copied into one door and missed in another shows here as a door that
+an NDJSON batch, an Arrow IPC batch, Confluent's REST Proxy v2 and v3, and Kafka's protocol (a
+produce request on a SASL-authenticated connection); then backpressure, and a partition between
+owners, on servers of their own. Each door answers in its own terms: REST Proxy v2 and v3 in
+Confluent's `error_code`s (a record's own fault is that record's slot or result, not the
+request's), Kafka in its error codes. A rule copied into one door and missed in another shows here as a door that
 answers differently.
 """
 
@@ -163,6 +163,25 @@ def _v2(server: Server, topic: str, m: dict[str, Any], auth: str, raw: bytes | N
     return Outcome(200, None, slot["partition"], slot["offset"], False)
 
 
+def _v3(server: Server, topic: str, m: dict[str, Any], auth: str, raw: bytes | None) -> Outcome:
+    record: dict[str, Any] = {"value": {"type": "JSON", "data": m.get("value")}}
+    if "key" in m:
+        record["key"] = {"type": "STRING", "data": m["key"]}
+    if "partition" in m:
+        record["partition_id"] = m["partition"]
+    r = httpx.post(f"{server.url}/v3/clusters/lakebroker/topics/{topic}/records", timeout=30,
+                   content=raw if raw is not None else orjson.dumps(record),
+                   headers={"authorization": auth, "content-type": "application/json"})
+    if r.status_code != 200:
+        return Outcome(r.status_code, str(orjson.loads(r.content)["error_code"]),
+                       retry_after=r.headers.get("retry-after"))
+    [result] = [orjson.loads(line) for line in r.content.splitlines()]
+    if result["error_code"] != 200:  # the record's own result; a stream has no Retry-After header
+        wait = result.get("retry_after_s")
+        return Outcome(200, str(result["error_code"]), retry_after=None if wait is None else str(wait))
+    return Outcome(200, None, result["partition_id"], result["offset"])
+
+
 def _kafka(server: Server, topic: str, m: dict[str, Any], auth: str, raw: bytes | None) -> Outcome:
     """A Produce request on a connection authenticated with the token as its SASL/PLAIN password. A
     Kafka client chooses the partition itself: the key's murmur2 one, as Kafka's producers do. An
@@ -192,6 +211,7 @@ DOORS: dict[str, Door] = {
     "ndjson": _batch("application/x-ndjson"),
     "arrow": _batch(ARROW),
     "rest-v2": _v2,
+    "rest-v3": _v3,
     "kafka": _kafka,
 }
 # A record's own fault (its size, its partition) through REST Proxy v2: that record's slot, not retriable.
@@ -203,6 +223,11 @@ def _v2_form(expected: Outcome) -> Outcome:
     return expected if expected.status == 200 else Outcome(expected.status, str(expected.status * 100 + 1))
 
 
+def _v3_form(expected: Outcome) -> Outcome:
+    """A request's refusal through REST Proxy v3: its status, which is also its error_code."""
+    return expected if expected.status == 200 else Outcome(expected.status, str(expected.status))
+
+
 @dataclass(frozen=True)
 class Case:
     topic: str
@@ -211,6 +236,7 @@ class Case:
     raw: bytes | None = None  # a body sent as it is (the same bytes through every door)
     narrow: bool = False  # sent with the token for the topic `other` alone
     v2: Outcome | None = None  # the REST Proxy's outcome, where _v2_form does not tell it
+    v3: Outcome | None = None  # REST Proxy v3's, where _v3_form does not tell it
     kafka: str | None = None  # Kafka's error code (None: produced)
     doors: tuple[str, ...] = tuple(DOORS)
 
@@ -221,14 +247,16 @@ CASES = {
         KEY, PARTITIONS))),
     "unknown topic": Case("nope", {"value": "v"}, Outcome(404, "not_found"), kafka="unknown_topic_or_partition"),
     "partition out of range": Case("t", {"value": "v", "partition": PARTITIONS}, Outcome(400, "invalid_request"),
-                                   v2=Outcome(200, RECORD_FAULT), kafka="unknown_topic_or_partition"),
+                                   v2=Outcome(200, RECORD_FAULT), v3=Outcome(200, "400"),
+                                   kafka="unknown_topic_or_partition"),
     "malformed body": Case("t", {}, Outcome(400, "invalid_request"), raw=b"{not json", kafka="corrupt_message",
-                           doors=("single", "json", "ndjson", "rest-v2", "kafka")),
+                           v3=Outcome(200, "400"), doors=("single", "json", "ndjson", "rest-v2", "rest-v3", "kafka")),
     "value over the topic's limit": Case("t", {"value": "x" * (MAX_MESSAGE_BYTES + 1)}, Outcome(413, "too_large"),
-                                         v2=Outcome(200, RECORD_FAULT), kafka="message_too_large"),
+                                         v2=Outcome(200, RECORD_FAULT), v3=Outcome(200, "413"),
+                                         kafka="message_too_large"),
     "key over the topic's limit": Case("t", {"key": "k" * (MAX_MESSAGE_BYTES + 1), "value": "v"},
                                        Outcome(413, "too_large"), v2=Outcome(200, RECORD_FAULT),
-                                       kafka="message_too_large"),
+                                       v3=Outcome(200, "413"), kafka="message_too_large"),
     "headers that are not strings": Case("t", {"value": "v", "headers": {"n": 1}}, Outcome(422, "invalid_request"),
                                          doors=("single", "json", "ndjson")),
     "a token without the topic": Case("t", {"value": "v"}, Outcome(403, "forbidden"), narrow=True,
@@ -241,7 +269,11 @@ def _check(server: Server, name: str, case: Case) -> None:
         if door not in case.doors:
             continue
         got = send(server, case.topic, case.message, server.narrow if case.narrow else server.admin, case.raw)
-        want = (case.v2 or _v2_form(case.expected)) if door == "rest-v2" else case.expected
+        want = case.expected
+        if door == "rest-v2":
+            want = case.v2 or _v2_form(case.expected)
+        if door == "rest-v3":
+            want = case.v3 or _v3_form(case.expected)
         if door == "kafka":
             want = Outcome(200) if case.kafka is None else Outcome(0, case.kafka)
         if want.status == 200 and want.code is None:
@@ -261,7 +293,7 @@ def test_every_door_gives_the_same_outcome(name: str, fast: Server, asgi: Server
 def test_a_duplicate_id_answers_its_first_placement_through_every_door(fast: Server, asgi: Server) -> None:
     for server in (fast, asgi):
         for door, send in DOORS.items():
-            if door == "rest-v2":
+            if door in ("rest-v2", "rest-v3"):
                 continue  # the REST Proxy's records carry no id
             message = {"value": "once", "id": f"dup-{door}-{server.url}"}
             first = send(server, "t", message, server.admin, None)
@@ -279,8 +311,8 @@ def test_backpressure_is_a_429_with_retry_after_through_every_door(full: Server)
     for door, send in DOORS.items():
         got = send(full, "t", {"value": "v"}, full.admin, None)
         # Kafka: a retriable error, and a throttle time the client waits out before it sends again
-        want = Outcome(429, "42901" if door == "rest-v2" else "backpressure") if door != "kafka" else Outcome(
-            0, "request_timed_out")
+        want = {"rest-v2": Outcome(429, "42901"), "rest-v3": Outcome(200, "429"),  # v3: the record's result
+                "kafka": Outcome(0, "request_timed_out")}.get(door, Outcome(429, "backpressure"))
         assert (got.status, got.code) == (want.status, want.code), (door, got)
         assert got.retry_after is not None and int(got.retry_after) >= 1, (door, got)
 
@@ -309,7 +341,8 @@ def test_a_partition_whose_owner_just_died_is_a_503_with_retry_after_through_eve
             if door == "kafka":  # a Kafka client is never forwarded: it asks the metadata again and waits
                 assert (got.status, got.code) == (0, "not_leader_or_follower"), got
                 continue
-            want = Outcome(503, "50301" if door == "rest-v2" else "partition_unavailable")
+            want = {"rest-v2": Outcome(503, "50301"), "rest-v3": Outcome(200, "503")}.get(
+                door, Outcome(503, "partition_unavailable"))
             assert (got.status, got.code) == (want.status, want.code), (door, got)
             assert got.retry_after is not None and int(got.retry_after) >= 1, (door, got)
         assert set(_owners(a.url).values()) == {a.url, b.url}, "the lease of b ran out during the test"
