@@ -117,6 +117,12 @@ class Membership:
         self.table.url = url.rstrip("/")
         self._wake.set()
 
+    def advertise_kafka(self, address: str | None) -> None:
+        """The host:port Kafka clients reach this node's listener at (None: it has none), in the
+        node's row for every node's Metadata answers."""
+        self.table.kafka = address
+        self._wake.set()
+
     async def join(self) -> None:
         """The first heartbeat takes this node's share; the beats go on from there, and this returns
         once the share is claimed and open (the node serves then)."""

@@ -220,6 +220,7 @@ class NodePublic(BaseModel):
     alive: bool
     draining: bool = Field(False, description="Stopping: no partition is given to it, and those it holds move on "
                                               "once it stops.")
+    kafka: str | None = Field(None, description="Its Kafka listener's advertised host:port (null: none).")
 
 
 class PartitionOwnerPublic(BaseModel):

@@ -42,6 +42,7 @@ class NodeInfo:
     since: datetime
     expires_at: datetime
     draining: bool = False
+    kafka: str | None = None  # its Kafka listener's advertised host:port
 
     def alive(self, now: datetime) -> bool:
         return self.expires_at > now
@@ -130,7 +131,8 @@ def balance(pairs: Sequence[Pair], nodes: Sequence[str], owners: Mapping[Pair, s
 
 
 def _node(row: dict[str, Any]) -> NodeInfo:
-    return NodeInfo(row["node"], row["url"] or "", row["since"], row["expires_at"], row["epoch"] == DRAINING)
+    return NodeInfo(row["node"], row["url"] or "", row["since"], row["expires_at"], row["epoch"] == DRAINING,
+                    row.get("kafka"))
 
 
 def _owner(row: dict[str, Any]) -> Owner:
@@ -154,6 +156,7 @@ class OwnershipTable:
         self.table = StateTable(layout.owners_table, OWNERS_SCHEMA, OWNERS_SCHEMA_VERSION)
         self.node = node
         self.url = url
+        self.kafka: str | None = None  # the Kafka listener's advertised host:port, once it listens
         self.ttl = timedelta(seconds=ttl_s)
         self._clock = clock
         self._live_topics = live_topics
@@ -183,12 +186,13 @@ class OwnershipTable:
                      and r["expires_at"] > now - self.ttl * FORGET_NODES_AFTER_TTLS]
             me = next((r for r in nodes if r["node"] == self.node), None)
             if me is None:
-                me = {"kind": "node", "node": self.node, "url": self.url, "topic_id": "", "topic": "",
-                      "partition": -1, "epoch": state, "since": now, "expires_at": expires}
+                me = {"kind": "node", "node": self.node, "url": self.url, "kafka": self.kafka, "topic_id": "",
+                      "topic": "", "partition": -1, "epoch": state, "since": now, "expires_at": expires}
                 nodes.append(me)
-            elif leave or me["url"] != self.url or me["epoch"] != state or me["expires_at"] - now < self.ttl / 2:
+            elif (leave or me["url"] != self.url or me.get("kafka") != self.kafka or me["epoch"] != state
+                  or me["expires_at"] - now < self.ttl / 2):
                 # Renewed at half its life: a heartbeat that changes nothing else commits nothing.
-                me.update(url=self.url, epoch=state, expires_at=expires)
+                me.update(url=self.url, kafka=self.kafka, epoch=state, expires_at=expires)
             live = sorted(r["node"] for r in nodes if r["expires_at"] > now and r["epoch"] != DRAINING)
             by_pair = {(r["topic_id"], r["partition"]): r for r in out if r["kind"] == "partition"}
             owners = {pair: r["node"] for pair, r in by_pair.items() if r["node"] and r["expires_at"] > now}

@@ -159,12 +159,13 @@ JOB_SLOTS_SCHEMA = pa.schema(
 )
 
 # Written by tables/ownership.py: which ingest node owns which topic partition.
-OWNERS_SCHEMA_VERSION = 1
+OWNERS_SCHEMA_VERSION = 2  # 2: the node rows' Kafka listener address
 OWNERS_SCHEMA = pa.schema(
     [
         pa.field("kind", pa.string(), nullable=False),  # node | partition | pin
         pa.field("node", pa.string()),  # the node's id; a partition's owner (null once released); a pin's node
         pa.field("url", pa.string()),  # node rows: the advertised URL other nodes and clients use
+        pa.field("kafka", pa.string()),  # node rows: its Kafka listener's advertised host:port (null: none)
         pa.field("topic_id", pa.string(), nullable=False),  # "" on node rows
         pa.field("topic", pa.string(), nullable=False),  # "" on node rows
         pa.field("partition", pa.int32(), nullable=False),  # -1 on node rows

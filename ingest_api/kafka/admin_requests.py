@@ -9,7 +9,6 @@ the token's; describing one, a token that may see it."""
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
@@ -18,6 +17,7 @@ from pydantic import ValidationError
 
 from lakebroker.ingest_api.auth import check_scope, check_topic
 from lakebroker.ingest_api.kafka import wire
+from lakebroker.ingest_api.kafka.brokers import Brokers
 from lakebroker.ingest_api.kafka.errors import error_code, may_see
 from lakebroker.ingest_api.node_identity import CLUSTER_ID
 from lakebroker.ingest_api.produce_core import ProduceCore
@@ -60,11 +60,10 @@ class InvalidPartitions(InvalidRequest):
 
 
 class AdminRequests:
-    def __init__(self, core: ProduceCore, broker_id: int, address: Callable[[], tuple[str, int]]) -> None:
-        """`address`: the host and port clients reach this node's listener at (DescribeCluster)."""
+    def __init__(self, core: ProduceCore, brokers: Brokers) -> None:
+        """`brokers`: the cluster's brokers, as DescribeCluster lists them."""
         self.core = core
-        self.broker_id = broker_id
-        self.address = address
+        self.brokers = brokers
 
     async def answer(self, principal: ApiToken, request: wire.Request) -> bytes:
         schema = wire.response_schema(request.api_key, request.version)
@@ -200,11 +199,12 @@ class AdminRequests:
                           resource_name=name)
 
     def _cluster(self, schema: Any) -> Any:
-        host, port = self.address()
-        broker = wire.build(wire.nested(schema, "DescribeClusterBroker"), broker_id=self.broker_id, host=host,
-                            port=port, rack=None)
+        entry = wire.nested(schema, "DescribeClusterBroker")
+        brokers = tuple(wire.build(entry, broker_id=b.id, host=b.host, port=b.port, rack=None)
+                        for b in self.brokers.live())
+        # Any node changes topics (they live in the shared topic store): the one asked is the controller.
         return wire.build(schema, throttle_time=_ZERO, error_code=ErrorCode.none, error_message=None,
-                          cluster_id=CLUSTER_ID, controller_id=self.broker_id, brokers=(broker,),
+                          cluster_id=CLUSTER_ID, controller_id=self.brokers.own_id, brokers=brokers,
                           cluster_authorized_operations=-2147483648)
 
 

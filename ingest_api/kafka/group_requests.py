@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
@@ -14,6 +13,7 @@ from kio.schema.errors import ErrorCode
 
 from lakebroker.ingest_api.auth import check_scope, check_topic
 from lakebroker.ingest_api.kafka import wire
+from lakebroker.ingest_api.kafka.brokers import Brokers
 from lakebroker.ingest_api.kafka.errors import error_code, may_see
 from lakebroker.ingest_api.kafka.groups import GroupCoordinator
 from lakebroker.ingest_api.produce_core import ProduceCore
@@ -29,11 +29,10 @@ _ZERO = timedelta(0)
 
 
 class GroupRequests:
-    def __init__(self, core: ProduceCore, broker_id: int, address: Callable[[], tuple[str, int]]) -> None:
-        """`address`: the host and port clients reach this node's listener at (FindCoordinator)."""
+    def __init__(self, core: ProduceCore, brokers: Brokers) -> None:
+        """`brokers`: the cluster's brokers, which name each group's coordinator."""
         self.core = core
-        self.broker_id = broker_id
-        self.address = address
+        self.brokers = brokers
         self.groups = GroupCoordinator()
         self.offsets = OffsetsTable(core.broker.layout)
 
@@ -54,13 +53,14 @@ class GroupRequests:
             return wire.frame_of(request, _refused_group(schema, request, ErrorCode.group_authorization_failed))
         if request.api_key == FIND_COORDINATOR:
             return wire.frame_of(request, self._find_coordinator(schema, body))
-        if request.api_key == LIST_GROUPS:
+        if request.api_key == LIST_GROUPS:  # a client asks every broker: each lists the groups it coordinates
             entry = wire.nested(schema, "ListedGroup")
-            live = self.groups.groups
+            live = {name: g for name, g in self.groups.groups.items() if self.brokers.coordinates(name)}
             groups = tuple(wire.build(entry, group_id=g.name, protocol_type=g.protocol_type or "", group_state=g.state)
                            for g in live.values())
             groups += tuple(wire.build(entry, group_id=name, protocol_type="consumer", group_state="Empty")
-                            for name in sorted(await self._committed_groups()) if name not in live)
+                            for name in sorted(await self._committed_groups())
+                            if name not in live and self.brokers.coordinates(name))
             return wire.frame_of(request, wire.build(schema, throttle_time=_ZERO, error_code=ErrorCode.none,
                                                      groups=groups))
         if request.api_key == DESCRIBE_GROUPS:
@@ -69,6 +69,10 @@ class GroupRequests:
             pull_group(body.group_id)
         except InvalidRequest:
             return wire.frame_of(request, _refused_group(schema, request, ErrorCode.invalid_group_id))
+        if not self.brokers.coordinates(body.group_id):  # the client finds the coordinator again
+            if request.api_key in (OFFSET_COMMIT, OFFSET_FETCH):
+                return wire.frame_of(request, _per_partition(schema, request, ErrorCode.not_coordinator))
+            return wire.frame_of(request, _refused_group(schema, request, ErrorCode.not_coordinator))
         if request.api_key == JOIN_GROUP:
             rebalance = getattr(body, "rebalance_timeout", body.session_timeout)
             joined = await self.groups.join(body.group_id, body.member_id, request.client_id or "",
@@ -106,16 +110,19 @@ class GroupRequests:
         return wire.frame_of(request, await self._offset_fetch(principal, schema, body))
 
     def _find_coordinator(self, schema: Any, body: Any) -> Any:
-        """This node coordinates every group it is asked about (groups are kept per node)."""
+        """Each group's coordinator (brokers.py): one node per group across the cluster."""
         keys = tuple(body.coordinator_keys) if hasattr(body, "coordinator_keys") else (body.key,)
-        host, port = self.address()
-        here = {"node_id": self.broker_id, "host": host, "port": port}
-        error = ErrorCode.none if all(getattr(body, "key_type", 0) == 0 for _ in keys) else ErrorCode.invalid_request
+        error = ErrorCode.none if getattr(body, "key_type", 0) == 0 else ErrorCode.invalid_request
+
+        def at(key: str) -> dict[str, Any]:
+            broker = self.brokers.coordinator(key)
+            return {"node_id": broker.id, "host": broker.host, "port": broker.port}
+
         if "coordinators" in {f.name for f in dataclasses.fields(schema)}:
             entry = wire.nested(schema, "Coordinator")
             return wire.build(schema, throttle_time=_ZERO, coordinators=tuple(
-                wire.build(entry, key=k, error_code=error, error_message=None, **here) for k in keys))
-        return wire.build(schema, throttle_time=_ZERO, error_code=error, error_message=None, **here)
+                wire.build(entry, key=k, error_code=error, error_message=None, **at(k)) for k in keys))
+        return wire.build(schema, throttle_time=_ZERO, error_code=error, error_message=None, **at(keys[0]))
 
     async def _committed_groups(self) -> set[str]:
         """The groups (by their Kafka name) with offsets in the offsets table: a group whose members
@@ -127,6 +134,11 @@ class GroupRequests:
         group_entry, member_entry = wire.nested(schema, "DescribedGroup"), wire.nested(schema, "DescribedGroupMember")
         out = []
         for name in body.groups:
+            if not self.brokers.coordinates(name):
+                out.append(wire.build(group_entry, error_code=ErrorCode.not_coordinator, group_id=name, group_state="",
+                                      protocol_type="", protocol_data="", members=(),
+                                      authorized_operations=-2147483648))
+                continue
             group = self.groups.groups.get(name)
             members = () if group is None else tuple(wire.build(
                 member_entry, member_id=m.member_id, group_instance_id=None, client_id=m.client_id,
@@ -149,6 +161,9 @@ class GroupRequests:
         for t in body.topics:
             parts = []
             offsets: dict[int, int] = {}
+            known = self.core.broker.topics.get(t.name)
+            if known is not None and group_error is ErrorCode.none:
+                await self.core.broker.follow_ends(known)  # the ends of partitions other nodes own
             for p in t.partitions:
                 error = group_error
                 if error is ErrorCode.none:
@@ -193,6 +208,25 @@ class GroupRequests:
                 metadata="",
                 error_code=ErrorCode.none if allowed else ErrorCode.topic_authorization_failed) for p in partitions)))
         return wire.build(schema, throttle_time=_ZERO, error_code=ErrorCode.none, topics=tuple(answers))
+
+
+def _per_partition(schema: Any, request: wire.Request, error: ErrorCode) -> Any:
+    """An OffsetCommit's or OffsetFetch's answer with `error` for every partition it names (and at
+    the top, where the version has a field for it)."""
+    body = request.body
+    if request.api_key == OFFSET_COMMIT:
+        topic_entry, entry = wire.nested(schema, "OffsetCommitResponseTopic"), wire.nested(
+            schema, "OffsetCommitResponsePartition")
+        asked = [(t.name, [p.partition_index for p in t.partitions]) for t in body.topics]
+        extra: dict[str, Any] = {}
+    else:
+        topic_entry, entry = wire.nested(schema, "OffsetFetchResponseTopic"), wire.nested(
+            schema, "OffsetFetchResponsePartition")
+        asked = [(t.name, list(t.partition_indexes)) for t in body.topics or ()]
+        extra = {"committed_offset": -1, "committed_leader_epoch": -1, "metadata": ""}
+    topics = tuple(wire.build(topic_entry, name=name, partitions=tuple(
+        wire.build(entry, partition_index=p, error_code=error, **extra) for p in parts)) for name, parts in asked)
+    return wire.build(schema, throttle_time=_ZERO, error_code=error, topics=topics)
 
 
 def _refused_group(schema: Any, request: wire.Request, error: ErrorCode) -> Any:

@@ -31,6 +31,7 @@ from kio.schema.errors import ErrorCode
 from lakebroker.ingest_api.auth import OPEN_ACCESS, Authenticator
 from lakebroker.ingest_api.kafka import record_batches, wire
 from lakebroker.ingest_api.kafka.admin_requests import ADMIN_NAMES, ADMIN_VERSIONS, AdminRequests
+from lakebroker.ingest_api.kafka.brokers import Brokers
 from lakebroker.ingest_api.kafka.fetch_requests import FETCH, LIST_OFFSETS, FetchRequests
 from lakebroker.ingest_api.kafka.group_requests import (
     DESCRIBE_GROUPS,
@@ -79,7 +80,6 @@ API_NAMES = {PRODUCE: "Produce", FETCH: "Fetch", LIST_OFFSETS: "ListOffsets", ME
              **ADMIN_NAMES}
 BEFORE_AUTH = frozenset({API_VERSIONS, SASL_HANDSHAKE, SASL_AUTHENTICATE})
 MECHANISMS = ("PLAIN",)
-BROKER_ID = 0
 _ZERO = timedelta(0)
 
 
@@ -108,9 +108,10 @@ class KafkaListener:
         self.advertised_port = port
         self.max_request_bytes = core.broker.settings.max_request_bytes
         self.body_timeout_s = core.broker.settings.body_read_timeout_s
-        self.metadata_requests = MetadataRequests(core, BROKER_ID, self.address)
-        self.group_requests = GroupRequests(core, BROKER_ID, self.address)
-        self.admin_requests = AdminRequests(core, BROKER_ID, self.address)
+        self.brokers = Brokers(core.broker, self.address)
+        self.metadata_requests = MetadataRequests(core, self.brokers)
+        self.group_requests = GroupRequests(core, self.brokers)
+        self.admin_requests = AdminRequests(core, self.brokers)
         self._servers: list[asyncio.Server] = []
         self._connections: set[asyncio.Task[None]] = set()
         metrics = core.broker.metrics
@@ -140,6 +141,8 @@ class KafkaListener:
                               "(setting kafka_port; kafka_listener=false turns it off)") from None
         self.port = self._servers[0].sockets[0].getsockname()[1]
         self.advertised_port = self._servers[-1].sockets[0].getsockname()[1]
+        host = f"[{self.advertised_host}]" if ":" in self.advertised_host else self.advertised_host
+        self.core.broker.cluster.advertise_kafka(f"{host}:{self.advertised_port}")  # for every node's Metadata
         await asyncio.to_thread(record_batches.warm_up)  # off the loop: leases are renewed on it
         self.group_requests.start()
         log.info("Kafka listener on %s:%d (%s), advertised as %s:%d; acks=all waits for ack=%s%s", self.host,
@@ -148,6 +151,7 @@ class KafkaListener:
                  "; clients authenticate with SASL/PLAIN (an API token as the password)" if self.auth.enforced else "")
 
     async def stop(self) -> None:
+        self.core.broker.cluster.advertise_kafka(None)
         await self.group_requests.stop()
         for server in self._servers:
             server.close()

@@ -1,19 +1,19 @@
-"""Kafka's Metadata: the brokers a client may reach and each partition's leader.
+"""Kafka's Metadata: the brokers a client may reach and each partition's leader (brokers.py).
 
-This node is the one broker, and the leader of the partitions it owns, with its ownership epoch
-as the leader epoch. Another node's partition, or one not yet claimed, is LEADER_NOT_AVAILABLE
-here: the client waits and asks again rather than send it to a node that would refuse it."""
+A partition with no live owner that has a Kafka listener (not yet claimed, or its owner just
+died) is LEADER_NOT_AVAILABLE: the client waits and asks again rather than send it to a node that
+would refuse it."""
 
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
 from kio.schema.errors import ErrorCode
 
 from lakebroker.ingest_api.kafka import wire
+from lakebroker.ingest_api.kafka.brokers import Brokers
 from lakebroker.ingest_api.kafka.errors import may_see
 from lakebroker.ingest_api.node_identity import CLUSTER_ID
 from lakebroker.ingest_api.produce_core import ProduceCore
@@ -24,11 +24,9 @@ _ZERO = timedelta(0)
 
 
 class MetadataRequests:
-    def __init__(self, core: ProduceCore, broker_id: int, address: Callable[[], tuple[str, int]]) -> None:
-        """`address`: the host and port clients reach this node's listener at."""
+    def __init__(self, core: ProduceCore, brokers: Brokers) -> None:
         self.core = core
-        self.broker_id = broker_id
-        self.address = address
+        self.brokers = brokers
 
     def answer(self, principal: ApiToken, request: wire.Request) -> bytes:
         """The topics asked (every one the token may see when none is named)."""
@@ -47,23 +45,24 @@ class MetadataRequests:
                 continue
             out.append(wire.build(topic_entry, error_code=ErrorCode.none, name=name,
                                   topic_id=uuid.UUID(hex=topic.topic_id[:32].ljust(32, "0")),
-                                  partitions=self._partitions(schema, bytes.fromhex(topic.topic_id),
-                                                              topic.partitions)))
-        host, port = self.address()
-        brokers = (wire.build(wire.nested(schema, "MetadataResponseBroker"), node_id=self.broker_id, host=host,
-                              port=port),)
+                                  partitions=self._partitions(schema, topic.topic_id, topic.partitions)))
+        entry = wire.nested(schema, "MetadataResponseBroker")
+        brokers = tuple(wire.build(entry, node_id=b.id, host=b.host, port=b.port, rack=None)
+                        for b in self.brokers.live())
         return wire.frame_of(request, wire.build(schema, throttle_time=_ZERO, brokers=brokers, cluster_id=CLUSTER_ID,
-                                                 controller_id=self.broker_id, topics=tuple(out)))
+                                                 controller_id=self.brokers.own_id, topics=tuple(out)))
 
-    def _partitions(self, schema: Any, topic_key: bytes, count: int) -> tuple[object, ...]:
+    def _partitions(self, schema: Any, topic_id: str, count: int) -> tuple[object, ...]:
         entry = wire.nested(schema, "MetadataResponsePartition")
-        epochs = self.core.broker.ownership.epochs
         out = []
         for p in range(count):
-            epoch = epochs.get((topic_key, p))
-            out.append(wire.build(
-                entry, partition_index=p,
-                error_code=ErrorCode.none if epoch is not None else ErrorCode.leader_not_available,
-                leader_id=self.broker_id if epoch is not None else -1, leader_epoch=-1 if epoch is None else epoch,
-                replica_nodes=(self.broker_id,), isr_nodes=(self.broker_id,), offline_replicas=()))
+            leader = self.brokers.leader(topic_id, p)
+            if leader is None:
+                out.append(wire.build(entry, partition_index=p, error_code=ErrorCode.leader_not_available,
+                                      leader_id=-1, leader_epoch=-1, replica_nodes=(), isr_nodes=(),
+                                      offline_replicas=()))
+                continue
+            out.append(wire.build(entry, partition_index=p, error_code=ErrorCode.none, leader_id=leader.broker,
+                                  leader_epoch=leader.epoch, replica_nodes=(leader.broker,),
+                                  isr_nodes=(leader.broker,), offline_replicas=()))
         return tuple(out)

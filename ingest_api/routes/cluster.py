@@ -20,7 +20,7 @@ async def cluster(broker: BrokerDep, principal: PrincipalDep) -> ClusterPublic:
     view = await asyncio.to_thread(broker.cluster.table.view)
     live = view.live_nodes()
     nodes = [NodePublic(id=n.node, url=n.url, since=n.since.isoformat(), lease_expires_at=n.expires_at.isoformat(),
-                        alive=n.node in live, draining=n.draining) for n in view.nodes]
+                        alive=n.node in live, draining=n.draining, kafka=n.kafka) for n in view.nodes]
     partitions = []
     for topic in sorted(broker.topics.values(), key=lambda t: t.name):
         if not principal.allows_topic(topic.name):
