@@ -46,7 +46,7 @@ $(DEV_STAMP): pyproject.toml requirements.lock clients/python/pyproject.toml
 
 # Apache Kafka's broker and Java tools (jars from Maven Central): the Kafka benchmark's reference broker and
 # the tests that run Kafka's own clients against the listener.
-.cache/kafka/jars.version: scripts/kafka/pom.xml scripts/kafka_tools.sh
+.cache/kafka/jars.version: scripts/kafka/pom.xml scripts/kafka/spark-connector-pom.xml scripts/kafka_tools.sh
 	bash scripts/kafka_tools.sh build
 
 # MinIO on 127.0.0.1:$${S3_PORT:-9000}, in the foreground; creates the bucket `lakebroker`, prints the endpoint.

@@ -67,7 +67,8 @@ SPARK_SESSION_GROUPS = {
     "spark-session-b": ("tests/tables/test_table_features.py", "tests/spark_pipeline/test_s3.py",
                         "tests/spark_pipeline/test_session.py", "tests/spark_pipeline/test_compaction.py",
                         "tests/cli/test_job_progress.py", "tests/spark_pipeline/test_topic_reads.py",
-                        "tests/spark_pipeline/test_topic_writes.py", "tests/spark_pipeline/test_topic_streams.py"),
+                        "tests/spark_pipeline/test_topic_writes.py", "tests/spark_pipeline/test_topic_streams.py",
+                        "tests/spark_pipeline/test_spark_kafka.py"),
 }
 _GROUP_OF = {module: group for group, modules in SPARK_SESSION_GROUPS.items() for module in modules}
 
