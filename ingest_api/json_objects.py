@@ -24,6 +24,7 @@ class ObjectSplitter:
         self._depth = 0
         self._start = -1  # where the object being read starts in _buf, -1 between objects
         self.broken: str | None = None  # why the stream cannot be read on; nothing is split after it
+        self.count = 0  # objects split so far
 
     def feed(self, data: bytes) -> list[bytes]:
         """The objects `data` completes, in order, up to where the stream breaks, if it does."""
@@ -48,6 +49,7 @@ class ObjectSplitter:
                 self._depth -= 1
                 if self._depth == 0:
                     done.append(bytes(self._buf[self._start:match.end()]))
+                    self.count += 1
                     consumed, self._start = match.end(), -1
         else:
             self._scanned = len(self._buf)
@@ -63,9 +65,11 @@ class ObjectSplitter:
 
     def finish(self) -> None:
         """The stream has ended: broken if it ends inside an object, or with anything but
-        whitespace after the last one."""
+        whitespace after the last one, or held no object at all."""
         if self.broken is None and (self._start >= 0 or self._buf.strip(_SPACE)):
             self.broken = "the stream ends inside a record: its JSON object is not closed"
+        elif self.broken is None and self.count == 0:
+            self.broken = "the body holds no record: send one JSON object per record"
 
     def _gap_ok(self, start: int, end: int) -> bool:
         junk = self._buf[start:end].strip(_SPACE)

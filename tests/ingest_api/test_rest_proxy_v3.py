@@ -70,6 +70,8 @@ def test_objects_split_wherever_the_bytes_are_cut() -> None:
     (b'{"a": 1} {"b": "unclosed', 1, "ends inside a record"),
     (b'{"a": 1} 7', 1, "found '7'"),
     (b'{"a": "' + b"x" * 200, 0, "over 100 bytes"),
+    (b" \n ", 0, "holds no record"),
+    (b"", 0, "holds no record"),
 ])
 def test_a_broken_stream_keeps_the_records_before_the_break(stream: bytes, split: int, why: str) -> None:
     splitter = ObjectSplitter(100)
