@@ -28,8 +28,11 @@ build() {
   # A scratch directory, then a rename: an interrupted fetch never leaves half a classpath.
   local tmp="$DEST/.jars.$$"
   trap 'rm -rf "$tmp"' RETURN
-  mvn -q -f "$POM" dependency:copy-dependencies -DoutputDirectory="$tmp/jars" >&2
-  mvn -q -f "$SPARK_POM" dependency:copy-dependencies -DoutputDirectory="$tmp/spark-connector" \
+  # A Maven repository of its own, as `lakebroker spark setup` keeps: what Maven leaves in ~/.m2 (a
+  # POM without its jar, from version mediation) breaks Spark's Ivy resolver, which reads ~/.m2 first.
+  local repo="-Dmaven.repo.local=$DEST/m2"
+  mvn -q -f "$POM" "$repo" dependency:copy-dependencies -DoutputDirectory="$tmp/jars" >&2
+  mvn -q -f "$SPARK_POM" "$repo" dependency:copy-dependencies -DoutputDirectory="$tmp/spark-connector" \
     -DincludeArtifactIds="$SPARK_JARS" >&2
   rm -rf "$DEST/jars" "$DEST/spark-connector"
   mv "$tmp/jars" "$tmp/spark-connector" "$DEST/"

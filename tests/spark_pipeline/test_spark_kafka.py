@@ -1,7 +1,8 @@
 """Spark's own Kafka connector (spark-sql-kafka-0-10 for this pyspark, fetched by `make setup` into
 .cache/kafka/spark-connector) against the Kafka listener of a real `serve`: docs/kafka.md's stream
 reads a topic produced over HTTP, with its keys, values, headers, partitions and offsets, and
-batch writes publish to topics that the HTTP API then reads back."""
+batch writes publish to topics that the HTTP API then reads back. And records a Kafka client
+produced reach a webhook, signed, and Spark SQL over the topic's table."""
 
 from __future__ import annotations
 
@@ -12,10 +13,14 @@ from typing import Any
 
 import httpx
 import pytest
+from confluent_kafka import Producer
 
+from examples.receiver import create_app
 from lakebroker.ingest_api.partitioner import partition_for_key
+from lakebroker.spark import read_topic
+from lakebroker.tables.settings import Settings
 from tests.markdown_blocks import code_blocks
-from tests.servers import REPO, ServerProcess, create_topic, serving, stored_messages, until
+from tests.servers import REPO, AppThread, ServerProcess, create_topic, serving, stored_messages, until
 
 pytestmark = [pytest.mark.timeout(300)]
 
@@ -25,7 +30,8 @@ ME = "tests/spark_pipeline/test_spark_kafka.py"
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    with serving(tmp_path_factory.mktemp("spark-kafka") / "data", {"LAKEBROKER_FLUSH_INTERVAL_MS": "50"}) as node:
+    env = {"LAKEBROKER_FLUSH_INTERVAL_MS": "50", "LAKEBROKER_ALLOW_PRIVATE_WEBHOOKS": "true"}
+    with serving(tmp_path_factory.mktemp("spark-kafka") / "data", env) as node:
         yield node
 
 
@@ -84,3 +90,43 @@ def test_a_batch_write_publishes_to_a_topic(kafka_spark: Any, server: ServerProc
 
 def _text(message: dict[str, Any]) -> str:
     return base64.b64decode(message["value_b64"]).decode()
+
+
+def test_records_a_kafka_client_produced_reach_a_webhook_and_spark_sql(spark: Any, server: ServerProcess) -> None:
+    create_topic(server, "kafka-made", 2)
+    producer = Producer({"bootstrap.servers": server.kafka, "enable.idempotence": True, "acks": "all",
+                         "partitioner": "murmur2_random", "compression.type": "zstd"})
+    placed: dict[tuple[int, int], str] = {}
+
+    def report(err: Any, msg: Any) -> None:
+        assert err is None, err
+        placed[(msg.partition(), msg.offset())] = msg.key().decode()
+
+    for i in range(20):
+        producer.produce("kafka-made", key=f"user-{i}", value=f'{{"n": {i}}}'.encode(),
+                         headers=[("source", b"kafka")], on_delivery=report)
+    assert producer.flush(60) == 0 and len(placed) == 20
+
+    secret = "whsec_" + base64.b64encode(b"k" * 24).decode()
+    receiver = AppThread(create_app(secret))
+    receiver.start()
+    try:
+        r = httpx.post(f"{server.url}/v1/subscriptions", timeout=30, json={
+            "name": "kafka-made-hook", "topic": "kafka-made", "url": receiver.url + "/hook", "start": "earliest",
+            "secret": secret, "retry_schedule_s": [0.2]})
+        assert r.status_code == 201, r.text
+        delivered = receiver.server.config.app.state.deliveries  # verified by the receiver's WebhookDependency
+
+        until(lambda: sum(len(d.messages) for d in delivered) >= 20, "20 signed deliveries", timeout=60)
+        got = {(m.partition, m.offset): m for d in delivered for m in d.messages}
+        assert {k: m.key for k, m in got.items()} == placed
+        assert all(m.data == f'{{"n": {m.key.removeprefix("user-")}}}'.encode() for m in got.values())
+        assert all(m.headers == {"source": "kafka"} for m in got.values())
+    finally:
+        receiver.stop()
+
+    read_topic(spark, "kafka-made", settings=Settings(data_dir=server.data_dir)).createOrReplaceTempView("kafka_made")
+    rows = spark.sql("SELECT partition, offset, key, CAST(value_bytes AS STRING) AS value, headers['source'] AS source "
+                     "FROM kafka_made ORDER BY partition, offset").collect()
+    assert {(r.partition, r.offset): r.key for r in rows} == placed
+    assert all(r.source == "kafka" and r.value == f'{{"n": {r.key.removeprefix("user-")}}}' for r in rows)
