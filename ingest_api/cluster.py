@@ -117,9 +117,9 @@ class Membership:
         self.table.url = url.rstrip("/")
         self._wake.set()
 
-    def advertise_kafka(self, address: str | None) -> None:
-        """The host:port Kafka clients reach this node's listener at (None: it has none), in the
-        node's row for every node's Metadata answers."""
+    def advertise_kafka(self, address: str) -> None:
+        """The host:port Kafka clients reach this node's listener at, in the node's row for every
+        node's Metadata answers."""
         self.table.kafka = address
         self._wake.set()
 
