@@ -119,9 +119,9 @@ class Membership:
 
     def advertise_kafka(self, address: str) -> None:
         """The host:port Kafka clients reach this node's listener at, in the node's row for every
-        node's Metadata answers."""
+        node's Metadata answers. Written with the row's next renewal (within half a lease TTL), not
+        in a commit of its own: the ownership table's commits are what every heartbeat contends for."""
         self.table.kafka = address
-        self._wake.set()
 
     async def join(self) -> None:
         """The first heartbeat takes this node's share; the beats go on from there, and this returns

@@ -189,10 +189,10 @@ class OwnershipTable:
                 me = {"kind": "node", "node": self.node, "url": self.url, "kafka": self.kafka, "topic_id": "",
                       "topic": "", "partition": -1, "epoch": state, "since": now, "expires_at": expires}
                 nodes.append(me)
-            elif (leave or me["url"] != self.url or me.get("kafka") != self.kafka or me["epoch"] != state
-                  or me["expires_at"] - now < self.ttl / 2):
-                # Renewed at half its life: a heartbeat that changes nothing else commits nothing.
-                me.update(url=self.url, kafka=self.kafka, epoch=state, expires_at=expires)
+            elif leave or me["url"] != self.url or me["epoch"] != state or me["expires_at"] - now < self.ttl / 2:
+                # Renewed at half its life: a heartbeat that changes nothing else commits nothing. The
+                # Kafka address rides along (within half a TTL of the listener's start): no commit of its own.
+                me.update(url=self.url, kafka=self.kafka or me.get("kafka"), epoch=state, expires_at=expires)
             live = sorted(r["node"] for r in nodes if r["expires_at"] > now and r["epoch"] != DRAINING)
             by_pair = {(r["topic_id"], r["partition"]): r for r in out if r["kind"] == "partition"}
             owners = {pair: r["node"] for pair, r in by_pair.items() if r["node"] and r["expires_at"] > now}
