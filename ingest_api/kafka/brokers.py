@@ -73,13 +73,16 @@ class Brokers:
 
     def live(self) -> list[KafkaBroker]:
         """Every live node with a Kafka listener, this one first (as it is now, whatever its row says)."""
-        out = [self.own()]
+        return [self.own(), *(broker for _, broker in self._peers())]
+
+    def _peers(self) -> list[tuple[NodeInfo, KafkaBroker]]:
+        """The other live nodes of the last heartbeat's view that have a Kafka listener."""
         view = self.membership.view
-        if view is not None:
-            for node in view.live_nodes().values():
-                address = _address(node)
-                if address is not None and node.node != self.membership.node:
-                    out.append(KafkaBroker(broker_id(node.node), *address))
+        out = []
+        for node in [] if view is None else view.live_nodes().values():
+            address = _address(node)
+            if node.node != self.membership.node and address is not None:
+                out.append((node, KafkaBroker(broker_id(node.node), *address)))
         return out
 
     def leader(self, topic_id: str, partition: int) -> Leader | None:
@@ -101,13 +104,9 @@ class Brokers:
         highest hash of (group, node). A draining node hands its groups on, unless it is alone."""
         me = self.membership.node
         view = self.membership.view
-        nodes = [] if view is None else list(view.live_nodes().values())
-        draining = any(n.node == me and n.draining for n in nodes)
+        draining = view is not None and any(n.node == me and n.draining for n in view.live_nodes().values())
         candidates = [] if draining else [(me, self.own())]
-        for node in nodes:
-            address = _address(node)
-            if node.node != me and address is not None and not node.draining:
-                candidates.append((node.node, KafkaBroker(broker_id(node.node), *address)))
+        candidates += [(node.node, broker) for node, broker in self._peers() if not node.draining]
         if not candidates:
             return self.own()
         return max(candidates, key=lambda c: zlib.crc32(f"{group}\0{c[0]}".encode()))[1]
