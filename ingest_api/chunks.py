@@ -59,13 +59,17 @@ class ColumnarBatch:
     # Set once its messages are queued for the WAL (their offsets' order is then fixed), or none is
     # to be: a door that pipelines a connection's requests hands the core the next one then.
     queued: asyncio.Event | None = None
+    # Kafka's idempotent producer: each producer's sequences in a partition follow on with no gap,
+    # so a run that starts past the next one is refused (sequences.OutOfOrderSequence), not stored.
+    consecutive: bool = False
 
     @property
     def rows(self) -> int:
         return int(self.columns.num_rows)
 
     @classmethod
-    def of(cls, columns: pa.Table, partitions: pa.Array, queued: asyncio.Event | None = None) -> ColumnarBatch:
+    def of(cls, columns: pa.Table, partitions: pa.Array, queued: asyncio.Event | None = None, *,
+           consecutive: bool = False) -> ColumnarBatch:
         """`columns` (CHUNK_SCHEMA) with each message's explicit partition (or null)."""
 
         def messages() -> list[NewMessage]:
@@ -79,7 +83,7 @@ class ColumnarBatch:
                                partition=partition, message_id=mid, producer_id=producer, sequence=sequence)
                     for key, value, fmt, headers, mid, producer, sequence, partition in rows]
 
-        return cls(columns, partitions, messages, queued)
+        return cls(columns, partitions, messages, queued, consecutive)
 
 
 @dataclass(slots=True)

@@ -33,7 +33,14 @@ from lakebroker.ingest_api.group_commit import GroupCommitter, PendingChunk
 from lakebroker.ingest_api.messages import AckMode
 from lakebroker.ingest_api.ownership import Ownership, remember_placed
 from lakebroker.ingest_api.partitioner import Partitioner
-from lakebroker.ingest_api.sequences import Found, MarkKey, RunPlacement, SequenceMarks, chunk_marks
+from lakebroker.ingest_api.sequences import (
+    Found,
+    MarkKey,
+    OutOfOrderSequence,
+    RunPlacement,
+    SequenceMarks,
+    chunk_marks,
+)
 from lakebroker.tables.topics import TopicConfig
 
 
@@ -78,6 +85,8 @@ class ColumnarProduce:
             ids = dedup_ids(message_ids, producers, sequences, pa.array(everyone))
         self.ownership.check_open(topic, topic_id, {p for p, _, _ in runs} if runs is not None else
                          set(np.flatnonzero(np.bincount(everyone)).tolist()))
+        if batch.consecutive and plans is not None:
+            self._check_follow_on(plans)
         if runs is not None and (plans is not None or ids.null_count == n):
             return await self._produce_runs(topic, topic_id, batch.columns, everyone, runs, sizes, ack, started,
                                             plans, batch.queued)
@@ -238,6 +247,17 @@ class ColumnarProduce:
             else:
                 plans.append(_RunPlan(key, low, high, found))
         return plans
+
+    def _check_follow_on(self, plans: list[_RunPlan]) -> None:
+        """Each new run starts at its producer's next sequence in its partition, when that is known
+        (sequences.py): else OutOfOrderSequence, and nothing of the request is stored."""
+        for plan in plans:
+            if plan.retry is None and (expected := self.marks.next_expected(plan.key)) is not None \
+                    and plan.first > expected:
+                _, partition, producer = plan.key
+                raise OutOfOrderSequence(
+                    f"producer {producer} sent sequence {plan.first} to partition {partition} before "
+                    f"{expected}: send the runs in order", partition)
 
     async def _settle_overlaps(self, topic: TopicConfig, runs: list[tuple[int, int, int]],
                                producers: pa.Array) -> None:

@@ -11,6 +11,12 @@ entry per producer and partition rather than one per message.
 The marks are rebuilt at start from the WAL and the tables (`dedup_rebuild`), and learnt from the
 table when a node takes a partition over (`dedup_rebuild.sequence_marks`).
 
+A Kafka producer's sequences in a partition follow on with no gap, and its runs are checked for
+that (`next_expected`): a run that starts past the next sequence is refused as out of order, as
+Kafka's brokers refuse it, until the runs before it have landed. Taken as it came, it would raise
+the mark past them, and a run delayed behind it (appended again by the partition's former owner
+after a failover, say) would be answered as a retry and never stored.
+
 A request whose rows in a partition are one producer's consecutive sequences (a Kafka record
 batch, always) is a run, and is deduplicated as one: each producer and partition keeps its last
 few runs and where they were stored (`Runs`), as Kafka's brokers keep a producer's last five
@@ -31,6 +37,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from lakebroker.ingest_api.chunks import Chunk
+from lakebroker.tables.errors import InvalidRequest
 
 MarkKey = tuple[str, int, str]  # topic id, partition, producer id
 MAX_PRODUCERS = 1_000_000  # marks kept (the oldest go first): ~200 bytes each
@@ -67,6 +74,18 @@ class _Run:
     first: int
     last: int
     placed: RunPlacement | asyncio.Future[RunPlacement]
+
+
+class OutOfOrderSequence(InvalidRequest):
+    """Kafka's OUT_OF_ORDER_SEQUENCE_NUMBER: a producer's run starts past its next sequence in the
+    partition. Retriable: the client sends it again once the runs before it are answered."""
+
+    status = 409
+    code = "out_of_order_sequence"
+
+    def __init__(self, message: str, partition: int) -> None:
+        super().__init__(message)
+        self.partition = partition
 
 
 class Found(enum.Enum):
@@ -128,6 +147,15 @@ class SequenceMarks:
         if crossing or self.covers(key, first) or self.covers(key, last):
             return Found.OVERLAP
         return Found.NEW
+
+    def next_expected(self, key: MarkKey) -> int | None:
+        """The sequence the producer's next run in the partition starts at: one past the highest it
+        has stored (within the window) or has on its way; None for a producer not known here."""
+        highest = [r.last for r in self._runs.get(key, ()) if isinstance(r.placed, asyncio.Future)]
+        mark = self._marks.get(key)
+        if mark is not None and mark[1] >= time.time() - self.window_s:
+            highest.append(mark[0])
+        return max(highest) + 1 if highest else None
 
     def in_flight(self, key: MarkKey) -> list[asyncio.Future[RunPlacement]]:
         return [r.placed for r in self._runs.get(key, ()) if isinstance(r.placed, asyncio.Future)]

@@ -8,6 +8,7 @@ from kio.schema.errors import ErrorCode
 from lakebroker.ingest_api.auth import check_topic
 from lakebroker.ingest_api.kafka import record_batches
 from lakebroker.ingest_api.not_here import NoOwnerYet, NotOwner
+from lakebroker.ingest_api.sequences import OutOfOrderSequence
 from lakebroker.tables.errors import (
     Backpressure,
     Forbidden,
@@ -40,6 +41,8 @@ def error_code(exc: BaseException) -> ErrorCode:
         return ErrorCode.message_too_large
     if isinstance(exc, Backpressure):
         return ErrorCode.request_timed_out  # retriable: the client backs off (throttle_time) and sends again
+    if isinstance(exc, OutOfOrderSequence):
+        return ErrorCode.out_of_order_sequence_number
     if isinstance(exc, InvalidRequest):
         return ErrorCode.invalid_record
     if isinstance(exc, StorageUnavailable):

@@ -30,6 +30,7 @@ from lakebroker.ingest_api.messages import AckMode
 from lakebroker.ingest_api.metrics import Children
 from lakebroker.ingest_api.not_here import NoOwnerYet, NotOwner
 from lakebroker.ingest_api.produce_core import ProduceCore, ProduceRequest
+from lakebroker.ingest_api.sequences import OutOfOrderSequence
 from lakebroker.tables.errors import Backpressure, LakebrokerError, NoSuchPartition, NotFound
 from lakebroker.tables.tokens import ApiToken
 
@@ -38,7 +39,8 @@ T = TypeVar("T")
 
 PRODUCE = 0
 FORWARDED = Caller(None, forwarded=True)  # a Kafka client finds the owner itself: never forward
-_PER_PARTITION = (NotOwner, NoOwnerYet, NoSuchPartition)  # refusals about one partition, not its topic
+# refusals about one partition, not its topic
+_PER_PARTITION = (NotOwner, NoOwnerYet, NoSuchPartition, OutOfOrderSequence)
 
 
 Decoded = tuple[int, int, list[record_batches.Batch]]  # a partition's place in its topic's list, index, batches
@@ -130,7 +132,7 @@ class ProduceRequests:
             counts = [sum(b.count for b in found) for _, _, found in decoded]
             explicit = pa.array(np.repeat(np.array([p for _, p, _ in decoded], np.int64), counts))
             answer = await self.core.produce_batch(ProduceRequest(
-                topic, ColumnarBatch.of(columns, explicit, queued), ack, principal, FORWARDED))
+                topic, ColumnarBatch.of(columns, explicit, queued, consecutive=True), ack, principal, FORWARDED))
         except _PER_PARTITION as exc:
             if len(decoded) > 1 and not queued.is_set():  # refused before any record was queued
                 return await self._one_by_one(principal, topic, decoded, ack, queued)
@@ -148,7 +150,7 @@ class ProduceRequests:
         return {place: a for answers in await in_order(steps, queued) for place, a in answers.items()}
 
     def _refused(self, topic: str, partition: int, exc: LakebrokerError) -> Answer:
-        if not isinstance(exc, NotOwner | NoOwnerYet | NotFound | NoSuchPartition | Backpressure):
+        if not isinstance(exc, NotOwner | NoOwnerYet | NotFound | NoSuchPartition | Backpressure | OutOfOrderSequence):
             log.warning("Kafka produce to %s[%d] refused: %s", topic, partition, exc.message)
         return Answer(error_code(exc), -1, exc.retry_after_s if isinstance(exc, Backpressure) else 0.0)
 

@@ -207,6 +207,32 @@ def test_an_idempotent_retry_after_a_restart_is_stored_once(tmp_path: Path) -> N
         node.stop()
 
 
+def test_a_gap_in_a_producers_sequences_is_refused_until_the_missing_batch_lands(server: ServerProcess) -> None:
+    """Kafka's contract for an idempotent producer: its sequences in a partition follow on. A batch
+    that starts past the next sequence (the batch before it is still on its way, say appended again
+    by a partition's former owner) is refused with OUT_OF_ORDER_SEQUENCE_NUMBER and nothing of it
+    stored; once the missing batch lands, the same batch is stored after it. Taken as it came, the
+    later batch would raise the producer's mark past the missing one, which would then be answered
+    as a duplicate and never stored."""
+    topic = create_topic(server, "gapped", 1)
+    with KafkaConnection(server.kafka) as kafka:
+        pid = kafka.call(InitProducerIdRequest(transactional_id=None, transaction_timeout=MINUTE,
+                                               producer_id=i64(-1), producer_epoch=-1)).producer_id
+        first = partition_answer(kafka.call(produce(topic, 0, record_batch([b"s0", b"s1", b"s2"], producer_id=pid,
+                                                                           base_sequence=0))))
+        later = record_batch([b"s10", b"s11"], producer_id=pid, base_sequence=10)
+        early = partition_answer(kafka.call(produce(topic, 0, later)))
+        missing = partition_answer(kafka.call(produce(topic, 0, record_batch(
+            [b"s%d" % i for i in range(3, 10)], producer_id=pid, base_sequence=3))))
+        again = partition_answer(kafka.call(produce(topic, 0, later)))
+    assert (first.error_code, first.base_offset) == (ErrorCode.none, 0)
+    assert early.error_code == ErrorCode.out_of_order_sequence_number
+    assert (missing.error_code, missing.base_offset) == (ErrorCode.none, 3)
+    assert (again.error_code, again.base_offset) == (ErrorCode.none, 10)
+    until(lambda: len(stored_messages(server, topic, 0)) >= 12, "the twelve records stored", timeout=30)
+    assert [_value(m) for m in stored_messages(server, topic, 0)] == [b"s%d" % i for i in range(12)]
+
+
 # -- what no client would send ----------------------------------------------------------------------
 def _gzip_batch(plain_records: bytes, count: int) -> bytes:
     """A batch whose records are `plain_records` (already laid end to end), gzipped."""
