@@ -9,6 +9,7 @@ stored as slices of the request (`_produce_runs`), a few array operations per re
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -34,6 +35,7 @@ from lakebroker.ingest_api.messages import AckMode
 from lakebroker.ingest_api.ownership import Ownership, remember_placed
 from lakebroker.ingest_api.partitioner import Partitioner
 from lakebroker.ingest_api.sequences import (
+    KAFKA_SEQUENCES,
     Found,
     MarkKey,
     OutOfOrderSequence,
@@ -78,6 +80,10 @@ class ColumnarProduce:
         runs = _runs(everyone)
         plans: list[_RunPlan] | None = None
         if sequenced and runs is not None and message_ids.null_count == n:
+            if batch.consecutive and (counted := self._counted_on(topic, runs, producers, sequences)) is not None:
+                sequences = counted
+                batch = dataclasses.replace(batch, columns=batch.columns.set_column(
+                    batch.columns.schema.get_field_index("sequence"), "sequence", counted))
             plans = self._plan_runs(topic, runs, producers, sequences)
             if plans is None:  # not one producer's consecutive sequences, or not cleanly new or a retry
                 await self._settle_overlaps(topic, runs, producers)
@@ -247,6 +253,25 @@ class ColumnarProduce:
             else:
                 plans.append(_RunPlan(key, low, high, found))
         return plans
+
+    def _counted_on(self, topic: TopicConfig, runs: list[tuple[int, int, int]], producers: pa.Array,
+                    sequences: pa.Array) -> pa.Array | None:
+        """Kafka's sequences wrap to 0 past 2^31 - 1, a producer's marks count on: each run's
+        sequences as the count nearest its producer's next one (sequences.py). None if none wraps."""
+        shift: np.ndarray | None = None
+        for partition, first, end in runs:
+            producer, sequence = producers[first].as_py(), sequences[first].as_py()
+            if producer is None or sequence is None:
+                continue
+            expected = self.marks.next_expected((topic.topic_id, partition, producer))
+            if expected is None:
+                continue
+            laps = (expected - sequence + KAFKA_SEQUENCES // 2) // KAFKA_SEQUENCES
+            if laps:
+                if shift is None:
+                    shift = np.zeros(len(sequences), np.int64)
+                shift[first:end] = laps * KAFKA_SEQUENCES
+        return None if shift is None else pc.add(sequences, pa.array(shift))
 
     def _check_follow_on(self, plans: list[_RunPlan]) -> None:
         """Each new run starts at its producer's next sequence in its partition, when that is known

@@ -17,6 +17,10 @@ Kafka's brokers refuse it, until the runs before it have landed. Taken as it cam
 the mark past them, and a run delayed behind it (appended again by the partition's former owner
 after a failover, say) would be answered as a retry and never stored.
 
+Kafka's sequences wrap to 0 past 2^31 - 1 (a producer sending 10,000 records a second to a
+partition wraps in under three days); the marks count on past it, so a Kafka run's sequences are
+read as the count nearest its producer's next one (`ColumnarProduce._counted_on`), and stored so.
+
 A request whose rows in a partition are one producer's consecutive sequences (a Kafka record
 batch, always) is a run, and is deduplicated as one: each producer and partition keeps its last
 few runs and where they were stored (`Runs`), as Kafka's brokers keep a producer's last five
@@ -40,6 +44,7 @@ from lakebroker.ingest_api.chunks import Chunk
 from lakebroker.tables.errors import InvalidRequest
 
 MarkKey = tuple[str, int, str]  # topic id, partition, producer id
+KAFKA_SEQUENCES = 2**31  # a Kafka producer's sequences are int32: past 2^31 - 1 they wrap to 0
 MAX_PRODUCERS = 1_000_000  # marks kept (the oldest go first): ~200 bytes each
 RECENT_RUNS = 8  # settled runs kept per producer and partition (Kafka keeps 5 batches)
 # A stored piece of a run: its first sequence, that message's offset, its count, its log-append time (µs)

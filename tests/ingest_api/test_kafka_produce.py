@@ -233,6 +233,28 @@ def test_a_gap_in_a_producers_sequences_is_refused_until_the_missing_batch_lands
     assert [_value(m) for m in stored_messages(server, topic, 0)] == [b"s%d" % i for i in range(12)]
 
 
+def test_sequences_that_wrap_past_int32_go_on_being_stored(server: ServerProcess) -> None:
+    """Kafka's sequences are int32 and wrap to 0 after 2^31 - 1: a producer writing 10,000 records
+    a second to a partition wraps in under three days. A batch across the wrap and the batches after
+    it are stored in order, and a retry of the one across the wrap is still answered as itself."""
+    topic = create_topic(server, "wrapping", 1)
+    top = 2**31 - 1
+    with KafkaConnection(server.kafka) as kafka:
+        pid = kafka.call(InitProducerIdRequest(transactional_id=None, transaction_timeout=MINUTE,
+                                               producer_id=i64(-1), producer_epoch=-1)).producer_id
+        sent = [(top - 4, [b"a", b"b"]), (top - 2, [b"c", b"d", b"e", b"f"]), (1, [b"g", b"h"]), (3, [b"i"])]
+        answers = [partition_answer(kafka.call(produce(topic, 0, record_batch(values, producer_id=pid,
+                                                                             base_sequence=base))))
+                   for base, values in sent]
+        retry = partition_answer(kafka.call(produce(topic, 0, record_batch([b"c", b"d", b"e", b"f"], producer_id=pid,
+                                                                           base_sequence=top - 2))))
+    assert [(a.error_code, a.base_offset) for a in answers] == [(ErrorCode.none, 0), (ErrorCode.none, 2),
+                                                                 (ErrorCode.none, 6), (ErrorCode.none, 8)]
+    assert (retry.error_code, retry.base_offset) == (ErrorCode.none, 2)
+    until(lambda: len(stored_messages(server, topic, 0)) >= 9, "the nine records stored", timeout=30)
+    assert [_value(m) for m in stored_messages(server, topic, 0)] == [bytes([c]) for c in b"abcdefghi"]
+
+
 # -- what no client would send ----------------------------------------------------------------------
 def _gzip_batch(plain_records: bytes, count: int) -> bytes:
     """A batch whose records are `plain_records` (already laid end to end), gzipped."""
