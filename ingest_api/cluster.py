@@ -55,6 +55,7 @@ SLOW_BEAT_SHARE = 0.25  # of the lease TTL: a heartbeat that takes longer is log
 # Threads of the lease's table work, the clock probe and the claims (topics claimed at once: each
 # claim is a table load and a commit, mostly waiting on storage).
 THREADS = {"lease": 1, "clock": 1, "claim": 4}
+EXPIRY_MARGIN_S = 0.05  # past another node's lease end before the beat that takes its partitions
 _T = TypeVar("_T")
 
 
@@ -94,6 +95,7 @@ class Membership:
         self._claiming: set[Pair] = set()  # taken by a heartbeat, their claim under way
         self._claims: set[asyncio.Task[None]] = set()  # claims running beside the loop's beats
         self._slow_beat_said: float | None = None  # when a slow heartbeat was last logged
+        self._expiry_beat: asyncio.TimerHandle | None = None  # a beat at another node's lease end
         # The lease's table work and the claims each run on a thread of their own: in the shared
         # pool the heartbeat would queue behind slow reads and commits, and behind a claim racing
         # flushes, and a loaded node would lose leases it is alive to renew.
@@ -141,6 +143,8 @@ class Membership:
         (the leases stay until `leave` or their TTL)."""
         self._closing = True
         self._wake.set()
+        if self._expiry_beat is not None:
+            self._expiry_beat.cancel()
         if self._follower is not None:
             self._follower.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -219,6 +223,18 @@ class Membership:
                     "too slowly for this TTL, and the node's leases may run out between two beats; raise "
                     "LAKEBROKER_INGEST_LEASE_TTL_S", took, ttl)
 
+    def _beat_at_next_expiry(self) -> None:
+        """Wake the loop's beat when the first lease another node holds runs out: a dead node's
+        partitions are taken then, not up to a heartbeat (and a beat's own time) later. A live node
+        renews its leases before then, and the beats before it move the wake-up on."""
+        if self._expiry_beat is not None:
+            self._expiry_beat.cancel()
+            self._expiry_beat = None
+        expiry = None if self.view is None or self.clock.off else self.view.next_expiry(self.node)
+        if expiry is not None:
+            wait = (expiry - self.table.now()).total_seconds() + EXPIRY_MARGIN_S
+            self._expiry_beat = asyncio.get_running_loop().call_later(max(0.0, wait), self._wake.set)
+
     def _pairs(self) -> dict[Pair, str]:
         return {(t.topic_id, p): t.name for t in self._topics().values() for p in range(t.partitions)}
 
@@ -279,6 +295,7 @@ class Membership:
         self._released -= release
         # Routing judges the others' leases: by the storage's time when this clock is known to be off.
         self.view = dataclasses.replace(beat.view, at=beat.view.at - self.clock.skew) if self.clock.off else beat.view
+        self._beat_at_next_expiry()
         owned = self.ownership.owned_pairs()
         lost = owned - beat.held.keys()
         if lost:

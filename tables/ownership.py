@@ -74,6 +74,10 @@ class ClusterView:
     def live_nodes(self) -> dict[str, NodeInfo]:
         return {n.node: n for n in self.nodes if n.alive(self.at)}
 
+    def next_expiry(self, node: str) -> datetime | None:
+        """When the first lease another node holds now runs out (None: it holds none)."""
+        return min((o.expires_at for o in self.owners.values() if o.node != node and o.live(self.at)), default=None)
+
     def owner_of(self, pair: Pair) -> NodeInfo | None:
         """The live node that holds `pair`'s lease, if any."""
         owner = self.owners.get(pair)
@@ -163,6 +167,10 @@ class OwnershipTable:
 
     def view(self) -> ClusterView:
         return _view(self.table.read(), self._clock())
+
+    def now(self) -> datetime:
+        """The time leases are judged by (this node's clock)."""
+        return self._clock()
 
 
     def heartbeat(self, pairs: Mapping[Pair, str], release: frozenset[Pair] = frozenset(), *,

@@ -19,7 +19,7 @@ from lakebroker.ingest_api.broker import Broker
 from lakebroker.ingest_api.cluster import Membership
 from lakebroker.ingest_api.metrics import IngestMetrics
 from lakebroker.tables.layout import Layout
-from lakebroker.tables.ownership import read_view
+from lakebroker.tables.ownership import OwnershipTable, read_view
 from lakebroker.tables.settings import Settings
 from lakebroker.tables.topics import TopicConfig, new_topic
 
@@ -217,6 +217,35 @@ async def test_a_beat_that_waits_also_waits_for_the_openings_of_claims_the_loop_
         assert broker.cluster._claims and not broker.cluster._openings
         await broker.cluster.beat()
         assert broker.ownership.owned_pairs() == everything
+    finally:
+        await broker.stop()
+
+
+async def test_a_dead_nodes_partitions_are_taken_when_its_leases_run_out_not_at_the_next_heartbeat(
+        tmp_path: Path) -> None:
+    """Another node takes half the partitions and dies (it never beats again). This node's loop
+    beats once a minute, yet takes them back when their 2 s leases run out: the outage after an
+    owner's death is its lease, not its lease and up to a heartbeat more."""
+    settings = Settings(data_dir=tmp_path / "data", ingest_lease_ttl_s=2, ingest_heartbeat_s=60)
+    broker = Broker(settings, IngestMetrics(CollectorRegistry()))
+    await broker.start()
+    try:
+        await broker.create_topic(new_topic("a", 4))
+        everything = broker.ownership.owned_pairs()
+        topics = {pair: "a" for pair in everything}
+        dead = OwnershipTable(broker.layout, "dead", "http://127.0.0.1:1", ttl_s=2)
+        dead.heartbeat(topics)  # joins: the plan gives it half, which this node hands over
+        await broker.cluster.beat()
+        await broker.cluster.beat()
+        taken = dead.heartbeat(topics).taken
+        assert len(taken) == 2 and broker.ownership.owned_pairs() == everything - taken
+        await broker.cluster.beat()  # sees the dead node's leases; the loop's next beat is a minute away
+        started = time.monotonic()
+        while broker.ownership.owned_pairs() != everything and time.monotonic() - started < 20:
+            await asyncio.sleep(0.05)
+        assert broker.ownership.owned_pairs() == everything, "taken without waiting for the next heartbeat"
+        owners = read_view(broker.layout).owners
+        assert {(owners[pair].node, owners[pair].epoch) for pair in taken} == {(broker.cluster.node, 3)}
     finally:
         await broker.stop()
 

@@ -78,6 +78,24 @@ def test_a_dead_nodes_leases_expire_and_the_survivor_takes_them_with_a_new_epoch
     assert all(view.owner_of(pair) is not None for pair in pairs)
 
 
+def test_a_view_says_when_the_first_lease_of_another_node_runs_out(layout: Layout) -> None:
+    a = OwnershipTable(layout, "a", "http://127.0.0.1:1", ttl_s=30)
+    b = OwnershipTable(layout, "b", "http://127.0.0.1:2", ttl_s=60)
+    pairs = _pairs({"orders": 4})
+    a.heartbeat(pairs)
+    assert a.view().next_expiry("a") is None, "its own leases are not another node's"
+    b.heartbeat(pairs)
+    moving = a.heartbeat(pairs)
+    a.heartbeat(pairs, release=moving.give_up)
+    b.heartbeat(pairs)  # b takes its half, on its 60 s lease
+    view = a.view()
+    b_row = next(n for n in view.nodes if n.node == "b")
+    assert view.next_expiry("a") == b_row.expires_at
+    assert view.next_expiry("b") == next(n for n in view.nodes if n.node == "a").expires_at
+    assert b.heartbeat(pairs, leave=True).held == {}
+    assert a.view().next_expiry("a") is None, "released leases run out no more"
+
+
 def test_leaving_releases_everything_and_deleted_topics_are_forgotten(layout: Layout) -> None:
     pairs = _pairs({"orders": 2, "audit": 1})
     a = OwnershipTable(layout, "a", "http://127.0.0.1:1", ttl_s=30)
