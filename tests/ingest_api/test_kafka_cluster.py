@@ -80,15 +80,16 @@ def test_metadata_names_every_node_and_each_partition_s_owner_as_its_leader(node
     cluster = _cluster(nodes[1])
     kafka_of = {n["url"]: n["kafka"] for n in cluster["nodes"]}
     owners = {p["partition"]: kafka_of[p["url"]] for p in cluster["partitions"] if p["topic"] == "orders"}
-    for node in nodes:  # every node answers the same
+    everyone = {n.kafka for n in nodes}
+    for node in nodes:  # every node answers the same, once its heartbeat has seen every node's address
         admin = AdminClient({"bootstrap.servers": node.kafka})
-        metadata = admin.list_topics(timeout=30)
-        assert {f"{b.host}:{b.port}" for b in metadata.brokers.values()} == {n.kafka for n in nodes}
+        until(lambda admin=admin: {f"{b.host}:{b.port}" for b in admin.list_topics(timeout=30).brokers.values()}
+              == everyone, f"{node.kafka} names the three brokers", timeout=30)
         # a partition whose claim is still under way has no leader yet (LEADER_NOT_AVAILABLE)
         until(lambda admin=admin: _leaders(admin) == owners, f"{node.kafka} names each owner as its leader",
               timeout=30)
         described = admin.describe_cluster().result(timeout=30)
-        assert {f"{b.host}:{b.port}" for b in described.nodes} == {n.kafka for n in nodes}
+        assert {f"{b.host}:{b.port}" for b in described.nodes} == everyone
 
 
 def test_a_producer_bootstrapped_at_one_node_reaches_every_owner(nodes: list[ServerProcess]) -> None:
