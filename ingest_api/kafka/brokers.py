@@ -13,7 +13,7 @@ node joining or leaving moves only the groups it takes or held."""
 from __future__ import annotations
 
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from lakebroker.ingest_api.broker import Broker
@@ -102,14 +102,27 @@ class Brokers:
     def coordinator(self, group: str) -> KafkaBroker:
         """The broker that coordinates `group`: of the live brokers not draining, the one with the
         highest hash of (group, node). A draining node hands its groups on, unless it is alone."""
+        return _pick(group, self._candidates()) or self.own()
+
+    def coordinates(self, group: str) -> bool:
+        return self.coordinator(group).id == self.own_id
+
+    def coordinated(self, groups: Iterable[str]) -> set[str]:
+        """Those of `groups` this node coordinates, judged on one list of the live brokers."""
+        candidates = self._candidates()
+        return {g for g in groups if (_pick(g, candidates) or self.own()).id == self.own_id}
+
+    def _candidates(self) -> list[tuple[str, KafkaBroker]]:
+        """The brokers that may coordinate groups, by node id: the live ones not draining."""
         me = self.membership.node
         view = self.membership.view
         draining = view is not None and any(n.node == me and n.draining for n in view.live_nodes().values())
         candidates = [] if draining else [(me, self.own())]
-        candidates += [(node.node, broker) for node, broker in self._peers() if not node.draining]
-        if not candidates:
-            return self.own()
-        return max(candidates, key=lambda c: zlib.crc32(f"{group}\0{c[0]}".encode()))[1]
+        return candidates + [(node.node, broker) for node, broker in self._peers() if not node.draining]
 
-    def coordinates(self, group: str) -> bool:
-        return self.coordinator(group).id == self.own_id
+
+def _pick(group: str, candidates: list[tuple[str, KafkaBroker]]) -> KafkaBroker | None:
+    """Rendezvous hashing: the candidate with the highest hash of (group, node id)."""
+    if not candidates:
+        return None
+    return max(candidates, key=lambda c: zlib.crc32(f"{group}\0{c[0]}".encode()))[1]

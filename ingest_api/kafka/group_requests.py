@@ -55,12 +55,13 @@ class GroupRequests:
             return wire.frame_of(request, self._find_coordinator(schema, body))
         if request.api_key == LIST_GROUPS:  # a client asks every broker: each lists the groups it coordinates
             entry = wire.nested(schema, "ListedGroup")
-            live = {name: g for name, g in self.groups.groups.items() if self.brokers.coordinates(name)}
+            committed = await self._committed_groups()
+            mine = self.brokers.coordinated(self.groups.groups.keys() | committed)
+            live = {name: g for name, g in self.groups.groups.items() if name in mine}
             groups = tuple(wire.build(entry, group_id=g.name, protocol_type=g.protocol_type or "", group_state=g.state)
                            for g in live.values())
             groups += tuple(wire.build(entry, group_id=name, protocol_type="consumer", group_state="Empty")
-                            for name in sorted(await self._committed_groups())
-                            if name not in live and self.brokers.coordinates(name))
+                            for name in sorted(committed) if name not in live and name in mine)
             return wire.frame_of(request, wire.build(schema, throttle_time=_ZERO, error_code=ErrorCode.none,
                                                      groups=groups))
         if request.api_key == DESCRIBE_GROUPS:
@@ -133,8 +134,9 @@ class GroupRequests:
     def _describe_groups(self, schema: Any, body: Any, committed: set[str]) -> Any:
         group_entry, member_entry = wire.nested(schema, "DescribedGroup"), wire.nested(schema, "DescribedGroupMember")
         out = []
+        mine = self.brokers.coordinated(body.groups)
         for name in body.groups:
-            if not self.brokers.coordinates(name):
+            if name not in mine:
                 out.append(wire.build(group_entry, error_code=ErrorCode.not_coordinator, group_id=name, group_state="",
                                       protocol_type="", protocol_data="", members=(),
                                       authorized_operations=-2147483648))
