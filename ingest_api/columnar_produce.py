@@ -79,11 +79,14 @@ class ColumnarProduce:
         topic_id = bytes.fromhex(topic.topic_id)
         runs = _runs(everyone)
         plans: list[_RunPlan] | None = None
+        expected: dict[int, int] = {}  # a Kafka producer's next sequence in each partition, where known
         if sequenced and runs is not None and message_ids.null_count == n:
-            if batch.consecutive and (counted := self._counted_on(topic, runs, producers, sequences)) is not None:
-                sequences = counted
-                batch = dataclasses.replace(batch, columns=batch.columns.set_column(
-                    batch.columns.schema.get_field_index("sequence"), "sequence", counted))
+            if batch.consecutive:
+                counted, expected = self._follow_on(topic, runs, producers, sequences)
+                if counted is not sequences:
+                    sequences = counted
+                    batch = dataclasses.replace(batch, columns=batch.columns.set_column(
+                        batch.columns.schema.get_field_index("sequence"), "sequence", counted))
             plans = self._plan_runs(topic, runs, producers, sequences)
             if plans is None:  # not one producer's consecutive sequences, or not cleanly new or a retry
                 await self._settle_overlaps(topic, runs, producers)
@@ -91,8 +94,8 @@ class ColumnarProduce:
             ids = dedup_ids(message_ids, producers, sequences, pa.array(everyone))
         self.ownership.check_open(topic, topic_id, {p for p, _, _ in runs} if runs is not None else
                          set(np.flatnonzero(np.bincount(everyone)).tolist()))
-        if batch.consecutive and plans is not None:
-            self._check_follow_on(plans)
+        if plans is not None:
+            _check_follow_on(plans, expected)
         if runs is not None and (plans is not None or ids.null_count == n):
             return await self._produce_runs(topic, topic_id, batch.columns, everyone, runs, sizes, ack, started,
                                             plans, batch.queued)
@@ -254,35 +257,27 @@ class ColumnarProduce:
                 plans.append(_RunPlan(key, low, high, found))
         return plans
 
-    def _counted_on(self, topic: TopicConfig, runs: list[tuple[int, int, int]], producers: pa.Array,
-                    sequences: pa.Array) -> pa.Array | None:
-        """Kafka's sequences wrap to 0 past 2^31 - 1, a producer's marks count on: each run's
-        sequences as the count nearest its producer's next one (sequences.py). None if none wraps."""
+    def _follow_on(self, topic: TopicConfig, runs: list[tuple[int, int, int]], producers: pa.Array,
+                   sequences: pa.Array) -> tuple[pa.Array, dict[int, int]]:
+        """A Kafka batch's runs against their producers' marks (sequences.py): each partition's next
+        sequence, where known, and the sequences as counted on past Kafka's wrap to 0 after
+        2^31 - 1 (the count nearest the next one); `sequences` itself if none wraps."""
+        expected: dict[int, int] = {}
         shift: np.ndarray | None = None
         for partition, first, end in runs:
             producer, sequence = producers[first].as_py(), sequences[first].as_py()
             if producer is None or sequence is None:
                 continue
-            expected = self.marks.next_expected((topic.topic_id, partition, producer))
-            if expected is None:
+            after = self.marks.next_expected((topic.topic_id, partition, producer))
+            if after is None:
                 continue
-            laps = (expected - sequence + KAFKA_SEQUENCES // 2) // KAFKA_SEQUENCES
+            expected[partition] = after
+            laps = (after - sequence + KAFKA_SEQUENCES // 2) // KAFKA_SEQUENCES
             if laps:
                 if shift is None:
                     shift = np.zeros(len(sequences), np.int64)
                 shift[first:end] = laps * KAFKA_SEQUENCES
-        return None if shift is None else pc.add(sequences, pa.array(shift))
-
-    def _check_follow_on(self, plans: list[_RunPlan]) -> None:
-        """Each new run starts at its producer's next sequence in its partition, when that is known
-        (sequences.py): else OutOfOrderSequence, and nothing of the request is stored."""
-        for plan in plans:
-            if plan.retry is None and (expected := self.marks.next_expected(plan.key)) is not None \
-                    and plan.first > expected:
-                _, partition, producer = plan.key
-                raise OutOfOrderSequence(
-                    f"producer {producer} sent sequence {plan.first} to partition {partition} before "
-                    f"{expected}: send the runs in order", partition)
+        return (sequences if shift is None else pc.add(sequences, pa.array(shift))), expected
 
     async def _settle_overlaps(self, topic: TopicConfig, runs: list[tuple[int, int, int]],
                                producers: pa.Array) -> None:
@@ -339,6 +334,16 @@ class ColumnarProduce:
                 self.marks.raise_all(chunk_marks(future.result()))
 
         return done
+
+
+def _check_follow_on(plans: list[_RunPlan], expected: dict[int, int]) -> None:
+    """Each new run starts at its producer's next sequence in its partition, where that is known
+    (`ColumnarProduce._follow_on`): else OutOfOrderSequence, and nothing of the request is stored."""
+    for plan in plans:
+        _, partition, producer = plan.key
+        if plan.retry is None and partition in expected and plan.first > expected[partition]:
+            raise OutOfOrderSequence(f"producer {producer} sent sequence {plan.first} to partition {partition} "
+                                     f"before {expected[partition]}: send the runs in order", partition)
 
 
 @dataclass(frozen=True, slots=True)

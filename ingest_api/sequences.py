@@ -19,7 +19,7 @@ after a failover, say) would be answered as a retry and never stored.
 
 Kafka's sequences wrap to 0 past 2^31 - 1 (a producer sending 10,000 records a second to a
 partition wraps in under three days); the marks count on past it, so a Kafka run's sequences are
-read as the count nearest its producer's next one (`ColumnarProduce._counted_on`), and stored so.
+read as the count nearest its producer's next one (`ColumnarProduce._follow_on`), and stored so.
 
 A request whose rows in a partition are one producer's consecutive sequences (a Kafka record
 batch, always) is a run, and is deduplicated as one: each producer and partition keeps its last

@@ -172,7 +172,6 @@ class OwnershipTable:
         """The time leases are judged by (this node's clock)."""
         return self._clock()
 
-
     def heartbeat(self, pairs: Mapping[Pair, str], release: frozenset[Pair] = frozenset(), *,
                   leave: bool = False, draining: bool = False) -> Heartbeat:
         """Renew this node and its leases, release `release` (drained by the caller), and take the

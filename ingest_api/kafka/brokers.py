@@ -105,7 +105,7 @@ class Brokers:
         return _pick(group, self._candidates()) or self.own()
 
     def coordinates(self, group: str) -> bool:
-        return self.coordinator(group).id == self.own_id
+        return group in self.coordinated((group,))
 
     def coordinated(self, groups: Iterable[str]) -> set[str]:
         """Those of `groups` this node coordinates, judged on one list of the live brokers."""

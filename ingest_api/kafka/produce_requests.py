@@ -41,6 +41,7 @@ PRODUCE = 0
 FORWARDED = Caller(None, forwarded=True)  # a Kafka client finds the owner itself: never forward
 # refusals about one partition, not its topic
 _PER_PARTITION = (NotOwner, NoOwnerYet, NoSuchPartition, OutOfOrderSequence)
+_EXPECTED = (*_PER_PARTITION, NotFound, Backpressure)  # refusals a client meets in normal use: not logged
 
 
 Decoded = tuple[int, int, list[record_batches.Batch]]  # a partition's place in its topic's list, index, batches
@@ -150,7 +151,7 @@ class ProduceRequests:
         return {place: a for answers in await in_order(steps, queued) for place, a in answers.items()}
 
     def _refused(self, topic: str, partition: int, exc: LakebrokerError) -> Answer:
-        if not isinstance(exc, NotOwner | NoOwnerYet | NotFound | NoSuchPartition | Backpressure | OutOfOrderSequence):
+        if not isinstance(exc, _EXPECTED):
             log.warning("Kafka produce to %s[%d] refused: %s", topic, partition, exc.message)
         return Answer(error_code(exc), -1, exc.retry_after_s if isinstance(exc, Backpressure) else 0.0)
 
