@@ -109,6 +109,19 @@ async def test_a_topic_is_created_and_answered_while_a_heartbeat_is_stuck_and_ow
         await a.stop()
 
 
+class _WatchedLock(asyncio.Lock):
+    """A lock that says when someone first waits for it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.contended = asyncio.Event()
+
+    async def acquire(self) -> bool:
+        if self.locked():
+            self.contended.set()
+        return await super().acquire()
+
+
 async def test_a_topic_change_is_taken_in_between_two_topics_commits_of_a_flush(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Taking in a topic change waits for the commit in progress, not for the rest of the flush: on
@@ -132,11 +145,14 @@ async def test_a_topic_change_is_taken_in_between_two_topics_commits_of_a_flush(
         await node.local.produce("first", [NewMessage(value=b"1")], AckMode.WAL)
         await node.local.produce("second", [NewMessage(value=b"2"), NewMessage(value=b"3")], AckMode.WAL)
         monkeypatch.setattr(node.flusher, "_commit", commit)
+        lock = node.flusher.commit_lock = _WatchedLock()
         flushing = asyncio.create_task(node.flusher.flush_round())
-        await _until(lambda: node.flusher.commit_lock.locked(), "the flush commits `first`", 5)
+        await _until(lock.locked, "the flush commits `first`", 5)
         node.store.create(new_topic("made-elsewhere", 1))  # through another node
         following = asyncio.create_task(node.follow_topics())
-        await asyncio.sleep(0.2)
+        # The change must be queued for the lock before `first` is done (reading the topic table can
+        # take seconds on a loaded machine); one that comes later rightly waits for `second` too.
+        await asyncio.wait_for(lock.contended.wait(), 20)
         gate.set()
         # (Taken in by this call, or by the node's own follower queued before it: either way, now.)
         await asyncio.wait_for(following, 10)
