@@ -2,6 +2,8 @@
 
 Each tick reads like a checklist: load subscriptions → stop what is no longer wanted →
 heartbeat leases → apply seeks → start pipelines for new leases → report status.
+Between ticks, and during a slow one, the leases held are renewed every heartbeat on their own
+(`_renew_loop`): a tick's table reads can outlast a lease on a loaded machine.
 """
 
 from __future__ import annotations
@@ -34,6 +36,10 @@ from lakebroker.tables.subscriptions import Subscription, SubscriptionStore
 from lakebroker.tables.topics import TopicConfig, TopicStore
 
 log = logging.getLogger(__name__)
+
+# A tick running for this many lease TTLs is stuck (a hung table read): the renewals stop, so its
+# partitions go to other workers, as they would if the whole worker had stopped.
+STUCK_TICK_TTLS = 10
 
 
 def _config(sub: Subscription) -> Subscription:
@@ -72,24 +78,29 @@ class DeliveryWorker:
         self._commit_lock = asyncio.Lock()  # a pipeline's final commit and the batch commit never interleave
         self._replays: dict[Pair, asyncio.Task[None]] = {}
         self.ticks = 0  # completed ticks: a change to subscriptions is applied once a tick begun after it ends
+        self._tick_began: float | None = None  # monotonic; None between ticks
 
     # -- lifecycle ----------------------------------------------------------------------
     async def run(self) -> None:
         self._transport = LeanTransport(allow_private=self.settings.allow_private_webhooks)
         self._sender = Sender(self._transport, self.worker_id)
-        committer = asyncio.create_task(self._commit_loop())
+        loops = [asyncio.create_task(self._commit_loop()), asyncio.create_task(self._renew_loop())]
         try:
             while True:
+                self._tick_began = time.monotonic()
                 try:
                     await self.tick()
                 except Exception:
                     log.exception("delivery worker %s: tick failed; retrying", self.worker_id)
+                finally:
+                    self._tick_began = None
                 self.ticks += 1
                 await asyncio.sleep(self.settings.heartbeat_s)
         finally:
-            committer.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await committer
+            for loop in loops:
+                loop.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await loop
             await self.shutdown()
 
     async def shutdown(self) -> None:
@@ -164,6 +175,35 @@ class DeliveryWorker:
             for sub, partition, lease in starts:
                 await self._start(sub, topics[sub.topic], partition, lease,
                                   committed.get((sub.name, sub.topic, partition)))
+
+    async def _renew_loop(self) -> None:
+        """Renew the leases of the running pipelines every heartbeat, whatever a tick is doing.
+        Leases a tick renewed within the last two heartbeats are left to the ticks: on a machine
+        with time to spare this loop commits nothing."""
+        ttl, heartbeat = self.settings.lease_ttl_s, self.settings.heartbeat_s
+        stuck_s = STUCK_TICK_TTLS * ttl
+        due_s = max(ttl - 2 * heartbeat, ttl / 2)  # renew once a lease has less left than this
+        while True:
+            await asyncio.sleep(heartbeat)
+            began = self._tick_began
+            if began is not None and time.monotonic() - began > stuck_s:
+                continue
+            ends = [lease.expires_at for pair, lease in self._held.items() if pair in self._running]
+            if not ends or (min(ends) - datetime.now(UTC)).total_seconds() > due_s:
+                continue
+            try:
+                renewed = await asyncio.to_thread(self.leases.renew, set(self._running))
+            except Exception:
+                log.exception("delivery worker %s: lease renewal failed; retrying", self.worker_id)
+                continue
+            for pair, lease in renewed.items():
+                held, running = self._held.get(pair), self._running.get(pair)
+                # Only a lease the tick still counts as held, at the same epoch: a tick that ended
+                # meanwhile may have released it or seen it change hands.
+                if held is not None and held.epoch == lease.epoch and lease.expires_at > held.expires_at:
+                    self._held[pair] = lease
+                    if running is not None:
+                        running.pipeline.lease_renewed()
 
     # -- pipelines ----------------------------------------------------------------------
     def _endpoint(self, sub: Subscription) -> Endpoint:

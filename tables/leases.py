@@ -111,6 +111,27 @@ class LeaseTable:
 
         return self.table.mutate(change)
 
+    def renew(self, pairs: set[Pair]) -> dict[Pair, Lease]:
+        """Extend this worker's membership and the leases of `pairs` it still holds, taking,
+        releasing and rebalancing nothing (that is `heartbeat`'s); returns the leases renewed.
+        A membership or lease already expired stays so: others may have planned without it."""
+
+        def change(rows: Rows) -> tuple[Rows, dict[Pair, Lease]]:
+            now = datetime.now(UTC)
+            out = [dict(r) for r in rows]
+            renewed: dict[Pair, Lease] = {}
+            for r in out:
+                if r["owner"] != self.worker_id or r["expires_at"] <= now:
+                    continue
+                if r["kind"] == "member":
+                    r["expires_at"] = now + self.ttl
+                elif r["kind"] == "lease" and (r["group"], r["partition"]) in pairs:
+                    r["expires_at"] = now + self.ttl
+                    renewed[(r["group"], r["partition"])] = _lease(r)
+            return out, renewed
+
+        return self.table.mutate(change)
+
     def raise_epoch(self, pair: Pair, epoch: int) -> Lease | None:
         """Lift the epoch of a lease this worker holds to at least `epoch`; None if it is not held.
 

@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from lakebroker.delivery_worker import worker as worker_module
 from lakebroker.tables.layout import Layout
 from lakebroker.tables.offsets import Fence, OffsetReason, OffsetsTable
 from lakebroker.tables.schemas import LEASES_SCHEMA, LEASES_SCHEMA_VERSION
@@ -225,3 +227,82 @@ async def test_a_send_in_progress_is_cut_off_when_the_lease_ends(tmp_path: Path)
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         receiver.close()
+
+
+async def test_a_tick_slower_than_the_lease_keeps_the_leases_the_worker_holds(
+        tmp_path: Path, receiver: Receiver, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Renewing the leases does not wait for the rest of a tick. On a loaded machine a tick's table
+    reads (subscriptions, topics, leases) took 7-8 s against a 3 s lease: two workers traded every
+    partition at each tick, each trade restarting a pipeline from its last commit, until delivery
+    fell a minute behind and retention removed messages never delivered (the cluster soak)."""
+    data = tmp_path / "data"
+    settings = worker_settings(data)  # a 2 s lease
+    create_topic(settings, "t", partitions=4)
+    subscribe(data, "t", receiver.url)
+    layout = Layout(data)
+    leases = StateTable(layout.leases_table, LEASES_SCHEMA, LEASES_SCHEMA_VERSION)
+
+    def held() -> dict[int, tuple[str, int]]:
+        return {r["partition"]: (r["owner"], r["epoch"]) for r in leases.read() if r["kind"] == "lease"}
+
+    a, b = worker(settings, "worker-a"), worker(settings, "worker-b")
+    tasks = [asyncio.create_task(a.run()), asyncio.create_task(b.run())]
+    try:
+        await until(lambda: len(a.owned()) == 2 and len(b.owned()) == 2, "the two workers share the partitions")
+        load = a.subscriptions.load
+
+        def slow_load() -> Any:
+            time.sleep(3)  # a table read on a starved machine: each of A's ticks now outlasts its lease
+            return load()
+
+        monkeypatch.setattr(a.subscriptions, "load", slow_load)
+        before, pipelines = held(), dict(a._running)
+        for p in range(4):
+            await asyncio.to_thread(produce, settings, "t", p, 3)
+        await until(lambda: len(receiver.messages()) >= 12, "the new messages are delivered", timeout=30)
+        await asyncio.sleep(4)  # two more of A's slow ticks
+        assert held() == before, "the partitions changed hands"
+        assert {p: a._running.get(p) for p in pipelines} == pipelines, "A's pipelines were restarted"
+        offsets = sorted((r.headers["lakebroker-partition"], r.headers["lakebroker-offset"])
+                         for r in list(receiver.received))
+        assert len(offsets) == len(set(offsets)) == 12, offsets
+    finally:
+        for task in tasks:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+
+async def test_a_stuck_tick_stops_the_renewals_and_the_partitions_go_to_another_worker(
+        tmp_path: Path, receiver: Receiver, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Renewals apart from the ticks must not keep a worker's partitions while its ticks hang (a
+    table read that never returns): after STUCK_TICK_TTLS leases they stop, as if it had died."""
+    monkeypatch.setattr(worker_module, "STUCK_TICK_TTLS", 2)  # 4 s with the 2 s lease
+    data = tmp_path / "data"
+    settings = worker_settings(data)
+    create_topic(settings, "t", partitions=4)
+    subscribe(data, "t", receiver.url)
+    a, b = worker(settings, "worker-a"), worker(settings, "worker-b")
+    hung = threading.Event()
+    tasks = [asyncio.create_task(a.run()), asyncio.create_task(b.run())]
+    try:
+        await until(lambda: len(a.owned()) == 2 and len(b.owned()) == 2, "the two workers share the partitions")
+        load = a.subscriptions.load
+
+        def hanging_load() -> Any:
+            hung.wait(60)
+            return load()
+
+        monkeypatch.setattr(a.subscriptions, "load", hanging_load)
+        produce(settings, "t", 0, 1)
+        await until(lambda: len(b.owned()) == 4, "worker B takes the stuck worker's partitions", timeout=30)
+        for p in range(4):
+            await asyncio.to_thread(produce, settings, "t", p, 2)
+        await until(lambda: {r.headers["lakebroker-worker"] for r in list(receiver.received)[-8:]} == {"worker-b"}
+                    and len(receiver.messages()) >= 9, "worker B delivers every partition")
+    finally:
+        hung.set()
+        for task in tasks:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
