@@ -59,6 +59,20 @@ EXPIRY_MARGIN_S = 0.05  # past another node's lease end before the beat that tak
 _T = TypeVar("_T")
 
 
+def _named(pairs: frozenset[Pair], epochs: Mapping[Pair, int], topics: Mapping[str, TopicConfig]) -> str:
+    """`orders[0, 3] at epochs 4, 2; events[1] at epoch 7`, for the log."""
+    names = {t.topic_id: name for name, t in topics.items()}
+    by_topic: dict[str, list[int]] = defaultdict(list)
+    for topic_id, partition in pairs:
+        by_topic[topic_id].append(partition)
+    parts = []
+    for topic_id, partitions in sorted(by_topic.items(), key=lambda item: names.get(item[0], item[0])):
+        partitions.sort()
+        at = ", ".join(str(epochs[(topic_id, p)]) for p in partitions)
+        parts.append(f"{names.get(topic_id, topic_id)}{partitions} at epoch{'s' if len(partitions) > 1 else ''} {at}")
+    return "; ".join(parts)
+
+
 class Membership:
     def __init__(self, settings: Settings, *, store: TopicStore, topics: Callable[[], Mapping[str, TopicConfig]],
                  follow_topics: Callable[[], Awaitable[bool]], marks: SequenceMarks, metrics: IngestMetrics,
@@ -296,6 +310,8 @@ class Membership:
         # Routing judges the others' leases: by the storage's time when this clock is known to be off.
         self.view = dataclasses.replace(beat.view, at=beat.view.at - self.clock.skew) if self.clock.off else beat.view
         self._beat_at_next_expiry()
+        if beat.taken:
+            log.info("took %s", _named(beat.taken, beat.held, self._topics()))
         owned = self.ownership.owned_pairs()
         lost = owned - beat.held.keys()
         if lost:
@@ -371,17 +387,18 @@ class Membership:
         # The learning runs beside the beats and the other topics' claims (it can take seconds).
         pairs = {(topic_id, p) for p in claimed}
         self._opening |= pairs
-        task = asyncio.create_task(self._open(topic, claimed, unread, snapshot))
+        task = asyncio.create_task(self._open(topic, claimed, unread, snapshot, claimed_from=began))
         self._openings.add(task)
         task.add_done_callback(functools.partial(self._opened, pairs))
 
     async def _open(self, topic: TopicConfig, claimed: dict[int, tuple[int, int, int | None]], unread: bool,
-                    snapshot: DeltaTable | None = None) -> None:
+                    snapshot: DeltaTable | None = None, *, claimed_from: float | None = None) -> None:
         """Open claimed partitions (partition -> (epoch, claimed end, this node's end before)) once the
         ids other nodes committed to them since this node's own last commit are learnt: a retry of one
         of them must get its first answer here. A table unreadable at start was never read for ids:
         all of it within the window. Those whose lease this node lost meanwhile stay closed.
-        `snapshot`: the table as the claim left it, which holds every row below the claimed ends."""
+        `snapshot`: the table as the claim left it, which holds every row below the claimed ends.
+        `claimed_from`: when the claim began (monotonic), for the log line of a claim beside the beats."""
         tid = bytes.fromhex(topic.topic_id)
         others = {p: (0 if unread else self.ownership.own_end((tid, p), prev), end)
                   for p, (_, end, prev) in claimed.items()}
@@ -399,6 +416,9 @@ class Membership:
         held = {p: c for p, c in claimed.items() if self._held.get((topic.topic_id, p)) == c[0]}
         if held:
             self.ownership.adopt(current, held, placed)
+            if claimed_from is not None:
+                log.info("topic %r: partitions %s open, %.1f s after their claim began", topic.name, sorted(held),
+                         time.monotonic() - claimed_from)
 
     def _opened(self, pairs: set[Pair], task: asyncio.Task[None]) -> None:
         self._opening -= pairs

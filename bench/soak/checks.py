@@ -212,6 +212,7 @@ def check_nemesis(report: SoakReport) -> None:
             took = "was not back" if o["seconds"] is None else f"was unavailable for {o['seconds']:.1f} s"
             _note(report, report.outages_over_bound,
                   f"{o['topic']}[{o['partition']}] {took} after a {o['fault']} of its owner {o['node']} "
-                  f"(bound {report.outage_bound_s:g} s)")
+                  f"(bound {report.outage_bound_s:g} s)"
+                  + (f"; its last refusal, at {o['last_refusal']}" if o.get("last_refusal") else ""))
     if report.outages_over_bound > MAX_EXAMPLES:
         report.problems.append(f"{report.outages_over_bound} partitions over the outage bound in all")

@@ -226,7 +226,8 @@ class Nemesis:
     def _note_outages(self, fault: str, victim: ServerProcess, outages: dict[tuple[str, int], float | None]) -> None:
         for (topic, partition), seconds in sorted(outages.items()):
             self.outages.append({"fault": fault, "node": victim.url, "topic": topic, "partition": partition,
-                                 "seconds": None if seconds is None else round(seconds, 2)})
+                                 "seconds": None if seconds is None else round(seconds, 2),
+                                 "last_refusal": self.probes.refused.get((topic, partition))})
 
 
 def _metric(url: str, name: str) -> float | None:

@@ -29,9 +29,10 @@ class Probes:
         self._seq = itertools.count()
         self._threads: list[threading.Thread] = []
         self._outages: dict[tuple[str, int], float | None] = {}
+        self.refused: dict[tuple[str, int], str] = {}  # the last refusal each probed partition got, for a post-mortem
 
     def start(self, partitions: list[tuple[str, int]], urls: list[str], at: float) -> None:
-        self._outages = {}
+        self._outages, self.refused = {}, {}
         self._threads = [threading.Thread(target=self._probe, args=(topic, p, urls, at), daemon=True)
                          for topic, p in partitions]
         for thread in self._threads:
@@ -57,8 +58,10 @@ class Probes:
                 try:
                     r = client.post(f"{url}/v1/topics/{topic}/messages", params={"ack": "wal"},
                                     json={"id": ident, "key": ident, "partition": partition, "value": {"id": ident}})
-                except httpx.HTTPError:
+                except httpx.HTTPError as exc:
                     r = None
+                    with self._lock:
+                        self.refused[(topic, partition)] = f"{time.monotonic() - at:.1f} s: {url}: {exc!r}"[:300]
                 if r is not None and r.status_code == 200:
                     answered = time.monotonic()
                     body = r.json()
@@ -70,4 +73,8 @@ class Probes:
                         with self.out.open("ab") as f:
                             f.write(orjson.dumps(line) + b"\n")
                     return
+                if r is not None:
+                    with self._lock:
+                        self.refused[(topic, partition)] = (f"{time.monotonic() - at:.1f} s: {url}: {r.status_code} "
+                                                            f"{r.text}")[:300]
                 time.sleep(STEP_S)

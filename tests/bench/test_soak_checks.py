@@ -103,9 +103,10 @@ def test_a_nemesis_run_whose_faults_ran_and_partitions_came_back_in_time_passes(
     ({"outages": [{"fault": "pause", "node": "n", "topic": "orders", "partition": 3, "seconds": 9.1}]},
      "partitions unavailable longer than TTL + heartbeat + slack after their owner died",
      "orders[3] was unavailable for 9.1 s after a pause of its owner n (bound 8.5 s)"),
-    ({"outages": [{"fault": "kill", "node": "n", "topic": "big", "partition": 0, "seconds": None}]},
+    ({"outages": [{"fault": "kill", "node": "n", "topic": "big", "partition": 0, "seconds": None,
+                   "last_refusal": "12.3 s: http://m: 503 {\"error\": \"no owner yet\"}"}]},
      "partitions unavailable longer than TTL + heartbeat + slack after their owner died",
-     "big[0] was not back after a kill of its owner n"),
+     "big[0] was not back after a kill of its owner n (bound 8.5 s); its last refusal, at 12.3 s: http://m: 503"),
 ])
 def test_a_fault_not_injected_or_a_partition_back_too_late_fails_its_check(change: dict[str, Any], check: str,
                                                                            problem: str) -> None:

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
+import re
 import threading
 import time
 from pathlib import Path
@@ -222,10 +224,12 @@ async def test_a_beat_that_waits_also_waits_for_the_openings_of_claims_the_loop_
 
 
 async def test_a_dead_nodes_partitions_are_taken_when_its_leases_run_out_not_at_the_next_heartbeat(
-        tmp_path: Path) -> None:
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     """Another node takes half the partitions and dies (it never beats again). This node's loop
     beats once a minute, yet takes them back when their 2 s leases run out: the outage after an
-    owner's death is its lease, not its lease and up to a heartbeat more."""
+    owner's death is its lease, not its lease and up to a heartbeat more. The log says what was
+    taken, at which epochs, and when it was open again."""
+    caplog.set_level(logging.INFO, logger="lakebroker.ingest_api.cluster")
     settings = Settings(data_dir=tmp_path / "data", ingest_lease_ttl_s=2, ingest_heartbeat_s=60)
     broker = Broker(settings, IngestMetrics(CollectorRegistry()))
     await broker.start()
@@ -246,6 +250,12 @@ async def test_a_dead_nodes_partitions_are_taken_when_its_leases_run_out_not_at_
         assert broker.ownership.owned_pairs() == everything, "taken without waiting for the next heartbeat"
         owners = read_view(broker.layout).owners
         assert {(owners[pair].node, owners[pair].epoch) for pair in taken} == {(broker.cluster.node, 3)}
+        partitions = sorted(p for _, p in taken)
+        said: dict[int, int] = {}  # partition -> epoch, as the "took" lines say
+        for found in re.finditer(r"took a\[([\d, ]+)\] at epochs? ([\d, ]+)", caplog.text):
+            said.update(zip(map(int, found[1].split(", ")), map(int, found[2].split(", ")), strict=True))
+        assert {p: said.get(p) for p in partitions} == dict.fromkeys(partitions, 3), caplog.text
+        assert f"topic 'a': partitions {partitions} open, " in caplog.text
     finally:
         await broker.stop()
 
