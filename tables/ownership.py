@@ -33,6 +33,7 @@ FORGET_NODES_AFTER_TTLS = 10  # a node row this many TTLs past its expiry is dro
 DRAINING = -1  # a node row's epoch while the node stops (0 otherwise): planned no partitions
 # The expiry a release writes: past on every clock, so a node whose clock runs ahead lets go at once.
 RELEASED = datetime(1970, 1, 1, tzinfo=UTC)
+_LONG_AGO = datetime.min.replace(tzinfo=UTC)  # a pair whose owner took it at no known time
 
 
 @dataclass(frozen=True)
@@ -97,17 +98,20 @@ class Heartbeat:
 
 
 def balance(pairs: Sequence[Pair], nodes: Sequence[str], owners: Mapping[Pair, str],
-            pins: Mapping[Pair, str] | None = None) -> dict[Pair, str]:
+            pins: Mapping[Pair, str] | None = None, since: Mapping[Pair, datetime] | None = None) -> dict[Pair, str]:
     """The plan: each node gets len(pairs) // len(nodes) pairs or one more. A pair stays with its
     current owner while that owner is within its share, so a node joining or dying moves only the
-    pairs it must. A pair pinned to a live node (`lakebroker cluster move`) goes there, and the
-    rest are shared as before. The same inputs give the same plan on every node."""
+    pairs it must. An owner over its share keeps the pairs it took last (`since`: when each owner
+    took its pair) and gives up those it has held longest: a pair just taken may not be open yet,
+    and moving it again would close it through a second claim. A pair pinned to a live node
+    (`lakebroker cluster move`) goes there, and the rest are shared as before. The same inputs give
+    the same plan on every node."""
     if not nodes:
         return {}
     ordered = sorted(set(nodes))
     pinned = {pair: node for pair, node in (pins or {}).items() if node in ordered and pair in set(pairs)}
     if pinned:
-        rest = balance([p for p in pairs if p not in pinned], ordered, owners)
+        rest = balance([p for p in pairs if p not in pinned], ordered, owners, since=since)
         return {**rest, **pinned}
     base, extra = divmod(len(pairs), len(ordered))
     load = Counter(owner for pair, owner in owners.items() if owner in ordered and pair in set(pairs))
@@ -117,13 +121,16 @@ def balance(pairs: Sequence[Pair], nodes: Sequence[str], owners: Mapping[Pair, s
     plan: dict[Pair, str] = {}
     count: Counter[str] = Counter()
     unplaced: list[Pair] = []
-    for pair in sorted(pairs):
+    taken_at = since or {}
+    # Newest holdings first (a stable sort: pairs of one age stay in order).
+    for pair in sorted(sorted(pairs), key=lambda p: taken_at.get(p, _LONG_AGO), reverse=True):
         owner = owners.get(pair)
         if owner in quota and count[owner] < quota[owner]:
             plan[pair] = owner
             count[owner] += 1
         else:
             unplaced.append(pair)
+    unplaced.sort()
     turn = 0
     for pair in unplaced:  # round-robin over the nodes with room, so a topic spreads over them
         while count[ordered[turn % len(ordered)]] >= quota[ordered[turn % len(ordered)]]:
@@ -202,9 +209,11 @@ class OwnershipTable:
                 me.update(url=self.url, kafka=self.kafka or me.get("kafka"), epoch=state, expires_at=expires)
             live = sorted(r["node"] for r in nodes if r["expires_at"] > now and r["epoch"] != DRAINING)
             by_pair = {(r["topic_id"], r["partition"]): r for r in out if r["kind"] == "partition"}
-            owners = {pair: r["node"] for pair, r in by_pair.items() if r["node"] and r["expires_at"] > now}
+            owned = {pair: r for pair, r in by_pair.items() if r["node"] and r["expires_at"] > now}
+            owners = {pair: r["node"] for pair, r in owned.items()}
             pins = [r for r in out if r["kind"] == "pin"]
-            plan = balance(list(serving), live, owners, {(r["topic_id"], r["partition"]): r["node"] for r in pins})
+            plan = balance(list(serving), live, owners, {(r["topic_id"], r["partition"]): r["node"] for r in pins},
+                           since={pair: r["since"] for pair, r in owned.items()})
             held: dict[Pair, int] = {}
             taken: set[Pair] = set()
             give_up: set[Pair] = set()
