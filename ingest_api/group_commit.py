@@ -31,8 +31,9 @@ from damage): it promises no durability, so it does not hold the loop (an inline
 The next synced write, or the clean stop, covers it.
 
 Offsets are assigned on the loop only, in hand-off order, and the thread writes in that order.
-A write that fails (disk full) fails its groups and every group handed after them, and the offsets
-roll back to the first of them, so no gap is left and a retry is accepted afresh.
+A write that fails (disk full) fails its groups, every group handed after them and the items of
+their partitions still queued, and the offsets roll back to the first of them, so no gap is left,
+nothing sent after a failed item lands before it, and a retry is accepted afresh.
 
 A partition this node claims back after another node committed to it goes on from the claimed end
 (`rebase`). Its items given offsets before that carry an older claim (`stale`): a failed write
@@ -331,7 +332,7 @@ class GroupCommitter:
                 self._unwritten_rows -= group.rows
                 self.queued_bytes -= group.size
                 records += group.records
-                _answer(group, moved=self._moved_if_stale if self.claims else None)
+                _answer(group.items, moved=self._moved_if_stale if self.claims else None)
             self._metrics.wal_group_size.observe(sum(g.rows for g in groups))  # made durable by one fdatasync
             self._on_durable(records)
         if self._queue:
@@ -339,20 +340,32 @@ class GroupCommitter:
 
     def _fail(self, exc: BaseException, written: int) -> None:
         """Fail every unwritten group (the failed write's and those handed after it), and roll offsets
-        back to before the first of them."""
+        back to before the first of them. The items of their partitions still queued fail too: one
+        stored ahead of a failed item sent before it would reorder the partition (and to a Kafka
+        producer's sequence check, make the failed item's retry look like a duplicate)."""
         failed = list(self._unwritten)
         self._unwritten.clear()
         self._unwritten_rows = 0
         self._epoch += 1
         for group in reversed(failed):  # the earliest group's saved offsets win
             self.next_offsets.update(group.saved)
+        keys = {(r.topic_id, r.partition) for group in failed for r in group.records}
+        behind: list[Queued] = []
+        kept: list[Queued] = []
+        for p in self._queue:
+            item = p.record if isinstance(p, Pending) else p.chunk
+            (behind if (item.topic_id, item.partition) in keys else kept).append(p)
+        self._queue = kept
         reason = "disk full" if isinstance(exc, OSError) and exc.errno == errno.ENOSPC else f"write failed ({exc})"
-        log.error("WAL write of %d groups not durable: %s (with the %d groups handed after them)",
-                  written, reason, len(failed) - written)
+        log.error("WAL write of %d groups not durable: %s (with the %d groups handed after them, and %d items of "
+                  "their partitions queued behind)", written, reason, len(failed) - written, len(behind))
         error = StorageUnavailable(f"WAL {reason}: the message was not accepted; retry once space returns")
         for group in failed:
             self.queued_bytes -= group.size
-            _answer(group, error)
+            _answer(group.items, error)
+        if behind:
+            self.queued_bytes -= sum(p.record.size if isinstance(p, Pending) else p.chunk.size for p in behind)
+            _answer(behind, error)
 
 
 def _waited_for(p: Queued) -> bool:
@@ -370,11 +383,11 @@ def _inline(queue: list[Queued]) -> bool:
     return 0 < size <= INLINE_GROUP_BYTES
 
 
-def _answer(group: _Group, error: LakebrokerError | None = None, *,
-            moved: Callable[[Record | Chunk], LakebrokerError | None] | None = None) -> None:
-    """Answer the group's waiters: with their placement, or `error`; an item `moved` gives an
+def _answer(items: list[Queued], error: LakebrokerError | None = None, *,
+             moved: Callable[[Record | Chunk], LakebrokerError | None] | None = None) -> None:
+    """Answer the items' waiters: with their placement, or `error`; an item `moved` gives an
     error for (its partition was rebased after it was given its offset) gets that instead."""
-    for p in group.items:
+    for p in items:
         failure = error
         if failure is None and moved is not None:
             failure = moved(p.record if isinstance(p, Pending) else p.chunk)

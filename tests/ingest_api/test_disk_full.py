@@ -127,3 +127,48 @@ async def test_a_failed_write_fails_the_groups_handed_behind_it_and_leaves_no_ga
     again = Wal(small_disk / "wal", segment_bytes=1 << 30, fsync=True)
     assert [(r.offset, r.value) for r in again.recover().records] == [(0, b"first"), (1, b"c" * 100)]
     again.close()
+
+
+async def test_a_failed_write_fails_the_messages_of_its_partitions_still_queued_behind_it(small_disk: Path) -> None:
+    """Messages still queued behind a failed write (the writer's bound on rows in flight held them
+    back) may not land before it in their partition: a producer's later batch stored ahead of its
+    earlier one, which fails and is sent again, reorders the partition, and to Kafka's sequence
+    check the earlier one's retry is then below the producer's mark, answered as a duplicate and
+    never stored. They fail with it; another partition's queued messages go on."""
+    wal = Wal(small_disk / "wal", segment_bytes=1 << 30, fsync=True)
+    wal.recover()
+    durable: list[Record] = []
+    committer = GroupCommitter(wal, {}, durable.extend, IngestMetrics(CollectorRegistry()), max_group=1)
+    runner = asyncio.create_task(committer.run())
+    loop = asyncio.get_running_loop()
+
+    def message(partition: int, value: bytes) -> Pending:
+        return Pending(Record("t", bytes(16), partition, -1, 0, None, value, "text", None, None, None, None),
+                       loop.create_future())
+
+    first = message(0, b"first")
+    committer.submit_one(first)
+    await first.future  # type: ignore[misc]
+    # a needs more room than the disk has; b and c would fit (the room a's failed write gives back).
+    a, b, c = message(0, b"a" * 2 * ZERO_AHEAD), message(0, b"b" * 100), message(1, b"c" * 100)
+    with wal._lock:  # the writer takes a's group and waits here; one row in flight is the bound
+        committer.submit_one(a)
+        while committer._writer is None or a.record.offset < 0 or not committer._writer.groups.empty():
+            await asyncio.sleep(0.001)
+        committer.submit_one(b)
+        committer.submit_one(c)
+        await asyncio.sleep(0.05)
+        assert (b.record.offset, c.record.offset) == (-1, -1), "b and c wait behind the bound"
+        fill(small_disk / "ballast")
+    for failed in (a, b):
+        with pytest.raises(StorageUnavailable, match="disk full"):
+            await failed.future  # type: ignore[misc]
+    assert await c.future == (1, 0, c.record.timestamp_us)  # type: ignore[misc]
+    (small_disk / "ballast").unlink()
+    again = message(0, b"b" * 100)
+    committer.submit_one(again)
+    assert (await again.future)[:2] == (0, 1)  # type: ignore[index]
+    committer.close()
+    await runner
+    wal.close()
+    assert [(r.partition, r.value) for r in durable] == [(0, b"first"), (1, b"c" * 100), (0, b"b" * 100)]
