@@ -2,8 +2,8 @@
 
 Each tick reads like a checklist: load subscriptions → stop what is no longer wanted →
 heartbeat leases → apply seeks → start pipelines for new leases → report status.
-Between ticks, and during a slow one, the leases held are renewed every heartbeat on their own
-(`_renew_loop`): a tick's table reads can outlast a lease on a loaded machine.
+Between ticks, and during a slow one, the membership and the leases held are renewed every
+heartbeat on their own (`_renew_loop`): a tick's table reads can outlast a lease on a loaded machine.
 """
 
 from __future__ import annotations
@@ -79,6 +79,7 @@ class DeliveryWorker:
         self._replays: dict[Pair, asyncio.Task[None]] = {}
         self.ticks = 0  # completed ticks: a change to subscriptions is applied once a tick begun after it ends
         self._tick_began: float | None = None  # monotonic; None between ticks
+        self._renewed_at: float | None = None  # monotonic: when the last renewal that landed began
 
     # -- lifecycle ----------------------------------------------------------------------
     async def run(self) -> None:
@@ -142,7 +143,9 @@ class DeliveryWorker:
 
         statuses = {pair: orjson.dumps(r.pipeline.status.as_dict()).decode() for pair, r in self._running.items()}
         applied = {pair: r.seek_epoch for pair, r in self._running.items()}
+        beat_began = time.monotonic()
         self._held = await asyncio.to_thread(self.leases.heartbeat, pairs, release, statuses, applied)
+        self._renewed_at = max(self._renewed_at or 0.0, beat_began)
 
         lost = {p for p in self._running if p not in self._held}
         for pair in sorted(lost):
@@ -177,25 +180,27 @@ class DeliveryWorker:
                                   committed.get((sub.name, sub.topic, partition)))
 
     async def _renew_loop(self) -> None:
-        """Renew the leases of the running pipelines every heartbeat, whatever a tick is doing.
-        Leases a tick renewed within the last two heartbeats are left to the ticks: on a machine
-        with time to spare this loop commits nothing."""
+        """Renew the membership and the leases of the running pipelines every heartbeat, whatever a
+        tick is doing: a worker that holds nothing yet must stay a member too, or the others plan
+        without it and keep its share. What a tick renewed within the last two heartbeats is left to
+        the ticks: on a machine with time to spare this loop commits nothing."""
         ttl, heartbeat = self.settings.lease_ttl_s, self.settings.heartbeat_s
         stuck_s = STUCK_TICK_TTLS * ttl
-        due_s = max(ttl - 2 * heartbeat, ttl / 2)  # renew once a lease has less left than this
+        due_s = min(2 * heartbeat, ttl / 2)  # renew once the last renewal is this old
         while True:
             await asyncio.sleep(heartbeat)
             began = self._tick_began
             if began is not None and time.monotonic() - began > stuck_s:
                 continue
-            ends = [lease.expires_at for pair, lease in self._held.items() if pair in self._running]
-            if not ends or (min(ends) - datetime.now(UTC)).total_seconds() > due_s:
-                continue
+            if self._renewed_at is None or time.monotonic() - self._renewed_at < due_s:
+                continue  # not a member yet (the first tick joins), or renewed lately
+            started = time.monotonic()
             try:
                 renewed = await asyncio.to_thread(self.leases.renew, set(self._running))
             except Exception:
                 log.exception("delivery worker %s: lease renewal failed; retrying", self.worker_id)
                 continue
+            self._renewed_at = max(self._renewed_at, started)
             for pair, lease in renewed.items():
                 held, running = self._held.get(pair), self._running.get(pair)
                 # Only a lease the tick still counts as held, at the same epoch: a tick that ended

@@ -3,6 +3,8 @@ topic is appended as the flusher appends (tests/spark_pipeline/topics.py)."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -15,6 +17,14 @@ from lakebroker.tables.layout import Layout
 from lakebroker.tables.settings import Settings
 from lakebroker.tables.subscriptions import Ordering, Subscription, SubscriptionStore, new_secret
 from tests.waiting import eventually_async
+
+
+async def stop(*tasks: asyncio.Task[Any]) -> None:
+    """Cancel the workers' run() tasks and wait for each to end (a cancelled run shuts down cleanly)."""
+    for task in tasks:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
 
 
 async def until(predicate: Callable[[], bool], what: str, timeout: float = 60) -> None:

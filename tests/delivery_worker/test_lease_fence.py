@@ -20,7 +20,7 @@ from lakebroker.tables.schemas import LEASES_SCHEMA, LEASES_SCHEMA_VERSION
 from lakebroker.tables.state_table import StateTable
 from lakebroker.tables.subscriptions import Ordering, Subscription, SubscriptionStore, new_secret
 from lakebroker.tables.topics import TopicStore
-from tests.delivery_worker.inproc import subscribe, until, worker, worker_settings
+from tests.delivery_worker.inproc import stop, subscribe, until, worker, worker_settings
 from tests.receivers import Receiver
 from tests.spark_pipeline.topics import create_topic, produce
 
@@ -55,10 +55,7 @@ async def test_a_worker_whose_heartbeats_stall_stops_sending_before_the_next_own
         assert "worker-a" not in order[first_b:], f"both workers delivered partition 0 at once: {order}"
         assert a.state == "fenced" and a.delivered == 5
     finally:
-        for task in tasks:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await stop(*tasks)
 
 
 async def test_a_lease_that_changed_hands_between_two_heartbeats_restarts_the_pipeline(
@@ -106,9 +103,7 @@ async def test_a_lease_that_changed_hands_between_two_heartbeats_restarts_the_pi
         offsets_sent = [int(r.headers["lakebroker-offset"]) for r in list(receiver.received)]
         assert offsets_sent.count(3) == 2 and offsets_sent.count(4) == 2, offsets_sent
     finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+        await stop(task)
 
 
 async def test_a_send_cancelled_before_it_ran_gives_its_window_slot_back(tmp_path: Path, receiver: Receiver) -> None:
@@ -137,9 +132,7 @@ async def test_a_send_cancelled_before_it_ran_gives_its_window_slot_back(tmp_pat
         await until(lambda: window.in_flight == 0, "the unused slot comes back")
         assert pipeline.status.in_flight == 0
     finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+        await stop(task)
 
 
 async def test_taking_over_many_partitions_reads_and_commits_offsets_once(
@@ -184,9 +177,7 @@ async def test_taking_over_many_partitions_reads_and_commits_offsets_once(
         positions = OffsetsTable(Layout.of(settings)).latest("hooks")
         assert {p: positions[("hooks", "t", p)][0] for p in range(partitions)} == dict.fromkeys(range(partitions), 2)
     finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+        await stop(task)
 
 
 async def test_a_send_in_progress_is_cut_off_when_the_lease_ends(tmp_path: Path) -> None:
@@ -222,10 +213,7 @@ async def test_a_send_in_progress_is_cut_off_when_the_lease_ends(tmp_path: Path)
         assert {r.headers["lakebroker-worker"] for r in list(receiver.received)} == {"worker-b"}
         assert a_status[0].delivered == 0
     finally:
-        for task in tasks:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await stop(*tasks)
         receiver.close()
 
 
@@ -267,10 +255,7 @@ async def test_a_tick_slower_than_the_lease_keeps_the_leases_the_worker_holds(
                          for r in list(receiver.received))
         assert len(offsets) == len(set(offsets)) == 12, offsets
     finally:
-        for task in tasks:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await stop(*tasks)
 
 
 async def test_a_stuck_tick_stops_the_renewals_and_the_partitions_go_to_another_worker(
@@ -302,7 +287,40 @@ async def test_a_stuck_tick_stops_the_renewals_and_the_partitions_go_to_another_
                     and len(receiver.messages()) >= 9, "worker B delivers every partition")
     finally:
         hung.set()
-        for task in tasks:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await stop(*tasks)
+
+
+async def test_a_worker_that_holds_nothing_yet_stays_a_member_through_ticks_slower_than_the_lease(
+        tmp_path: Path, receiver: Receiver, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A worker that joins (or restarts) holds no lease until the others hand it its share, and its
+    membership must stay live meanwhile however slow its ticks: expired between two of them, the
+    others plan without it, keep its share, and the pairs go back and forth at every tick (the
+    cluster soak, after a worker's SIGKILL and restart on a loaded machine)."""
+    data = tmp_path / "data"
+    settings = worker_settings(data)  # a 2 s lease
+    create_topic(settings, "t", partitions=4)
+    subscribe(data, "t", receiver.url)
+    layout = Layout(data)
+    leases = StateTable(layout.leases_table, LEASES_SCHEMA, LEASES_SCHEMA_VERSION)
+
+    def held() -> dict[int, tuple[str, int]]:
+        return {r["partition"]: (r["owner"], r["epoch"]) for r in leases.read() if r["kind"] == "lease"}
+
+    a, b = worker(settings, "worker-a"), worker(settings, "worker-b")
+    tasks = [asyncio.create_task(a.run())]
+    try:
+        await until(lambda: len(a.owned()) == 4, "worker A takes every partition")
+        load = b.subscriptions.load
+
+        def slow_load() -> Any:
+            time.sleep(3)  # each of B's ticks outlasts a lease
+            return load()
+
+        monkeypatch.setattr(b.subscriptions, "load", slow_load)
+        tasks.append(asyncio.create_task(b.run()))
+        await until(lambda: len(a.owned()) == 2 and len(b.owned()) == 2, "A hands B its share", timeout=30)
+        settled = held()
+        await asyncio.sleep(8)  # a few of B's slow ticks
+        assert held() == settled, "the pairs changed hands again"
+    finally:
+        await stop(*tasks)
