@@ -161,8 +161,9 @@ class DeliveryWorker:
                 # Held at both heartbeats but not throughout: while this worker stalled past its
                 # lease, another took the pair (a higher epoch) and committed; the pipeline's
                 # commits are fenced out now, so it restarts from the committed offset.
-                log.warning("the lease of %s partition %d changed hands meanwhile; restarting from its commit",
-                            *pair)
+                log.warning("the lease of %s partition %d changed hands meanwhile (its pipeline's epoch %d, the "
+                            "lease's now %d, held by %s); restarting from its commit", *pair,
+                            running.pipeline.fence.epoch, lease.epoch, lease.owner)
                 stale.add(pair)
         await self._stop(lost | stale, commit=False)  # the next holder, or the seek, may have moved on
         for running in self._running.values():

@@ -59,7 +59,7 @@ async def test_a_worker_whose_heartbeats_stall_stops_sending_before_the_next_own
 
 
 async def test_a_lease_that_changed_hands_between_two_heartbeats_restarts_the_pipeline(
-        tmp_path: Path, receiver: Receiver) -> None:
+        tmp_path: Path, receiver: Receiver, caplog: pytest.LogCaptureFixture) -> None:
     """A worker stalls past its lease; another takes the pair (a higher epoch), commits a position
     below the first worker's, and gives it back before the first worker's next heartbeat. The first
     worker holds the pair at both heartbeats, but its running pipeline's commits are now fenced out:
@@ -102,6 +102,8 @@ async def test_a_lease_that_changed_hands_between_two_heartbeats_restarts_the_pi
                     "worker A redelivers 3 and 4 under its new epoch and commits past them")
         offsets_sent = [int(r.headers["lakebroker-offset"]) for r in list(receiver.received)]
         assert offsets_sent.count(3) == 2 and offsets_sent.count(4) == 2, offsets_sent
+        assert (f"the lease of hooks partition 0 changed hands meanwhile (its pipeline's epoch {epoch}, the "
+                f"lease's now {epoch + 2}, held by worker-a)") in caplog.text
     finally:
         await stop(task)
 
