@@ -77,11 +77,19 @@ class Pending:
     early: bool = field(default=False)  # ack=none: `then` is called at the end of the loop pass that queued it
     in_order: bool = field(default=False)  # one of a partition's log appended again: never moves ahead
 
+    @property
+    def item(self) -> Record:
+        return self.record
+
 
 @dataclass(slots=True)
 class PendingChunk:
     chunk: Chunk  # offset and timestamp are filled in by the committer
     future: asyncio.Future[Chunk] | None = field(default=None)
+
+    @property
+    def item(self) -> Chunk:
+        return self.chunk
 
 
 Queued = Pending | PendingChunk
@@ -136,7 +144,7 @@ class GroupCommitter:
 
     def submit(self, items: list[Pending] | list[PendingChunk]) -> None:
         self._queue.extend(items)
-        self.queued_bytes += sum(p.record.size if isinstance(p, Pending) else p.chunk.size for p in items)
+        self.queued_bytes += sum(p.item.size for p in items)
         if not self._awaited:
             self._awaited = any(map(_waited_for, items))
         self._schedule()
@@ -238,7 +246,7 @@ class GroupCommitter:
     def queues(self, key: PartitionKey) -> bool:
         """Whether a message of the partition waits for its offset (queued, not yet handed to the WAL)."""
         for p in self._queue:
-            item = p.record if isinstance(p, Pending) else p.chunk
+            item = p.item
             if item.partition == key[1] and item.topic_id == key[0]:
                 return True
         return False
@@ -285,7 +293,7 @@ class GroupCommitter:
 
     def _hand(self, items: list[Queued]) -> _Group:
         """`items` as a group: offsets, timestamps and frames assigned; counted as unwritten."""
-        records = [p.record if isinstance(p, Pending) else p.chunk for p in items]
+        records = [p.item for p in items]
         saved = self._assign(records)
         # A single message's frame is encoded here, on the loop: a few µs each, and the thread then
         # needs the GIL for no Python work. A chunk's (Arrow IPC) is written in the thread.
@@ -353,8 +361,7 @@ class GroupCommitter:
         behind: list[Queued] = []
         kept: list[Queued] = []
         for p in self._queue:
-            item = p.record if isinstance(p, Pending) else p.chunk
-            (behind if (item.topic_id, item.partition) in keys else kept).append(p)
+            (behind if (p.item.topic_id, p.item.partition) in keys else kept).append(p)
         self._queue = kept
         reason = "disk full" if isinstance(exc, OSError) and exc.errno == errno.ENOSPC else f"write failed ({exc})"
         log.error("WAL write of %d groups not durable: %s (with the %d groups handed after them, and %d items of "
@@ -364,7 +371,7 @@ class GroupCommitter:
             self.queued_bytes -= group.size
             _answer(group.items, error)
         if behind:
-            self.queued_bytes -= sum(p.record.size if isinstance(p, Pending) else p.chunk.size for p in behind)
+            self.queued_bytes -= sum(p.item.size for p in behind)
             _answer(behind, error)
 
 
@@ -390,7 +397,7 @@ def _answer(items: list[Queued], error: LakebrokerError | None = None, *,
     for p in items:
         failure = error
         if failure is None and moved is not None:
-            failure = moved(p.record if isinstance(p, Pending) else p.chunk)
+            failure = moved(p.item)
         if isinstance(p, Pending):
             r = p.record
             p.outcome = (r.partition, r.offset, r.timestamp_us) if failure is None else failure
