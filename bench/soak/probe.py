@@ -58,11 +58,10 @@ class Probes:
                 try:
                     r = client.post(f"{url}/v1/topics/{topic}/messages", params={"ack": "wal"},
                                     json={"id": ident, "key": ident, "partition": partition, "value": {"id": ident}})
+                    refusal = None if r.status_code == 200 else f"{r.status_code} {r.text}"
                 except httpx.HTTPError as exc:
-                    r = None
-                    with self._lock:
-                        self.refused[(topic, partition)] = f"{time.monotonic() - at:.1f} s: {url}: {exc!r}"[:300]
-                if r is not None and r.status_code == 200:
+                    refusal = repr(exc)
+                if refusal is None:
                     answered = time.monotonic()
                     body = r.json()
                     line = {"topic": topic, "partition": body["partition"], "offset": body["offset"], "id": ident,
@@ -73,8 +72,6 @@ class Probes:
                         with self.out.open("ab") as f:
                             f.write(orjson.dumps(line) + b"\n")
                     return
-                if r is not None:
-                    with self._lock:
-                        self.refused[(topic, partition)] = (f"{time.monotonic() - at:.1f} s: {url}: {r.status_code} "
-                                                            f"{r.text}")[:300]
+                with self._lock:
+                    self.refused[(topic, partition)] = f"{time.monotonic() - at:.1f} s: {url}: {refusal}"[:300]
                 time.sleep(STEP_S)
