@@ -8,12 +8,14 @@ import asyncio
 import contextlib
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from lakebroker.delivery_worker import worker as worker_module
+from lakebroker.delivery_worker.worker import DeliveryWorker
 from lakebroker.tables.layout import Layout
 from lakebroker.tables.offsets import Fence, OffsetReason, OffsetsTable
 from lakebroker.tables.schemas import LEASES_SCHEMA, LEASES_SCHEMA_VERSION
@@ -219,6 +221,24 @@ async def test_a_send_in_progress_is_cut_off_when_the_lease_ends(tmp_path: Path)
         receiver.close()
 
 
+def _lease_holders(data: Path) -> dict[int, tuple[str, int]]:
+    """Each leased partition's holder and epoch, as the leases table says now."""
+    leases = StateTable(Layout(data).leases_table, LEASES_SCHEMA, LEASES_SCHEMA_VERSION)
+    return {r["partition"]: (r["owner"], r["epoch"]) for r in leases.read() if r["kind"] == "lease"}
+
+
+def _slow_ticks(monkeypatch: pytest.MonkeyPatch, slowed: DeliveryWorker, wait: Callable[[], object]) -> None:
+    """Each of the worker's ticks now calls `wait` before its first table read (a starved machine's
+    slow read, or one that hangs)."""
+    load = slowed.subscriptions.load
+
+    def slow_load() -> Any:
+        wait()
+        return load()
+
+    monkeypatch.setattr(slowed.subscriptions, "load", slow_load)
+
+
 async def test_a_tick_slower_than_the_lease_keeps_the_leases_the_worker_holds(
         tmp_path: Path, receiver: Receiver, monkeypatch: pytest.MonkeyPatch) -> None:
     """Renewing the leases does not wait for the rest of a tick. On a loaded machine a tick's table
@@ -229,29 +249,17 @@ async def test_a_tick_slower_than_the_lease_keeps_the_leases_the_worker_holds(
     settings = worker_settings(data)  # a 2 s lease
     create_topic(settings, "t", partitions=4)
     subscribe(data, "t", receiver.url)
-    layout = Layout(data)
-    leases = StateTable(layout.leases_table, LEASES_SCHEMA, LEASES_SCHEMA_VERSION)
-
-    def held() -> dict[int, tuple[str, int]]:
-        return {r["partition"]: (r["owner"], r["epoch"]) for r in leases.read() if r["kind"] == "lease"}
-
     a, b = worker(settings, "worker-a"), worker(settings, "worker-b")
     tasks = [asyncio.create_task(a.run()), asyncio.create_task(b.run())]
     try:
         await until(lambda: len(a.owned()) == 2 and len(b.owned()) == 2, "the two workers share the partitions")
-        load = a.subscriptions.load
-
-        def slow_load() -> Any:
-            time.sleep(3)  # a table read on a starved machine: each of A's ticks now outlasts its lease
-            return load()
-
-        monkeypatch.setattr(a.subscriptions, "load", slow_load)
-        before, pipelines = held(), dict(a._running)
+        _slow_ticks(monkeypatch, a, lambda: time.sleep(3))  # each of A's ticks now outlasts its lease
+        before, pipelines = _lease_holders(data), dict(a._running)
         for p in range(4):
             await asyncio.to_thread(produce, settings, "t", p, 3)
         await until(lambda: len(receiver.messages()) >= 12, "the new messages are delivered", timeout=30)
         await asyncio.sleep(4)  # two more of A's slow ticks
-        assert held() == before, "the partitions changed hands"
+        assert _lease_holders(data) == before, "the partitions changed hands"
         assert {p: a._running.get(p) for p in pipelines} == pipelines, "A's pipelines were restarted"
         offsets = sorted((r.headers["lakebroker-partition"], r.headers["lakebroker-offset"])
                          for r in list(receiver.received))
@@ -274,13 +282,7 @@ async def test_a_stuck_tick_stops_the_renewals_and_the_partitions_go_to_another_
     tasks = [asyncio.create_task(a.run()), asyncio.create_task(b.run())]
     try:
         await until(lambda: len(a.owned()) == 2 and len(b.owned()) == 2, "the two workers share the partitions")
-        load = a.subscriptions.load
-
-        def hanging_load() -> Any:
-            hung.wait(60)
-            return load()
-
-        monkeypatch.setattr(a.subscriptions, "load", hanging_load)
+        _slow_ticks(monkeypatch, a, lambda: hung.wait(60))
         produce(settings, "t", 0, 1)
         await until(lambda: len(b.owned()) == 4, "worker B takes the stuck worker's partitions", timeout=30)
         for p in range(4):
@@ -302,27 +304,15 @@ async def test_a_worker_that_holds_nothing_yet_stays_a_member_through_ticks_slow
     settings = worker_settings(data)  # a 2 s lease
     create_topic(settings, "t", partitions=4)
     subscribe(data, "t", receiver.url)
-    layout = Layout(data)
-    leases = StateTable(layout.leases_table, LEASES_SCHEMA, LEASES_SCHEMA_VERSION)
-
-    def held() -> dict[int, tuple[str, int]]:
-        return {r["partition"]: (r["owner"], r["epoch"]) for r in leases.read() if r["kind"] == "lease"}
-
     a, b = worker(settings, "worker-a"), worker(settings, "worker-b")
     tasks = [asyncio.create_task(a.run())]
     try:
         await until(lambda: len(a.owned()) == 4, "worker A takes every partition")
-        load = b.subscriptions.load
-
-        def slow_load() -> Any:
-            time.sleep(3)  # each of B's ticks outlasts a lease
-            return load()
-
-        monkeypatch.setattr(b.subscriptions, "load", slow_load)
+        _slow_ticks(monkeypatch, b, lambda: time.sleep(3))  # each of B's ticks outlasts a lease
         tasks.append(asyncio.create_task(b.run()))
         await until(lambda: len(a.owned()) == 2 and len(b.owned()) == 2, "A hands B its share", timeout=30)
-        settled = held()
+        settled = _lease_holders(data)
         await asyncio.sleep(8)  # a few of B's slow ticks
-        assert held() == settled, "the pairs changed hands again"
+        assert _lease_holders(data) == settled, "the pairs changed hands again"
     finally:
         await stop(*tasks)
