@@ -36,6 +36,8 @@ _WIDTH = 5
 _BLOCK = 1024  # records a ring file block holds; the head's and the tail's blocks are kept in memory
 _BLOCK_BYTES = _BLOCK * _RECORD.size
 _TAG_MASK = 0xFFFF_FFFF
+# An offset below this marks an entry being stored again: -2 - (move << 32 | row in the move).
+_MOVING = -2
 _blake2b = hashlib.blake2b
 
 
@@ -119,6 +121,9 @@ class DedupIndex:
         self.window_s = window_s
         self.max_entries = max_entries
         self._inflight: dict[DedupKey, asyncio.Future[Placed]] = {}  # few: only sends not yet durable
+        # Messages being stored again (`move`): the first one's placement, by move number, until durable.
+        self._moves: dict[int, asyncio.Future[Placed]] = {}
+        self._next_move = 0
         # A new id is hashed once: lookup's miss hands its hash to begin, and remember takes it.
         self._missed: tuple[DedupKey | None, int, int] = (None, 0, 0)
         self._hashes: dict[DedupKey, tuple[int, int]] = {}
@@ -152,9 +157,33 @@ class DedupIndex:
     def lookup(self, key: DedupKey) -> Placed | asyncio.Future[Placed] | None:
         h0, h1 = key_hash(key)
         if (pos := self._find(h0, h1)) >= 0:
-            return self._placed(pos)
+            placed = self._placed(pos)
+            if placed[1] >= 0:
+                return placed
+            # Being stored again: its new placement once durable. (Not `_missed`: a send accepted
+            # afresh after a failed move finds this entry again, and `remember` updates it in place.)
+            return self._moving(placed) or self._inflight.get(key)
         self._missed = (key, h0, h1)
         return self._inflight.get(key)
+
+    def move(self, hashes: list[tuple[int, int] | None], partition: int, first: asyncio.Future[Placed]) -> None:
+        """Messages stored again at new offsets (a partition this node claimed back after another node
+        committed to it), by the `key_hash` of each one's id (None: none): until `first`, the first
+        one's new placement, is durable, a lookup of their ids waits for theirs rather than answer
+        the offset they had before the move, which is another message's now."""
+        move = self._next_move
+        self._next_move = (move + 1) % (1 << 30)  # with a row number under 2**32, within an int64
+        self._moves[move] = first
+        first.add_done_callback(lambda _: self._moves.pop(move, None))
+        now_us = time.time_ns() // 1000
+        for row, hashed in enumerate(hashes):
+            if hashed is None:
+                continue
+            moving = (partition, _MOVING - (move << 32 | row), now_us)
+            if (pos := self._find(*hashed)) >= 0:
+                self._write(pos, *hashed, moving[:2] + self._placed(pos)[2:])  # its age stays the first's
+            else:
+                self._insert(*hashed, moving)
 
     def begin(self, key: DedupKey, future: asyncio.Future[Placed]) -> None:
         self._inflight[key] = future
@@ -186,6 +215,28 @@ class DedupIndex:
             self._evict()
         else:
             self._insert(h0, h1, placed)
+
+    def _moving(self, placed: Placed) -> asyncio.Future[Placed] | None:
+        """The new placement of a message being stored again, or None if that failed."""
+        move, row = divmod(_MOVING - placed[1], 1 << 32)
+        first = self._moves.get(move)
+        if first is None:
+            return None
+        out: asyncio.Future[Placed] = first.get_loop().create_future()
+
+        def done(f: asyncio.Future[Placed]) -> None:
+            if out.done():
+                return
+            if f.cancelled():
+                out.cancel()
+            elif (exc := f.exception()) is not None:
+                out.set_exception(exc)
+            else:
+                p, offset, at_us = f.result()
+                out.set_result((p, offset + row, at_us))
+
+        first.add_done_callback(done)
+        return out
 
     # -- the slot table -----------------------------------------------------------------
     def _home(self, tag: int) -> int:

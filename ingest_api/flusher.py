@@ -81,6 +81,7 @@ class Flusher:
         self._pending_bytes = 0
         self._pending_rows = 0  # rows, not items: a batch chunk holds thousands
         self._flushing_bytes = 0  # taken by the flush in progress: not in the table yet either
+        self._in_flush: list[Record | Chunk] = []  # ... and its items
         self._oldest: float | None = None
         self._wake = asyncio.Event()
         self._closing = False
@@ -259,11 +260,13 @@ class Flusher:
 
     async def _flush_locked(self) -> bool:
         taken = self._take()
-        self._flushing_bytes = sum(r.size for _, records in taken for r in records)
+        self._in_flush = [r for _, records in taken for r in records]
+        self._flushing_bytes = sum(r.size for r in self._in_flush)
         try:
             return await self._commit_taken(taken)
         finally:
             self._flushing_bytes = 0
+            self._in_flush = []
 
     async def _commit_taken(self, taken: list[tuple[str, list[Record | Chunk]]]) -> bool:
         failed: list[Record | Chunk] = []
@@ -341,6 +344,10 @@ class Flusher:
         writer (benchmarks, tests); a broker's partitions are claimed (ingest_api/cluster.py)."""
         topic_id = bytes.fromhex(topic.topic_id)
         self.epochs.update({(topic_id, p): epoch for p in range(topic.partitions)})
+
+    def in_flush(self, key: PartitionKey) -> list[Record | Chunk]:
+        """The partition's items taken by the flush in progress."""
+        return [r for r in self._in_flush if (r.topic_id, r.partition) == key]
 
     def take_pending(self, key: PartitionKey) -> list[Record | Chunk]:
         """The partition's pending items, out of the flusher (not those of a flush under way)."""

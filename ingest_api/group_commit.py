@@ -243,6 +243,10 @@ class GroupCommitter:
         for group in self._unwritten:
             group.saved.pop(key, None)  # a failed write rolls back no further than `end`
 
+    def unwritten(self, key: PartitionKey) -> list[Record | Chunk]:
+        """The partition's items handed to the writer whose write is not reported yet."""
+        return [r for group in self._unwritten for r in group.records if (r.topic_id, r.partition) == key]
+
     def queues(self, key: PartitionKey) -> bool:
         """Whether a message of the partition waits for its offset (queued, not yet handed to the WAL)."""
         for p in self._queue:

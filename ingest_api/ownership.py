@@ -34,6 +34,7 @@ from lakebroker.tables.topics import TopicConfig
 
 log = logging.getLogger(__name__)
 _NEVER = 2**63
+MOVED = -1  # the claim of an item a flush or WAL write held while `adopt` placed a copy of it again
 LEARN_SLICE = 8192  # ids a node takes over, remembered between the event loop's other turns
 
 
@@ -151,16 +152,22 @@ class Ownership:
                 self.flusher.committed[key] = max(end, self.flusher.committed.get(key, 0))
                 self._floors.pop(key, None)
             else:
-                # Everything this node took of the partition goes on after the claimed end: what is
-                # parked or on its way here, pending in the flusher, and (once durable: `placed_again_if_stale`)
-                # what the WAL writer holds; none of it is in the table.
+                # Everything this node took of the partition goes on after the claimed end, now: what is
+                # parked or on its way here, pending in the flusher, taken by a flush under way, and in a
+                # WAL write under way; none of it is in the table. The copies under way are `MOVED`: the
+                # flush and the write that hold them answer them as moved, and place them nowhere.
                 self.committer.rebase(key, end)
                 self.flusher.committed[key] = end
-                items = sorted(items + self.flusher.take_pending(key), key=lambda i: i.offset)
+                under_way = self.flusher.in_flush(key) + self.committer.unwritten(key)
+                for item in under_way:
+                    item.claim = MOVED
+                items = sorted(items + self.flusher.take_pending(key) + under_way, key=lambda i: i.offset)
                 again = _uncommitted(items, mine_until)
                 if again:
                     log.warning("%s[%d]: appending %d messages again that this node took before another node "
                                 "owned the partition", topic.name, partition, sum(_rows(i) for i in again))
+                    # The WAL keeps the copies it holds until the new ones are durable.
+                    self._floors[key] = min(self._floors.get(key, mine_until), items[0].offset)
                     self._append_again(topic, again, key, _hashes(others))
                 else:
                     self._floors.pop(key, None)
@@ -184,11 +191,12 @@ class Ownership:
             item = identified(item, self.leases.node)
             future: asyncio.Future[Any] = loop.create_future()
             if isinstance(item, Chunk):
-                chunk = _without_placed(item, topic.topic_id, placed)
+                chunk, hashes = _without_placed(item, topic.topic_id, placed)
                 skipped += item.rows - (0 if chunk is None else chunk.rows)
                 if chunk is None:
                     continue
                 future.add_done_callback(self._remember_chunk(topic.topic_id))
+                self.dedup.move(hashes, key[1], _first_placed(future))
                 self.committer.submit([PendingChunk(dataclasses.replace(chunk, offset=-1), future)])
             else:
                 did = dedup_id(item.message_id, item.producer_id, item.sequence, item.partition)
@@ -198,6 +206,7 @@ class Ownership:
                     continue
                 placed.add(hashed)
                 future.add_done_callback(remember_placed(self.dedup, (topic.topic_id, did)))
+                self.dedup.move([hashed], key[1], future)
                 self.committer.submit([Pending(dataclasses.replace(item, offset=-1), future, in_order=True)])
             futures.append(future)
         if skipped:
@@ -226,11 +235,15 @@ class Ownership:
         return done
 
     def placed_again_if_stale(self, items: list[Record | Chunk]) -> list[Record | Chunk]:
-        """The items that are not stale items of an owned partition; those are appended again, after
-        the partition's rebase (`adopt`). Their waiters were told the partition moved."""
+        """The items that are not stale items of an owned partition; those (given their offsets before the
+        partition's rebase, and not under way then: held back behind a damaged WAL) are appended again.
+        Those `adopt` placed again already (`MOVED`) go nowhere. Their waiters were told the partition
+        moved."""
         stale: dict[PartitionKey, list[Record | Chunk]] = {}
         rest = []
         for item in items:
+            if item.claim == MOVED:
+                continue  # placed again when its partition was claimed (`adopt`)
             key = (item.topic_id, item.partition)
             if key in self.epochs and self.committer.stale(item):
                 stale.setdefault(key, []).append(item)
@@ -410,23 +423,46 @@ def _hashes(placed: pa.Table | None) -> set[tuple[int, int]]:
     return set(zip(placed["hash0"].to_pylist(), placed["hash1"].to_pylist(), strict=True))
 
 
-def _without_placed(chunk: Chunk, topic_hex: str, placed: set[tuple[int, int]]) -> Chunk | None:
-    """The chunk without the rows whose id is in `placed` (by key_hash), or in a row before it; the
-    kept rows' ids join `placed`. None if none is left."""
+def _without_placed(chunk: Chunk, topic_hex: str,
+                    placed: set[tuple[int, int]]) -> tuple[Chunk | None, list[tuple[int, int] | None]]:
+    """The chunk without the rows whose id is in `placed` (by key_hash), or in a row before it (None
+    if none is left), and the kept rows' id hashes (None: no id), which join `placed`."""
     columns = chunk.columns
     ids = dedup_ids(columns["message_id"], columns["producer_id"], columns["sequence"], chunk.partition).to_pylist()
     keep = []
+    kept: list[tuple[int, int] | None] = []
     for did in ids:
         hashed = None if did is None else key_hash((topic_hex, did))
-        keep.append(hashed is None or hashed not in placed)
+        if hashed is None or hashed not in placed:
+            keep.append(True)
+            kept.append(hashed)
+        else:
+            keep.append(False)
         if hashed is not None:
             placed.add(hashed)
     if all(keep):
-        return chunk
-    if not any(keep):
-        return None
+        return chunk, kept
+    if not kept:
+        return None, kept
     columns = chunk.columns.filter(pa.array(keep))
-    return dataclasses.replace(chunk, columns=columns, size=chunk_bytes(columns))
+    return dataclasses.replace(chunk, columns=columns, size=chunk_bytes(columns)), kept
+
+
+def _first_placed(future: asyncio.Future[Chunk]) -> asyncio.Future[Placed]:
+    """Where a chunk's first message is placed, once the chunk is durable."""
+    first: asyncio.Future[Placed] = future.get_loop().create_future()
+
+    def done(f: asyncio.Future[Chunk]) -> None:
+        if f.cancelled():
+            first.cancel()
+        elif (exc := f.exception()) is not None:
+            first.set_exception(exc)
+        else:
+            chunk = f.result()
+            first.set_result((chunk.partition, chunk.offset, chunk.timestamp_us))
+
+    future.add_done_callback(done)
+    return first
 
 
 def _uncommitted(items: list[Record | Chunk], end: int) -> list[Record | Chunk]:

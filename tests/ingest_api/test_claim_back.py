@@ -13,13 +13,16 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 from prometheus_client import CollectorRegistry
 
+from lakebroker.ingest_api.body import batch_items
 from lakebroker.ingest_api.broker import Broker
 from lakebroker.ingest_api.chunks import CHUNK_SCHEMA, Chunk, chunk_bytes
+from lakebroker.ingest_api.columnar import columns_of
 from lakebroker.ingest_api.flush_rows import records_to_arrow
 from lakebroker.ingest_api.messages import AckMode, NewMessage
 from lakebroker.ingest_api.metrics import IngestMetrics
@@ -202,3 +205,70 @@ async def test_messages_appended_again_keep_their_order_past_a_full_group(broker
     assert await broker.flusher.flush_once()
     assert [v for _, v in _rows(broker.layout.topic_table("t"))] == [
         b"first", b"c0", b"c1", b"c2", b"c3", b"c4", b"r5", b"c6", b"c7", b"r8", b"r9"]
+
+
+async def _held_wal(broker: Broker) -> tuple[threading.Event, Any]:
+    """The WAL writer held until the event is set: every group through the writer thread."""
+    release = threading.Event()
+    real_append = broker.wal.append
+
+    def slow_append(*args: Any, **kwargs: Any) -> Any:
+        release.wait(30)
+        return real_append(*args, **kwargs)
+
+    broker.wal.append = slow_append  # type: ignore[method-assign]
+    broker.committer.disk.never()
+    return release, real_append
+
+
+async def _retry_while_placed_again(broker: Broker, produce_first: Any) -> None:
+    """A0..A2 (with ids) are durable and pending when the partition moves; it is claimed back, and
+    while their copies appended again are not yet durable, A1's producer retries at ack=table. The
+    retry is answered where A1 is stored now, not at the offset it had before the move (the other
+    node's row, or another message, sits there)."""
+    uri, key = broker.layout.topic_table("t"), _key(broker)
+    async with broker.flusher.commit_lock:
+        await produce_first()
+        broker.ownership.disown({(broker.topic("t").topic_id, 0)})
+        _intruder_commits_one_row(uri, broker.topic("t"))
+        release, real_append = await _held_wal(broker)
+        try:
+            await _claim_back(broker, key)
+            retry = asyncio.ensure_future(broker.local.produce(
+                "t", [NewMessage(value=b"A1", partition=0, message_id="A1")], AckMode.TABLE))
+            await asyncio.sleep(0.1)
+            release.set()
+        finally:
+            release.set()
+            broker.wal.append = real_append  # type: ignore[method-assign]
+    for _ in range(20):
+        await asyncio.sleep(0.05)
+        assert await broker.flusher.flush_once()
+        if retry.done():
+            break
+    [answer] = await asyncio.wait_for(retry, 10)
+    assert answer.duplicate
+    rows = dict(_rows(uri))
+    assert rows.get(answer.offset) == b"A1", f"the retry of A1 was answered at {answer.offset}: {sorted(rows.items())}"
+    _check_each_stored_once(uri, [b"A0", b"A1", b"A2"], {})
+
+
+async def test_a_retry_while_its_message_is_placed_again_is_answered_at_the_new_offset(broker: Broker) -> None:
+    async def produce_first() -> None:
+        answers = await broker.local.produce(
+            "t", [NewMessage(value=v, partition=0, message_id=v.decode()) for v in (b"A0", b"A1", b"A2")],
+            AckMode.WAL)
+        assert [(r.partition, r.offset) for r in answers] == [(0, 1), (0, 2), (0, 3)]
+
+    await _retry_while_placed_again(broker, produce_first)
+
+
+async def test_a_retry_while_its_batch_chunk_is_placed_again_is_answered_at_the_new_offset(broker: Broker) -> None:
+    async def produce_first() -> None:
+        body = orjson.dumps({"messages": [{"value": v, "id": v, "partition": 0} for v in ("A0", "A1", "A2")]})
+        batch = columns_of(batch_items("application/json", body))
+        assert batch is not None, "a batch the columnar path takes: its messages are one chunk"
+        answers = await broker.local.produce_columns("t", batch, AckMode.WAL)
+        assert answers.offset.tolist() == [1, 2, 3]
+
+    await _retry_while_placed_again(broker, produce_first)

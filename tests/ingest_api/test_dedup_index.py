@@ -81,6 +81,45 @@ def test_an_id_in_flight_answers_its_future_until_it_is_remembered_or_abandoned(
         loop.close()
 
 
+async def test_ids_being_stored_again_wait_for_their_new_placement_and_a_failed_move_forgets_them() -> None:
+    """`move`: ids placed before (a, b), one never placed (c), and a row without an id, stored again
+    from offset 40: until that is durable, a lookup waits for the id's own new offset; once it is, the
+    index answers it. A move that fails leaves the ids unknown, and a send accepted afresh then
+    updates the entry in place."""
+    index = DedupIndex(window_s=3600, max_entries=100)
+    a, b, c, d = ((TOPIC, f"m:{x}") for x in "abcd")
+    index.remember(a, (0, 3, now_us()))
+    index.remember(b, (0, 4, now_us()))
+    index.remember(d, (0, 5, now_us()))
+    first: asyncio.Future[Placed] = asyncio.get_running_loop().create_future()
+    index.move([key_hash(a), None, key_hash(b), key_hash(c)], 0, first)
+    waits = [index.lookup(k) for k in (a, b, c)]
+    assert all(isinstance(w, asyncio.Future) for w in waits), waits
+    assert index.lookup(d) == (0, 5, index.lookup(d)[2]), "an id not moved keeps its placement"  # type: ignore[index]
+    at = now_us()
+    first.set_result((0, 40, at))
+    index.remember(a, (0, 40, at))  # as the move's own callbacks do once durable
+    index.remember(b, (0, 42, at))
+    index.remember(c, (0, 43, at))
+    assert [(await w)[1] for w in waits] == [40, 42, 43]  # type: ignore[misc]
+    assert index.lookup(b) == (0, 42, at)
+
+    failing: asyncio.Future[Placed] = asyncio.get_running_loop().create_future()
+    index.move([key_hash(d)], 0, failing)
+    waiting = index.lookup(d)
+    assert isinstance(waiting, asyncio.Future)
+    failing.set_exception(OSError("disk full"))
+    with pytest.raises(OSError):
+        await waiting
+    await asyncio.sleep(0)  # the move's own callback runs
+    assert index.lookup(d) is None, "a move that failed: a retry is accepted afresh"
+    afresh: asyncio.Future[Placed] = asyncio.get_running_loop().create_future()
+    index.begin(d, afresh)
+    index.remember(d, (0, 50, now_us()))
+    assert index.lookup(d)[:2] == (0, 50)  # type: ignore[index]
+    assert len(index) == 4, "the entry updated in place, not a second one"
+
+
 def test_ids_older_than_the_window_are_forgotten_oldest_first() -> None:
     index = DedupIndex(window_s=60, max_entries=100)
     old, fresh = now_us() - 120_000_000, now_us()
