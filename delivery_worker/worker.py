@@ -157,6 +157,13 @@ class DeliveryWorker:
                 continue
             if running.seek_epoch < sub.seek_epoch:
                 stale.add(pair)
+            elif lease.epoch == running.pipeline.fence.epoch + 1 and lease.owner == self.worker_id:
+                # Its lease ran out between two renewals and this heartbeat took it again: the one
+                # take since the pipeline's own, so no other worker held the pair in between, and
+                # delivery goes on from where it is, under the new epoch.
+                log.warning("the lease of %s partition %d ran out before this worker renewed it; taken again at "
+                            "epoch %d with no other holder in between", *pair, lease.epoch)
+                running.pipeline.fence = replace(running.pipeline.fence, epoch=lease.epoch)
             elif running.pipeline.fence.epoch != lease.epoch:
                 # Held at both heartbeats but not throughout: while this worker stalled past its
                 # lease, another took the pair (a higher epoch) and committed; the pipeline's
@@ -201,6 +208,11 @@ class DeliveryWorker:
             except Exception:
                 log.exception("delivery worker %s: lease renewal failed; retrying", self.worker_id)
                 continue
+            ran_out = [pair for pair in self._running if pair in self._held and pair not in renewed]
+            if ran_out or time.monotonic() - started > ttl / 2:
+                log.warning("renewing the leases took %.1f s, %.1f s after the last renewal began (lease TTL %.0f s); "
+                            "%d of them had run out already", time.monotonic() - started,
+                            started - self._renewed_at, ttl, len(ran_out))
             self._renewed_at = max(self._renewed_at, started)
             for pair, lease in renewed.items():
                 held, running = self._held.get(pair), self._running.get(pair)

@@ -316,3 +316,45 @@ async def test_a_worker_that_holds_nothing_yet_stays_a_member_through_ticks_slow
         assert _lease_holders(data) == settled, "the pairs changed hands again"
     finally:
         await stop(*tasks)
+
+
+async def test_a_lease_that_ran_out_and_was_taken_again_by_its_worker_keeps_its_pipeline(
+        tmp_path: Path, receiver: Receiver, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """When a worker's renewals come too late (a starved machine), its lease runs out and its next
+    heartbeat takes the pair again, one epoch up. No other worker held it in between, so the
+    pipeline goes on under the new epoch: restarting it from its last commit at every tick (seen in
+    the cluster soak, every pair of both workers, for the whole run) redelivers and falls behind."""
+    data = tmp_path / "data"
+    settings = worker_settings(data)  # a 2 s lease
+    create_topic(settings, "t", partitions=2)
+    subscribe(data, "t", receiver.url)
+    a = worker(settings, "worker-a")
+    task = asyncio.create_task(a.run())
+    try:
+        await until(lambda: len(a.owned()) == 2, "worker A holds both partitions")
+        renew = a.leases.renew
+
+        def late_renew(pairs: set[tuple[str, int]]) -> Any:
+            time.sleep(2.5)  # past the lease: the renewal finds it run out, and renews nothing
+            return renew(pairs)
+
+        monkeypatch.setattr(a.leases, "renew", late_renew)
+        _slow_ticks(monkeypatch, a, lambda: time.sleep(3))  # each tick outlasts the lease too
+        before, pipelines = _lease_holders(data), dict(a._running)
+        for p in range(2):
+            await asyncio.to_thread(produce, settings, "t", p, 3)
+        await until(lambda: len(receiver.messages()) >= 6, "the new messages are delivered", timeout=30)
+        await until(lambda: all(_lease_holders(data)[p][1] >= before[p][1] + 2 for p in range(2)),
+                    "the leases ran out and were taken again twice", timeout=30)
+        assert {p: owner for p, (owner, _) in _lease_holders(data).items()} == {0: "worker-a", 1: "worker-a"}
+        assert {p: a._running.get(p) for p in pipelines} == pipelines, "A's pipelines were restarted"
+        assert "changed hands meanwhile" not in caplog.text
+        assert "ran out before this worker renewed it; taken again at epoch" in caplog.text
+        offsets = sorted((r.headers["lakebroker-partition"], r.headers["lakebroker-offset"])
+                         for r in list(receiver.received))
+        assert len(offsets) == len(set(offsets)) == 6, offsets
+        await until(lambda: {c.offset for c in OffsetsTable(Layout(data)).positions("hooks").values()} == {3},
+                    "A commits under its new epochs")
+    finally:
+        await stop(task)
