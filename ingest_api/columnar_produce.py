@@ -29,10 +29,10 @@ from lakebroker.ingest_api.chunks import (
     spans_by_bytes,
     split_by_bytes,
 )
-from lakebroker.ingest_api.dedup import DedupIndex, DedupKey, Placed, dedup_id, dedup_ids, spread_ids
+from lakebroker.ingest_api.dedup import DedupIndex, DedupKey, Placed, dedup_id, dedup_ids, remember_placed, spread_ids
 from lakebroker.ingest_api.group_commit import GroupCommitter, PendingChunk
 from lakebroker.ingest_api.messages import AckMode
-from lakebroker.ingest_api.ownership import Ownership, remember_placed
+from lakebroker.ingest_api.ownership import Ownership
 from lakebroker.ingest_api.partitioner import Partitioner
 from lakebroker.ingest_api.sequences import (
     KAFKA_SEQUENCES,

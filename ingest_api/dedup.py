@@ -19,7 +19,7 @@ import struct
 import tempfile
 import time
 from array import array
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Literal, TypeAlias
 
@@ -346,3 +346,15 @@ def _zeros(n: int, typecode: Literal["I", "Q"]) -> memoryview[int]:
     """n zeroed unsigned numbers (32 or 64 bits), in an anonymous map."""
     width = array(typecode).itemsize
     return memoryview(mmap.mmap(-1, max(n, 1) * width, flags=mmap.MAP_PRIVATE)).cast(typecode)
+
+
+def remember_placed(dedup: DedupIndex, key: DedupKey) -> Callable[[asyncio.Future[Placed]], None]:
+    """Once a message with an id is durable, the dedup index knows where; if it failed, forgets it."""
+
+    def done(future: asyncio.Future[Placed]) -> None:
+        if future.cancelled() or future.exception() is not None:
+            dedup.abandon(key)
+        else:
+            dedup.remember(key, future.result())
+
+    return done

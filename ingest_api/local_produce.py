@@ -19,10 +19,10 @@ from lakebroker.ingest_api.acks import Acks, highest_offsets
 from lakebroker.ingest_api.admission import Admission
 from lakebroker.ingest_api.chunks import BatchResults, ColumnarBatch
 from lakebroker.ingest_api.columnar_produce import ColumnarProduce
-from lakebroker.ingest_api.dedup import DedupIndex, DedupKey, Placed, dedup_id
+from lakebroker.ingest_api.dedup import DedupIndex, DedupKey, Placed, dedup_id, remember_placed
 from lakebroker.ingest_api.group_commit import GroupCommitter, Pending
 from lakebroker.ingest_api.messages import AckMode, NewMessage
-from lakebroker.ingest_api.ownership import Ownership, remember_placed
+from lakebroker.ingest_api.ownership import Ownership
 from lakebroker.ingest_api.partitioner import Partitioner
 from lakebroker.ingest_api.records import RECORD_OVERHEAD, Record
 from lakebroker.ingest_api.sequences import SequenceMarks

@@ -11,18 +11,18 @@ until it owns the partition again (`adopt` places them) or the router has handed
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 import pyarrow as pa
 
-from lakebroker.ingest_api.chunks import Chunk, chunk_bytes
-from lakebroker.ingest_api.dedup import DedupIndex, DedupKey, Placed, dedup_id, dedup_ids, key_hash
+from lakebroker.ingest_api.appended_again import append_again, placed_hashes, uncommitted
+from lakebroker.ingest_api.chunks import Chunk
+from lakebroker.ingest_api.dedup import DedupIndex
 from lakebroker.ingest_api.dedup_rebuild import handed_ids, restore
 from lakebroker.ingest_api.flusher import Flusher
-from lakebroker.ingest_api.group_commit import GroupCommitter, Pending, PendingChunk
+from lakebroker.ingest_api.group_commit import GroupCommitter
 from lakebroker.ingest_api.hand_off import identified
 from lakebroker.ingest_api.metrics import IngestMetrics
 from lakebroker.ingest_api.not_here import NoOwnerYet, NotOwner
@@ -162,13 +162,13 @@ class Ownership:
                 for item in under_way:
                     item.claim = MOVED
                 items = sorted(items + self.flusher.take_pending(key) + under_way, key=lambda i: i.offset)
-                again = _uncommitted(items, mine_until)
+                again = uncommitted(items, mine_until)
                 if again:
                     log.warning("%s[%d]: appending %d messages again that this node took before another node "
                                 "owned the partition", topic.name, partition, sum(_rows(i) for i in again))
                     # The WAL keeps the copies it holds until the new ones are durable.
                     self._floors[key] = min(self._floors.get(key, mine_until), items[0].offset)
-                    self._append_again(topic, again, key, _hashes(others))
+                    self._append_again(topic, again, key, placed_hashes(others))
                 else:
                     self._floors.pop(key, None)
             self.epochs[key] = epoch
@@ -178,61 +178,15 @@ class Ownership:
 
     def _append_again(self, topic: TopicConfig, items: list[Record | Chunk], key: PartitionKey,
                       placed: set[tuple[int, int]]) -> None:
-        """Queue items for the WAL again as new messages of their partition, each with an id
-        (hand_off.py), but those whose id is `placed` (by key_hash) elsewhere; the dedup index
-        learns the new offsets. An id that comes twice (a copy appended again before, and its
-        original) is appended once. The WAL keeps the old copies (the floor) until the new ones are
-        durable."""
-        loop = asyncio.get_running_loop()
-        futures: list[asyncio.Future[Any]] = []
-        placed = set(placed)  # ... and then the ids appended here
-        skipped = 0
-        for item in items:  # one at a time: chunks and records may alternate, and their order is kept
-            item = identified(item, self.leases.node)
-            future: asyncio.Future[Any] = loop.create_future()
-            if isinstance(item, Chunk):
-                chunk, hashes = _without_placed(item, topic.topic_id, placed)
-                skipped += item.rows - (0 if chunk is None else chunk.rows)
-                if chunk is None:
-                    continue
-                future.add_done_callback(self._remember_chunk(topic.topic_id))
-                self.dedup.move(hashes, key[1], _first_placed(future))
-                self.committer.submit([PendingChunk(dataclasses.replace(chunk, offset=-1), future)])
-            else:
-                did = dedup_id(item.message_id, item.producer_id, item.sequence, item.partition)
-                assert did is not None
-                if (hashed := key_hash((topic.topic_id, did))) in placed:
-                    skipped += 1
-                    continue
-                placed.add(hashed)
-                future.add_done_callback(remember_placed(self.dedup, (topic.topic_id, did)))
-                self.dedup.move([hashed], key[1], future)
-                self.committer.submit([Pending(dataclasses.replace(item, offset=-1), future, in_order=True)])
-            futures.append(future)
-        if skipped:
-            log.warning("%s[%d]: %d of these messages are stored already (by a node this node handed them to, "
-                        "or as a copy appended before): not appended again", topic.name, key[1], skipped)
+        """`append_again`; the WAL keeps the old copies (the floor) until the new ones are durable."""
+        appended = append_again(topic, items, key, placed, node=self.leases.node, committer=self.committer,
+                                dedup=self.dedup)
 
-        def durable(_: object) -> None:
-            if all(f.done() and not f.cancelled() and f.exception() is None for f in futures):
+        def durable(outcomes: asyncio.Future[list[Any]]) -> None:
+            if not outcomes.cancelled() and not any(isinstance(o, BaseException) for o in outcomes.result()):
                 self._floors.pop(key, None)
 
-        asyncio.gather(*futures, return_exceptions=True).add_done_callback(durable)
-
-    def _remember_chunk(self, topic_hex: str) -> Callable[[asyncio.Future[Chunk]], None]:
-        """A chunk appended again: its ids at their new offsets."""
-
-        def done(future: asyncio.Future[Chunk]) -> None:
-            if future.cancelled() or future.exception() is not None:
-                return
-            chunk = future.result()
-            columns = chunk.columns
-            ids = dedup_ids(columns["message_id"], columns["producer_id"], columns["sequence"], chunk.partition)
-            for i, did in enumerate(ids.to_pylist()):
-                if did is not None:
-                    self.dedup.remember((topic_hex, did), (chunk.partition, chunk.offset + i, chunk.timestamp_us))
-
-        return done
+        appended.add_done_callback(durable)
 
     def placed_again_if_stale(self, items: list[Record | Chunk]) -> list[Record | Chunk]:
         """The items that are not stale items of an owned partition; those (given their offsets before the
@@ -397,85 +351,9 @@ class Ownership:
         return committed_below
 
 
-def remember_placed(dedup: DedupIndex, key: DedupKey) -> Callable[[asyncio.Future[Placed]], None]:
-    """Once a message with an id is durable, the dedup index knows where; if it failed, forgets it."""
-
-    def done(future: asyncio.Future[Placed]) -> None:
-        if future.cancelled() or future.exception() is not None:
-            dedup.abandon(key)
-        else:
-            dedup.remember(key, future.result())
-
-    return done
-
-
 def _rows(item: Record | Chunk) -> int:
     return 1 if isinstance(item, Record) else item.rows
 
 
 def _end(item: Record | Chunk) -> int:
     return item.offset + 1 if isinstance(item, Record) else item.end
-
-
-def _hashes(placed: pa.Table | None) -> set[tuple[int, int]]:
-    if placed is None or not placed.num_rows:
-        return set()
-    return set(zip(placed["hash0"].to_pylist(), placed["hash1"].to_pylist(), strict=True))
-
-
-def _without_placed(chunk: Chunk, topic_hex: str,
-                    placed: set[tuple[int, int]]) -> tuple[Chunk | None, list[tuple[int, int] | None]]:
-    """The chunk without the rows whose id is in `placed` (by key_hash), or in a row before it (None
-    if none is left), and the kept rows' id hashes (None: no id), which join `placed`."""
-    columns = chunk.columns
-    ids = dedup_ids(columns["message_id"], columns["producer_id"], columns["sequence"], chunk.partition).to_pylist()
-    keep = []
-    kept: list[tuple[int, int] | None] = []
-    for did in ids:
-        hashed = None if did is None else key_hash((topic_hex, did))
-        if hashed is None or hashed not in placed:
-            keep.append(True)
-            kept.append(hashed)
-        else:
-            keep.append(False)
-        if hashed is not None:
-            placed.add(hashed)
-    if all(keep):
-        return chunk, kept
-    if not kept:
-        return None, kept
-    columns = chunk.columns.filter(pa.array(keep))
-    return dataclasses.replace(chunk, columns=columns, size=chunk_bytes(columns)), kept
-
-
-def _first_placed(future: asyncio.Future[Chunk]) -> asyncio.Future[Placed]:
-    """Where a chunk's first message is placed, once the chunk is durable."""
-    first: asyncio.Future[Placed] = future.get_loop().create_future()
-
-    def done(f: asyncio.Future[Chunk]) -> None:
-        if f.cancelled():
-            first.cancel()
-        elif (exc := f.exception()) is not None:
-            first.set_exception(exc)
-        else:
-            chunk = f.result()
-            first.set_result((chunk.partition, chunk.offset, chunk.timestamp_us))
-
-    future.add_done_callback(done)
-    return first
-
-
-def _uncommitted(items: list[Record | Chunk], end: int) -> list[Record | Chunk]:
-    """The items' messages at or past `end` (a chunk that straddles it, cut there)."""
-    out: list[Record | Chunk] = []
-    for item in items:
-        if isinstance(item, Chunk):
-            if item.end <= end:
-                continue
-            if item.offset < end:
-                rows = item.columns.slice(end - item.offset)
-                item = dataclasses.replace(item, offset=end, columns=rows, size=chunk_bytes(rows))
-        elif item.offset < end:
-            continue
-        out.append(item)
-    return out
