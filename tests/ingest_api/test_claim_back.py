@@ -7,9 +7,10 @@ the table", and no offset is answered for two messages."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -112,11 +113,10 @@ async def test_messages_pending_in_the_flusher_are_placed_again_after_the_other_
     _check_each_stored_once(uri, [b"A0", b"A1", b"A2"], {b"N1": n1})
 
 
-async def test_messages_inside_the_wal_writer_are_placed_again_after_the_other_nodes_rows(broker: Broker) -> None:
-    """As above, with A0..A2 given offsets but not yet durable when the partition moves: their write
-    lands after the claim, so their producers are told the partition moved (retry with the same id)
-    rather than answered at offsets that are the other node's now, and they are placed again."""
-    uri, key = broker.layout.topic_table("t"), _key(broker)
+@contextlib.contextmanager
+def _held_wal(broker: Broker) -> Iterator[threading.Event]:
+    """The WAL writer held until the event is set (every group through the writer thread, not
+    inline); released and restored on the way out."""
     release = threading.Event()
     real_append = broker.wal.append
 
@@ -125,8 +125,20 @@ async def test_messages_inside_the_wal_writer_are_placed_again_after_the_other_n
         return real_append(*args, **kwargs)
 
     broker.wal.append = slow_append  # type: ignore[method-assign]
-    broker.committer.disk.never()  # every group through the writer thread, not inline
+    broker.committer.disk.never()
     try:
+        yield release
+    finally:
+        release.set()
+        broker.wal.append = real_append  # type: ignore[method-assign]
+
+
+async def test_messages_inside_the_wal_writer_are_placed_again_after_the_other_nodes_rows(broker: Broker) -> None:
+    """As above, with A0..A2 given offsets but not yet durable when the partition moves: their write
+    lands after the claim, so their producers are told the partition moved (retry with the same id)
+    rather than answered at offsets that are the other node's now, and they are placed again."""
+    uri, key = broker.layout.topic_table("t"), _key(broker)
+    with _held_wal(broker) as release:
         writing = asyncio.ensure_future(_answers(broker, [b"A0", b"A1", b"A2"]))
         await asyncio.sleep(0.1)
         assert not writing.done()
@@ -139,9 +151,6 @@ async def test_messages_inside_the_wal_writer_are_placed_again_after_the_other_n
         with pytest.raises(NoOwnerYet, match="retry with the same id"):
             await writing
         [(_, n1_offset)] = await n1
-    finally:
-        release.set()
-        broker.wal.append = real_append  # type: ignore[method-assign]
     for _ in range(3):
         await asyncio.sleep(0.05)
         assert await broker.flusher.flush_once()
@@ -207,20 +216,6 @@ async def test_messages_appended_again_keep_their_order_past_a_full_group(broker
         b"first", b"c0", b"c1", b"c2", b"c3", b"c4", b"r5", b"c6", b"c7", b"r8", b"r9"]
 
 
-async def _held_wal(broker: Broker) -> tuple[threading.Event, Any]:
-    """The WAL writer held until the event is set: every group through the writer thread."""
-    release = threading.Event()
-    real_append = broker.wal.append
-
-    def slow_append(*args: Any, **kwargs: Any) -> Any:
-        release.wait(30)
-        return real_append(*args, **kwargs)
-
-    broker.wal.append = slow_append  # type: ignore[method-assign]
-    broker.committer.disk.never()
-    return release, real_append
-
-
 async def _retry_while_placed_again(broker: Broker, produce_first: Any) -> None:
     """A0..A2 (with ids) are durable and pending when the partition moves; it is claimed back, and
     while their copies appended again are not yet durable, A1's producer retries at ack=table. The
@@ -231,16 +226,12 @@ async def _retry_while_placed_again(broker: Broker, produce_first: Any) -> None:
         await produce_first()
         broker.ownership.disown({(broker.topic("t").topic_id, 0)})
         _intruder_commits_one_row(uri, broker.topic("t"))
-        release, real_append = await _held_wal(broker)
-        try:
+        with _held_wal(broker) as release:
             await _claim_back(broker, key)
             retry = asyncio.ensure_future(broker.local.produce(
                 "t", [NewMessage(value=b"A1", partition=0, message_id="A1")], AckMode.TABLE))
             await asyncio.sleep(0.1)
             release.set()
-        finally:
-            release.set()
-            broker.wal.append = real_append  # type: ignore[method-assign]
     for _ in range(20):
         await asyncio.sleep(0.05)
         assert await broker.flusher.flush_once()
