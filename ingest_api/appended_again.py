@@ -13,7 +13,7 @@ from typing import Any
 import pyarrow as pa
 
 from lakebroker.ingest_api.chunks import Chunk, chunk_bytes
-from lakebroker.ingest_api.dedup import DedupIndex, Placed, dedup_id, dedup_ids, key_hash, remember_placed
+from lakebroker.ingest_api.dedup import DedupIndex, Placed, dedup_id, dedup_ids, derived, key_hash, remember_placed
 from lakebroker.ingest_api.group_commit import GroupCommitter, Pending, PendingChunk
 from lakebroker.ingest_api.hand_off import identified
 from lakebroker.ingest_api.records import Record
@@ -43,7 +43,7 @@ def append_again(topic: TopicConfig, items: list[Record | Chunk], key: Partition
             if chunk is None:
                 continue
             future.add_done_callback(_remember_chunk(dedup, topic.topic_id))
-            dedup.move(hashes, key[1], _first_placed(future))
+            dedup.move(hashes, key[1], derived(future, _first_placed))
             committer.submit([PendingChunk(dataclasses.replace(chunk, offset=-1), future)])
         else:
             did = dedup_id(item.message_id, item.producer_id, item.sequence, item.partition)
@@ -111,21 +111,9 @@ def _without_placed(chunk: Chunk, topic_hex: str,
     return dataclasses.replace(chunk, columns=columns, size=chunk_bytes(columns)), kept
 
 
-def _first_placed(future: asyncio.Future[Chunk]) -> asyncio.Future[Placed]:
-    """Where a chunk's first message is placed, once the chunk is durable."""
-    first: asyncio.Future[Placed] = future.get_loop().create_future()
-
-    def done(f: asyncio.Future[Chunk]) -> None:
-        if f.cancelled():
-            first.cancel()
-        elif (exc := f.exception()) is not None:
-            first.set_exception(exc)
-        else:
-            chunk = f.result()
-            first.set_result((chunk.partition, chunk.offset, chunk.timestamp_us))
-
-    future.add_done_callback(done)
-    return first
+def _first_placed(chunk: Chunk) -> Placed:
+    """Where a durable chunk's first message is placed."""
+    return chunk.partition, chunk.offset, chunk.timestamp_us
 
 
 def uncommitted(items: list[Record | Chunk], end: int) -> list[Record | Chunk]:

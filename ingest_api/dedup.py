@@ -21,7 +21,7 @@ import time
 from array import array
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Literal, TypeAlias
+from typing import Literal, TypeAlias, TypeVar
 
 import numpy as np
 import pyarrow as pa
@@ -222,21 +222,7 @@ class DedupIndex:
         first = self._moves.get(move)
         if first is None:
             return None
-        out: asyncio.Future[Placed] = first.get_loop().create_future()
-
-        def done(f: asyncio.Future[Placed]) -> None:
-            if out.done():
-                return
-            if f.cancelled():
-                out.cancel()
-            elif (exc := f.exception()) is not None:
-                out.set_exception(exc)
-            else:
-                p, offset, at_us = f.result()
-                out.set_result((p, offset + row, at_us))
-
-        first.add_done_callback(done)
-        return out
+        return derived(first, lambda p: (p[0], p[1] + row, p[2]))
 
     # -- the slot table -----------------------------------------------------------------
     def _home(self, tag: int) -> int:
@@ -358,3 +344,24 @@ def remember_placed(dedup: DedupIndex, key: DedupKey) -> Callable[[asyncio.Futur
             dedup.remember(key, future.result())
 
     return done
+
+
+T = TypeVar("T")
+
+
+def derived(future: asyncio.Future[T], placement: Callable[[T], Placed]) -> asyncio.Future[Placed]:
+    """A placement that follows `future`: `placement` of its result, or its failure."""
+    out: asyncio.Future[Placed] = future.get_loop().create_future()
+
+    def done(f: asyncio.Future[T]) -> None:
+        if out.done():
+            return
+        if f.cancelled():
+            out.cancel()
+        elif (exc := f.exception()) is not None:
+            out.set_exception(exc)
+        else:
+            out.set_result(placement(f.result()))
+
+    future.add_done_callback(done)
+    return out
