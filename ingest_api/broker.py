@@ -105,7 +105,7 @@ class Broker:
         self.local = LocalProduce(topic=self.topic, admission=self.admission, partitioner=self.partitioner,
                                   ownership=self.ownership, dedup=self.dedup, marks=self.marks,
                                   committer=self.committer, acks=self.acks)
-        self.flusher.node = self.cluster.node
+        self.flusher.commits.node = self.cluster.node
         recovered = await asyncio.to_thread(recover, self.wal, self.layout, list(self.topics.values()), self.dedup,
                                             self.metrics, dedup_window_s=self.settings.dedup_window_s,
                                             node=self.cluster.node, marks=self.marks)

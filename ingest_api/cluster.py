@@ -40,11 +40,11 @@ from lakebroker.ingest_api.node_identity import advertised_url, node_id
 from lakebroker.ingest_api.ownership import Ownership
 from lakebroker.ingest_api.reader import unreadable
 from lakebroker.ingest_api.sequences import SequenceMarks
-from lakebroker.tables import delta, fencing
-from lakebroker.tables.conflicts import retry_conflicts
+from lakebroker.tables import fencing
 from lakebroker.tables.errors import LakebrokerError
 from lakebroker.tables.layout import Layout
 from lakebroker.tables.ownership import ClusterView, Heartbeat, OwnershipTable, Pair
+from lakebroker.tables.partition_claims import claim_partitions
 from lakebroker.tables.settings import Settings
 from lakebroker.tables.storage_clock import skew
 from lakebroker.tables.topics import TopicConfig, TopicGone, TopicStore
@@ -355,7 +355,8 @@ class Membership:
         topic_id = topic.topic_id
         began = time.monotonic()
         try:
-            ends, snapshot = await self._on_thread("claim", self._claim_in_table, topic, epochs)
+            ends, snapshot = await self._on_thread("claim", claim_partitions, self._store, topic, epochs,
+                                                    node=self.node)
         except TopicGone:
             return  # deleted through another node: this node forgets it as it follows the delete
         except fencing.Deposed as exc:
@@ -427,32 +428,6 @@ class Membership:
             log.error("opening partitions this node claimed failed (%s); the next heartbeat claims them again",
                       exc, exc_info=exc)
             self._wake.set()
-
-    def _claim_in_table(self, topic: TopicConfig, epochs: dict[int, int],
-                        ) -> tuple[dict[int, tuple[int, int | None]], DeltaTable]:
-        """Claim on a fresh snapshot, again after a concurrent commit; each partition's claimed end
-        and this node's end before the claim, with the table as the claim left it. TopicGone if the
-        topic was deleted, before or while it claimed: a node that has not yet seen a delete must not
-        bring the table back."""
-        store = self._store
-
-        def once() -> tuple[dict[int, tuple[int, int | None]], DeltaTable]:
-            table = store.live_table(topic)
-            before = {p: fencing.node_end(table, self.node, p) for p in epochs}
-            # No claim where the table holds this epoch already (this node held the partition last) or
-            # where there can be no earlier owner to fence (a partition's first epoch, never claimed).
-            stored = {p: fencing.stored_epoch(table, p) for p in epochs}
-            kept = {p for p, epoch in epochs.items() if stored[p] == epoch or (stored[p] == 0 and epoch == 1)}
-            ends = {p: delta.committed_end(table, p) for p in kept}
-            if len(kept) < len(epochs):
-                ends.update(fencing.claim(table, {p: e for p, e in epochs.items() if p not in kept}, node=self.node))
-            return {p: (ends[p], before[p]) for p in epochs}, table
-
-        claimed = retry_conflicts(once, what=f"claiming partitions of {topic.name}", attempts=20, pause_s=0.05,
-                                  conflicts=(CommitFailedError,))
-        if store.remove_if_deleted(topic):  # a delete that removed the table as this claim wrote to it
-            raise TopicGone(f"topic {topic.name!r} was deleted while this node claimed its partitions")
-        return claimed
 
     async def _hand_over(self, pair: Pair) -> None:
         """Close the partition to produce, commit what it holds, then release it at the next beat."""

@@ -22,37 +22,33 @@ records them in the table's `lakebroker.lostOffsets`). Its other partitions and 
 
 One flush runs at a time, and each of its topic commits holds `commit_lock`; deleting a topic, or
 taking in another node's topic changes, takes the same lock, so no commit lands in a table after
-it is deleted, and a change waits for one commit, not for a whole flush. Tables are cached by
-topic id, not name: a re-created topic is a new table.
+it is deleted, and a change waits for one commit, not for a whole flush. Each commit is written by
+topic_commits.py, which keeps the tables by topic id, not name: a re-created topic is a new table.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
 import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 
-from deltalake import DeltaTable
-from deltalake.exceptions import DeltaError
-
 from lakebroker.ingest_api.chunks import Chunk
 from lakebroker.ingest_api.commit_waits import CommitWaits
-from lakebroker.ingest_api.flush_rows import assemble, by_partition, contiguous_from, runs_of
 from lakebroker.ingest_api.metrics import IngestMetrics
 from lakebroker.ingest_api.records import Record
+from lakebroker.ingest_api.topic_commits import Rebased, TopicCommits
 from lakebroker.ingest_api.wal import PartitionKey
 from lakebroker.ingest_api.wal_damage import HeldItems
-from lakebroker.tables import delta, fencing
+from lakebroker.tables import fencing
 from lakebroker.tables.errors import NotFound, StorageUnavailable
 from lakebroker.tables.layout import Layout
 from lakebroker.tables.lost_offsets import skip_in_table
 from lakebroker.tables.runtime_priority import RuntimePriority
 from lakebroker.tables.settings import Settings
-from lakebroker.tables.topics import TopicConfig, ensure_topic_table, open_topic_table
+from lakebroker.tables.topics import TopicConfig
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +69,7 @@ class Flusher:
     ) -> None:
         self._settings = settings
         self._stale = stale  # an item given its offset before its partition was rebased (GroupCommitter.rebase)
+        self.commits = TopicCommits(layout, metrics, stale)
         self._layout = layout
         self._topics = topics
         self._metrics = metrics
@@ -88,23 +85,17 @@ class Flusher:
         self.commit_lock = asyncio.Lock()  # one commit at a time: held by each topic's commit of a flush
         self._flushing = asyncio.Lock()  # one flush at a time: its commits keep each partition's order
         self._runtime_priority = RuntimePriority(settings.delta_threads_nice)
-        self._tables: dict[str, delta.KeptTable] = {}  # by topic id
-        # By topic id: each partition's log-end txn version, read once (a replay of the log since the last
-        # checkpoint), then as its own commits set it; dropped on any failure (docs/decisions/0009-*.md).
-        self._ends: dict[str, dict[int, int]] = {}
         self.committed: dict[PartitionKey, int] = {}  # log-end offsets known to be in Delta
         self._waits = CommitWaits()
         self.healthy = True
         self._held = HeldItems()  # damaged partitions' items past their hole (wal_damage.py)
-        # This node's id and the epochs of the partitions it owns (ownership.py), which every commit
-        # records (tables/fencing.py). Other partitions' items, and stale ones, go to `on_orphans`;
-        # partitions the table shows another owner of go to `on_deposed` first.
-        self.node = ""
-        self.epochs: dict[PartitionKey, int] = {}
+        # The epochs of the partitions this node owns (ownership.py), shared with its commits. Other
+        # partitions' items, and stale ones, go to `on_orphans`; partitions the table shows another
+        # owner of go to `on_deposed` first.
+        self.epochs = self.commits.epochs
         self.on_orphans = on_orphans
         self.on_deposed = on_deposed
         self.moved = moved  # the error of a wait for a commit on a partition that left this node (or had before)
-        self._verified: dict[str, int] = {}  # by topic id: the table version whose owner epochs were checked
 
     @property
     def pending_bytes(self) -> int:
@@ -160,10 +151,10 @@ class Flusher:
             raise fencing.Deposed(f"partition {partition} of {topic.name!r} is not this node's: nothing skipped",
                                   {partition: 0})
         try:
-            return skip_in_table(self._table(topic), topic.name, partition, first, last, metadata,
-                                 node=self.node, epoch=epoch)
+            return skip_in_table(self.commits.table(topic), topic.name, partition, first, last, metadata,
+                                 node=self.commits.node, epoch=epoch)
         finally:
-            self._ends.pop(topic.topic_id, None)  # read the partition ends again at the next flush
+            self.commits.ends_changed(topic.topic_id)
 
     def wait_committed(self, key: PartitionKey, offset: int) -> asyncio.Future[None]:
         """Until the partition's committed end passes `offset`. On a partition this node no longer
@@ -213,8 +204,7 @@ class Flusher:
         """A deleted topic: drop its table handle and fail whoever waits for its commits."""
         key_id = bytes.fromhex(topic_id)
         async with self.commit_lock:
-            self._tables.pop(topic_id, None)
-            self._ends.pop(topic_id, None)
+            self.commits.forget(topic_id)
             self._waits.fail_topic(key_id, lambda: NotFound("the topic was deleted before the message was committed"))
             for key in [k for k in self.committed if k[0] == key_id]:
                 del self.committed[key]
@@ -303,8 +293,8 @@ class Flusher:
         started = time.perf_counter()
         try:
             try:
-                ends = await asyncio.to_thread(self._commit, topic, live)
-            except (fencing.Deposed, _Rebased) as exc:
+                ends = await asyncio.to_thread(self.commits.commit, topic, live)
+            except (fencing.Deposed, Rebased) as exc:
                 if isinstance(exc, fencing.Deposed):
                     log.warning("%s: partitions %s have another owner now; their messages are kept for it", name,
                                 sorted(exc.partitions))
@@ -312,12 +302,11 @@ class Flusher:
                 live = self._owned(topic, live)
                 if not live:
                     return False, []
-                ends = await asyncio.to_thread(self._commit, topic, live)
+                ends = await asyncio.to_thread(self.commits.commit, topic, live)
         except Exception:
-            if await asyncio.to_thread(self._table_gone, topic):
+            if await asyncio.to_thread(self.commits.gone, topic):
                 # Deleted through another node that this one has not followed yet: its items wait for
                 # the follow, which drops them with the topic; no retry writes where the table was.
-                self._tables.pop(topic.topic_id, None)
                 log.warning("flush of %d records to topic %r: its table is gone (deleted through another node); "
                             "they go with the topic once this node sees the delete", len(live), name)
             else:
@@ -363,78 +352,6 @@ class Flusher:
         `moved`'s error; its messages reach the table with new offsets."""
         self._waits.fail(key, lambda: self.moved(key))
 
-    def adopted(self, topic_id: str) -> None:
-        """This node claimed partitions of the topic: read their ends and epochs again."""
-        self._ends.pop(topic_id, None)
-        self._verified.pop(topic_id, None)
-
-    def _table(self, topic: TopicConfig) -> DeltaTable:
-        kept = self._tables.get(topic.topic_id)
-        if kept is None:
-            uri = self._layout.topic_table(topic)
-            # A node's topic tables are made with their topics and opened by its claims: one missing here
-            # was deleted through another node, and is not made again (TopicGone). A flusher of no node
-            # (its table's only writer: tests, benchmarks) makes its own.
-            opener: Callable[[str], DeltaTable] = open_topic_table if self.node else ensure_topic_table
-            kept = self._tables[topic.topic_id] = delta.KeptTable(uri, functools.partial(opener, uri))
-            self._metrics.flush_errors.labels(topic.name)  # starts at zero, visible before a failure
-        return kept.current()
-
-    def _table_gone(self, topic: TopicConfig) -> bool:
-        """Whether the topic's table is missing, asked after a failed flush."""
-        try:
-            return not delta.exists(self._layout.topic_table(topic))
-        except (DeltaError, OSError):  # the storage failed the flush too: no sign of a delete
-            return False
-
-    def _commit(self, topic: TopicConfig, records: list[Record | Chunk]) -> dict[int, int]:
-        try:
-            table = self._table(topic)
-            topic_id = bytes.fromhex(topic.topic_id)
-            partitions = {r.partition for r in records}
-            if gone := {p for p in partitions if (topic_id, p) not in self.epochs}:  # lost since `_owned`
-                raise fencing.Deposed(f"partitions {sorted(gone)} went to another node while this flush was "
-                                      "planned", dict.fromkeys(gone, 0))
-            if any(map(self._stale, records)):  # rebased since `_owned`: their offsets are others' now
-                raise _Rebased
-            epochs = {p: self.epochs[(topic_id, p)] for p in partitions}
-            version = table.version()
-            if self._verified.get(topic.topic_id) != version:
-                # Others committed since (nodes, jobs): a claim among them would not conflict with a
-                # commit on this snapshot, so the epochs are read again first (tables/fencing.py), of
-                # every partition this node owns in the topic: a later commit of another partition is
-                # planned on this same snapshot unchecked.
-                self._ends.pop(topic.topic_id, None)
-                owned = {p: e for (t, p), e in self.epochs.items() if t == topic_id}
-                lost = fencing.deposed(table, owned)
-                if lost:
-                    raise fencing.Deposed(f"partitions {sorted(lost)} of {topic.name!r} have another owner",
-                                          {p: fencing.stored_epoch(table, p) for p in lost})
-                self._verified[topic.topic_id] = version
-            known = self._ends.setdefault(topic.topic_id, {})
-            for p in partitions - known.keys():
-                known[p] = delta.committed_end(table, p)
-            ends = {p: known[p] for p in partitions}
-            fresh = contiguous_from(ends, runs_of(records))
-            if not fresh:
-                return ends
-            delta.append_partitions(
-                table,
-                {partition: assemble(pieces) for partition, pieces in by_partition(fresh).items()},
-                txns=fencing.commit_txns(self.node, epochs, ends),
-                metadata={"lakebroker.operation": "flush"},
-            )
-        except BaseException:
-            self._ends.pop(topic.topic_id, None)  # a failed commit may still have landed: read the table again
-            self._verified.pop(topic.topic_id, None)
-            raise
-        if table.version() == version + 1:
-            self._verified[topic.topic_id] = table.version()
-        else:  # delta-rs retried the commit over others' commits: a claim among them is unchecked
-            self._verified.pop(topic.topic_id, None)
-        known.update(ends)
-        return ends
-
     def _mark_committed(self, topic: TopicConfig, ends: dict[int, int]) -> None:
         topic_id = bytes.fromhex(topic.topic_id)
         for partition, end in ends.items():
@@ -443,10 +360,6 @@ class Flusher:
                 self.committed[key] = end
             self._metrics.set_high_watermark(topic.name, partition, self.committed[key])
             self._waits.committed(key, self.committed[key])
-
-
-class _Rebased(Exception):
-    """A partition of a flush was claimed back over another node's commits while it was planned."""
 
 
 def _row_count(item: Record | Chunk) -> int:

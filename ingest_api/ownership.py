@@ -173,7 +173,7 @@ class Ownership:
                     self._floors.pop(key, None)
             self.epochs[key] = epoch
             self.accepting.add(key)
-        self.flusher.adopted(topic.topic_id)
+        self.flusher.commits.adopted(topic.topic_id)
         self._restrict_keyless(topic)
 
     def _append_again(self, topic: TopicConfig, items: list[Record | Chunk], key: PartitionKey,

@@ -18,12 +18,11 @@ from prometheus_client import CollectorRegistry
 
 from lakebroker.ingest_api import cluster as cluster_module
 from lakebroker.ingest_api.broker import Broker
-from lakebroker.ingest_api.cluster import Membership
 from lakebroker.ingest_api.metrics import IngestMetrics
 from lakebroker.tables.layout import Layout
 from lakebroker.tables.ownership import OwnershipTable, read_view
 from lakebroker.tables.settings import Settings
-from lakebroker.tables.topics import TopicConfig, new_topic
+from lakebroker.tables.topics import TopicConfig, TopicStore, new_topic
 
 CLAIM_S = 0.4  # each topic's claim, slowed
 
@@ -38,15 +37,15 @@ async def test_the_loops_beats_claim_beside_the_heartbeats_and_each_partition_on
             await broker.create_topic(new_topic(name, 2))
         everything = broker.ownership.owned_pairs()
         assert len(everything) == 8
-        real = broker.cluster._claim_in_table
+        real = cluster_module.claim_partitions
         claims: list[str] = []
 
-        def slow_claim(topic: TopicConfig, epochs: dict[int, int]) -> object:
+        def slow_claim(store: TopicStore, topic: TopicConfig, epochs: dict[int, int], **kw: str) -> object:
             claims.append(topic.name)
             time.sleep(CLAIM_S)
-            return real(topic, epochs)
+            return real(store, topic, epochs, **kw)
 
-        monkeypatch.setattr(broker.cluster, "_claim_in_table", slow_claim)
+        monkeypatch.setattr(cluster_module, "claim_partitions", slow_claim)
         broker.ownership.disown(everything)  # as after a lost lease: the heartbeat gives them back, to be claimed
 
         started = time.monotonic()
@@ -121,14 +120,14 @@ async def test_a_topics_slow_claims_do_not_hold_back_the_renewal_of_other_leases
     try:
         kept = await broker.create_topic(new_topic("kept", 2))
         pairs = {(kept.topic_id, p) for p in range(2)}
-        real = broker.cluster._claim_in_table
+        real = cluster_module.claim_partitions
 
-        def slow_claim(topic: TopicConfig, epochs: dict[int, int]) -> object:
+        def slow_claim(store: TopicStore, topic: TopicConfig, epochs: dict[int, int], **kw: str) -> object:
             if topic.name == "slow":
                 time.sleep(3 * settings.ingest_lease_ttl_s / 2)
-            return real(topic, epochs)
+            return real(store, topic, epochs, **kw)
 
-        monkeypatch.setattr(broker.cluster, "_claim_in_table", slow_claim)
+        monkeypatch.setattr(cluster_module, "claim_partitions", slow_claim)
         started = time.monotonic()
         creating = asyncio.create_task(broker.create_topic(new_topic("slow", 2)))
         seen, last_look = [], 0.0
@@ -159,19 +158,19 @@ async def test_a_start_whose_claims_take_longer_than_the_ttl_keeps_the_leases_it
     topics = [await first.create_topic(new_topic(name, 1)) for name in ("a", "b", "c")]
     await first.stop()
     pairs = {(t.topic_id, 0) for t in topics}
-    real = Membership._claim_in_table
+    real = cluster_module.claim_partitions
     lock, in_flight, most = threading.Lock(), [0], [0]
 
-    def slow_claim(self: Membership, topic: TopicConfig, epochs: dict[int, int]) -> object:
+    def slow_claim(store: TopicStore, topic: TopicConfig, epochs: dict[int, int], **kw: str) -> object:
         with lock:
             in_flight[0] += 1
             most[0] = max(most[0], in_flight[0])
         time.sleep(1.5 * settings.ingest_lease_ttl_s)  # each topic's claim outlasts the TTL
         with lock:
             in_flight[0] -= 1
-        return real(self, topic, epochs)
+        return real(store, topic, epochs, **kw)
 
-    monkeypatch.setattr(Membership, "_claim_in_table", slow_claim)
+    monkeypatch.setattr(cluster_module, "claim_partitions", slow_claim)
     broker = Broker(settings, IngestMetrics(CollectorRegistry()))
     starting = asyncio.create_task(broker.start())
     try:
@@ -202,17 +201,17 @@ async def test_a_beat_that_waits_also_waits_for_the_openings_of_claims_the_loop_
     try:
         await broker.create_topic(new_topic("a", 2))
         everything = broker.ownership.owned_pairs()
-        real_claim, real_learn = broker.cluster._claim_in_table, cluster_module.placed_by_others
+        real_claim, real_learn = cluster_module.claim_partitions, cluster_module.placed_by_others
 
-        def slow_claim(topic: TopicConfig, epochs: dict[int, int]) -> object:
+        def slow_claim(store: TopicStore, topic: TopicConfig, epochs: dict[int, int], **kw: str) -> object:
             time.sleep(CLAIM_S)
-            return real_claim(topic, epochs)
+            return real_claim(store, topic, epochs, **kw)
 
         def slow_learning(*args: object, **kwargs: object) -> object:
             time.sleep(CLAIM_S)
             return real_learn(*args, **kwargs)  # type: ignore[arg-type]
 
-        monkeypatch.setattr(broker.cluster, "_claim_in_table", slow_claim)
+        monkeypatch.setattr(cluster_module, "claim_partitions", slow_claim)
         monkeypatch.setattr(cluster_module, "placed_by_others", slow_learning)
         broker.ownership.disown(everything)
         await broker.cluster.beat(wait=False)  # the loop's beat: its claim, then its opening, run beside

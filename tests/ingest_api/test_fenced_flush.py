@@ -132,7 +132,7 @@ async def test_an_epoch_older_than_ours_in_the_table_is_a_split_brain_and_fences
     try:
         key = (topic_id, 0)
         broker.ownership.epochs[key] = 3  # as if it had claimed epoch 3
-        broker.flusher.adopted(broker.topic("t").topic_id)
+        broker.flusher.commits.adopted(broker.topic("t").topic_id)
         await _partition_0_refuses_a_message(broker, uri, [(0, 0, b"first"), (1, 0, b"first")])
     finally:
         await broker.stop()

@@ -38,7 +38,7 @@ async def test_stop_while_a_flush_is_failing_leaves_no_gap(settings: Settings) -
     await broker.start()
     await broker.create_topic(new_topic("t", 1))
     entered, release = threading.Event(), threading.Event()
-    real_commit = broker.flusher._commit
+    real_commit = broker.flusher.commits.commit
     calls = 0
 
     def first_commit_hangs_then_fails(topic, records):  # type: ignore[no-untyped-def]
@@ -50,7 +50,7 @@ async def test_stop_while_a_flush_is_failing_leaves_no_gap(settings: Settings) -
             raise OSError("injected: the first flush fails")
         return real_commit(topic, records)
 
-    broker.flusher._commit = first_commit_hangs_then_fails  # type: ignore[method-assign]
+    broker.flusher.commits.commit = first_commit_hangs_then_fails  # type: ignore[method-assign]
     await broker.local.produce("t", [NewMessage(value=b"a%d" % i) for i in range(50)], AckMode.WAL)
     assert await asyncio.to_thread(entered.wait, 30), "the flusher task never started its commit"
     await broker.local.produce("t", [NewMessage(value=b"b%d" % i) for i in range(50)], AckMode.WAL)
@@ -77,14 +77,15 @@ async def test_the_flusher_refuses_a_commit_that_would_leave_a_gap(settings: Set
         return Record("t", tid, partition, offset, 1, None, b"v", "text", None, None, None, None)
 
     try:
-        created = (await asyncio.to_thread(broker.flusher._table, topic)).version()
+        created = (await asyncio.to_thread(broker.flusher.commits.table, topic)).version()
         with pytest.raises(OffsetGap, match="partition 1: a commit would start at offset 3"):
-            await asyncio.to_thread(broker.flusher._commit, topic, [rec(0, 0), rec(1, 3), rec(1, 4)])
+            await asyncio.to_thread(broker.flusher.commits.commit, topic, [rec(0, 0), rec(1, 3), rec(1, 4)])
         with pytest.raises(OffsetGap, match="partition 0: a commit would start at offset 2"):
-            await asyncio.to_thread(broker.flusher._commit, topic, [rec(0, 0), rec(0, 2)])
+            await asyncio.to_thread(broker.flusher.commits.commit, topic, [rec(0, 0), rec(0, 2)])
         table = delta.open_table(broker.layout.topic_table("t"))
         assert table is not None and table.version() == created, "a refused commit wrote"
-        ends = await asyncio.to_thread(broker.flusher._commit, topic, [rec(0, 1), rec(0, 0), rec(0, 0), rec(1, 0)])
+        ends = await asyncio.to_thread(broker.flusher.commits.commit, topic,
+                                       [rec(0, 1), rec(0, 0), rec(0, 0), rec(1, 0)])
         assert ends == {0: 2, 1: 1}
         assert _offsets_in_delta(broker, "t") == [0, 0, 1]
     finally:

@@ -33,16 +33,16 @@ async def test_a_slow_learning_of_ids_runs_beside_the_heartbeats_and_opens_the_p
     release = threading.Event()
     real = cluster_module.placed_by_others
     claims: list[str] = []
-    real_claim = broker.cluster._claim_in_table
+    real_claim = cluster_module.claim_partitions
 
     def slow(*args: Any, **kwargs: Any) -> pa.Table:
         learning.set()
         release.wait(30)  # millions of ids to read
         return real(*args, **kwargs)
 
-    def counted(topic: Any, epochs: dict[int, int]) -> Any:
+    def counted(store: Any, topic: Any, epochs: dict[int, int], **kw: Any) -> Any:
         claims.append(topic.name)
-        return real_claim(topic, epochs)
+        return real_claim(store, topic, epochs, **kw)
 
     try:
         await broker.create_topic(new_topic("kept", 1))
@@ -50,7 +50,7 @@ async def test_a_slow_learning_of_ids_runs_beside_the_heartbeats_and_opens_the_p
         busy = broker.topic("busy")
         pair = (busy.topic_id, 0)
         monkeypatch.setattr(cluster_module, "placed_by_others", slow)
-        monkeypatch.setattr(broker.cluster, "_claim_in_table", counted)
+        monkeypatch.setattr(cluster_module, "claim_partitions", counted)
         broker.ownership.disown({pair})  # as after a lost lease: the heartbeat gives it back, to be claimed
 
         await asyncio.wait_for(broker.cluster.beat(wait=False), 10)

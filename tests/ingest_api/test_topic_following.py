@@ -131,7 +131,7 @@ async def test_a_topic_change_is_taken_in_between_two_topics_commits_of_a_flush(
     node = _node(tmp_path, "a", 18304)
     await node.start()
     gate, followed = threading.Event(), threading.Event()
-    real = node.flusher._commit
+    real = node.flusher.commits.commit
 
     def commit(topic: TopicConfig, records: list[Any]) -> dict[int, int]:
         if topic.name == "first":
@@ -145,7 +145,7 @@ async def test_a_topic_change_is_taken_in_between_two_topics_commits_of_a_flush(
         await node.create_topic(new_topic("second", 1))
         await node.local.produce("first", [NewMessage(value=b"1")], AckMode.WAL)
         await node.local.produce("second", [NewMessage(value=b"2"), NewMessage(value=b"3")], AckMode.WAL)
-        monkeypatch.setattr(node.flusher, "_commit", commit)
+        monkeypatch.setattr(node.flusher.commits, "commit", commit)
         # The node's own follower, stopped: one that read the topic table before the change and
         # queued for the lock first would take in nothing and leave this test's call behind `second`.
         follower = node.cluster._follower
