@@ -34,6 +34,11 @@ class DeliveryMetrics:
             "lakebroker_delivery_in_flight", "Webhook POSTs outstanding.", ["subscription"], registry=registry,
             multiprocess_mode="livesum",
         )
+        self.filtered = Counter(
+            "lakebroker_delivery_filtered_messages",
+            "Messages a subscription's filter passed over: committed past, never delivered.", ["subscription"],
+            registry=registry,
+        )
         self.skipped = Counter(
             # not lakebroker_retention_skipped_messages: that family is the jobs' ({topic, group}), and one
             # /metrics page may not name a family twice

@@ -7,9 +7,11 @@ subscription (docs/decisions/0018-readers-follow-delta-logs-commit-by-commit.md)
 
 from __future__ import annotations
 
+import bisect
 import logging
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import pyarrow as pa
@@ -17,6 +19,7 @@ import pyarrow.compute as pc
 from deltalake import DeltaTable
 
 from lakebroker.tables import delta
+from lakebroker.tables.filters import Filter
 from lakebroker.tables.layout import Layout
 from lakebroker.tables.log_start import check_dense, log_start
 from lakebroker.tables.log_tail import TopicLogTail
@@ -107,12 +110,17 @@ class LogTails:
 
 
 class PartitionSource:
-    def __init__(self, layout: Layout, topic: TopicConfig, partition: int, tail: SharedLogTail | None = None) -> None:
+    def __init__(self, layout: Layout, topic: TopicConfig, partition: int, tail: SharedLogTail | None = None, *,
+                 keep: Filter | None = None, count_filtered: Callable[[int], None] = lambda n: None) -> None:
+        """`keep`: the subscription's filter; the rows it passes over are counted by `count_filtered`
+        and left out of what `read` returns, inside the range it covers (so they are committed past)."""
         self.uri = layout.topic_table(topic)
         self.topic = topic
         self.partition = partition
         self.tail = tail or SharedLogTail(self.uri)
         self._table: DeltaTable | None = None
+        self._keep = keep
+        self._count_filtered = count_filtered
 
     def committed_end(self) -> int:
         """Offsets below this are committed to the table (the flusher's txn version)."""
@@ -127,7 +135,8 @@ class PartitionSource:
         return self.tail.log_start(self.partition, committed_end)
 
     def read(self, start: int, end: int) -> tuple[list[dict[str, Any]], int]:
-        """Rows with start <= offset < end in offset order, and the end of the range they cover.
+        """Rows with start <= offset < end in offset order (those the filter keeps), and the end of
+        the range they cover.
 
         Key compaction makes holes, and so does a recorded WAL loss (the range the table's
         lost-offsets property names, read past here). In any other topic the rows stop at a hole,
@@ -135,21 +144,29 @@ class PartitionSource:
         the pipeline moves to, with a retention-skip commit, before it reads)."""
         if start >= end:
             return [], start
-        out = self._rows(start, end)
-        if out is None:  # no table yet
+        found = self._rows(start, end)
+        if found is None:  # no table yet
             return [], start
+        out, offsets = found
         holes = self.tail.holes()
         if holes.anywhere:
-            return out, end
-        if holes.lost.get(self.partition):
-            return self._past_lost(out, start, end, holes)
-        dense = next((i for i, r in enumerate(out) if r["offset"] != start + i), len(out))
-        if dense == 0:  # a hole right at the start: the error to report (the rest waits behind it)
-            check_dense(self.topic, self.partition, [r["offset"] for r in out], start, end)
-        return out[:dense], start + dense  # up to the first hole, if any
+            covered = end
+        elif holes.lost.get(self.partition):
+            covered = self._past_lost(offsets, start, end, holes)
+        else:
+            dense = next((i for i, o in enumerate(offsets) if o != start + i), len(offsets))
+            if dense == 0:  # a hole right at the start: the error to report (the rest waits behind it)
+                check_dense(self.topic, self.partition, offsets, start, end)
+            covered = start + dense  # up to the first hole, if any
+        if out and out[-1]["offset"] >= covered:
+            out = [r for r in out if r["offset"] < covered]
+        if self._keep is not None and (passed := bisect.bisect_left(offsets, covered) - len(out)):
+            self._count_filtered(passed)
+        return out, covered
 
-    def _rows(self, start: int, end: int) -> list[dict[str, Any]] | None:
-        """The rows in [start, end) as dicts in offset order (None: no table yet).
+    def _rows(self, start: int, end: int) -> tuple[list[dict[str, Any]], list[int]] | None:
+        """The rows in [start, end) that the filter keeps, as dicts in offset order, and the offsets
+        of all the rows there (None: no table yet).
 
         The values are copied into Python one decoded chunk at a time (a row group's rows at most:
         tables/parquet_files.py), each chunk let go before the next, so a read of large values holds
@@ -161,6 +178,9 @@ class PartitionSource:
             return None
         if not _ascending(table.column("offset")):
             table = table.sort_by("offset")  # files read out of offset order
+        offsets: list[int] = table.column("offset").to_pylist()
+        if self._keep is not None:
+            table = table.filter(self._keep.matches(table))
         index = table.schema.get_field_index("value")
         values = table.column(index).chunks
         out: list[dict[str, Any]] = table.set_column(index, "value", pa.nulls(table.num_rows, pa.binary())).to_pylist()
@@ -170,26 +190,25 @@ class PartitionSource:
             for value in values.pop(0).to_pylist():
                 out[row]["value"] = value
                 row += 1
-        return out
+        return out, offsets
 
-    def _past_lost(self, out: list[dict[str, Any]], start: int, end: int,
-                   holes: Holes) -> tuple[list[dict[str, Any]], int]:
-        """As `read`, where the partition has recorded lost offsets: those are stepped over."""
-        covered, kept = start, 0
-        for row in out:
+    def _past_lost(self, offsets: list[int], start: int, end: int, holes: Holes) -> int:
+        """As `read`, where the partition has recorded lost offsets: the end of the range the rows
+        cover, stepping over those."""
+        covered = start
+        for offset in offsets:
             covered = holes.past_lost(self.partition, covered)
-            if row["offset"] != covered:
+            if offset != covered:
                 break
-            kept += 1
             covered += 1
         else:
             covered = min(holes.past_lost(self.partition, covered), end)
         if covered == start:
-            check_dense(self.topic, self.partition, [r["offset"] for r in out], start, end, holes)
+            check_dense(self.topic, self.partition, offsets, start, end, holes)
         for first, last in holes.lost_between(self.partition, start, covered):
             log.warning("partition %d of %r: offsets %d-%d were lost to WAL damage and skipped by an operator "
                         "(_system/lost_offsets); moving past them", self.partition, self.topic.name, first, last)
-        return out[:kept], covered
+        return covered
 
     def read_offsets(self, offsets: list[int]) -> list[dict[str, Any]]:
         """Scattered offsets (dead-letter replays): rare, so the full delta-rs read is fine."""

@@ -243,7 +243,8 @@ class DeliveryWorker:
         fence = Fence(topic.topic_id, lease.epoch)
         start = await self._start_offset(sub, topic, partition, lease, fence, None if found is None else found.offset)
         source = PartitionSource(self.layout, topic, partition,
-                                 self._tails.get(self.layout.topic_table(topic), topic.topic_id))
+                                 self._tails.get(self.layout.topic_table(topic), topic.topic_id),
+                                 keep=sub.message_filter(), count_filtered=self.metrics.filtered.labels(sub.name).inc)
         pipeline = PartitionPipeline(
             sub, partition, start, source=source, sender=self._sender, endpoint=self._endpoint(sub),
             offsets=self.offsets, dead_letters=self.dead_letters, metrics=self.metrics,

@@ -4,7 +4,8 @@
      ├── InvalidRequest          bad input a person can fix (400)
      │    ├── InvalidName        a topic or group name that is not allowed
      │    ├── NoSuchPartition    a partition number the topic does not have
-     │    └── InvalidWebhookUrl  a webhook URL that is malformed or points inside the network (422)
+     │    ├── InvalidWebhookUrl  a webhook URL that is malformed or points inside the network (422)
+     │    └── InvalidFilter      a subscription filter that means nothing (422, tables/filters.py)
      ├── Unauthenticated         no token, or an unknown, revoked or expired one (401)
      ├── Forbidden               a valid token without the scope or the topic (403)
      ├── NotFound                an unknown topic, partition or subscription (404)

@@ -114,7 +114,7 @@ DEAD_LETTERS_SCHEMA = pa.schema(
     ]
 )
 
-SUBSCRIPTIONS_SCHEMA_VERSION = 1
+SUBSCRIPTIONS_SCHEMA_VERSION = 2  # 2: filter
 SUBSCRIPTIONS_SCHEMA = pa.schema(
     [
         pa.field("name", pa.string(), nullable=False),
@@ -133,6 +133,7 @@ SUBSCRIPTIONS_SCHEMA = pa.schema(
         pa.field("seek_epoch", pa.int64(), nullable=False),
         pa.field("seek_offsets", pa.map_(pa.int32(), pa.int64())),  # newest seek targets; at creation, the start
         pa.field("created_at", pa.timestamp("us", tz="UTC"), nullable=False),
+        pa.field("filter", pa.string()),  # null: every message (tables/filters.py)
     ]
 )
 

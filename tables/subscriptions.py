@@ -16,6 +16,8 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from lakebroker.tables.errors import AlreadyExists, InvalidRequest, NotFound
+from lakebroker.tables.filters import Filter
+from lakebroker.tables.filters import parse as parse_filter
 from lakebroker.tables.layout import Layout, validate_name
 from lakebroker.tables.schemas import SUBSCRIPTIONS_SCHEMA, SUBSCRIPTIONS_SCHEMA_VERSION
 from lakebroker.tables.state_table import Rows, StateTable
@@ -68,6 +70,7 @@ class Subscription:
     seek_epoch: int = 0
     seek_offsets: dict[int, int] | None = None
     created_at: datetime = field(default_factory=lambda: datetime.now(UTC))
+    filter: str | None = None  # only the messages it matches are delivered (tables/filters.py)
 
     def __post_init__(self) -> None:
         validate_name(self.name, "subscription")
@@ -88,6 +91,10 @@ class Subscription:
             raise InvalidRequest("a subscription signs with one secret, or two while rotating")
         for s in self.secrets:
             validate_secret(s)
+        self.message_filter()  # InvalidFilter (422) if it means nothing
+
+    def message_filter(self) -> Filter | None:
+        return None if self.filter is None else parse_filter(self.filter)
 
     @property
     def active(self) -> bool:

@@ -17,6 +17,7 @@ from lakebroker.ingest_api.schemas import DEPRECATED_END, MAX_INT, ErrorPublic
 from lakebroker.ingest_api.subscription_status import read_groups, subscription_status
 from lakebroker.tables.dead_letters import DeadLetterTable
 from lakebroker.tables.errors import InvalidRequest, OutOfRange
+from lakebroker.tables.filters import MAX_FILTER_CHARS
 from lakebroker.tables.leases import LeaseTable
 from lakebroker.tables.offsets import OffsetReason, OffsetsTable
 from lakebroker.tables.subscriptions import (
@@ -59,6 +60,9 @@ class SubscriptionCreate(BaseModel):
     timeout_s: float = Field(10.0, ge=0.1, le=120)
     batch_size: int = Field(1, ge=1, le=1000, description="Above 1, POST a JSON array of up to this many.")
     secret: str | None = Field(None, description="whsec_...; generated when absent and returned once.")
+    filter: str | None = Field(None, max_length=MAX_FILTER_CHARS, description=(
+        'Deliver only the messages it matches, e.g. hasPrefix(key, "eu-") AND value.amount > 100 '
+        "(docs/webhooks.md, Filters); null: every message."))
 
 
 class SubscriptionUpdate(BaseModel):
@@ -76,6 +80,8 @@ class SubscriptionUpdate(BaseModel):
     secret: str | None = Field(None, description="A new signing secret; the previous one keeps signing too.")
     rotate_secret: bool = Field(False, description="Generate a new secret; the previous one keeps signing too.")
     end_rotation: bool = Field(False, description="Stop signing with the previous secret.")
+    filter: str | None = Field(None, max_length=MAX_FILTER_CHARS,
+                               description="A new filter, from the next message delivered; null removes it.")
 
 
 class SeekRequest(BaseModel):
@@ -146,6 +152,7 @@ class SubscriptionStatusPublic(BaseModel):
     disabled_reason: str | None
     seek_epoch: int
     created_at: str
+    filter: str | None
     endpoint_state: Literal["active", "paused", "disabled"]
     secret: str = Field(description="Masked.")
     dead_letters: int = Field(description="Dead letters not yet replayed.")
@@ -207,7 +214,7 @@ async def create_subscription(body: SubscriptionCreate, broker: BrokerDep, store
         name=body.name, topic=body.topic, url=url, ordering=body.ordering, max_in_flight=body.max_in_flight,
         rate_limit_per_s=body.rate_limit_per_s, max_attempts=body.max_attempts,
         retry_schedule_ms=_schedule_ms(body.retry_schedule_s), timeout_ms=int(body.timeout_s * 1000),
-        batch_size=body.batch_size, secrets=(secret,), seek_offsets=start,
+        batch_size=body.batch_size, secrets=(secret,), seek_offsets=start, filter=body.filter,
     )
     created = await asyncio.to_thread(store.create, sub)
     await asyncio.to_thread(OffsetsTable(broker.layout).commit, sub.name, sub.topic, start, OffsetReason.START)
