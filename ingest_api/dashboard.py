@@ -249,7 +249,7 @@ class Dashboard:
         dead = status["dead_letters"]
         state, last_error = _endpoint(status, sub)
         return {
-            "name": sub.name, "topic": sub.topic, "url": sub.url, "endpoint_state": state,
+            "name": sub.name, "topic": sub.topic, "url": sub.url, "filter": sub.filter, "endpoint_state": state,
             "disabled_reason": sub.disabled_reason, "last_error": last_error,
             "last_status": next((p["last_status"] for p in status["partitions"] if p["last_status"]), None),
             "produced": produced, "pending": pending, "dead_lettered": dead,

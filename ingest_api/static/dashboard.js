@@ -241,6 +241,7 @@
         h("span", { class: "sub-topic", text: `→ ${s.topic}` }),
         h("span", { class: "pill", "data-ref": "state", "data-testid": `${id}-state` })),
       h("div", { class: "sub-url mono", "data-ref": "url" }),
+      h("div", { class: "sub-filter mono", "data-ref": "filter", "data-testid": `${id}-filter` }),
       h("div", { class: "progress", role: "progressbar", "aria-valuemin": 0, "aria-valuemax": 100,
                  "aria-label": `${s.name}: delivered of produced`, "data-ref": "progress",
                  "data-testid": `${id}-progress` },
@@ -251,16 +252,47 @@
       h("dl", { class: "counts" },
         count("delivered", "Delivered"), count("pending", "Pending"), count("dead", "Dead-lettered"),
         count("in-flight", "In flight")),
+      replayAllButton(s.name),
       h("p", { class: "last-error", "data-ref": "error-line" },
         h("span", { class: "label", text: "Last error" }),
         h("span", { class: "error-text", "data-ref": "error", "data-testid": `${id}-error` })),
       table);
   }
 
+  // Every dead letter of a subscription not yet replayed, after the operator confirms the count.
+  function replayAllButton(name) {
+    const button = h("button", { type: "button", class: "replay-all", "data-ref": "replay-all",
+                                 "data-testid": `sub-${name}-replay-all` });
+    button.addEventListener("click", async () => {
+      const count = Number(button.dataset.count || 0);
+      if (!window.confirm(`Replay all ${n(count)} dead letters of ${name}? Each is delivered again.`)) return;
+      button.disabled = true;
+      try {
+        const r = await fetch(`/v1/subscriptions/${encodeURIComponent(name)}/dead-letters/replay`, {
+          method: "POST", headers: { "Content-Type": "application/json", ...authHeaders() }, body: "{}",
+        });
+        if (!r.ok) throw new Error(await errorOf(r));
+        pollSoon();
+      } catch (e) {
+        button.disabled = false;
+        showError(`Replay of ${name}'s dead letters failed: ${e.message}`, 8000);
+      }
+    });
+    return button;
+  }
+
   function updateSub(card, s) {
     const pct = s.produced > 0 ? (100 * s.delivered) / s.produced : 0;
     const deadPct = s.produced > 0 ? (100 * s.dead_lettered) / s.produced : 0;
     setText(ref(card, "url"), s.url);
+    const filter = ref(card, "filter");
+    setText(filter, s.filter ? `filter: ${s.filter}` : "");
+    filter.hidden = !s.filter;
+    const replayAll = ref(card, "replay-all");
+    replayAll.dataset.count = String(s.dead_lettered);
+    replayAll.hidden = s.dead_lettered === 0;
+    if (s.dead_lettered === 0) replayAll.disabled = false;
+    setText(replayAll, `Replay ${n(s.dead_lettered)} dead letter${s.dead_lettered === 1 ? "" : "s"}`);
     setClass(ref(card, "state"), "pill", s.endpoint_state);
     setText(ref(card, "state"), label(s.endpoint_state));
     const bar = ref(card, "progress");
@@ -425,7 +457,7 @@
     }
   }
 
-  function renderLetters(letters) {
+  function renderLetters(letters, total) {
     const body = $("dead-letters").tBodies[0];
     const empty = body.querySelector(".empty-row");
     empty.hidden = letters.length > 0;
@@ -433,8 +465,9 @@
     for (const key of replaying) if (!live.has(key)) replaying.delete(key);
     sync(body, letters, letterKey, createLetter, updateLetter, empty);
     const badge = $("dead-count");
-    setText(badge, n(letters.length));
-    badge.classList.toggle("hot", letters.length > 0);
+    // The table shows the first rows of each subscription; the badge says how many there are in all.
+    setText(badge, total > letters.length ? `${n(letters.length)} of ${n(total)}` : n(total));
+    badge.classList.toggle("hot", total > 0);
   }
 
   // ---- offsets lost to WAL damage -----------------------------------------------------------
@@ -477,7 +510,8 @@
     renderSubs(data.subscriptions);
     renderGroups(data.groups);
     renderJobs(data.jobs);
-    renderLetters(data.dead_letters);
+    const deadTotal = data.subscriptions.reduce((a, s) => a + s.dead_lettered, 0);
+    renderLetters(data.dead_letters, deadTotal);
     renderLost(data.lost_offsets);
     const rates = data.topics.map((t) => t.produce_rate).filter((r) => r !== null);
     setText(document.querySelector('[data-testid="kpi-topics"]'), n(data.topics.length));
@@ -488,7 +522,7 @@
     setText(document.querySelector('[data-testid="kpi-subscriptions"]'), n(data.subscriptions.length));
     setText(document.querySelector('[data-testid="kpi-pending"]'),
       n(data.subscriptions.reduce((a, s) => a + s.pending, 0)));
-    setText(document.querySelector('[data-testid="kpi-dead"]'), n(data.dead_letters.length));
+    setText(document.querySelector('[data-testid="kpi-dead"]'), n(deadTotal));
     setText($("updated"), new Date(data.generated_at).toLocaleTimeString());
   }
 

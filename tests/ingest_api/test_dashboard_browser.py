@@ -23,6 +23,7 @@ import httpx
 import pytest
 from playwright.sync_api import Browser, Page, expect, sync_playwright
 
+from lakebroker.tables.dead_letters import DeadLetter, DeadLetterTable
 from lakebroker.tables.layout import Layout
 from lakebroker.tables.tokens import TokenStore
 from tests.receivers import Receiver
@@ -249,6 +250,37 @@ def test_dashboard_live_in_chromium(server: ServerProcess, browser: Browser, bil
             wait_until(lambda: number(page, "sub-audit-pending") > 0, "audit's messages pending")
             page.evaluate("window.scrollTo(0, 0)")  # the sticky header belongs at the top of a full-page shot
             page.screenshot(path=str(screenshot), full_page=True)
+
+        # A subscription's filter is shown on its card.
+        flt = 'headers.region = "eu" AND value.n > 10'
+        assert api.patch("/v1/subscriptions/audit", json={"filter": flt}).status_code == 200
+        expect(page.get_by_test_id("sub-audit-filter")).to_have_text(f"filter: {flt}", timeout=10_000)
+
+        # More dead letters than the table lists: the header and the badge give the true total, and
+        # the subscription's card replays them all at once, after a confirmation.
+        offsets_per_partition = 20
+        DeadLetterTable(Layout(server.data_dir)).add(
+            [DeadLetter.from_exhausted_retries("billing", "orders", p, o, 1, 500, "injected")
+             for p in range(3) for o in range(offsets_per_partition)])
+        total = 3 * offsets_per_partition + 1  # and the one left from the failing receiver
+        expect(page.get_by_test_id("kpi-dead")).to_have_text(str(total), timeout=10_000)
+        expect(page.get_by_test_id("dead-count")).to_have_text(f"50 of {total}")
+        expect(page.get_by_test_id("sub-billing-dead")).to_have_text(str(total))
+        replay_all = page.get_by_test_id("sub-billing-replay-all")
+        expect(replay_all).to_have_text(f"Replay {total} dead letters")
+        asked: list[str] = []
+        page.once("dialog", lambda d: (asked.append(d.message), d.dismiss()))
+        replay_all.click()
+        assert asked == [f"Replay all {total} dead letters of billing? Each is delivered again."]
+        time.sleep(1.5)  # three snapshots: a dismissed confirmation replays nothing
+        expect(page.get_by_test_id("kpi-dead")).to_have_text(str(total))
+        received_before = len(billing.messages())
+        page.once("dialog", lambda d: d.accept())
+        replay_all.click()
+        expect(page.get_by_test_id("kpi-dead")).to_have_text("0", timeout=60_000)
+        expect(page.get_by_test_id("dead-count")).to_have_text("0")
+        expect(replay_all).to_be_hidden()
+        billing.wait_for(lambda: len(billing.messages()) >= received_before + total)
         assert not console_errors, console_errors
     except BaseException:
         page.screenshot(path=str(ARTIFACTS / "dashboard-failure.png"), full_page=True)
