@@ -46,7 +46,7 @@ def one_run(work: Path, n: int, flt: str | None) -> tuple[float, int]:
     arrivals = sorted(arrived for _, _, _, arrived, _ in got)
     # Offsets gone through between the first and the last delivery: per partition, from the first
     # delivered offset to the last (those passed over in between included).
-    spans = {}
+    spans: dict[int, tuple[int, int]] = {}
     for partition, offset, _, _, _ in got:
         low, high = spans.get(partition, (offset, offset))
         spans[partition] = (min(low, offset), max(high, offset))
