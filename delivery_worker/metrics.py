@@ -34,6 +34,11 @@ class DeliveryMetrics:
             "lakebroker_delivery_in_flight", "Webhook POSTs outstanding.", ["subscription"], registry=registry,
             multiprocess_mode="livesum",
         )
+        self.circuit_open = Gauge(
+            "lakebroker_delivery_circuit_open", "Worker processes whose circuit to the subscription's endpoint is "
+            "open or half-open (delivery_worker/breaker.py).", ["subscription"], registry=registry,
+            multiprocess_mode="livesum",
+        )
         self.filtered = Counter(
             "lakebroker_delivery_filtered_messages",
             "Messages a subscription's filter passed over: committed past, never delivered.", ["subscription"],

@@ -16,6 +16,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from lakebroker.delivery_worker.breaker import CircuitBreaker
+from lakebroker.delivery_worker.breaker import State as BreakerState
 from lakebroker.delivery_worker.flow import AdaptiveWindow, TokenBucket
 from lakebroker.delivery_worker.metrics import DeliveryMetrics
 from lakebroker.delivery_worker.ordering import DispatchQueue, Unit
@@ -41,11 +43,14 @@ class Endpoint:
 
     bucket: TokenBucket
     window: AdaptiveWindow
+    breaker: CircuitBreaker
     backing_off_until: float = 0.0
 
     @classmethod
-    def for_subscription(cls, sub: Subscription) -> Endpoint:
-        return cls(TokenBucket(sub.rate_limit_per_s), AdaptiveWindow(sub.max_in_flight))
+    def for_subscription(cls, sub: Subscription,
+                         on_breaker: Callable[[BreakerState], None] = lambda state: None) -> Endpoint:
+        return cls(TokenBucket(sub.rate_limit_per_s), AdaptiveWindow(sub.max_in_flight),
+                   CircuitBreaker(sub.breaker_failures, sub.breaker_cooldown_ms / 1000, on_change=on_breaker))
 
 
 Finished = Callable[[Unit, bool], None]  # (unit, delivered): acknowledged, or dead-lettered
@@ -93,6 +98,10 @@ class Dispatcher:
     def dispatch(self) -> None:
         window = self.endpoint.window
         if time.monotonic() < self.endpoint.backing_off_until or self.fenced():
+            return
+        if not self.endpoint.breaker.admits_new():
+            if self.queue:
+                self.status.state = "circuit_open"
             return
         while window.has_room():
             unit = self.queue.take()  # the ordering rule: delivery_worker/ordering.py
@@ -185,13 +194,25 @@ class Dispatcher:
                     holding = True
                 while self.fenced():  # retries too: never send once the lease may have passed on
                     await asyncio.sleep(self.poll_s)
-                await self.endpoint.bucket.take(len(unit.rows))
-                outcome = await self.attempt_within_lease(unit.rows)
+                breaker = self.endpoint.breaker
+                turn = breaker.turn()
+                if turn is None:  # the endpoint's circuit is open: wait for its probe, spending nothing
+                    self.status.state = "circuit_open"
+                    await asyncio.sleep(breaker.wait_s())
+                    continue
+                try:
+                    await self.endpoint.bucket.take(len(unit.rows))
+                    outcome = await self.attempt_within_lease(unit.rows)
+                except BaseException:  # cancelled (a stop): a probe it held goes back
+                    breaker.abandoned(turn)
+                    raise
                 if outcome is None:  # the lease ended before or during the send: not an attempt of ours
+                    breaker.abandoned(turn)
                     holding = False
                     await window.release(False)
                     continue
-                attempts += 1
+                if breaker.record(turn, outcome.status, outcome.ok):
+                    attempts += 1
                 self.record(outcome)
                 holding = False
                 await window.release(outcome.ok)

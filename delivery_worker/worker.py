@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 import uuid
@@ -19,6 +20,7 @@ from typing import Any
 
 import orjson
 
+from lakebroker.delivery_worker.breaker import State as BreakerState
 from lakebroker.delivery_worker.commit_watch import CommitWatch
 from lakebroker.delivery_worker.flow import ByteBudget
 from lakebroker.delivery_worker.http1 import LeanTransport
@@ -227,9 +229,18 @@ class DeliveryWorker:
     def _endpoint(self, sub: Subscription) -> Endpoint:
         known = self._endpoints.get(sub.name)
         if known is None or _config(known[0]) != _config(sub):
-            known = (sub, Endpoint.for_subscription(sub))
+            known = (sub, Endpoint.for_subscription(sub, functools.partial(self._breaker_changed, sub)))
             self._endpoints[sub.name] = known
+            self.metrics.circuit_open.labels(sub.name).set(0)
         return known[1]
+
+    def _breaker_changed(self, sub: Subscription, state: BreakerState) -> None:
+        self.metrics.circuit_open.labels(sub.name).set(0 if state is BreakerState.CLOSED else 1)
+        if state is BreakerState.OPEN:
+            log.warning("subscription %s: %d endpoint failures in a row; its circuit is open, a probe goes in "
+                        "%.0f s or later", sub.name, sub.breaker_failures, sub.breaker_cooldown_ms / 1000)
+        elif state is BreakerState.CLOSED:
+            log.info("subscription %s: the endpoint answered; its circuit is closed", sub.name)
 
     async def _start(self, sub: Subscription, topic: TopicConfig, partition: int, lease: Lease,
                      found: Committed | None) -> None:

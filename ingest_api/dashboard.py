@@ -148,13 +148,16 @@ def summarize_runs(rows: list[dict[str, Any]], limit: int = RUNS_PER_JOB) -> lis
 
 def _endpoint(status: dict[str, Any], sub: Subscription) -> tuple[str, str | None]:
     """The endpoint's state and its last error: disabled (410 Gone, or by an operator), paused,
-    backing_off (retrying a failure), healthy (answering), or idle (no send since the worker started)."""
+    circuit_open (failing, sends paused until a probe answers), backing_off (retrying a failure),
+    healthy (answering), or idle (no send since the worker started)."""
     states = {p["state"] for p in status["partitions"]}
     errors = [p["last_error"] for p in status["partitions"] if p["last_error"]]
     if sub.disabled_reason is not None or "disabled" in states:
         return "disabled", sub.disabled_reason or (errors[0] if errors else None)
     if sub.paused:
         return "paused", errors[0] if errors else None
+    if "circuit_open" in states:
+        return "circuit_open", errors[0] if errors else None
     backing_off = [p["last_error"] for p in status["partitions"] if p["state"] == "backing_off" and p["last_error"]]
     if "backing_off" in states:
         return "backing_off", (backing_off or errors or [None])[0]

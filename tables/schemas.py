@@ -114,7 +114,7 @@ DEAD_LETTERS_SCHEMA = pa.schema(
     ]
 )
 
-SUBSCRIPTIONS_SCHEMA_VERSION = 2  # 2: filter
+SUBSCRIPTIONS_SCHEMA_VERSION = 3  # 2: filter; 3: breaker_failures, breaker_cooldown_ms
 SUBSCRIPTIONS_SCHEMA = pa.schema(
     [
         pa.field("name", pa.string(), nullable=False),
@@ -134,6 +134,8 @@ SUBSCRIPTIONS_SCHEMA = pa.schema(
         pa.field("seek_offsets", pa.map_(pa.int32(), pa.int64())),  # newest seek targets; at creation, the start
         pa.field("created_at", pa.timestamp("us", tz="UTC"), nullable=False),
         pa.field("filter", pa.string()),  # null: every message (tables/filters.py)
+        pa.field("breaker_failures", pa.int32()),  # null in rows older than the column: the default
+        pa.field("breaker_cooldown_ms", pa.int64()),
     ]
 )
 

@@ -22,6 +22,10 @@ from lakebroker.tables.layout import Layout, validate_name
 from lakebroker.tables.schemas import SUBSCRIPTIONS_SCHEMA, SUBSCRIPTIONS_SCHEMA_VERSION
 from lakebroker.tables.state_table import Rows, StateTable
 
+# An endpoint's circuit (delivery_worker/breaker.py): open after this many failures in a row, a
+# run that random failures of a healthy endpoint (even one in three) all but never reach.
+DEFAULT_BREAKER_FAILURES = 20
+DEFAULT_BREAKER_COOLDOWN_MS = 30_000
 # Svix's schedule, shortened at the top end: 5 s, 5 min, 30 min, 2 h, 5 h, 10 h, 10 h.
 DEFAULT_RETRY_SCHEDULE_MS = (5_000, 300_000, 1_800_000, 7_200_000, 18_000_000, 36_000_000, 36_000_000)
 
@@ -71,6 +75,8 @@ class Subscription:
     seek_offsets: dict[int, int] | None = None
     created_at: datetime = field(default_factory=lambda: datetime.now(UTC))
     filter: str | None = None  # only the messages it matches are delivered (tables/filters.py)
+    breaker_failures: int = DEFAULT_BREAKER_FAILURES  # endpoint failures in a row that open its circuit; 0: never
+    breaker_cooldown_ms: int = DEFAULT_BREAKER_COOLDOWN_MS  # open this long before a probe
 
     def __post_init__(self) -> None:
         validate_name(self.name, "subscription")
@@ -87,6 +93,10 @@ class Subscription:
             raise InvalidRequest("timeout_ms must be between 100 and 120000")
         if not 1 <= self.batch_size <= 1000:
             raise InvalidRequest("batch_size must be between 1 and 1000")
+        if not 0 <= self.breaker_failures <= 10_000:
+            raise InvalidRequest("breaker_failures must be between 0 (never open) and 10000")
+        if not 1_000 <= self.breaker_cooldown_ms <= 3_600_000:
+            raise InvalidRequest("breaker_cooldown_s must be between 1 and 3600")
         if not self.secrets or len(self.secrets) > 2:
             raise InvalidRequest("a subscription signs with one secret, or two while rotating")
         for s in self.secrets:
@@ -151,6 +161,11 @@ def _from_row(row: dict[str, Any]) -> Subscription:
     row["retry_schedule_ms"] = tuple(row["retry_schedule_ms"])
     row["secrets"] = tuple(row["secrets"])
     row["seek_offsets"] = None if row["seek_offsets"] is None else dict(row["seek_offsets"])
+    # Rows written before these columns (schema version 2) hold nulls: the defaults.
+    for name, default in (("breaker_failures", DEFAULT_BREAKER_FAILURES),
+                          ("breaker_cooldown_ms", DEFAULT_BREAKER_COOLDOWN_MS)):
+        if row.get(name) is None:
+            row[name] = default
     return Subscription(**row)
 
 

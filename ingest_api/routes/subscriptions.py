@@ -21,6 +21,8 @@ from lakebroker.tables.filters import MAX_FILTER_CHARS
 from lakebroker.tables.leases import LeaseTable
 from lakebroker.tables.offsets import OffsetReason, OffsetsTable
 from lakebroker.tables.subscriptions import (
+    DEFAULT_BREAKER_COOLDOWN_MS,
+    DEFAULT_BREAKER_FAILURES,
     DEFAULT_RETRY_SCHEDULE_MS,
     Ordering,
     Subscription,
@@ -63,6 +65,12 @@ class SubscriptionCreate(BaseModel):
     filter: str | None = Field(None, max_length=MAX_FILTER_CHARS, description=(
         'Deliver only the messages it matches, e.g. hasPrefix(key, "eu-") AND value.amount > 100 '
         "(docs/webhooks.md, Filters); null: every message."))
+    breaker_failures: int = Field(DEFAULT_BREAKER_FAILURES, ge=0, le=10_000, description=(
+        "Endpoint failures in a row (no answer, timeout, 5xx, 408, 429) that open its circuit: sends pause, "
+        "spending no attempt, until a probe succeeds. 0: never open."))
+    breaker_cooldown_s: float = Field(DEFAULT_BREAKER_COOLDOWN_MS / 1000, ge=1, le=3600,
+                                      description="How long the circuit stays open before a probe; doubled after a "
+                                                  "failed probe, up to 600 s.")
 
 
 class SubscriptionUpdate(BaseModel):
@@ -82,6 +90,8 @@ class SubscriptionUpdate(BaseModel):
     end_rotation: bool = Field(False, description="Stop signing with the previous secret.")
     filter: str | None = Field(None, max_length=MAX_FILTER_CHARS,
                                description="A new filter, from the next message delivered; null removes it.")
+    breaker_failures: int = Field(None, ge=0, le=10_000)  # type: ignore[assignment]
+    breaker_cooldown_s: float | None = Field(None, ge=1, le=3600)
 
 
 class SeekRequest(BaseModel):
@@ -133,7 +143,8 @@ class PartitionStatusPublic(BaseModel):
     retention_skips: RetentionSkipsPublic
     last_status: int | None = Field(description="HTTP status of the last delivery attempt.")
     last_error: str | None
-    state: str = Field(description="healthy, backing_off, disabled, paused or idle.")
+    state: str = Field(description="healthy, backing_off, circuit_open (the endpoint's circuit is open: sends wait for "
+                       "its probe), disabled, paused or idle.")
     owner: str | None = Field(description="The delivery worker holding the partition's lease.")
 
 
@@ -153,6 +164,8 @@ class SubscriptionStatusPublic(BaseModel):
     seek_epoch: int
     created_at: str
     filter: str | None
+    breaker_failures: int
+    breaker_cooldown_ms: int
     endpoint_state: Literal["active", "paused", "disabled"]
     secret: str = Field(description="Masked.")
     dead_letters: int = Field(description="Dead letters not yet replayed.")
@@ -215,6 +228,7 @@ async def create_subscription(body: SubscriptionCreate, broker: BrokerDep, store
         rate_limit_per_s=body.rate_limit_per_s, max_attempts=body.max_attempts,
         retry_schedule_ms=_schedule_ms(body.retry_schedule_s), timeout_ms=int(body.timeout_s * 1000),
         batch_size=body.batch_size, secrets=(secret,), seek_offsets=start, filter=body.filter,
+        breaker_failures=body.breaker_failures, breaker_cooldown_ms=int(body.breaker_cooldown_s * 1000),
     )
     created = await asyncio.to_thread(store.create, sub)
     await asyncio.to_thread(OffsetsTable(broker.layout).commit, sub.name, sub.topic, start, OffsetReason.START)
@@ -249,13 +263,15 @@ async def update_subscription(name: str, body: SubscriptionUpdate, broker: Broke
     current = await asyncio.to_thread(store.get, name)
     changes: dict[str, Any] = body.model_dump(exclude_unset=True, exclude={"secret", "rotate_secret",
                                                                            "end_rotation", "retry_schedule_s",
-                                                                           "timeout_s"})
+                                                                           "timeout_s", "breaker_cooldown_s"})
     if body.url is not None:
         changes["url"] = await _check_url(broker, body.url)
     if body.retry_schedule_s is not None:
         changes["retry_schedule_ms"] = _schedule_ms(body.retry_schedule_s)
     if body.timeout_s is not None:
         changes["timeout_ms"] = int(body.timeout_s * 1000)
+    if body.breaker_cooldown_s is not None:
+        changes["breaker_cooldown_ms"] = int(body.breaker_cooldown_s * 1000)
     reveal = False
     if body.secret is not None or body.rotate_secret:
         if body.secret is not None and body.rotate_secret:

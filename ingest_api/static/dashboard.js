@@ -115,8 +115,9 @@
     return Math.floor(s / 86400) + " d ago";
   }
 
-  const STATE_LABEL = { healthy: "healthy", backing_off: "backing off", disabled: "disabled", paused: "paused",
-                        idle: "idle", ok: "ok", failed: "failed", skipped: "skipped" };
+  const STATE_LABEL = { healthy: "healthy", backing_off: "backing off", circuit_open: "circuit open",
+                        disabled: "disabled", paused: "paused", idle: "idle", ok: "ok", failed: "failed",
+                        skipped: "skipped" };
   const label = (state) => STATE_LABEL[state] || state;
 
   // ---- produce-rate sparklines (history kept here, one point per poll) -------------------

@@ -1,8 +1,8 @@
 """The dashboard in a real headless Chromium, against a real `lakebroker serve` on loopback.
 
 The server delivers to real webhook receivers on loopback: `billing` takes every message but
-two (dead-lettered at once, max_attempts=1), and `audit` answers 503 so its endpoint is
-backing off. The test watches the page's numbers move as messages are produced over HTTP,
+two (dead-lettered at once, max_attempts=1), and `audit` answers 503 so its endpoint's circuit
+opens. The test watches the page's numbers move as messages are produced over HTTP,
 clicks Replay on a dead letter and waits until the receiver has it, runs a real compaction
 job (Spark, in its own process) and sees its run appear, then saves a screenshot to
 test-artifacts/dashboard.png.
@@ -241,11 +241,12 @@ def test_dashboard_live_in_chromium(server: ServerProcess, browser: Browser, bil
             else:
                 assert text_of(page, "job-compaction-error") != "none"
 
-        # A steady trickle into payments, whose endpoint answers 503: a live rate, a backing-off endpoint.
+        # A steady trickle into payments, whose endpoint answers 503: a live rate, an endpoint whose circuit opens.
         with Trickle(server.url, "payments", per_s=8):
             wait_until(lambda: number(page, "topic-payments-log-end") >= 40, "the trickle into payments")
             wait_until(lambda: rate_of(page, "payments") > 0, "a payments rate")
-            expect(page.get_by_test_id("sub-audit-state")).to_have_text("backing off", timeout=15_000)
+            # 503 after 503: backing off, then, after 20 in a row, its circuit open (delivery_worker/breaker.py)
+            expect(page.get_by_test_id("sub-audit-state")).to_have_text("circuit open", timeout=15_000)
             assert "503" in text_of(page, "sub-audit-error")
             wait_until(lambda: number(page, "sub-audit-pending") > 0, "audit's messages pending")
             page.evaluate("window.scrollTo(0, 0)")  # the sticky header belongs at the top of a full-page shot

@@ -1,0 +1,76 @@
+"""An endpoint that fails for a while, end to end: a real app (ingest + in-process delivery) and a real
+receiver on loopback. Its circuit opens after a run of failures: sends pause, no message is retried
+away into the dead letters, a probe goes after the cool-down, and once the endpoint answers again
+every message is delivered. The state shows in the subscription's status and in /metrics."""
+
+from __future__ import annotations
+
+import re
+import threading
+from typing import Any
+
+from fastapi.testclient import TestClient
+
+from tests.receivers import Receiver
+from tests.waiting import eventually
+
+
+def _circuit_open(client: TestClient) -> float:
+    found = re.search(r'^lakebroker_delivery_circuit_open\{subscription="hooks"\} (\S+)$',
+                      client.get("/metrics").text, re.M)
+    return float(found.group(1)) if found else -1.0
+
+
+def test_a_failing_endpoint_gets_its_circuit_opened_and_loses_no_message(
+        client: TestClient, orders: str, receiver: Receiver) -> None:
+    down = threading.Event()
+    down.set()
+
+    def behaviour(n: int, body: Any) -> tuple[int, dict[str, str], float]:
+        return (503, {}, 0.0) if down.is_set() else (200, {}, 0.0)
+
+    receiver.behaviour = behaviour
+    body = {"name": "hooks", "topic": "orders", "url": receiver.url, "start": "earliest", "max_attempts": 8,
+            "retry_schedule_s": [0.05], "timeout_s": 2, "max_in_flight": 4, "breaker_failures": 5,
+            "breaker_cooldown_s": 1}
+    created = client.post("/v1/subscriptions", json=body)
+    assert created.status_code == 201, created.text
+    assert (created.json()["breaker_failures"], created.json()["breaker_cooldown_ms"]) == (5, 1000)
+    r = client.post("/v1/topics/orders/batch?ack=table",
+                    json={"messages": [{"value": {"n": i}, "partition": i % 3} for i in range(30)]})
+    assert r.status_code == 200
+
+    def circuit_open() -> dict[str, Any] | None:
+        status = client.get("/v1/subscriptions/hooks").json()
+        return status if any(p["state"] == "circuit_open" for p in status["partitions"]) else None
+
+    eventually(circuit_open, 20, what="a partition reporting the circuit open")
+    assert eventually(lambda: _circuit_open(client) == 1, 10, what="the circuit-open gauge at 1")
+    # Cool-downs of 1 s, then 2 s after a failed probe: without the breaker, 30 messages at 8
+    # attempts each, 50 ms apart, would all be dead letters by now. (A message's attempts before the
+    # circuit opens count: one with max_attempts below breaker_failures can still be dead-lettered.)
+    threading.Event().wait(3.5)
+    sent_while_down = len(receiver.received)
+    assert sent_while_down <= 5 + 4 + 3, receiver.answers  # the run, what was in flight, the probes
+    assert client.get("/v1/subscriptions/hooks/dead-letters").json()["dead_letters"] == []
+
+    down.clear()
+    receiver.wait_for(lambda: len(receiver.messages()) >= 30, timeout=30)
+    assert sorted(m["value"]["n"] for m in receiver.messages()) == list(range(30))
+    assert client.get("/v1/subscriptions/hooks/dead-letters").json()["dead_letters"] == []
+    assert eventually(lambda: _circuit_open(client) == 0, 10, what="the circuit-open gauge back at 0")
+    status = eventually(lambda: (s := client.get("/v1/subscriptions/hooks").json())
+                        and all(p["lag"] == 0 for p in s["partitions"]) and s, 20, what="no lag")
+    assert {p["state"] for p in status["partitions"]} == {"healthy"}
+
+
+def test_breaker_settings_are_checked(client: TestClient, orders: str, receiver: Receiver) -> None:
+    base = {"name": "hooks", "topic": "orders", "url": receiver.url}
+    for bad in ({"breaker_failures": -1}, {"breaker_failures": 10_001}, {"breaker_cooldown_s": 0.5},
+                {"breaker_cooldown_s": 3601}):
+        assert client.post("/v1/subscriptions", json={**base, **bad}).status_code == 422, bad
+    created = client.post("/v1/subscriptions", json=base).json()
+    assert (created["breaker_failures"], created["breaker_cooldown_ms"]) == (20, 30_000)
+    patched = client.patch("/v1/subscriptions/hooks", json={"breaker_failures": 0, "breaker_cooldown_s": 5})
+    assert patched.status_code == 200
+    assert (patched.json()["breaker_failures"], patched.json()["breaker_cooldown_ms"]) == (0, 5000)
