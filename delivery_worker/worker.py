@@ -46,7 +46,7 @@ STUCK_TICK_TTLS = 10
 
 def _config(sub: Subscription) -> Subscription:
     """The part of a subscription whose change restarts its pipelines (not seeks, not state)."""
-    return replace(sub, seek_epoch=0, seek_offsets=None, paused=False, disabled_reason=None)
+    return replace(sub, seek_epoch=0, seek_offsets=None, paused=False, disabled_reason=None, failing_since=None)
 
 
 @dataclass
@@ -77,6 +77,7 @@ class DeliveryWorker:
         self._tails = LogTails()  # one per topic table, shared by its pipelines (source.py)
         self._read_ahead = ByteBudget(settings.delivery_read_ahead_total_bytes)  # shared by its pipelines
         self._gone: dict[str, str] = {}
+        self._circuits: dict[str, BreakerState] = {}  # by subscription: its circuit's state, as last changed
         self._commit_lock = asyncio.Lock()  # a pipeline's final commit and the batch commit never interleave
         self._replays: dict[Pair, asyncio.Task[None]] = {}
         self.ticks = 0  # completed ticks: a change to subscriptions is applied once a tick begun after it ends
@@ -124,6 +125,7 @@ class DeliveryWorker:
     async def tick(self) -> None:
         subs = await asyncio.to_thread(self.subscriptions.load)
         await self._disable_gone(subs)
+        await self._record_health(subs)
         topics = await asyncio.to_thread(self.topics.load)
         active = {n: s for n, s in subs.items() if s.active and s.topic in topics}
         pairs = [(n, p) for n, s in active.items() for p in range(topics[s.topic].partitions)]
@@ -235,6 +237,7 @@ class DeliveryWorker:
         return known[1]
 
     def _breaker_changed(self, sub: Subscription, state: BreakerState) -> None:
+        self._circuits[sub.name] = state
         self.metrics.circuit_open.labels(sub.name).set(0 if state is BreakerState.CLOSED else 1)
         if state is BreakerState.OPEN:
             log.warning("subscription %s: %d endpoint failures in a row; its circuit is open, a probe goes in "
@@ -378,6 +381,32 @@ class DeliveryWorker:
                 log.warning("disabling subscription %s: %s", name, reason)
                 subs[name] = await asyncio.to_thread(self.subscriptions.update, name, disabled_reason=reason)
             del self._gone[name]
+
+    async def _record_health(self, subs: dict[str, Subscription]) -> None:
+        """Keep each subscription's `failing_since` with this worker's circuit (set when it opens,
+        cleared when it closes), and disable one whose endpoint has failed for `disable_after_ms`."""
+        now = datetime.now(UTC)
+        for name, state in list(self._circuits.items()):
+            sub = subs.get(name)
+            if sub is None:
+                del self._circuits[name]
+                continue
+            failing = state is not BreakerState.CLOSED
+            changes: dict[str, Any] = {}
+            if failing and sub.failing_since is None:
+                changes["failing_since"] = now
+            elif not failing:
+                del self._circuits[name]
+                if sub.failing_since is not None:
+                    changes["failing_since"] = None
+            since = changes.get("failing_since", sub.failing_since) if failing else None
+            if (since is not None and sub.disable_after_ms and sub.disabled_reason is None
+                    and (now - since).total_seconds() * 1000 >= sub.disable_after_ms):
+                changes["disabled_reason"] = (f"no delivery succeeded for {sub.disable_after_ms / 1000:,.0f} s "
+                                              f"(failing since {since.isoformat(timespec='seconds')})")
+                log.warning("disabling subscription %s: %s", name, changes["disabled_reason"])
+            if changes:
+                subs[name] = await asyncio.to_thread(self.subscriptions.update, name, **changes)
 
     # -- status -------------------------------------------------------------------------
     def status(self, name: str) -> dict[int, PipelineStatus]:

@@ -110,4 +110,20 @@ def subscription_status(broker: Broker, worker: LiveStatus | None, sub: Subscrip
             "state": sub.endpoint_state if not sub.active else reported.get("state", "idle"),
             "owner": lease.owner if lease is not None else None,
         })
-    return {**sub.public(), "dead_letters": groups.dead_letters.get(sub.name, 0), "partitions": partitions}
+    return {**sub.public(), "dead_letters": groups.dead_letters.get(sub.name, 0), "partitions": partitions,
+            "health": health(sub, partitions)}
+
+
+def health(sub: Subscription, partitions: list[dict[str, Any]]) -> dict[str, Any]:
+    """The endpoint's health, from the partitions' states: disabled, open (a worker's circuit),
+    failing (retrying), or healthy."""
+    states = {p["state"] for p in partitions}
+    errors = [p["last_error"] for p in partitions if p["last_error"]]
+    since = None if sub.failing_since is None else sub.failing_since.isoformat()
+    if sub.disabled_reason is not None:
+        return {"state": "disabled", "since": since, "last_error": sub.disabled_reason}
+    if "circuit_open" in states:
+        return {"state": "open", "since": since, "last_error": errors[0] if errors else None}
+    if "backing_off" in states or since is not None:
+        return {"state": "failing", "since": since, "last_error": errors[0] if errors else None}
+    return {"state": "healthy", "since": None, "last_error": None}

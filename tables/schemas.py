@@ -114,7 +114,8 @@ DEAD_LETTERS_SCHEMA = pa.schema(
     ]
 )
 
-SUBSCRIPTIONS_SCHEMA_VERSION = 3  # 2: filter; 3: breaker_failures, breaker_cooldown_ms
+# 2: filter; 3: breaker_failures, breaker_cooldown_ms; 4: disable_after_ms, failing_since
+SUBSCRIPTIONS_SCHEMA_VERSION = 4
 SUBSCRIPTIONS_SCHEMA = pa.schema(
     [
         pa.field("name", pa.string(), nullable=False),
@@ -136,6 +137,8 @@ SUBSCRIPTIONS_SCHEMA = pa.schema(
         pa.field("filter", pa.string()),  # null: every message (tables/filters.py)
         pa.field("breaker_failures", pa.int32()),  # null in rows older than the column: the default
         pa.field("breaker_cooldown_ms", pa.int64()),
+        pa.field("disable_after_ms", pa.int64()),  # null in older rows: the default
+        pa.field("failing_since", pa.timestamp("us", tz="UTC")),  # when a worker's circuit to the endpoint opened
     ]
 )
 

@@ -26,6 +26,7 @@ from lakebroker.tables.state_table import Rows, StateTable
 # run that random failures of a healthy endpoint (even one in three) all but never reach.
 DEFAULT_BREAKER_FAILURES = 20
 DEFAULT_BREAKER_COOLDOWN_MS = 30_000
+DEFAULT_DISABLE_AFTER_MS = 5 * 86_400_000  # Svix's five days
 # Svix's schedule, shortened at the top end: 5 s, 5 min, 30 min, 2 h, 5 h, 10 h, 10 h.
 DEFAULT_RETRY_SCHEDULE_MS = (5_000, 300_000, 1_800_000, 7_200_000, 18_000_000, 36_000_000, 36_000_000)
 
@@ -77,6 +78,8 @@ class Subscription:
     filter: str | None = None  # only the messages it matches are delivered (tables/filters.py)
     breaker_failures: int = DEFAULT_BREAKER_FAILURES  # endpoint failures in a row that open its circuit; 0: never
     breaker_cooldown_ms: int = DEFAULT_BREAKER_COOLDOWN_MS  # open this long before a probe
+    disable_after_ms: int = DEFAULT_DISABLE_AFTER_MS  # failing this long without a success disables it; 0: never
+    failing_since: datetime | None = None  # set by a worker when its circuit opens, cleared when it closes
 
     def __post_init__(self) -> None:
         validate_name(self.name, "subscription")
@@ -97,6 +100,8 @@ class Subscription:
             raise InvalidRequest("breaker_failures must be between 0 (never open) and 10000")
         if not 1_000 <= self.breaker_cooldown_ms <= 3_600_000:
             raise InvalidRequest("breaker_cooldown_s must be between 1 and 3600")
+        if not 0 <= self.disable_after_ms <= 365 * 86_400_000:
+            raise InvalidRequest("disable_after_s must be between 0 (never) and 31536000 (a year)")
         if not self.secrets or len(self.secrets) > 2:
             raise InvalidRequest("a subscription signs with one secret, or two while rotating")
         for s in self.secrets:
@@ -125,6 +130,7 @@ class Subscription:
         out["ordering"] = self.ordering.value
         out["retry_schedule_ms"] = list(self.retry_schedule_ms)
         out["created_at"] = self.created_at.isoformat()
+        out["failing_since"] = None if self.failing_since is None else self.failing_since.isoformat()
         out["endpoint_state"] = self.endpoint_state
         del out["secrets"], out["seek_offsets"]
         out["secret"] = self.secrets[0] if reveal_secret else mask(self.secrets[0])
@@ -161,9 +167,10 @@ def _from_row(row: dict[str, Any]) -> Subscription:
     row["retry_schedule_ms"] = tuple(row["retry_schedule_ms"])
     row["secrets"] = tuple(row["secrets"])
     row["seek_offsets"] = None if row["seek_offsets"] is None else dict(row["seek_offsets"])
-    # Rows written before these columns (schema version 2) hold nulls: the defaults.
+    # Rows written before these columns (schema versions 1 to 3) hold nulls: the defaults.
     for name, default in (("breaker_failures", DEFAULT_BREAKER_FAILURES),
-                          ("breaker_cooldown_ms", DEFAULT_BREAKER_COOLDOWN_MS)):
+                          ("breaker_cooldown_ms", DEFAULT_BREAKER_COOLDOWN_MS),
+                          ("disable_after_ms", DEFAULT_DISABLE_AFTER_MS)):
         if row.get(name) is None:
             row[name] = default
     return Subscription(**row)

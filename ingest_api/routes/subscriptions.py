@@ -23,6 +23,7 @@ from lakebroker.tables.offsets import OffsetReason, OffsetsTable
 from lakebroker.tables.subscriptions import (
     DEFAULT_BREAKER_COOLDOWN_MS,
     DEFAULT_BREAKER_FAILURES,
+    DEFAULT_DISABLE_AFTER_MS,
     DEFAULT_RETRY_SCHEDULE_MS,
     Ordering,
     Subscription,
@@ -71,6 +72,9 @@ class SubscriptionCreate(BaseModel):
     breaker_cooldown_s: float = Field(DEFAULT_BREAKER_COOLDOWN_MS / 1000, ge=1, le=3600,
                                       description="How long the circuit stays open before a probe; doubled after a "
                                                   "failed probe, up to 600 s.")
+    disable_after_s: float = Field(DEFAULT_DISABLE_AFTER_MS / 1000, ge=0, le=365 * 86_400, description=(
+        "An endpoint failing this long without a success (its circuit open) disables the subscription; "
+        "0: never. Re-enable with POST .../resume."))
 
 
 class SubscriptionUpdate(BaseModel):
@@ -92,6 +96,7 @@ class SubscriptionUpdate(BaseModel):
                                description="A new filter, from the next message delivered; null removes it.")
     breaker_failures: int = Field(None, ge=0, le=10_000)  # type: ignore[assignment]
     breaker_cooldown_s: float | None = Field(None, ge=1, le=3600)
+    disable_after_s: float | None = Field(None, ge=0, le=365 * 86_400)
 
 
 class SeekRequest(BaseModel):
@@ -148,6 +153,14 @@ class PartitionStatusPublic(BaseModel):
     owner: str | None = Field(description="The delivery worker holding the partition's lease.")
 
 
+class HealthPublic(BaseModel):
+    state: Literal["healthy", "failing", "open", "disabled"] = Field(description=(
+        "healthy; failing (retrying failures); open (the endpoint's circuit is open: sends wait for a probe); "
+        "disabled (410 Gone, failing past disable_after_s, or by an operator)."))
+    since: str | None = Field(description="When the endpoint began failing (its circuit first opened), if it is.")
+    last_error: str | None
+
+
 class SubscriptionStatusPublic(BaseModel):
     name: str
     topic: str
@@ -166,6 +179,9 @@ class SubscriptionStatusPublic(BaseModel):
     filter: str | None
     breaker_failures: int
     breaker_cooldown_ms: int
+    disable_after_ms: int
+    failing_since: str | None
+    health: HealthPublic
     endpoint_state: Literal["active", "paused", "disabled"]
     secret: str = Field(description="Masked.")
     dead_letters: int = Field(description="Dead letters not yet replayed.")
@@ -229,6 +245,7 @@ async def create_subscription(body: SubscriptionCreate, broker: BrokerDep, store
         retry_schedule_ms=_schedule_ms(body.retry_schedule_s), timeout_ms=int(body.timeout_s * 1000),
         batch_size=body.batch_size, secrets=(secret,), seek_offsets=start, filter=body.filter,
         breaker_failures=body.breaker_failures, breaker_cooldown_ms=int(body.breaker_cooldown_s * 1000),
+        disable_after_ms=int(body.disable_after_s * 1000),
     )
     created = await asyncio.to_thread(store.create, sub)
     await asyncio.to_thread(OffsetsTable(broker.layout).commit, sub.name, sub.topic, start, OffsetReason.START)
@@ -263,7 +280,8 @@ async def update_subscription(name: str, body: SubscriptionUpdate, broker: Broke
     current = await asyncio.to_thread(store.get, name)
     changes: dict[str, Any] = body.model_dump(exclude_unset=True, exclude={"secret", "rotate_secret",
                                                                            "end_rotation", "retry_schedule_s",
-                                                                           "timeout_s", "breaker_cooldown_s"})
+                                                                           "timeout_s", "breaker_cooldown_s",
+                                                                           "disable_after_s"})
     if body.url is not None:
         changes["url"] = await _check_url(broker, body.url)
     if body.retry_schedule_s is not None:
@@ -272,6 +290,8 @@ async def update_subscription(name: str, body: SubscriptionUpdate, broker: Broke
         changes["timeout_ms"] = int(body.timeout_s * 1000)
     if body.breaker_cooldown_s is not None:
         changes["breaker_cooldown_ms"] = int(body.breaker_cooldown_s * 1000)
+    if body.disable_after_s is not None:
+        changes["disable_after_ms"] = int(body.disable_after_s * 1000)
     reveal = False
     if body.secret is not None or body.rotate_secret:
         if body.secret is not None and body.rotate_secret:
@@ -299,8 +319,10 @@ async def pause(name: str, store: StoreDep) -> dict[str, Any]:
 
 @router.post("/{name}/resume", responses=_ERRORS)
 async def resume(name: str, store: StoreDep) -> dict[str, Any]:
-    """Resume a paused subscription, or re-enable one disabled by a 410 Gone."""
-    return (await asyncio.to_thread(store.update, name, paused=False, disabled_reason=None)).public()
+    """Resume a paused subscription, or re-enable a disabled one (by a 410 Gone, or failing past
+    disable_after_s); delivery goes on from the group's position."""
+    return (await asyncio.to_thread(store.update, name, paused=False, disabled_reason=None,
+                                    failing_since=None)).public()
 
 
 @router.post("/{name}/seek", responses=_ERRORS)

@@ -46,6 +46,9 @@ def test_a_failing_endpoint_gets_its_circuit_opened_and_loses_no_message(
 
     eventually(circuit_open, 20, what="a partition reporting the circuit open")
     assert eventually(lambda: _circuit_open(client) == 1, 10, what="the circuit-open gauge at 1")
+    health = eventually(lambda: (h := client.get("/v1/subscriptions/hooks").json()["health"])["since"] and h, 10,
+                        what="the health's failing-since recorded by the worker")
+    assert health["state"] == "open" and "503" in health["last_error"]
     # Cool-downs of 1 s, then 2 s after a failed probe: without the breaker, 30 messages at 8
     # attempts each, 50 ms apart, would all be dead letters by now. (A message's attempts before the
     # circuit opens count: one with max_attempts below breaker_failures can still be dead-lettered.)
@@ -62,15 +65,46 @@ def test_a_failing_endpoint_gets_its_circuit_opened_and_loses_no_message(
     status = eventually(lambda: (s := client.get("/v1/subscriptions/hooks").json())
                         and all(p["lag"] == 0 for p in s["partitions"]) and s, 20, what="no lag")
     assert {p["state"] for p in status["partitions"]} == {"healthy"}
+    healed = eventually(lambda: (h := client.get("/v1/subscriptions/hooks").json()["health"])["state"] == "healthy"
+                        and h, 10, what="healthy again, failing-since cleared")
+    assert healed == {"state": "healthy", "since": None, "last_error": None}
+    assert client.get("/v1/subscriptions/hooks").json()["failing_since"] is None
+
+
+def test_an_endpoint_failing_past_disable_after_disables_the_subscription_until_resumed(
+        client: TestClient, orders: str, receiver: Receiver) -> None:
+    down = threading.Event()
+    down.set()
+    receiver.behaviour = lambda n, body: (503, {}, 0.0) if down.is_set() else (200, {}, 0.0)
+    body = {"name": "hooks", "topic": "orders", "url": receiver.url, "start": "earliest", "max_attempts": 8,
+            "retry_schedule_s": [0.05], "max_in_flight": 2, "breaker_failures": 3, "breaker_cooldown_s": 1,
+            "disable_after_s": 2}
+    assert client.post("/v1/subscriptions", json=body).status_code == 201
+    assert client.post("/v1/topics/orders/batch?ack=table",
+                       json={"messages": [{"value": {"n": i}} for i in range(10)]}).status_code == 200
+    disabled = eventually(lambda: (s := client.get("/v1/subscriptions/hooks").json())["disabled_reason"] and s, 30,
+                          what="the subscription disabled")
+    assert disabled["disabled_reason"].startswith("no delivery succeeded for 2 s (failing since ")
+    assert disabled["health"] == {"state": "disabled", "since": disabled["failing_since"],
+                                  "last_error": disabled["disabled_reason"]}
+    assert disabled["endpoint_state"] == "disabled"
+    assert client.get("/v1/subscriptions/hooks/dead-letters").json()["dead_letters"] == []
+
+    down.clear()
+    resumed = client.post("/v1/subscriptions/hooks/resume").json()
+    assert resumed["disabled_reason"] is None and resumed["failing_since"] is None
+    receiver.wait_for(lambda: len(receiver.messages()) >= 10, timeout=30)
+    assert sorted(m["value"]["n"] for m in receiver.messages()) == list(range(10))
 
 
 def test_breaker_settings_are_checked(client: TestClient, orders: str, receiver: Receiver) -> None:
     base = {"name": "hooks", "topic": "orders", "url": receiver.url}
     for bad in ({"breaker_failures": -1}, {"breaker_failures": 10_001}, {"breaker_cooldown_s": 0.5},
-                {"breaker_cooldown_s": 3601}):
+                {"breaker_cooldown_s": 3601}, {"disable_after_s": -1}, {"disable_after_s": 365 * 86_400 + 1}):
         assert client.post("/v1/subscriptions", json={**base, **bad}).status_code == 422, bad
     created = client.post("/v1/subscriptions", json=base).json()
-    assert (created["breaker_failures"], created["breaker_cooldown_ms"]) == (20, 30_000)
+    assert (created["breaker_failures"], created["breaker_cooldown_ms"], created["disable_after_ms"]) == (
+        20, 30_000, 5 * 86_400_000)
     patched = client.patch("/v1/subscriptions/hooks", json={"breaker_failures": 0, "breaker_cooldown_s": 5})
     assert patched.status_code == 200
     assert (patched.json()["breaker_failures"], patched.json()["breaker_cooldown_ms"]) == (0, 5000)
