@@ -25,6 +25,7 @@ from lakebroker.delivery_worker.commit_watch import CommitWatch
 from lakebroker.delivery_worker.flow import ByteBudget
 from lakebroker.delivery_worker.http1 import LeanTransport
 from lakebroker.delivery_worker.metrics import DeliveryMetrics
+from lakebroker.delivery_worker.operational import OperationalWebhooks
 from lakebroker.delivery_worker.pipeline import PartitionPipeline, PipelineStatus
 from lakebroker.delivery_worker.sender import Sender
 from lakebroker.delivery_worker.sending import Endpoint, Gone
@@ -78,6 +79,7 @@ class DeliveryWorker:
         self._read_ahead = ByteBudget(settings.delivery_read_ahead_total_bytes)  # shared by its pipelines
         self._gone: dict[str, str] = {}
         self._circuits: dict[str, BreakerState] = {}  # by subscription: its circuit's state, as last changed
+        self._operational = OperationalWebhooks.of(settings)
         self._commit_lock = asyncio.Lock()  # a pipeline's final commit and the batch commit never interleave
         self._replays: dict[Pair, asyncio.Task[None]] = {}
         self.ticks = 0  # completed ticks: a change to subscriptions is applied once a tick begun after it ends
@@ -120,6 +122,8 @@ class DeliveryWorker:
         if self._transport is not None:
             await self._transport.aclose()
             self._transport = None
+        if self._operational is not None:
+            await self._operational.aclose()
 
     # -- one tick -----------------------------------------------------------------------
     async def tick(self) -> None:
@@ -380,6 +384,8 @@ class DeliveryWorker:
             if name in subs and subs[name].disabled_reason is None:
                 log.warning("disabling subscription %s: %s", name, reason)
                 subs[name] = await asyncio.to_thread(self.subscriptions.update, name, disabled_reason=reason)
+                if self._operational is not None:
+                    self._operational.disabled(subs[name], reason, subs[name].failing_since)
             del self._gone[name]
 
     async def _record_health(self, subs: dict[str, Subscription]) -> None:
@@ -407,6 +413,10 @@ class DeliveryWorker:
                 log.warning("disabling subscription %s: %s", name, changes["disabled_reason"])
             if changes:
                 subs[name] = await asyncio.to_thread(self.subscriptions.update, name, **changes)
+                if self._operational is not None and "disabled_reason" in changes:
+                    self._operational.disabled(subs[name], changes["disabled_reason"], since)
+                elif self._operational is not None and not failing and sub.failing_since is not None:
+                    self._operational.recovered(subs[name], sub.failing_since)
 
     # -- status -------------------------------------------------------------------------
     def status(self, name: str) -> dict[int, PipelineStatus]:

@@ -185,6 +185,13 @@ class Settings(BaseSettings):
     )
     lease_ttl_s: float = Field(10.0, gt=1, description="A worker's partitions move to others this long after it dies.")
     heartbeat_s: float = Field(2.0, gt=0, description="How often a worker renews its leases and rebalances.")
+    operational_webhook_url: str | None = Field(
+        None, description="Where delivery workers POST subscription.disabled and subscription.recovered events, "
+        "signed like every delivery (delivery_worker/operational.py); none: not sent."
+    )
+    operational_webhook_secret: SecretStr | None = Field(
+        None, description="The whsec_... secret that signs the operational webhooks; needed with the URL."
+    )
 
     # spark
     spark_master: str = Field("local[*]", description="Master URL for Spark jobs and `lakebroker sql`.")
@@ -266,6 +273,20 @@ class Settings(BaseSettings):
         if (self.kafka_tls_cert is None) != (self.kafka_tls_key is None):
             raise ValueError("kafka_tls_cert and kafka_tls_key come together: the listener needs the certificate "
                              "and its key")
+        return self
+
+    @model_validator(mode="after")
+    def _operational_webhook_pair(self) -> Settings:
+        if (self.operational_webhook_url is None) != (self.operational_webhook_secret is None):
+            raise ValueError("operational_webhook_url and operational_webhook_secret come together: the events "
+                             "are signed")
+        if self.operational_webhook_secret is not None:
+            from lakebroker.tables.subscriptions import validate_secret
+
+            try:
+                validate_secret(self.operational_webhook_secret.get_secret_value())
+            except InvalidRequest as exc:
+                raise ValueError(f"operational_webhook_secret: {exc.message}") from None
         return self
 
     @property

@@ -7,12 +7,47 @@ from __future__ import annotations
 
 import re
 import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+import pytest
 from fastapi.testclient import TestClient
+from pydantic import SecretStr
+from standardwebhooks import Webhook
 
+from lakebroker.server import build_app
+from lakebroker.tables.settings import Settings
+from lakebroker.tables.subscriptions import new_secret
 from tests.receivers import Receiver
 from tests.waiting import eventually
+
+
+@dataclass
+class Operated:
+    client: TestClient
+    operators: Receiver  # the operational webhooks' receiver
+    secret: str
+
+    def events(self, n: int) -> list[dict[str, Any]]:
+        """The first `n` operational events, each verified against its signature."""
+        self.operators.wait_for(lambda: len(self.operators.received) >= n)
+        hook = Webhook(self.secret)
+        return [hook.verify(r.body, r.headers) for r in self.operators.received]  # raises on a bad signature
+
+
+@pytest.fixture
+def operated(settings: Settings) -> Iterator[Operated]:
+    operators, secret = Receiver(), new_secret()
+    configured = settings.model_copy(update={"operational_webhook_url": operators.url,
+                                             "operational_webhook_secret": SecretStr(secret)})
+    try:
+        with TestClient(build_app(configured)) as client:
+            assert client.post("/v1/topics", json={"name": "orders", "partitions": 3}).status_code == 201
+            yield Operated(client, operators, secret)
+    finally:
+        operators.close()
 
 
 def _circuit_open(client: TestClient) -> float:
@@ -21,8 +56,9 @@ def _circuit_open(client: TestClient) -> float:
     return float(found.group(1)) if found else -1.0
 
 
-def test_a_failing_endpoint_gets_its_circuit_opened_and_loses_no_message(
-        client: TestClient, orders: str, receiver: Receiver) -> None:
+def test_a_failing_endpoint_gets_its_circuit_opened_and_loses_no_message(operated: Operated,
+                                                                         receiver: Receiver) -> None:
+    client = operated.client
     down = threading.Event()
     down.set()
 
@@ -69,10 +105,24 @@ def test_a_failing_endpoint_gets_its_circuit_opened_and_loses_no_message(
                         and h, 10, what="healthy again, failing-since cleared")
     assert healed == {"state": "healthy", "since": None, "last_error": None}
     assert client.get("/v1/subscriptions/hooks").json()["failing_since"] is None
+    [recovered] = operated.events(1)
+    assert recovered["type"] == "subscription.recovered"
+    assert recovered["data"]["subscription"] == "hooks" and recovered["data"]["failing_since"] == health["since"]
 
 
 def test_an_endpoint_failing_past_disable_after_disables_the_subscription_until_resumed(
-        client: TestClient, orders: str, receiver: Receiver) -> None:
+        operated: Operated, receiver: Receiver) -> None:
+    """The operators hear of it: subscription.disabled, signed."""
+    _disabled_then_resumed(operated.client, receiver)
+    [disabled] = operated.events(1)
+    assert disabled["type"] == "subscription.disabled"
+    assert disabled["data"]["subscription"] == "hooks" and disabled["data"]["topic"] == "orders"
+    assert disabled["data"]["reason"].startswith("no delivery succeeded for 2 s")
+    assert disabled["data"]["failing_since"] is not None
+    assert operated.operators.received[0].headers["webhook-id"].startswith("op_disabled_hooks_")
+
+
+def _disabled_then_resumed(client: TestClient, receiver: Receiver) -> None:
     down = threading.Event()
     down.set()
     receiver.behaviour = lambda n, body: (503, {}, 0.0) if down.is_set() else (200, {}, 0.0)
@@ -108,3 +158,13 @@ def test_breaker_settings_are_checked(client: TestClient, orders: str, receiver:
     patched = client.patch("/v1/subscriptions/hooks", json={"breaker_failures": 0, "breaker_cooldown_s": 5})
     assert patched.status_code == 200
     assert (patched.json()["breaker_failures"], patched.json()["breaker_cooldown_ms"]) == (0, 5000)
+
+
+def test_the_operational_webhook_needs_its_signing_secret(tmp_path: Path) -> None:
+    url = "http://127.0.0.1:9/ops"
+    with pytest.raises(ValueError, match="operational_webhook_url and operational_webhook_secret come together"):
+        Settings(data_dir=tmp_path, operational_webhook_url=url)
+    with pytest.raises(ValueError, match="operational_webhook_secret: secret must be a Standard Webhooks secret"):
+        Settings(data_dir=tmp_path, operational_webhook_url=url, operational_webhook_secret=SecretStr("hunter2"))
+    assert Settings(data_dir=tmp_path, operational_webhook_url=url,
+                    operational_webhook_secret=SecretStr(new_secret())).operational_webhook_url == url
