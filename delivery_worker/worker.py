@@ -77,7 +77,7 @@ class DeliveryWorker:
         self._commits = CommitWatch()
         self._tails = LogTails()  # one per topic table, shared by its pipelines (source.py)
         self._read_ahead = ByteBudget(settings.delivery_read_ahead_total_bytes)  # shared by its pipelines
-        self._gone: dict[str, str] = {}
+        self._to_disable: dict[str, str] = {}  # by subscription: why (a 410 Gone, failing past disable_after)
         self._circuits: dict[str, BreakerState] = {}  # by subscription: its circuit's state, as last changed
         self._operational = OperationalWebhooks.of(settings)
         self._commit_lock = asyncio.Lock()  # a pipeline's final commit and the batch commit never interleave
@@ -128,8 +128,8 @@ class DeliveryWorker:
     # -- one tick -----------------------------------------------------------------------
     async def tick(self) -> None:
         subs = await asyncio.to_thread(self.subscriptions.load)
-        await self._disable_gone(subs)
         await self._record_health(subs)
+        await self._disable(subs)
         topics = await asyncio.to_thread(self.topics.load)
         active = {n: s for n, s in subs.items() if s.active and s.topic in topics}
         pairs = [(n, p) for n, s in active.items() for p in range(topics[s.topic].partitions)]
@@ -377,16 +377,16 @@ class DeliveryWorker:
         return (lease.expires_at - margin - datetime.now(UTC)).total_seconds()
 
     def _on_gone(self, name: str, reason: str) -> None:
-        self._gone[name] = reason
+        self._to_disable[name] = reason
 
-    async def _disable_gone(self, subs: dict[str, Subscription]) -> None:
-        for name, reason in list(self._gone.items()):
+    async def _disable(self, subs: dict[str, Subscription]) -> None:
+        for name, reason in list(self._to_disable.items()):
             if name in subs and subs[name].disabled_reason is None:
                 log.warning("disabling subscription %s: %s", name, reason)
                 subs[name] = await asyncio.to_thread(self.subscriptions.update, name, disabled_reason=reason)
                 if self._operational is not None:
                     self._operational.disabled(subs[name], reason, subs[name].failing_since)
-            del self._gone[name]
+            del self._to_disable[name]
 
     async def _record_health(self, subs: dict[str, Subscription]) -> None:
         """Keep each subscription's `failing_since` with this worker's circuit (set when it opens,
@@ -405,18 +405,15 @@ class DeliveryWorker:
                 del self._circuits[name]
                 if sub.failing_since is not None:
                     changes["failing_since"] = None
-            since = changes.get("failing_since", sub.failing_since) if failing else None
-            if (since is not None and sub.disable_after_ms and sub.disabled_reason is None
-                    and (now - since).total_seconds() * 1000 >= sub.disable_after_ms):
-                changes["disabled_reason"] = (f"no delivery succeeded for {sub.disable_after_ms / 1000:,.0f} s "
-                                              f"(failing since {since.isoformat(timespec='seconds')})")
-                log.warning("disabling subscription %s: %s", name, changes["disabled_reason"])
             if changes:
                 subs[name] = await asyncio.to_thread(self.subscriptions.update, name, **changes)
-                if self._operational is not None and "disabled_reason" in changes:
-                    self._operational.disabled(subs[name], changes["disabled_reason"], since)
-                elif self._operational is not None and not failing and sub.failing_since is not None:
+                if self._operational is not None and not failing and sub.failing_since is not None:
                     self._operational.recovered(subs[name], sub.failing_since)
+            since = subs[name].failing_since
+            if (since is not None and sub.disable_after_ms
+                    and (now - since).total_seconds() * 1000 >= sub.disable_after_ms):
+                self._to_disable.setdefault(name, f"no delivery succeeded for {sub.disable_after_ms / 1000:,.0f} s "
+                                                  f"(failing since {since.isoformat(timespec='seconds')})")
 
     # -- status -------------------------------------------------------------------------
     def status(self, name: str) -> dict[int, PipelineStatus]:
