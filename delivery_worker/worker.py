@@ -148,6 +148,8 @@ class DeliveryWorker:
                 log.error("pipeline of %s partition %d stopped; restarting it", *pair, exc_info=crash)
                 restart.add(pair)
         await self._stop(release | restart, commit=True)
+        for name in [n for n in self._endpoints if n not in active]:
+            self._forget_endpoint(name)
 
         statuses = {pair: orjson.dumps(r.pipeline.status.as_dict()).decode() for pair, r in self._running.items()}
         applied = {pair: r.seek_epoch for pair, r in self._running.items()}
@@ -240,7 +242,18 @@ class DeliveryWorker:
             self.metrics.circuit_open.labels(sub.name).set(0)
         return known[1]
 
+    def _forget_endpoint(self, name: str) -> None:
+        """A subscription paused, disabled or deleted: its endpoint and circuit go with it, so one
+        resumed starts with a closed circuit (the operator has said the endpoint is mended), not one
+        still open for a cool-down that would outlast its disable_after and disable it again."""
+        del self._endpoints[name]
+        self._circuits.pop(name, None)
+        self.metrics.circuit_open.labels(name).set(0)
+
     def _breaker_changed(self, sub: Subscription, state: BreakerState) -> None:
+        known = self._endpoints.get(sub.name)
+        if known is None or known[0] is not sub:
+            return  # a forgotten or replaced endpoint's breaker, moved by a send still finishing
         self._circuits[sub.name] = state
         self.metrics.circuit_open.labels(sub.name).set(0 if state is BreakerState.CLOSED else 1)
         if state is BreakerState.OPEN:

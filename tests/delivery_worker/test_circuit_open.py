@@ -127,7 +127,7 @@ def _disabled_then_resumed(client: TestClient, receiver: Receiver) -> None:
     down.set()
     receiver.behaviour = lambda n, body: (503, {}, 0.0) if down.is_set() else (200, {}, 0.0)
     body = {"name": "hooks", "topic": "orders", "url": receiver.url, "start": "earliest", "max_attempts": 8,
-            "retry_schedule_s": [0.05], "max_in_flight": 2, "breaker_failures": 3, "breaker_cooldown_s": 1,
+            "retry_schedule_s": [0.05], "max_in_flight": 2, "breaker_failures": 3, "breaker_cooldown_s": 60,
             "disable_after_s": 2}
     assert client.post("/v1/subscriptions", json=body).status_code == 201
     assert client.post("/v1/topics/orders/batch?ack=table",
@@ -140,11 +140,14 @@ def _disabled_then_resumed(client: TestClient, receiver: Receiver) -> None:
     assert disabled["endpoint_state"] == "disabled"
     assert client.get("/v1/subscriptions/hooks/dead-letters").json()["dead_letters"] == []
 
+    # Resumed, the endpoint starts with a closed circuit: the operator says it is mended, so the
+    # next send goes now, not after the 60 s cool-down of the circuit that was open when it was disabled.
     down.clear()
     resumed = client.post("/v1/subscriptions/hooks/resume").json()
     assert resumed["disabled_reason"] is None and resumed["failing_since"] is None
     receiver.wait_for(lambda: len(receiver.messages()) >= 10, timeout=30)
     assert sorted(m["value"]["n"] for m in receiver.messages()) == list(range(10))
+    assert client.get("/v1/subscriptions/hooks").json()["disabled_reason"] is None
 
 
 def test_breaker_settings_are_checked(client: TestClient, orders: str, receiver: Receiver) -> None:
