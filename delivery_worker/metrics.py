@@ -44,6 +44,11 @@ class DeliveryMetrics:
             "Messages a subscription's filter passed over: committed past, never delivered.", ["subscription"],
             registry=registry,
         )
+        self.replayed = Counter(
+            "lakebroker_delivery_replayed_messages",
+            "Messages sent again by a replay by predicate (POST /v1/subscriptions/{name}/replays), by outcome: "
+            "delivered, or failed (retries spent).", ["subscription", "outcome"], registry=registry,
+        )
         self.skipped = Counter(
             # not lakebroker_retention_skipped_messages: that family is the jobs' ({topic, group}), and one
             # /metrics page may not name a family twice

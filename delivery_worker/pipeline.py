@@ -29,12 +29,13 @@ from lakebroker.delivery_worker.metrics import DeliveryMetrics
 from lakebroker.delivery_worker.ordering import DispatchQueue, Unit
 from lakebroker.delivery_worker.position import PositionTracker
 from lakebroker.delivery_worker.reader import PartitionReader
-from lakebroker.delivery_worker.replay import replay
+from lakebroker.delivery_worker.replay import replay, replay_matching
 from lakebroker.delivery_worker.sender import Sender
 from lakebroker.delivery_worker.sending import Dispatcher, Endpoint, Gone
 from lakebroker.delivery_worker.source import PartitionSource
 from lakebroker.tables.dead_letters import DeadLetter, DeadLetterTable
 from lakebroker.tables.offsets import Fence, OffsetReason, OffsetsTable
+from lakebroker.tables.replays import ReplayPart, ReplayTable
 from lakebroker.tables.subscriptions import Subscription
 
 log = logging.getLogger(__name__)
@@ -107,6 +108,7 @@ class PartitionPipeline:
         self._dead_lettered = metrics.dead_lettered.labels(name)
         self._lag = metrics.lag.labels(name, part)
         self._latency = metrics.latency.labels(name)
+        self._replayed = {ok: metrics.replayed.labels(name, "delivered" if ok else "failed") for ok in (True, False)}
         skipped = metrics.skipped.labels(name, part)  # starts at zero: dashboards see it before any skip
         self.reader = PartitionReader(
             sub.name, partition, source=source, queue=self.queue, tracker=self.tracker, status=self.status,
@@ -169,6 +171,15 @@ class PartitionPipeline:
         """Redeliver dead letters an operator asked to replay."""
         await replay(offsets, source=self.source, sending=self.sending, dead_letters=self.dead_letters,
                      delivered=self._delivered.inc)
+
+    async def replay_matching(self, part: ReplayPart, replays: ReplayTable) -> None:
+        """Redeliver what a replay's predicate matches in this partition."""
+        await replay_matching(part, source=self.source, sending=self.sending, replays=replays,
+                              counted=self._count_replayed)
+
+    def _count_replayed(self, delivered: bool, n: int) -> None:
+        if n:
+            self._replayed[delivered].inc(n)
 
     # -- the parts' calls back ------------------------------------------------------------
     def _complete(self, unit: Unit, delivered: bool) -> None:

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from lakebroker.delivery_worker.breaker import CircuitBreaker
+from lakebroker.delivery_worker.breaker import CircuitBreaker, Turn
 from lakebroker.delivery_worker.breaker import State as BreakerState
 from lakebroker.delivery_worker.flow import AdaptiveWindow, TokenBucket
 from lakebroker.delivery_worker.metrics import DeliveryMetrics
@@ -200,20 +200,12 @@ class Dispatcher:
                     self.status.state = "circuit_open"
                     await asyncio.sleep(breaker.wait_s())
                     continue
-                try:
-                    await self.endpoint.bucket.take(len(unit.rows))
-                    outcome = await self.attempt_within_lease(unit.rows)
-                except BaseException:  # cancelled (a stop): a probe it held goes back
-                    breaker.abandoned(turn)
-                    raise
+                outcome, counts = await self._attempt_in_turn(unit.rows, turn)
                 if outcome is None:  # the lease ended before or during the send: not an attempt of ours
-                    breaker.abandoned(turn)
                     holding = False
                     await window.release(False)
                     continue
-                if breaker.record(turn, outcome.status, outcome.ok):
-                    attempts += 1
-                self.record(outcome)
+                attempts += counts
                 holding = False
                 await window.release(outcome.ok)
                 if outcome.ok:
@@ -242,6 +234,44 @@ class Dispatcher:
                 await window.release(False)
             self.status.in_flight -= 1
             self._in_flight.dec()
+
+    async def send_settled(self, rows: list[dict[str, Any]]) -> Outcome | None:
+        """Send `rows` (one request) until the endpoint takes them, refuses them for good (410, or
+        the retry policy exhausted), or the lease ends (None): under the rate limit, waiting out an
+        open circuit without spending attempts. Outside the dispatch queue and its window: replays."""
+        attempts = 0
+        while True:
+            if self.fenced():
+                return None
+            breaker = self.endpoint.breaker
+            turn = breaker.turn()
+            if turn is None:
+                await asyncio.sleep(breaker.wait_s())
+                continue
+            outcome, counts = await self._attempt_in_turn(rows, turn)
+            if outcome is None:
+                return None
+            attempts += counts
+            if outcome.ok or outcome.gone or self.policy.exhausted(attempts):
+                return outcome
+            await asyncio.sleep(self.policy.delay_s(attempts, outcome.retry_after_s))
+
+    async def _attempt_in_turn(self, rows: list[dict[str, Any]], turn: Turn) -> tuple[Outcome | None, int]:
+        """One attempt that the breaker gave `turn`, under the rate limit and within the lease, and
+        whether it counts as an attempt of its message (breaker.py); None if the lease cut it off."""
+        breaker = self.endpoint.breaker
+        try:
+            await self.endpoint.bucket.take(len(rows))
+            outcome = await self.attempt_within_lease(rows)
+        except BaseException:  # cancelled (a stop): a probe it held goes back
+            breaker.abandoned(turn)
+            raise
+        if outcome is None:
+            breaker.abandoned(turn)
+            return None, 0
+        counts = breaker.record(turn, outcome.status, outcome.ok)
+        self.record(outcome)
+        return outcome, int(counts)
 
     async def _attempt(self, rows: list[dict[str, Any]]) -> Outcome:
         """One POST. Whatever goes wrong ends the attempt as a failure, retried by the policy: an

@@ -119,7 +119,7 @@ class PartitionSource:
         self.partition = partition
         self.tail = tail or SharedLogTail(self.uri)
         self._table: DeltaTable | None = None
-        self._keep = keep
+        self.keep = keep
         self._count_filtered = count_filtered
 
     def committed_end(self) -> int:
@@ -160,7 +160,7 @@ class PartitionSource:
             covered = start + dense  # up to the first hole, if any
         if out and out[-1]["offset"] >= covered:
             out = [r for r in out if r["offset"] < covered]
-        if self._keep is not None and (passed := bisect.bisect_left(offsets, covered) - len(out)):
+        if self.keep is not None and (passed := bisect.bisect_left(offsets, covered) - len(out)):
             self._count_filtered(passed)
         return out, covered
 
@@ -179,8 +179,8 @@ class PartitionSource:
         if not _ascending(table.column("offset")):
             table = table.sort_by("offset")  # files read out of offset order
         offsets: list[int] = table.column("offset").to_pylist()
-        if self._keep is not None:
-            table = table.filter(self._keep.matches(table))
+        if self.keep is not None:
+            table = table.filter(self.keep.matches(table))
         index = table.schema.get_field_index("value")
         values = table.column(index).chunks
         out: list[dict[str, Any]] = table.set_column(index, "value", pa.nulls(table.num_rows, pa.binary())).to_pylist()

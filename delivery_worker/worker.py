@@ -34,6 +34,8 @@ from lakebroker.tables.dead_letters import DeadLetterTable
 from lakebroker.tables.layout import Layout
 from lakebroker.tables.leases import Lease, LeaseTable, Pair
 from lakebroker.tables.offsets import Committed, Fence, OffsetReason, OffsetsTable, Position
+from lakebroker.tables.predicates import InvalidPredicate
+from lakebroker.tables.replays import ReplayPart, ReplayTable
 from lakebroker.tables.settings import Settings
 from lakebroker.tables.subscriptions import Subscription, SubscriptionStore
 from lakebroker.tables.topics import TopicConfig, TopicStore
@@ -68,6 +70,7 @@ class DeliveryWorker:
         self.topics = TopicStore(self.layout)
         self.offsets = OffsetsTable(self.layout)
         self.dead_letters = DeadLetterTable(self.layout)
+        self.replays = ReplayTable(self.layout)
         self.leases = LeaseTable(self.layout, self.worker_id, settings.lease_ttl_s)
         self._running: dict[Pair, _Running] = {}
         self._endpoints: dict[str, tuple[Subscription, Endpoint]] = {}
@@ -371,6 +374,12 @@ class DeliveryWorker:
             if running is None or (busy is not None and not busy.done()):
                 continue
             self._replays[pair] = asyncio.create_task(self._replay(running.pipeline, offsets[:100]))
+        for pair, part in (await asyncio.to_thread(self.replays.running, groups)).items():
+            running = self._running.get(pair)
+            busy = self._replays.get(pair)
+            if running is None or (busy is not None and not busy.done()):
+                continue
+            self._replays[pair] = asyncio.create_task(self._replay_matching(running.pipeline, part))
 
     async def _replay(self, pipeline: PartitionPipeline, offsets: list[int]) -> None:
         try:
@@ -379,6 +388,18 @@ class DeliveryWorker:
             self._on_gone(pipeline.sub.name, str(exc))
         except Exception:
             log.exception("replay of %s partition %d failed", pipeline.sub.name, pipeline.partition)
+
+    async def _replay_matching(self, pipeline: PartitionPipeline, part: ReplayPart) -> None:
+        try:
+            await pipeline.replay_matching(part, self.replays)
+        except Gone as exc:
+            self._on_gone(pipeline.sub.name, str(exc))
+        except InvalidPredicate as exc:  # a cast that fails on some row's value: the replay's own error
+            log.warning("replay %s of %s failed: %s", part.replay_id, pipeline.sub.name, exc.message)
+            await asyncio.to_thread(self.replays.fail, part.replay_id, exc.message)
+        except Exception:
+            log.exception("replay %s of %s partition %d failed; it goes on at the next check", part.replay_id,
+                          pipeline.sub.name, pipeline.partition)
 
     def _lease_left(self, pair: Pair) -> float:
         """Seconds this worker may still send and commit for `pair` (<= 0: not at all). It stops a

@@ -32,6 +32,7 @@ from lakebroker.ingest_api.routes import (
     dashboard,
     ops,
     produce,
+    replays,
     rest_proxy,
     rest_proxy_v3,
     subscriptions,
@@ -124,6 +125,7 @@ def create_app(
     app.include_router(consumer_groups.router, responses=AUTH_ERRORS, dependencies=[require(Scope.CONSUME)])
     app.include_router(subscriptions.router, responses=AUTH_ERRORS, dependencies=[require(
         Scope.ADMIN, read=Scope.CONSUME, paths={"/v1/subscriptions/{name}/dead-letters": Scope.ADMIN})])
+    app.include_router(replays.router, responses=AUTH_ERRORS, dependencies=[require(Scope.ADMIN, read=Scope.CONSUME)])
     app.include_router(wal.router, responses=AUTH_ERRORS, dependencies=[require(Scope.ADMIN)])
     # The page is a static shell (no data); its JSON lists everything and drives replay: admin.
     app.include_router(dashboard.page_router, dependencies=[public()])

@@ -18,6 +18,8 @@ The figures and where they come from:
 * jobs: the newest runs of compaction, retention and replication from `_system/job_runs`
   (tables/job_runs.py), one entry per run with its tables summed.
 * dead letters: the first `DEAD_LETTERS_PER_SUBSCRIPTION` not yet replayed, per subscription.
+* replays by predicate: each subscription's newest `REPLAYS_PER_SUBSCRIPTION`, with their progress
+  (tables/replays.py).
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from lakebroker.tables.layout import Layout
 from lakebroker.tables.log_start import PartitionLog
 from lakebroker.tables.lost_offsets import LostOffsets, lost_offsets
 from lakebroker.tables.offsets import OffsetsTable
+from lakebroker.tables.replays import ReplayTable
 from lakebroker.tables.subscriptions import Subscription, SubscriptionStore
 from lakebroker.tables.tokens import ApiToken
 from lakebroker.tables.topics import TopicConfig
@@ -49,6 +52,7 @@ RATE_WINDOW_S = 5.0
 JOBS = (JobName.COMPACTION, JobName.RETENTION, JobName.REPLICATION)
 RUNS_PER_JOB = 5
 DEAD_LETTERS_PER_SUBSCRIPTION = 50
+REPLAYS_PER_SUBSCRIPTION = 3
 
 
 class ProduceRates:
@@ -89,6 +93,7 @@ class _TableReads:
     runs: dict[str, list[dict[str, Any]]]
     losses: list[LostOffsets]
     unreadable: dict[str, str]  # topic -> why its table could not be read
+    replays: dict[str, list[dict[str, Any]]]  # subscription -> its newest replays
 
 
 def _read_tables(layout: Layout, topics: list[TopicConfig], offsets: OffsetsTable) -> _TableReads:
@@ -104,7 +109,9 @@ def _read_tables(layout: Layout, topics: list[TopicConfig], offsets: OffsetsTabl
     groups = read_groups(layout, offsets=offsets, dead_letters={g: n for g, (n, _) in unreplayed.items()})
     letters = {name: unreplayed[name][1] for name in sorted(subs) if name in unreplayed}
     runs = {job.value: last_runs(layout, job=job.value, limit=200) for job in JOBS}
-    return _TableReads(files, subs, groups, letters, runs, lost_offsets(layout), unreadable)
+    replays = ReplayTable(layout)
+    newest = {name: [r.public() for r in replays.replays(name)[:REPLAYS_PER_SUBSCRIPTION]] for name in subs}
+    return _TableReads(files, subs, groups, letters, runs, lost_offsets(layout), unreadable, newest)
 
 
 def _iso(value: datetime | None) -> str | None:
@@ -191,8 +198,8 @@ class Dashboard:
         now = time.monotonic()
         topic_rows = [self._topic(t, reads.files.get(t.name, {}), now, reads.unreadable.get(t.name)) for t in topics]
         self.rates.forget_except({t.name for t in topics})
-        subs = [self._subscription(s, reads.groups) for s in sorted(reads.subscriptions.values(),
-                                                                     key=lambda s: s.name)]
+        subs = [{**self._subscription(s, reads.groups), "replays": reads.replays.get(s.name, [])}
+                for s in sorted(reads.subscriptions.values(), key=lambda s: s.name)]
         letters = []
         for name, rows in reads.dead_letters.items():
             for r in rows:

@@ -139,6 +139,10 @@ class Layout:
         return self.system_table("subscriptions")
 
     @property
+    def replays_table(self) -> str:
+        return self.system_table("replays")
+
+    @property
     def leases_table(self) -> str:
         return self.system_table("delivery_leases")
 

@@ -153,6 +153,31 @@ STATE_TABLE_PROPERTIES: dict[str, str] = {
     "delta.checkpointInterval": "100",
 }
 
+# Written by tables/replays.py: one row per replay of a subscription and partition of its topic.
+REPLAYS_SCHEMA_VERSION = 1
+REPLAYS_SCHEMA = pa.schema(
+    [
+        pa.field("replay_id", pa.string(), nullable=False),
+        pa.field("subscription", pa.string(), nullable=False),
+        pa.field("topic", pa.string(), nullable=False),
+        pa.field("topic_id", pa.string(), nullable=False),  # a topic re-created since ends the replay
+        pa.field("partition", pa.int32(), nullable=False),
+        pa.field("predicate", pa.string()),  # the SQL predicate (tables/predicates.py); null: every message
+        pa.field("since", pa.timestamp("us", tz="UTC")),
+        pa.field("until", pa.timestamp("us", tz="UTC")),
+        pa.field("start_offset", pa.int64(), nullable=False),  # the scan's range: [start_offset, end_offset),
+        pa.field("end_offset", pa.int64(), nullable=False),  # end_offset the committed end when it was asked
+        pa.field("next_offset", pa.int64(), nullable=False),  # scanned and sent below this
+        pa.field("matched", pa.int64(), nullable=False),
+        pa.field("delivered", pa.int64(), nullable=False),
+        pa.field("failed", pa.int64(), nullable=False),
+        pa.field("state", pa.string(), nullable=False),  # running | done | cancelled | failed
+        pa.field("error", pa.string()),
+        pa.field("created_at", pa.timestamp("us", tz="UTC"), nullable=False),
+        pa.field("updated_at", pa.timestamp("us", tz="UTC"), nullable=False),
+    ]
+)
+
 # Written by tables/job_slots.py: which process runs a scheduled job, and when it last started one.
 JOB_SLOTS_SCHEMA_VERSION = 1
 JOB_SLOTS_SCHEMA = pa.schema(

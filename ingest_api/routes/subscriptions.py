@@ -20,6 +20,7 @@ from lakebroker.tables.errors import InvalidRequest, OutOfRange
 from lakebroker.tables.filters import MAX_FILTER_CHARS
 from lakebroker.tables.leases import LeaseTable
 from lakebroker.tables.offsets import OffsetReason, OffsetsTable
+from lakebroker.tables.replays import ReplayTable
 from lakebroker.tables.subscriptions import (
     DEFAULT_BREAKER_COOLDOWN_MS,
     DEFAULT_BREAKER_FAILURES,
@@ -309,6 +310,7 @@ async def update_subscription(name: str, body: SubscriptionUpdate, broker: Broke
 async def delete_subscription(name: str, broker: BrokerDep, store: StoreDep) -> Response:
     await asyncio.to_thread(store.delete, name)
     await asyncio.to_thread(LeaseTable(broker.layout, "api", 10).forget_group, name)
+    await asyncio.to_thread(ReplayTable(broker.layout).forget, name)
     return Response(status_code=204)
 
 

@@ -254,6 +254,7 @@
         count("delivered", "Delivered"), count("pending", "Pending"), count("dead", "Dead-lettered"),
         count("in-flight", "In flight")),
       replayAllButton(s.name),
+      h("ul", { class: "replays", "data-ref": "replays", "data-testid": `${id}-replays` }),
       h("p", { class: "last-error", "data-ref": "error-line" },
         h("span", { class: "label", text: "Last error" }),
         h("span", { class: "error-text", "data-ref": "error", "data-testid": `${id}-error` })),
@@ -282,6 +283,40 @@
     return button;
   }
 
+  // A replay by predicate (POST /v1/subscriptions/{name}/replays): its progress, and a cancel while it runs.
+  function createReplay(sub, r) {
+    const id = `replay-${r.id}`;
+    const cancel = h("button", { type: "button", class: "cancel-replay", "data-ref": "cancel",
+                                 "data-testid": `${id}-cancel`, text: "Cancel" });
+    cancel.addEventListener("click", async () => {
+      if (!window.confirm(`Cancel replay ${r.id} of ${sub}?`)) return;
+      cancel.disabled = true;
+      try {
+        const url = `/v1/subscriptions/${encodeURIComponent(sub)}/replays/${encodeURIComponent(r.id)}`;
+        const answer = await fetch(url, { method: "DELETE", headers: authHeaders() });
+        if (!answer.ok) throw new Error(await errorOf(answer));
+        pollSoon();
+      } catch (e) {
+        cancel.disabled = false;
+        showError(`Cancelling replay ${r.id} failed: ${e.message}`, 8000);
+      }
+    });
+    return h("li", { "data-testid": id },
+      h("span", { class: "pill", "data-ref": "state", "data-testid": `${id}-state` }),
+      h("span", { class: "mono replay-where", "data-ref": "where" }),
+      h("span", { "data-ref": "progress", "data-testid": `${id}-progress` }), cancel);
+  }
+
+  function updateReplay(item, r) {
+    setClass(ref(item, "state"), "pill", r.state);
+    setText(ref(item, "state"), `replay ${label(r.state)}`);
+    setText(ref(item, "where"), r.where || "every message");
+    const scanned = r.to_scan > 0 ? Math.floor((1000 * r.scanned) / r.to_scan) / 10 : 100;
+    setText(ref(item, "progress"), `${n(r.delivered)} of ${n(r.matched)} matched delivered` +
+      (r.failed ? `, ${n(r.failed)} failed` : "") + `, ${scanned.toFixed(1)} % scanned` + (r.error ? ` (${r.error})` : ""));
+    ref(item, "cancel").hidden = r.state !== "running";
+  }
+
   function updateSub(card, s) {
     const pct = s.produced > 0 ? (100 * s.delivered) / s.produced : 0;
     const deadPct = s.produced > 0 ? (100 * s.dead_lettered) / s.produced : 0;
@@ -294,6 +329,7 @@
     replayAll.hidden = s.dead_lettered === 0;
     if (s.dead_lettered === 0) replayAll.disabled = false;
     setText(replayAll, `Replay ${n(s.dead_lettered)} dead letter${s.dead_lettered === 1 ? "" : "s"}`);
+    sync(ref(card, "replays"), s.replays, (r) => r.id, (r) => createReplay(s.name, r), updateReplay);
     setClass(ref(card, "state"), "pill", s.endpoint_state);
     setText(ref(card, "state"), label(s.endpoint_state));
     const bar = ref(card, "progress");

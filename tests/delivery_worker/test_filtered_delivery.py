@@ -9,6 +9,7 @@ from typing import Any
 
 from fastapi.testclient import TestClient
 
+from tests.delivery_worker.orders import eu_over_100, order_messages
 from tests.receivers import Receiver
 from tests.waiting import eventually
 
@@ -18,21 +19,6 @@ EU_OVER_100 = 'hasPrefix(key, "eu-") AND headers.region = "eu" AND value.amount 
 def _produce(client: TestClient, messages: list[dict[str, Any]]) -> None:
     r = client.post("/v1/topics/orders/batch?ack=table", json={"messages": messages})
     assert r.status_code == 200, r.text
-
-
-def _orders(first: int, n: int) -> list[dict[str, Any]]:
-    """Keys eu-/us- in turn, region headers eu/us/none, amounts 0, 60, 120, ...; one in 12 matches."""
-    out = []
-    for i in range(first, first + n):
-        headers = [{"region": "eu"}, {"region": "us"}, {}][i % 3]
-        out.append({"key": f"{'eu' if i % 2 == 0 else 'us'}-{i}", "headers": headers,
-                    "value": {"n": i, "amount": (i % 4) * 60}})
-    return out
-
-
-def _matches(m: dict[str, Any]) -> bool:
-    return (m["key"].startswith("eu-") and m.get("headers", {}).get("region") == "eu"
-            and m["value"]["amount"] > 100)
 
 
 def _filtered_total(client: TestClient) -> float:
@@ -61,9 +47,9 @@ def test_only_matching_messages_are_delivered_and_the_rest_committed_past(
     created = client.post("/v1/subscriptions", json=body)
     assert created.status_code == 201, created.text
     assert created.json()["filter"] == EU_OVER_100
-    first = _orders(0, 120)
+    first = order_messages(0, 120)
     _produce(client, first)
-    wanted = sorted(m["value"]["n"] for m in first if _matches(m))
+    wanted = sorted(m["value"]["n"] for m in first if eu_over_100(m))
     assert len(wanted) == 10
     status = _caught_up(client, 120)
     assert status["filter"] == EU_OVER_100 and all(p["lag"] == 0 for p in status["partitions"])
@@ -75,7 +61,7 @@ def test_only_matching_messages_are_delivered_and_the_rest_committed_past(
     patched = client.patch("/v1/subscriptions/hooks", json={"filter": 'headers.region = "us" OR NOT headers:region'})
     assert patched.status_code == 200, patched.text
     _applied(client)
-    second = _orders(120, 30)
+    second = order_messages(120, 30)
     _produce(client, second)
     _caught_up(client, 150)
     more = sorted(m["value"]["n"] for m in second if m["headers"].get("region") != "eu")
@@ -84,7 +70,7 @@ def test_only_matching_messages_are_delivered_and_the_rest_committed_past(
 
     assert client.patch("/v1/subscriptions/hooks", json={"filter": None}).json()["filter"] is None
     _applied(client)
-    third = _orders(150, 6)
+    third = order_messages(150, 6)
     _produce(client, third)
     _caught_up(client, 156)
     receiver.wait_for(lambda: len(receiver.messages()) >= len(wanted) + len(more) + 6)

@@ -282,6 +282,23 @@ def test_dashboard_live_in_chromium(server: ServerProcess, browser: Browser, bil
         expect(page.get_by_test_id("dead-count")).to_have_text("0")
         expect(replay_all).to_be_hidden()
         billing.wait_for(lambda: len(billing.messages()) >= received_before + total)
+
+        # Replays by predicate on the cards: billing's runs to its end; audit's, against an endpoint
+        # that answers 503, waits on its open circuit until it is cancelled from the page.
+        done = api.post("/v1/subscriptions/billing/replays", json={"where": "(value->>'n')::INT < 5"}).json()
+        expect(page.get_by_test_id(f"replay-{done['id']}-state")).to_have_text("replay done", timeout=30_000)
+        expect(page.get_by_test_id(f"replay-{done['id']}-progress")).to_have_text(
+            "5 of 5 matched delivered, 100.0 % scanned")
+        expect(page.get_by_test_id(f"replay-{done['id']}-cancel")).to_be_hidden()
+        assert api.patch("/v1/subscriptions/audit", json={"filter": None}).status_code == 200
+        stuck = api.post("/v1/subscriptions/audit/replays", json={}).json()
+        assert stuck["to_scan"] > 0
+        expect(page.get_by_test_id(f"replay-{stuck['id']}-state")).to_have_text("replay running", timeout=10_000)
+        page.once("dialog", lambda d: d.accept())
+        page.get_by_test_id(f"replay-{stuck['id']}-cancel").click()
+        expect(page.get_by_test_id(f"replay-{stuck['id']}-state")).to_have_text("replay cancelled", timeout=10_000)
+        expect(page.get_by_test_id(f"replay-{stuck['id']}-cancel")).to_be_hidden()
+        assert api.get(f"/v1/subscriptions/audit/replays/{stuck['id']}").json()["state"] == "cancelled"
         assert not console_errors, console_errors
     except BaseException:
         page.screenshot(path=str(ARTIFACTS / "dashboard-failure.png"), full_page=True)
