@@ -49,8 +49,10 @@ class Endpoint:
     @classmethod
     def for_subscription(cls, sub: Subscription,
                          on_breaker: Callable[[BreakerState], None] = lambda state: None) -> Endpoint:
-        return cls(TokenBucket(sub.rate_limit_per_s), AdaptiveWindow(sub.max_in_flight),
-                   CircuitBreaker(sub.breaker_failures, sub.breaker_cooldown_ms / 1000, on_change=on_breaker))
+        breaker = CircuitBreaker(sub.breaker_failures, sub.breaker_cooldown_ms / 1000,
+                                 ratio=sub.breaker_failure_ratio, window_s=sub.breaker_window_ms / 1000,
+                                 min_requests=sub.breaker_min_requests, on_change=on_breaker)
+        return cls(TokenBucket(sub.rate_limit_per_s), AdaptiveWindow(sub.max_in_flight), breaker)
 
 
 Finished = Callable[[Unit, bool], None]  # (unit, delivered): acknowledged, or dead-lettered

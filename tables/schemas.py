@@ -114,8 +114,9 @@ DEAD_LETTERS_SCHEMA = pa.schema(
     ]
 )
 
-# 2: filter; 3: breaker_failures, breaker_cooldown_ms; 4: disable_after_ms, failing_since
-SUBSCRIPTIONS_SCHEMA_VERSION = 4
+# 2: filter; 3: breaker_failures, breaker_cooldown_ms; 4: disable_after_ms, failing_since;
+# 5: breaker_failure_ratio, breaker_window_ms, breaker_min_requests
+SUBSCRIPTIONS_SCHEMA_VERSION = 5
 SUBSCRIPTIONS_SCHEMA = pa.schema(
     [
         pa.field("name", pa.string(), nullable=False),
@@ -139,6 +140,9 @@ SUBSCRIPTIONS_SCHEMA = pa.schema(
         pa.field("breaker_cooldown_ms", pa.int64()),
         pa.field("disable_after_ms", pa.int64()),  # null in older rows: the default
         pa.field("failing_since", pa.timestamp("us", tz="UTC")),  # when a worker's circuit to the endpoint opened
+        pa.field("breaker_failure_ratio", pa.float64()),  # null: the circuit opens on runs only
+        pa.field("breaker_window_ms", pa.int64()),  # null in older rows: the default
+        pa.field("breaker_min_requests", pa.int32()),
     ]
 )
 

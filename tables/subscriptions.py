@@ -26,6 +26,9 @@ from lakebroker.tables.state_table import Rows, StateTable
 # run that random failures of a healthy endpoint (even one in three) all but never reach.
 DEFAULT_BREAKER_FAILURES = 20
 DEFAULT_BREAKER_COOLDOWN_MS = 30_000
+# Its failure share, when a subscription sets breaker_failure_ratio: over a minute, from 20 attempts.
+DEFAULT_BREAKER_WINDOW_MS = 60_000
+DEFAULT_BREAKER_MIN_REQUESTS = 20
 DEFAULT_DISABLE_AFTER_MS = 5 * 86_400_000  # Svix's five days
 # Svix's schedule, shortened at the top end: 5 s, 5 min, 30 min, 2 h, 5 h, 10 h, 10 h.
 DEFAULT_RETRY_SCHEDULE_MS = (5_000, 300_000, 1_800_000, 7_200_000, 18_000_000, 36_000_000, 36_000_000)
@@ -80,6 +83,9 @@ class Subscription:
     breaker_cooldown_ms: int = DEFAULT_BREAKER_COOLDOWN_MS  # open this long before a probe
     disable_after_ms: int = DEFAULT_DISABLE_AFTER_MS  # failing this long without a success disables it; 0: never
     failing_since: datetime | None = None  # set by a worker when its circuit opens, cleared when it closes
+    breaker_failure_ratio: float | None = None  # this share of failures in the window opens it too; None: off
+    breaker_window_ms: int = DEFAULT_BREAKER_WINDOW_MS
+    breaker_min_requests: int = DEFAULT_BREAKER_MIN_REQUESTS  # attempts in the window before the share counts
 
     def __post_init__(self) -> None:
         validate_name(self.name, "subscription")
@@ -100,6 +106,12 @@ class Subscription:
             raise InvalidRequest("breaker_failures must be between 0 (never open) and 10000")
         if not 1_000 <= self.breaker_cooldown_ms <= 3_600_000:
             raise InvalidRequest("breaker_cooldown_s must be between 1 and 3600")
+        if self.breaker_failure_ratio is not None and not 0 < self.breaker_failure_ratio <= 1:
+            raise InvalidRequest("breaker_failure_ratio must be above 0 and at most 1, or null for none")
+        if not 1_000 <= self.breaker_window_ms <= 3_600_000:
+            raise InvalidRequest("breaker_window_s must be between 1 and 3600")
+        if not 1 <= self.breaker_min_requests <= 100_000:
+            raise InvalidRequest("breaker_min_requests must be between 1 and 100000")
         if not 0 <= self.disable_after_ms <= 365 * 86_400_000:
             raise InvalidRequest("disable_after_s must be between 0 (never) and 31536000 (a year)")
         if not self.secrets or len(self.secrets) > 2:
@@ -167,9 +179,11 @@ def _from_row(row: dict[str, Any]) -> Subscription:
     row["retry_schedule_ms"] = tuple(row["retry_schedule_ms"])
     row["secrets"] = tuple(row["secrets"])
     row["seek_offsets"] = None if row["seek_offsets"] is None else dict(row["seek_offsets"])
-    # Rows written before these columns (schema versions 1 to 3) hold nulls: the defaults.
+    # Rows written before these columns (schema versions 1 to 4) hold nulls: the defaults.
     for name, default in (("breaker_failures", DEFAULT_BREAKER_FAILURES),
                           ("breaker_cooldown_ms", DEFAULT_BREAKER_COOLDOWN_MS),
+                          ("breaker_window_ms", DEFAULT_BREAKER_WINDOW_MS),
+                          ("breaker_min_requests", DEFAULT_BREAKER_MIN_REQUESTS),
                           ("disable_after_ms", DEFAULT_DISABLE_AFTER_MS)):
         if row.get(name) is None:
             row[name] = default

@@ -24,6 +24,8 @@ from lakebroker.tables.replays import ReplayTable
 from lakebroker.tables.subscriptions import (
     DEFAULT_BREAKER_COOLDOWN_MS,
     DEFAULT_BREAKER_FAILURES,
+    DEFAULT_BREAKER_MIN_REQUESTS,
+    DEFAULT_BREAKER_WINDOW_MS,
     DEFAULT_DISABLE_AFTER_MS,
     DEFAULT_RETRY_SCHEDULE_MS,
     Ordering,
@@ -76,6 +78,11 @@ class SubscriptionCreate(BaseModel):
     disable_after_s: float = Field(DEFAULT_DISABLE_AFTER_MS / 1000, ge=0, le=365 * 86_400, description=(
         "An endpoint failing this long without a success (its circuit open) disables the subscription; "
         "0: never. Re-enable with POST .../resume."))
+    breaker_failure_ratio: float | None = Field(None, gt=0, le=1, description=(
+        "A share of endpoint failures among the attempts of the last breaker_window_s that opens its circuit "
+        "too, once there were breaker_min_requests of them; null: runs only."))
+    breaker_window_s: float = Field(DEFAULT_BREAKER_WINDOW_MS / 1000, ge=1, le=3600)
+    breaker_min_requests: int = Field(DEFAULT_BREAKER_MIN_REQUESTS, ge=1, le=100_000)
 
 
 class SubscriptionUpdate(BaseModel):
@@ -98,6 +105,9 @@ class SubscriptionUpdate(BaseModel):
     breaker_failures: int = Field(None, ge=0, le=10_000)  # type: ignore[assignment]
     breaker_cooldown_s: float | None = Field(None, ge=1, le=3600)
     disable_after_s: float | None = Field(None, ge=0, le=365 * 86_400)
+    breaker_failure_ratio: float | None = Field(None, gt=0, le=1, description="null: runs only.")
+    breaker_window_s: float | None = Field(None, ge=1, le=3600)
+    breaker_min_requests: int = Field(None, ge=1, le=100_000)  # type: ignore[assignment]
 
 
 class SeekRequest(BaseModel):
@@ -180,6 +190,9 @@ class SubscriptionStatusPublic(BaseModel):
     filter: str | None
     breaker_failures: int
     breaker_cooldown_ms: int
+    breaker_failure_ratio: float | None
+    breaker_window_ms: int
+    breaker_min_requests: int
     disable_after_ms: int
     failing_since: str | None
     health: HealthPublic
@@ -246,7 +259,8 @@ async def create_subscription(body: SubscriptionCreate, broker: BrokerDep, store
         retry_schedule_ms=_schedule_ms(body.retry_schedule_s), timeout_ms=int(body.timeout_s * 1000),
         batch_size=body.batch_size, secrets=(secret,), seek_offsets=start, filter=body.filter,
         breaker_failures=body.breaker_failures, breaker_cooldown_ms=int(body.breaker_cooldown_s * 1000),
-        disable_after_ms=int(body.disable_after_s * 1000),
+        disable_after_ms=int(body.disable_after_s * 1000), breaker_failure_ratio=body.breaker_failure_ratio,
+        breaker_window_ms=int(body.breaker_window_s * 1000), breaker_min_requests=body.breaker_min_requests,
     )
     created = await asyncio.to_thread(store.create, sub)
     await asyncio.to_thread(OffsetsTable(broker.layout).commit, sub.name, sub.topic, start, OffsetReason.START)
@@ -282,7 +296,7 @@ async def update_subscription(name: str, body: SubscriptionUpdate, broker: Broke
     changes: dict[str, Any] = body.model_dump(exclude_unset=True, exclude={"secret", "rotate_secret",
                                                                            "end_rotation", "retry_schedule_s",
                                                                            "timeout_s", "breaker_cooldown_s",
-                                                                           "disable_after_s"})
+                                                                           "disable_after_s", "breaker_window_s"})
     if body.url is not None:
         changes["url"] = await _check_url(broker, body.url)
     if body.retry_schedule_s is not None:
@@ -293,6 +307,8 @@ async def update_subscription(name: str, body: SubscriptionUpdate, broker: Broke
         changes["breaker_cooldown_ms"] = int(body.breaker_cooldown_s * 1000)
     if body.disable_after_s is not None:
         changes["disable_after_ms"] = int(body.disable_after_s * 1000)
+    if body.breaker_window_s is not None:
+        changes["breaker_window_ms"] = int(body.breaker_window_s * 1000)
     reveal = False
     if body.secret is not None or body.rotate_secret:
         if body.secret is not None and body.rotate_secret:

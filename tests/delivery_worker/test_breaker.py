@@ -69,3 +69,37 @@ def test_a_probe_that_never_reached_the_endpoint_is_given_back() -> None:
     assert b.turn() is Turn.PROBE
     b.abandoned(Turn.PROBE)
     assert b.turn() is Turn.PROBE
+
+
+def test_a_share_of_failures_over_the_window_opens_it_once_there_were_enough_attempts() -> None:
+    clock, changes = Clock(), []
+    b = CircuitBreaker(20, 10, ratio=0.5, window_s=30, min_requests=10, clock=clock, on_change=changes.append)
+    for i in range(9):  # every other attempt fails: never a run, and too few attempts to judge the share
+        b.record(Turn.SEND, 503 if i % 2 else 200, i % 2 == 0)
+        clock.now += 1
+    assert b.state is State.CLOSED and b.run <= 1
+    assert b.record(Turn.SEND, 503, False) is False  # the tenth: 5 of 10 failed, at the ratio
+    assert b.state is State.OPEN and changes == [State.OPEN]
+    assert b.window.counts() == (0, 0)  # the share counts afresh once it closes
+
+
+def test_failures_older_than_the_window_no_longer_count() -> None:
+    clock = Clock()
+    b = CircuitBreaker(0, 10, ratio=0.5, window_s=30, min_requests=4, clock=clock)
+    for _ in range(3):
+        assert b.record(Turn.SEND, 500, False) is True
+    clock.now += 31  # those three have left the window
+    for _ in range(3):
+        assert b.record(Turn.SEND, 200, True) is True
+    assert b.record(Turn.SEND, 500, False) is True  # 1 of 4 in the window
+    assert b.state is State.CLOSED and b.window.counts() == (4, 1)
+    assert b.record(Turn.SEND, 500, False) is True  # 2 of 5: under half
+    assert b.record(Turn.SEND, 500, False) is False  # 3 of 6: half
+    assert b.state is State.OPEN
+
+
+def test_without_a_ratio_only_runs_open_it() -> None:
+    b = CircuitBreaker(5, 10, clock=Clock())
+    for i in range(200):
+        b.record(Turn.SEND, 503 if i % 3 else 200, i % 3 == 0)
+    assert b.state is State.CLOSED and b.window.counts() == (0, 0)

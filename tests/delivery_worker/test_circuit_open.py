@@ -5,6 +5,7 @@ every message is delivered. The state shows in the subscription's status and in 
 
 from __future__ import annotations
 
+import itertools
 import re
 import threading
 from collections.abc import Iterator
@@ -150,10 +151,37 @@ def _disabled_then_resumed(client: TestClient, receiver: Receiver) -> None:
     assert client.get("/v1/subscriptions/hooks").json()["disabled_reason"] is None
 
 
+def test_an_endpoint_failing_every_other_request_opens_its_circuit_by_the_failure_ratio(
+        operated: Operated, receiver: Receiver) -> None:
+    """No run ever reaches breaker_failures, but half the attempts of the window fail."""
+    client = operated.client
+    flaky = threading.Event()
+    flaky.set()
+    receiver.behaviour = lambda n, body: (503 if flaky.is_set() and n % 2 else 200, {}, 0.0)
+    body = {"name": "hooks", "topic": "orders", "url": receiver.url, "start": "earliest", "max_attempts": 20,
+            "retry_schedule_s": [0.05], "max_in_flight": 1, "ordering": "partition", "breaker_failures": 20,
+            "breaker_cooldown_s": 1, "breaker_failure_ratio": 0.4, "breaker_window_s": 60,
+            "breaker_min_requests": 10}
+    created = client.post("/v1/subscriptions", json=body)
+    assert created.status_code == 201, created.text
+    assert (created.json()["breaker_failure_ratio"], created.json()["breaker_window_ms"],
+            created.json()["breaker_min_requests"]) == (0.4, 60_000, 10)
+    assert client.post("/v1/topics/orders/batch?ack=table",
+                       json={"messages": [{"value": {"n": i}, "partition": 0} for i in range(40)]}).status_code == 200
+    eventually(lambda: _circuit_open(client) == 1, 20, what="the circuit opened by the share of failures")
+    assert max(len(list(g)) for _, g in itertools.groupby(receiver.answers)) < 20  # never a run of 20
+    flaky.clear()
+    receiver.wait_for(lambda: len({m["value"]["n"] for m in receiver.messages()}) == 40, timeout=30)
+    assert client.get("/v1/subscriptions/hooks/dead-letters").json()["dead_letters"] == []
+    eventually(lambda: _circuit_open(client) == 0, 10, what="the circuit closed again")
+
+
 def test_breaker_settings_are_checked(client: TestClient, orders: str, receiver: Receiver) -> None:
     base = {"name": "hooks", "topic": "orders", "url": receiver.url}
     for bad in ({"breaker_failures": -1}, {"breaker_failures": 10_001}, {"breaker_cooldown_s": 0.5},
-                {"breaker_cooldown_s": 3601}, {"disable_after_s": -1}, {"disable_after_s": 365 * 86_400 + 1}):
+                {"breaker_cooldown_s": 3601}, {"disable_after_s": -1}, {"disable_after_s": 365 * 86_400 + 1},
+                {"breaker_failure_ratio": 0}, {"breaker_failure_ratio": 1.5}, {"breaker_window_s": 0.5},
+                {"breaker_window_s": 3601}, {"breaker_min_requests": 0}, {"breaker_min_requests": 100_001}):
         assert client.post("/v1/subscriptions", json={**base, **bad}).status_code == 422, bad
     created = client.post("/v1/subscriptions", json=base).json()
     assert (created["breaker_failures"], created["breaker_cooldown_ms"], created["disable_after_ms"]) == (
@@ -161,6 +189,14 @@ def test_breaker_settings_are_checked(client: TestClient, orders: str, receiver:
     patched = client.patch("/v1/subscriptions/hooks", json={"breaker_failures": 0, "breaker_cooldown_s": 5})
     assert patched.status_code == 200
     assert (patched.json()["breaker_failures"], patched.json()["breaker_cooldown_ms"]) == (0, 5000)
+    assert created["breaker_failure_ratio"] is None
+    assert (created["breaker_window_ms"], created["breaker_min_requests"]) == (60_000, 20)
+    patched = client.patch("/v1/subscriptions/hooks", json={"breaker_failure_ratio": 0.5, "breaker_window_s": 30,
+                                                           "breaker_min_requests": 50}).json()
+    assert (patched["breaker_failure_ratio"], patched["breaker_window_ms"], patched["breaker_min_requests"]) == (
+        0.5, 30_000, 50)
+    assert client.patch("/v1/subscriptions/hooks", json={"breaker_failure_ratio": None}).json()[
+        "breaker_failure_ratio"] is None
 
 
 def test_the_operational_webhook_needs_its_signing_secret(tmp_path: Path) -> None:

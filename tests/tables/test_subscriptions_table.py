@@ -15,7 +15,8 @@ from lakebroker.tables.subscriptions import Subscription, SubscriptionStore, _to
 
 def test_a_version_1_table_gains_the_new_columns_and_keeps_its_subscriptions(tmp_path: Path) -> None:
     layout = Layout(tmp_path)
-    added = ("filter", "breaker_failures", "breaker_cooldown_ms", "disable_after_ms", "failing_since")
+    added = ("filter", "breaker_failures", "breaker_cooldown_ms", "disable_after_ms", "failing_since",
+             "breaker_failure_ratio", "breaker_window_ms", "breaker_min_requests")
     v1 = pa.schema([f for f in SUBSCRIPTIONS_SCHEMA if f.name not in added])
     legacy = delta.ensure_table(layout.subscriptions_table, v1, partition_by=None, version=1)
     old = Subscription(name="old", topic="t", url="http://127.0.0.1:9/", secrets=(new_secret(),))
@@ -30,5 +31,5 @@ def test_a_version_1_table_gains_the_new_columns_and_keeps_its_subscriptions(tmp
     assert {n: s.filter for n, s in SubscriptionStore(layout).load().items()} == {
         "old": 'key = "a"', "new": "headers:region"}
     table = DeltaTable(layout.subscriptions_table)
-    assert table.metadata().configuration[SCHEMA_VERSION_PROPERTY] == str(SUBSCRIPTIONS_SCHEMA_VERSION) == "4"
+    assert table.metadata().configuration[SCHEMA_VERSION_PROPERTY] == str(SUBSCRIPTIONS_SCHEMA_VERSION) == "5"
     assert set(added) <= {f.name for f in table.schema().fields}
