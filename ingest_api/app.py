@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import gc
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
@@ -64,12 +65,14 @@ def create_app(
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         thresholds = gc.get_threshold()
+        sampling: asyncio.Task[None] | None = None
         try:
             await node.start()
             for service in services:
                 await service.start()
             if on_started is not None:
                 on_started()
+            sampling = asyncio.create_task(board.sample())  # the charts' history (dashboard_history.py)
             # What start-up made (modules, the app, recovered state) lives as long as the process:
             # outside the collector's generations, a full collection walks only what came after.
             gc.collect()
@@ -80,6 +83,8 @@ def create_app(
             gc.set_threshold(YOUNG_GC_THRESHOLD, *thresholds[1:])
             yield
         finally:
+            if sampling is not None:
+                sampling.cancel()
             gc.unfreeze()  # collectable again once this app is done (several apps share a test process)
             if gc.get_threshold()[0] == YOUNG_GC_THRESHOLD:
                 gc.set_threshold(*thresholds)
@@ -102,7 +107,7 @@ def create_app(
     app.state.settings = settings
     app.state.auth = auth
     app.state.live_status = live_status
-    app.state.dashboard = Dashboard(broker, live_status)
+    app.state.dashboard = board = Dashboard(broker, live_status)
     install_error_handlers(app)
     # Who may call what. Every router states it here; the app refuses to build with one that does not.
     app.include_router(ops.router, dependencies=[public()])  # /healthz, /readyz

@@ -18,6 +18,8 @@ The figures and where they come from:
 * jobs: the newest runs of compaction, retention and replication from `_system/job_runs`
   (tables/job_runs.py), one entry per run with its tables summed.
 * dead letters: the first `DEAD_LETTERS_PER_SUBSCRIPTION` not yet replayed, per subscription.
+* history: each subscription's delivered and dead-lettered per second and lag over the last 15
+  minutes (ingest_api/dashboard_history.py), sampled every SAMPLE_S by `Dashboard.sample`.
 * replays by predicate: each subscription's newest `REPLAYS_PER_SUBSCRIPTION`, with their progress
   (tables/replays.py).
 """
@@ -25,6 +27,7 @@ The figures and where they come from:
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -32,6 +35,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from lakebroker.ingest_api.broker import Broker
+from lakebroker.ingest_api.dashboard_history import SAMPLE_S, Sample, SubscriptionHistory
 from lakebroker.ingest_api.live_status import LiveStatus
 from lakebroker.ingest_api.reader import log_start, partition_files
 from lakebroker.ingest_api.subscription_status import GroupTables, pull_group_lags, read_groups, subscription_status
@@ -46,6 +50,8 @@ from lakebroker.tables.replays import ReplayTable
 from lakebroker.tables.subscriptions import Subscription, SubscriptionStore
 from lakebroker.tables.tokens import ApiToken
 from lakebroker.tables.topics import TopicConfig
+
+log = logging.getLogger(__name__)
 
 CACHE_S = 0.5
 RATE_WINDOW_S = 5.0
@@ -181,6 +187,16 @@ class Dashboard:
         self._lock = asyncio.Lock()
         self._cached: dict[str, Any] | None = None
         self._cached_at = -float("inf")
+        self.history = SubscriptionHistory()
+
+    async def sample(self, every_s: float = SAMPLE_S) -> None:
+        """Take a snapshot every `every_s` (for the charts' history) until cancelled."""
+        while True:
+            await asyncio.sleep(every_s)
+            try:
+                await self.snapshot()
+            except Exception:  # a table unreadable for a moment: the next sample tries again
+                log.warning("dashboard: a history sample failed", exc_info=True)
 
     async def snapshot(self) -> dict[str, Any]:
         """The current snapshot, recomputed at most every CACHE_S whoever asks."""
@@ -200,6 +216,11 @@ class Dashboard:
         self.rates.forget_except({t.name for t in topics})
         subs = [{**self._subscription(s, reads.groups), "replays": reads.replays.get(s.name, [])}
                 for s in sorted(reads.subscriptions.values(), key=lambda s: s.name)]
+        at = time.time()
+        for sub in subs:
+            self.history.observe(sub["name"], Sample(at, sub["delivered"], sub["dead_lettered"], sub["pending"]))
+            sub["history"] = self.history.series(sub["name"])
+        self.history.forget_except({sub["name"] for sub in subs})
         letters = []
         for name, rows in reads.dead_letters.items():
             for r in rows:

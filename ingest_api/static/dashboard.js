@@ -139,6 +139,31 @@
       ? `${offset},22 ${xy.join(" ")} ${SPARK_POINTS - 1},22` : "");
   }
 
+  // ---- a subscription's last 15 minutes (sampled by the server every 15 s) ----------------
+  const HISTORY_POINTS = 60;
+
+  function historyChart(id, key, title) {
+    const chart = svg("svg", { class: "history", viewBox: `0 0 ${HISTORY_POINTS - 1} 30`,
+                               preserveAspectRatio: "none", role: "img", "aria-label": `${title}, last 15 minutes` });
+    chart.append(svg("polygon", { points: "" }), svg("polyline", { points: "" }));
+    return h("figure", { class: `chart ${key}`, "data-ref": `chart-${key}`, "data-testid": `${id}-chart-${key}` },
+      h("figcaption", {}, h("span", { text: title }),
+        h("strong", { "data-ref": "now", "data-testid": `${id}-chart-${key}-now` })), chart);
+  }
+
+  function drawHistory(figure, values, format) {
+    const max = Math.max(1, ...values);
+    const offset = HISTORY_POINTS - Math.min(values.length, HISTORY_POINTS);
+    const xy = values.slice(-HISTORY_POINTS).map((v, i) => `${offset + i},${(29 - (v / max) * 27).toFixed(1)}`);
+    const chart = figure.querySelector("svg");
+    chart.querySelector("polyline").setAttribute("points", xy.join(" "));
+    chart.querySelector("polygon").setAttribute("points", xy.length
+      ? `${offset},30 ${xy.join(" ")} ${HISTORY_POINTS - 1},30` : "");
+    setAttr(figure, "data-points", values.length);
+    setAttr(figure, "data-max", values.length ? Math.max(...values) : 0);
+    setText(ref(figure, "now"), values.length ? format(values[values.length - 1]) : "–");
+  }
+
   // ---- topics ----------------------------------------------------------------------------
   const collapsed = new Set();
 
@@ -253,6 +278,8 @@
       h("dl", { class: "counts" },
         count("delivered", "Delivered"), count("pending", "Pending"), count("dead", "Dead-lettered"),
         count("in-flight", "In flight")),
+      h("div", { class: "charts" }, historyChart(id, "delivered", "Delivered / s"),
+        historyChart(id, "dead", "Dead-lettered / s"), historyChart(id, "lag", "Lag")),
       replayAllButton(s.name),
       h("ul", { class: "replays", "data-ref": "replays", "data-testid": `${id}-replays` }),
       h("p", { class: "last-error", "data-ref": "error-line" },
@@ -329,6 +356,11 @@
     replayAll.hidden = s.dead_lettered === 0;
     if (s.dead_lettered === 0) replayAll.disabled = false;
     setText(replayAll, `Replay ${n(s.dead_lettered)} dead letter${s.dead_lettered === 1 ? "" : "s"}`);
+    const history = s.history || { delivered_per_s: [], dead_lettered_per_s: [], lag: [] };
+    const perSecond = (v) => (v >= 100 ? n(Math.round(v)) : v.toFixed(v >= 10 ? 1 : 2));
+    drawHistory(ref(card, "chart-delivered"), history.delivered_per_s, perSecond);
+    drawHistory(ref(card, "chart-dead"), history.dead_lettered_per_s, perSecond);
+    drawHistory(ref(card, "chart-lag"), history.lag, n);
     sync(ref(card, "replays"), s.replays, (r) => r.id, (r) => createReplay(s.name, r), updateReplay);
     setClass(ref(card, "state"), "pill", s.endpoint_state);
     setText(ref(card, "state"), label(s.endpoint_state));

@@ -252,6 +252,15 @@ def test_dashboard_live_in_chromium(server: ServerProcess, browser: Browser, bil
             page.evaluate("window.scrollTo(0, 0)")  # the sticky header belongs at the top of a full-page shot
             page.screenshot(path=str(screenshot), full_page=True)
 
+        # Each card charts its last 15 minutes from the server's samples: billing's deliveries, and
+        # audit's lag while its endpoint answers 503.
+        def chart_max(sub: str, chart: str) -> float:
+            return float(page.get_by_test_id(f"sub-{sub}-chart-{chart}").get_attribute("data-max") or 0)
+
+        wait_until(lambda: chart_max("billing", "delivered") > 0, "billing's deliveries charted", timeout=60)
+        wait_until(lambda: chart_max("audit", "lag") > 0, "audit's lag charted", timeout=60)
+        assert chart_max("billing", "lag") == 0 and chart_max("audit", "delivered") == 0
+
         # A subscription's filter is shown on its card.
         flt = 'headers.region = "eu" AND value.n > 10'
         assert api.patch("/v1/subscriptions/audit", json={"filter": flt}).status_code == 200
