@@ -5,8 +5,11 @@ and of the messages a SQL predicate matches (tables/replays.py)."""
 from __future__ import annotations
 
 import asyncio
-import time
-from collections.abc import Callable
+import contextlib
+import functools
+from collections.abc import Awaitable, Callable, Coroutine
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, ParamSpec, TypeVar
 
 from lakebroker.delivery_worker.sender import Outcome
 from lakebroker.delivery_worker.sending import Dispatcher, Gone
@@ -17,7 +20,9 @@ from lakebroker.tables.replays import ReplayPart, ReplayState, ReplayTable
 
 MAX_OFFSETS = 100  # a replay request's offsets taken at once; the rest stay requested
 CHUNK_ROWS = 64  # matching messages read at once (1 MiB messages: 64 MiB at most), between progress records
-CANCEL_CHECK_S = 1.0  # how often a replay looks for its cancel while it sends a chunk
+CANCEL_CHECK_S = 1.0  # how often a replay looks for its cancel while it sends
+T = TypeVar("T")
+P = ParamSpec("P")
 
 
 async def replay(offsets: list[int], *, source: PartitionSource, sending: Dispatcher,
@@ -52,38 +57,57 @@ async def replay_matching(part: ReplayPart, *, source: PartitionSource, sending:
                           counted: Callable[[bool, int], None]) -> None:
     """Send what `part`'s predicate matches in its partition, in offset order, a chunk at a time,
     recording progress after each, until its range is scanned, the replay is cancelled (seen within
-    CANCEL_CHECK_S), or the lease ends (its next holder goes on from the recorded progress; what was
-    sent since is sent again, as at-least-once delivery does). A failed message (its retries
-    spent) is counted, not dead-lettered: its live delivery is the group's, not the replay's."""
+    CANCEL_CHECK_S, a send in progress cut off), or the lease ends (its next holder goes on from
+    the recorded progress; what was sent since is sent again, as at-least-once delivery does). A
+    failed message (its retries spent) is counted, not dead-lettered: its live delivery is the
+    group's, not the replay's. Each webhook-id ends in `_<replay id>`, so a receiver that drops
+    the ids it has seen still takes the replay. Scans and table writes run in a thread of their
+    own, so a long scan never holds up the live pipelines' reads and lease renewals."""
     if part.topic_id != source.topic.topic_id:
-        await asyncio.to_thread(replays.fail, part.replay_id,
-                                f"topic {part.topic!r} was deleted and created again after the replay was asked for")
+        await _in_thread(replays.fail, part.replay_id,
+                         f"topic {part.topic!r} was deleted and created again after the replay was asked for")
         return
     query = Query(source.uri, part.predicate, part.since, part.until, keep=source.keep)  # never what it passes over
 
     async def cancelled() -> bool:
-        current = await asyncio.to_thread(replays.part, part.replay_id, part.partition)
+        current = await _in_thread(replays.part, part.replay_id, part.partition)
         return current is None or current.state is not ReplayState.RUNNING
 
-    start = part.next_offset
+    stopped = asyncio.Event()  # set once the replay is seen cancelled
+
+    async def watch() -> None:
+        while not stopped.is_set():
+            await asyncio.sleep(CANCEL_CHECK_S)
+            if await cancelled():
+                stopped.set()
+
+    watcher = asyncio.create_task(watch())
+    try:
+        await _chunks(part, query, sending, replays, counted, stopped, cancelled)
+    finally:
+        watcher.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await watcher
+
+
+async def _chunks(part: ReplayPart, query: Query, sending: Dispatcher, replays: ReplayTable,
+                  counted: Callable[[bool, int], None], stopped: asyncio.Event,
+                  cancelled: Callable[[], Awaitable[bool]]) -> None:
+    start, suffix = part.next_offset, "_" + part.replay_id
     while start < part.end_offset:
-        if await cancelled():
+        if stopped.is_set() or await cancelled():
             return
-        found = await asyncio.to_thread(query.matching, part.partition, start, part.end_offset, CHUNK_ROWS)
+        found = await _in_thread(query.matching, part.partition, start, part.end_offset, CHUNK_ROWS)
+        if found.next_offset <= start or any(not start <= r["offset"] < found.next_offset for r in found.rows):
+            raise RuntimeError(f"replay {part.replay_id}: a scan of [{start}, {part.end_offset}) answered outside it")
         rows, scanned_to = found.rows, found.next_offset
         delivered = failed = 0
         gone: Gone | None = None
         size = max(1, sending.sub.batch_size)
-        looked = time.monotonic()
         for i in range(0, len(rows), size):
             batch = rows[i:i + size]
-            if time.monotonic() - looked >= CANCEL_CHECK_S:  # a slow endpoint: a cancel is seen mid-chunk too
-                looked = time.monotonic()
-                if await cancelled():
-                    scanned_to = batch[0]["offset"]
-                    break
-            outcome = await sending.send_settled(batch)
-            if outcome is None or outcome.gone:  # the lease ended, or the endpoint is gone: this batch not sent
+            outcome = await _unless(sending.send_settled(batch, suffix), stopped)
+            if outcome is None or outcome.gone:  # the lease ended, a cancel, or the endpoint is gone: not sent
                 scanned_to = batch[0]["offset"]
                 gone = Gone("endpoint answered 410 Gone during a replay") if outcome is not None else None
                 break
@@ -92,12 +116,37 @@ async def replay_matching(part: ReplayPart, *, source: PartitionSource, sending:
             else:
                 failed += len(batch)
         matched = sum(1 for r in rows if r["offset"] < scanned_to)
-        advanced = await asyncio.to_thread(replays.advance, part, scanned_to, matched=matched,
-                                           delivered=delivered, failed=failed)
+        running = await _in_thread(replays.advance, part, start, scanned_to, matched=matched,
+                                   delivered=delivered, failed=failed)
         counted(True, delivered)
         counted(False, failed)
         if gone is not None:
             raise gone
-        if not advanced or sending.fenced():
+        if not running or sending.fenced() or scanned_to <= start:
             return
         start = scanned_to
+
+
+async def _unless(send: Coroutine[Any, Any, Outcome | None], stopped: asyncio.Event) -> Outcome | None:
+    """`send`'s outcome, or None if `stopped` is set first (the send is cut off: a probe or a
+    retry's wait ends with it)."""
+    task = asyncio.ensure_future(send)
+    waiting = asyncio.ensure_future(stopped.wait())
+    try:
+        await asyncio.wait({task, waiting}, return_when=asyncio.FIRST_COMPLETED)
+        return task.result() if task.done() else None
+    finally:
+        for pending in (task, waiting):
+            if not pending.done():
+                pending.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await pending
+
+
+# One thread for every replay's scans and table writes: beside the default pool the live pipelines
+# use, never in it.
+_REPLAY_THREAD = ThreadPoolExecutor(1, thread_name_prefix="lakebroker-replay")
+
+
+async def _in_thread(fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+    return await asyncio.get_running_loop().run_in_executor(_REPLAY_THREAD, functools.partial(fn, *args, **kwargs))

@@ -69,14 +69,15 @@ class Sender:
         self._targets: dict[tuple[str, str], _Target] = {}
 
     async def send(self, url: str, topic: str, rows: list[dict[str, Any]], signer: Signer, timeout_s: float,
-                   batch: bool) -> Outcome:
+                   batch: bool, id_suffix: str = "") -> Outcome:
+        """`id_suffix`: a replay's, so a receiver that drops webhook-ids it has seen takes the replay."""
         first = rows[0]
         if batch:
             body = orjson.dumps([envelope(topic, r) for r in rows])
-            msg_id = message_id(topic, first["partition"], first["offset"]) + f"-{rows[-1]['offset']}"
+            msg_id = message_id(topic, first["partition"], first["offset"]) + f"-{rows[-1]['offset']}{id_suffix}"
         else:
             body = orjson.dumps(envelope(topic, first))
-            msg_id = message_id(topic, first["partition"], first["offset"])
+            msg_id = message_id(topic, first["partition"], first["offset"]) + id_suffix
         try:
             target = self._targets.get((url, topic))
             if target is None:

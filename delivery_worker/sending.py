@@ -132,7 +132,7 @@ class Dispatcher:
                 if not deadline.expired():  # one that fired is cutting its send off already
                     deadline.reschedule(when)
 
-    async def attempt_within_lease(self, rows: list[dict[str, Any]]) -> Outcome | None:
+    async def attempt_within_lease(self, rows: list[dict[str, Any]], id_suffix: str = "") -> Outcome | None:
         """One attempt, started only while the lease holds and cut off when it ends (as renewed
         meanwhile: `lease_renewed`); None if cut off or not begun."""
         left = self.lease_left()  # checked after the rate limiter's wait, right before the send
@@ -142,7 +142,7 @@ class Dispatcher:
             async with asyncio.timeout(left) as deadline:
                 self._send_deadlines.add(deadline)
                 try:
-                    return await self._attempt(rows)
+                    return await self._attempt(rows, id_suffix)
                 finally:
                     self._send_deadlines.discard(deadline)
         except TimeoutError:
@@ -237,34 +237,41 @@ class Dispatcher:
             self.status.in_flight -= 1
             self._in_flight.dec()
 
-    async def send_settled(self, rows: list[dict[str, Any]]) -> Outcome | None:
-        """Send `rows` (one request) until the endpoint takes them, refuses them for good (410, or
-        the retry policy exhausted), or the lease ends (None): under the rate limit, waiting out an
-        open circuit without spending attempts. Outside the dispatch queue and its window: replays."""
+    async def send_settled(self, rows: list[dict[str, Any]], id_suffix: str) -> Outcome | None:
+        """Send `rows` (one request, its webhook-id ending in `id_suffix`) until the endpoint takes
+        them, refuses them for good (410, or the retry policy exhausted), or the lease ends (None):
+        under the rate limit and the endpoint's Retry-After pause, waiting out an open circuit
+        without spending attempts. Outside the dispatch queue and its window: replays."""
         attempts = 0
         while True:
             if self.fenced():
                 return None
+            if (pause := self.endpoint.backing_off_until - time.monotonic()) > 0:
+                await asyncio.sleep(min(pause, self.poll_s))
+                continue
             breaker = self.endpoint.breaker
             turn = breaker.turn()
             if turn is None:
                 await asyncio.sleep(breaker.wait_s())
                 continue
-            outcome, counts = await self._attempt_in_turn(rows, turn)
+            outcome, counts = await self._attempt_in_turn(rows, turn, id_suffix)
             if outcome is None:
                 return None
             attempts += counts
             if outcome.ok or outcome.gone or self.policy.exhausted(attempts):
                 return outcome
+            if outcome.retry_after_s is not None:  # the endpoint asked everyone to wait
+                self.endpoint.backing_off_until = time.monotonic() + outcome.retry_after_s
             await asyncio.sleep(self.policy.delay_s(attempts, outcome.retry_after_s))
 
-    async def _attempt_in_turn(self, rows: list[dict[str, Any]], turn: Turn) -> tuple[Outcome | None, int]:
+    async def _attempt_in_turn(self, rows: list[dict[str, Any]], turn: Turn,
+                               id_suffix: str = "") -> tuple[Outcome | None, int]:
         """One attempt that the breaker gave `turn`, under the rate limit and within the lease, and
         whether it counts as an attempt of its message (breaker.py); None if the lease cut it off."""
         breaker = self.endpoint.breaker
         try:
             await self.endpoint.bucket.take(len(rows))
-            outcome = await self.attempt_within_lease(rows)
+            outcome = await self.attempt_within_lease(rows, id_suffix)
         except BaseException:  # cancelled (a stop): a probe it held goes back
             breaker.abandoned(turn)
             raise
@@ -275,12 +282,13 @@ class Dispatcher:
         self.record(outcome)
         return outcome, int(counts)
 
-    async def _attempt(self, rows: list[dict[str, Any]]) -> Outcome:
+    async def _attempt(self, rows: list[dict[str, Any]], id_suffix: str = "") -> Outcome:
         """One POST. Whatever goes wrong ends the attempt as a failure, retried by the policy: an
         exception escaping here would kill the task, keep its key busy and stall the partition."""
         try:
             return await self.sender.send(self.sub.url, self.sub.topic, rows, self.signer,
-                                          self.sub.timeout_ms / 1000, batch=self.sub.batch_size > 1)
+                                          self.sub.timeout_ms / 1000, batch=self.sub.batch_size > 1,
+                                          id_suffix=id_suffix)
         except Exception as exc:
             log.exception("subscription %s partition %d: delivery attempt failed", self.sub.name, self.partition)
             return Outcome(None, f"internal error: {type(exc).__name__}: {exc}"[:500])

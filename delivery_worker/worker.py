@@ -84,7 +84,8 @@ class DeliveryWorker:
         self._circuits: dict[str, BreakerState] = {}  # by subscription: its circuit's state, as last changed
         self._operational = OperationalWebhooks.of(settings)
         self._commit_lock = asyncio.Lock()  # a pipeline's final commit and the batch commit never interleave
-        self._replays: dict[Pair, asyncio.Task[None]] = {}
+        self._replays: dict[Pair, asyncio.Task[None]] = {}  # of dead letters
+        self._matching: dict[Pair, asyncio.Task[None]] = {}  # replays by predicate: one at a time per pair
         self.ticks = 0  # completed ticks: a change to subscriptions is applied once a tick begun after it ends
         self._tick_began: float | None = None  # monotonic; None between ticks
         self._renewed_at: float | None = None  # monotonic: when the last renewal that landed began
@@ -114,7 +115,7 @@ class DeliveryWorker:
 
     async def shutdown(self) -> None:
         """Stop every pipeline, commit what was delivered, and release the leases."""
-        for task in self._replays.values():
+        for task in [*self._replays.values(), *self._matching.values()]:
             task.cancel()
         pairs = set(self._running)
         await self._stop(pairs, commit=True)
@@ -316,9 +317,10 @@ class DeliveryWorker:
             return
         for pair, running in stopping:
             running.task.cancel()
-            replay = self._replays.pop(pair, None)
-            if replay is not None:
-                replay.cancel()
+            for replays in (self._replays, self._matching):
+                replay = replays.pop(pair, None)
+                if replay is not None:
+                    replay.cancel()
         await asyncio.gather(*(r.task for _, r in stopping), return_exceptions=True)
         async with self._commit_lock:
             for _, running in stopping:
@@ -376,10 +378,10 @@ class DeliveryWorker:
             self._replays[pair] = asyncio.create_task(self._replay(running.pipeline, offsets[:100]))
         for pair, part in (await asyncio.to_thread(self.replays.running, groups)).items():
             running = self._running.get(pair)
-            busy = self._replays.get(pair)
+            busy = self._matching.get(pair)
             if running is None or (busy is not None and not busy.done()):
                 continue
-            self._replays[pair] = asyncio.create_task(self._replay_matching(running.pipeline, part))
+            self._matching[pair] = asyncio.create_task(self._replay_matching(running.pipeline, part))
 
     async def _replay(self, pipeline: PartitionPipeline, offsets: list[int]) -> None:
         try:

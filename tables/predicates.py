@@ -11,9 +11,12 @@ A predicate is the WHERE clause of a query on one view, `messages`, of the topic
 
 `check` parses it with DuckDB's own parser (json_serialize_sql) and walks the tree: column
 references to the view's columns, constants, operators, casts, CASE, and the functions of
-ALLOWED_FUNCTIONS; no subquery, no other table, no parameter, no function that reads a file or
-the network. The connection that runs it also refuses every file and network access
-(`enable_external_access`), so even a construct the walk missed could read nothing but the view.
+ALLOWED_FUNCTIONS (none that reads a file or the network, none that grows a value without bound);
+no subquery, no other table, no parameter, no clause beside the expression. What runs is not the
+text given but the checked tree rendered back to SQL (json_deserialize_sql), as the WHERE of a
+query whose FROM already holds the partition and offset range: nothing the walk did not see runs,
+and no parenthesis in the text can reach the range. The connection also refuses every file and
+network access (`enable_external_access`) and runs in UTC.
 """
 
 from __future__ import annotations
@@ -22,6 +25,8 @@ import json
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
+
+import pyarrow as pa
 
 from lakebroker.tables import delta
 from lakebroker.tables.errors import InvalidRequest
@@ -36,9 +41,9 @@ ALLOWED_FUNCTIONS = frozenset({
     "~~", "!~~", "~~*", "!~~*", "~~~", "!~~~", "like_escape", "not_like_escape", "ilike_escape",
     "regexp_matches", "regexp_full_match", "starts_with", "prefix", "suffix", "ends_with", "contains",
     "lower", "upper", "lcase", "ucase", "length", "strlen", "trim", "ltrim", "rtrim", "substring", "substr",
-    "concat", "||", "left", "right", "replace", "split_part",
+    "left", "right", "split_part",
     "+", "-", "*", "/", "//", "%", "abs", "round", "floor", "ceil", "ceiling", "least", "greatest",
-    "->", "->>", "json_extract", "json_extract_string", "json_extract_path", "json_extract_path_text",
+    "->>", "json_extract", "json_extract_string", "json_extract_path", "json_extract_path_text",
     "json_exists", "json_value", "json_type", "json_array_length", "json_contains", "json_keys", "json_valid",
     "map_extract", "map_extract_value", "element_at", "array_extract", "map_contains", "map_keys",
     "map_values", "cardinality", "list_contains", "array_contains", "len", "array_length",
@@ -51,6 +56,12 @@ ALLOWED_FUNCTIONS = frozenset({
 _ALLOWED_CLASSES = frozenset({"COLUMN_REF", "CONSTANT", "COMPARISON", "CONJUNCTION", "OPERATOR", "CAST",
                               "FUNCTION", "BETWEEN", "CASE", "TYPE"})  # TYPE: a cast's target type
 _PREFIX = "SELECT 1 FROM messages WHERE (\n"  # the newline ends a trailing -- comment before the ")"
+_RENDERED = "SELECT 1 FROM messages WHERE "
+MAX_DEPTH = 64  # nested expressions in a predicate
+SCAN_OFFSETS = 50_000  # offsets one call of Query.matching looks at, at most: a chunk costs a bounded scan
+# The errors of the predicate itself (a type, a cast a value refuses); others (I/O, memory) are retried.
+_PREDICATE_ERRORS = ("BinderException", "ConversionException", "InvalidInputException", "OutOfRangeException",
+                     "ParserException", "TypeMismatchException", "NotImplementedException")
 _VIEW = """CREATE VIEW messages AS SELECT "partition", "offset", "timestamp", key, headers, format, message_id,
     producer_id, sequence,
     CASE WHEN format = 'json' THEN TRY_CAST(TRY(decode(value)) AS JSON) END AS value,
@@ -70,12 +81,20 @@ class InvalidPredicate(InvalidRequest):
 def _connect() -> Any:
     import duckdb  # imported when a replay runs: serve does not map DuckDB's library otherwise
 
-    return duckdb.connect(":memory:", config=_CONFIG)
+    con = duckdb.connect(":memory:", config=_CONFIG)
+    con.execute("SET TimeZone = 'UTC'")  # time functions and casts as in UTC, whatever the host's zone
+    return con
 
 
 def check(predicate: str) -> str:
     """`predicate`, if it is a read-only expression over the view's columns; else InvalidPredicate
     with the reason."""
+    rendered(predicate)
+    return predicate.strip()
+
+
+def rendered(predicate: str) -> str:
+    """The checked predicate as DuckDB renders its tree back to SQL: what runs."""
     text = predicate.strip()
     if not text:
         raise InvalidPredicate("where: the predicate is empty")
@@ -85,25 +104,56 @@ def check(predicate: str) -> str:
         raise InvalidPredicate("where: a NUL character")
     con = _connect()
     try:
-        tree = json.loads(con.execute("SELECT json_serialize_sql($1)", [_PREFIX + text + "\n)"]).fetchone()[0])
+        tree = _parsed(con, _PREFIX + text + "\n)")
+        template = _parsed(con, _PREFIX + "true\n)")
+        node = _one_select(tree)
+        if node is None or _shape(node) != _shape(_one_select(template)):
+            raise InvalidPredicate("where: not one expression (a predicate is what follows WHERE, nothing more)")
+        _walk(node["where_clause"], 0)
+        _one_select(template)["where_clause"] = node["where_clause"]  # type: ignore[index]
+        sql = con.execute("SELECT json_deserialize_sql($1::JSON)", [json.dumps(template)]).fetchone()[0]
     finally:
         con.close()
+    if not sql.startswith(_RENDERED):
+        raise InvalidPredicate("where: not one expression (a predicate is what follows WHERE, nothing more)")
+    return str(sql[len(_RENDERED):])
+
+
+def _parsed(con: Any, sql: str) -> dict[str, Any]:
+    try:
+        tree: dict[str, Any] = json.loads(con.execute("SELECT json_serialize_sql($1)", [sql]).fetchone()[0])
+    except RecursionError:
+        raise InvalidPredicate(f"where: nested more than {MAX_DEPTH} deep") from None
     if tree.get("error"):
         raise InvalidPredicate(f"where: {tree.get('error_message', 'not a valid expression')}")
+    return tree
+
+
+def _one_select(tree: dict[str, Any]) -> dict[str, Any] | None:
     statements = tree["statements"]
-    node = statements[0]["node"] if len(statements) == 1 else {}
-    if (node.get("type") != "SELECT_NODE" or node.get("cte_map", {}).get("map") or node.get("modifiers")
-            or node.get("group_expressions") or node.get("having") or node.get("qualify")
-            or (node.get("from_table") or {}).get("table_name") != "messages" or len(node.get("select_list", [])) != 1):
-        raise InvalidPredicate("where: not one expression (a predicate is what follows WHERE, nothing more)")
-    _walk(node["where_clause"])
-    return text
+    node = statements[0]["node"] if len(statements) == 1 else None
+    return node if node is not None and node.get("type") == "SELECT_NODE" else None
 
 
-def _walk(node: Any) -> None:
+def _shape(node: dict[str, Any] | None) -> Any:
+    """Everything of the statement but its WHERE, without source positions."""
+
+    def bare(value: Any) -> Any:
+        if isinstance(value, dict):
+            return {k: bare(v) for k, v in value.items() if not k.startswith("query_location")}
+        if isinstance(value, list):
+            return [bare(v) for v in value]
+        return value
+
+    return None if node is None else bare({k: v for k, v in node.items() if k != "where_clause"})
+
+
+def _walk(node: Any, depth: int) -> None:
+    if depth > MAX_DEPTH:
+        raise InvalidPredicate(f"where: nested more than {MAX_DEPTH} deep")
     if isinstance(node, list):
         for item in node:
-            _walk(item)
+            _walk(item, depth)
         return
     if not isinstance(node, dict):
         return
@@ -126,7 +176,7 @@ def _walk(node: Any) -> None:
                 raise InvalidPredicate(f"where: {node['function_name']!r} as an aggregate is not allowed")
     for value in node.values():
         if isinstance(value, dict | list):
-            _walk(value)
+            _walk(value, depth + 1)
 
 
 @dataclass(frozen=True)
@@ -142,51 +192,58 @@ class Query:
     def __init__(self, uri: str, predicate: str | None, since: datetime | None = None,
                  until: datetime | None = None, *, keep: Filter | None = None) -> None:
         self.uri = uri
-        self.predicate = predicate
+        self.where = "true" if predicate is None else rendered(predicate)
         self.since, self.until = since, until
         self.keep = keep
 
     def matching(self, partition: int, start: int, end: int, limit: int) -> Matches:
         """Up to `limit` messages at or after `start` and before `end` in `partition` that the
-        predicate (and `keep`) keep, in offset order."""
-        table = delta.open_table(self.uri)
-        if table is None or start >= end:
+        predicate (and `keep`) keep, in offset order, looking at SCAN_OFFSETS offsets at most."""
+        if start >= end:
             return Matches([], end)
+        table = delta.open_table(self.uri)
+        if table is None:  # the range was committed: a table that is not there now is a fault, retried
+            raise FileNotFoundError(f"the topic table {self.uri} is not there")
+        end = min(end, start + SCAN_OFFSETS)
         dataset = table.to_pyarrow_dataset(
             file_pruning_predicate=f'partition = {int(partition)} AND "offset" >= {int(start)} '
                                    f'AND "offset" < {int(end)}')
-        import duckdb
-
-        con = _connect()
-        try:
-            con.register("rows", dataset)
-            con.execute(_VIEW)
-            clauses = ['"partition" = $1', '"offset" >= $2', '"offset" < $3']
-            args: list[int | datetime] = [partition, start, end]
-            for op, at in ((">=", self.since), ("<", self.until)):
-                if at is not None:
-                    args.append(at)
-                    clauses.append(f'"timestamp" {op} ${len(args)}')
-            if self.predicate is not None:
-                clauses.append(f"(\n{self.predicate}\n)")
-            args.append(limit)
-            names = ", ".join(f'"{n}"' if n != "value" else "__value AS value" for n in TOPIC_SCHEMA.names)
-            found = con.sql(f"SELECT {names} FROM messages WHERE {' AND '.join(clauses)} "
-                            f'ORDER BY "offset" LIMIT ${len(args)}', params=args).to_arrow_table()
-        except duckdb.Error as exc:  # the predicate's own error (a type, a cast of a value)
-            raise InvalidPredicate(f"where: {_first_line(exc)}") from None
-        finally:
-            con.close()
-        found = found.cast(TOPIC_SCHEMA)
+        found = self._run(dataset, partition, start, end, limit)
         next_offset = found.column("offset")[-1].as_py() + 1 if limit and found.num_rows == limit else end
         if self.keep is not None and found.num_rows:
             found = found.filter(self.keep.matches(found))
         return Matches(found.to_pylist(), next_offset)
 
     def probe(self) -> None:
-        """Bind the predicate against the table (types, functions) reading no row: the errors
-        DuckDB finds only then (`key > 5`) are the caller's, refused before a replay runs."""
-        self.matching(0, 0, 1, 0)
+        """Bind the predicate (types, functions) against the table's columns, reading no row: the
+        errors DuckDB finds only then (`key > 5`) are the caller's, refused before a replay runs."""
+        self._run(TOPIC_SCHEMA.empty_table(), 0, 0, 0, 0)
+
+    def _run(self, rows: Any, partition: int, start: int, end: int, limit: int) -> pa.Table:
+        import duckdb
+
+        # The range is the FROM's own WHERE: the predicate's WHERE can only narrow it.
+        ranged = ['"partition" = $1', '"offset" >= $2', '"offset" < $3']
+        args: list[int | datetime] = [partition, start, end]
+        for op, at in ((">=", self.since), ("<", self.until)):
+            if at is not None:
+                args.append(at)
+                ranged.append(f'"timestamp" {op} ${len(args)}')
+        args.append(limit)
+        names = ", ".join(f'"{n}"' if n != "value" else "__value AS value" for n in TOPIC_SCHEMA.names)
+        con = _connect()
+        try:
+            con.register("rows", rows)
+            con.execute(_VIEW)
+            found = con.sql(f"SELECT {names} FROM (SELECT * FROM messages WHERE {' AND '.join(ranged)}) AS messages "
+                            f'WHERE {self.where} ORDER BY "offset" LIMIT ${len(args)}', params=args).to_arrow_table()
+        except duckdb.Error as exc:
+            if type(exc).__name__ in _PREDICATE_ERRORS:  # the predicate's own (a type, a cast a value refuses)
+                raise InvalidPredicate(f"where: {_first_line(exc)}") from None
+            raise
+        finally:
+            con.close()
+        return found.cast(TOPIC_SCHEMA)
 
 
 def _first_line(exc: Exception) -> str:

@@ -5,8 +5,10 @@ A replay is asked for through the API (ingest_api/routes/replays.py), which writ
 partition with the offset range to scan: from the asked start to the partition's committed end at
 that moment. Whichever delivery worker holds a partition's lease scans its range a chunk at a time
 (tables/predicates.py), sends what matches, and advances the row: `next_offset`, the counts, and
-`done` once the scan reaches `end_offset`. The worker re-reads the row before each chunk, so a
-cancel (every row of the replay set to `cancelled`) stops it within one chunk.
+`done` once the scan reaches `end_offset`; an advance applies only to the row as its sender last
+saw it (`next_offset`), so a late one from a worker that lost the lease changes nothing. The worker
+re-reads the row every second (delivery_worker/replay.py), so a cancel (every running row of the
+replay set to `cancelled`) stops it within about a second.
 
 Finished replays are kept KEEP_FINISHED, then dropped when a later replay is written.
 """
@@ -170,9 +172,11 @@ class ReplayTable:
         """A deleted subscription's replays go with it."""
         self._table.mutate(lambda rows: ([r for r in rows if r["subscription"] != subscription], None))
 
-    def advance(self, part: ReplayPart, next_offset: int, *, matched: int, delivered: int, failed: int) -> bool:
-        """Record a chunk's progress (a cancelled part's too: what it sent before it saw the cancel);
-        whether the part is still running."""
+    def advance(self, part: ReplayPart, expected_next: int, next_offset: int, *, matched: int, delivered: int,
+                failed: int) -> bool:
+        """Record a chunk's progress, from `expected_next` to `next_offset` (a cancelled part's
+        counts too: what it sent before it saw the cancel); whether the part is still running. A
+        row that moved on meanwhile (its lease's next holder recorded first) is left as it is."""
         done = next_offset >= part.end_offset
 
         def advanced(p: ReplayPart) -> ReplayPart:
@@ -181,10 +185,11 @@ class ReplayTable:
                            delivered=p.delivered + delivered, failed=p.failed + failed,
                            state=ReplayState.DONE if running and done else p.state)
 
-        self._update(lambda p: (p.replay_id, p.partition) == (part.replay_id, part.partition)
+        self._update(lambda p: (p.replay_id, p.partition, p.next_offset) == (part.replay_id, part.partition,
+                                                                              expected_next)
                      and p.state in (ReplayState.RUNNING, ReplayState.CANCELLED), advanced)
         current = self.part(part.replay_id, part.partition)
-        return current is not None and current.state is ReplayState.RUNNING
+        return current is not None and current.state is ReplayState.RUNNING and current.next_offset == next_offset
 
     def fail(self, replay_id: str, error: str) -> None:
         """The replay cannot go on (its predicate fails on a row, its topic was re-created): every part."""

@@ -4,7 +4,7 @@ its live position (tables/replays.py holds them, delivery_worker/replay.py sends
 from __future__ import annotations
 
 import asyncio
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from fastapi import APIRouter
@@ -38,8 +38,11 @@ class ReplayCreate(BaseModel):
                                          description="Only these partitions (default: all).")
 
 
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
 def _time(text: str | None) -> datetime | None:
-    return None if text is None else datetime.fromtimestamp(parse_timestamp(text) / 1_000_000, UTC)
+    return None if text is None else _EPOCH + timedelta(microseconds=parse_timestamp(text))
 
 
 @router.post("/{name}/replays", status_code=201, responses=_ERRORS)
@@ -49,7 +52,7 @@ async def create_replay(name: str, body: ReplayCreate, broker: BrokerDep, store:
     signatures, beside its live delivery (which goes on). Progress at GET .../replays/{id}."""
     sub = await asyncio.to_thread(store.get, name)
     topic = broker.topic(sub.topic)
-    predicate = None if body.where is None else check(body.where)
+    predicate = None if body.where is None else await asyncio.to_thread(check, body.where)
     since, until = _time(body.since), _time(body.until)
     if since is not None and until is not None and since >= until:
         raise InvalidRequest("since must be before until")
@@ -58,8 +61,8 @@ async def create_replay(name: str, body: ReplayCreate, broker: BrokerDep, store:
     partitions = sorted(set(body.partitions or range(topic.partitions)))
     for p in partitions:
         topic.check_partition(p)
-    query = Query(broker.layout.topic_table(topic), predicate, since, until)
-    await asyncio.to_thread(query.probe)  # types and functions bound against the table: 422 now, not later
+    query = await asyncio.to_thread(Query, broker.layout.topic_table(topic), predicate, since, until)
+    await asyncio.to_thread(query.probe)  # types and functions bound against the columns: 422 now, not later
     await broker.follow_ends(topic)
     files = await asyncio.to_thread(partition_files, broker.layout, topic)
     replay_id, parts = new_replay_id(), []

@@ -105,6 +105,13 @@ def test_a_replay_by_time_and_partition_and_one_whose_cast_fails_on_a_value(
     replayed = receiver.messages()[36:]
     assert [(m["partition"], m["value"]["round"]) for m in replayed] == [(1, "b")] * 4
 
+    # An offset range (to_offset included) in one partition.
+    ranged = _finished(client, client.post("/v1/subscriptions/hooks/replays", json={
+        "from_offset": 1, "to_offset": 2, "partitions": [0]}).json()["id"])
+    assert (ranged["matched"], ranged["delivered"], ranged["to_scan"]) == (2, 2, 2)
+    receiver.wait_for(lambda: len(receiver.messages()) >= 42)
+    assert [(m["partition"], m["offset"]) for m in receiver.messages()[40:]] == [(0, 1), (0, 2)]
+
     # A cast the table's types allow but one value refuses: the replay fails, saying why.
     _produce(client, [{"partition": 0, "value": {"amount": "n/a"}}])
     bad = client.post("/v1/subscriptions/hooks/replays", json={"where": "(value->>'amount')::INT > 5"})
@@ -116,16 +123,20 @@ def test_a_replay_by_time_and_partition_and_one_whose_cast_fails_on_a_value(
 def test_a_replay_never_sends_what_the_subscriptions_filter_passes_over(
         client: TestClient, orders: str, receiver: Receiver) -> None:
     _subscribe(client, receiver, filter='hasPrefix(key, "eu-")')
-    _produce(client, order_messages(0, 150))  # more than a chunk per partition (replay.CHUNK_ROWS)
-    receiver.wait_for(lambda: len(receiver.messages()) >= 75)
-    done = _finished(client, client.post("/v1/subscriptions/hooks/replays",
-                                         json={"where": "(value->>'n')::INT % 2 = 0"}).json()["id"])
-    assert (done["state"], done["matched"], done["delivered"], done["scanned"]) == ("done", 75, 75, 150)
-    receiver.wait_for(lambda: len(receiver.messages()) >= 150)
+    _produce(client, order_messages(0, 450))  # 75 eu- keys a partition: more than a chunk (replay.CHUNK_ROWS)
+    receiver.wait_for(lambda: len(receiver.messages()) >= 225)
+    asked = client.post("/v1/subscriptions/hooks/replays", json={"where": "(value->>'n')::INT % 2 = 0"})
+    replay_id = asked.json()["id"]
+    done = _finished(client, replay_id)
+    assert (done["state"], done["matched"], done["delivered"], done["scanned"]) == ("done", 225, 225, 450)
+    receiver.wait_for(lambda: len(receiver.messages()) >= 450)
     time.sleep(0.5)
     got = receiver.messages()
-    assert len(got) == 150 and all(m["key"].startswith("eu-") for m in got)
-    assert Counter(Counter(m["value"]["n"] for m in got).values()) == {2: 75}
+    assert len(got) == 450 and all(m["key"].startswith("eu-") for m in got)
+    assert Counter(Counter(m["value"]["n"] for m in got).values()) == {2: 225}
+    # A replay's webhook-ids are its own: a receiver that drops the ids it has seen takes it.
+    ids = [r.headers["webhook-id"] for r in receiver.received]
+    assert len(set(ids)) == 450 and sum(i.endswith("_" + replay_id) for i in ids) == 225
 
 
 def test_a_replay_cancelled_midway_stops_sending(client: TestClient, orders: str, receiver: Receiver) -> None:
@@ -139,10 +150,14 @@ def test_a_replay_cancelled_midway_stops_sending(client: TestClient, orders: str
     receiver.wait_for(lambda: len(receiver.messages()) >= 155)
     cancelled = client.delete(f"/v1/subscriptions/hooks/replays/{replay_id}")
     assert cancelled.status_code == 200 and cancelled.json()["state"] == "cancelled"
-    time.sleep(2.5)  # the worker sees the cancel within a second, then at most a send per partition ends
-    settled = len(receiver.messages())
-    time.sleep(1.5)
-    assert len(receiver.messages()) == settled < 300
+
+    def settled() -> int | None:
+        """The count once it has not moved for two seconds (the worker looks every second)."""
+        before = len(receiver.messages())
+        time.sleep(2)
+        return before if len(receiver.messages()) == before else None
+
+    assert eventually(settled, 30, what="no more sends after the cancel") < 300
     final = client.get(f"/v1/subscriptions/hooks/replays/{replay_id}").json()
     assert final["state"] == "cancelled" and 0 < final["delivered"] < 150
     assert client.delete(f"/v1/subscriptions/hooks/replays/{replay_id}").json()["state"] == "cancelled"

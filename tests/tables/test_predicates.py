@@ -3,6 +3,7 @@ and what `Query.matching` finds in a real topic table against the same rows judg
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -51,6 +52,11 @@ def test_read_only_expressions_over_the_columns_pass(predicate: str) -> None:
     ("key = ?", "parameter expressions are not allowed"),
     ("key = 'a", "unterminated string literal"),
     ("k" * 4097, "at most 4,096"),
+    ("true) USING SAMPLE (10", "not one expression"),
+    ("true) ORDER BY key LIMIT (1", "not one expression"),
+    ("NOT " * 100 + "true", "nested more than 64 deep"),
+    ("length(replace(replace(value_text, 'a', value_text), 'a', value_text)) > 0", "'replace' is not allowed"),
+    ("value->'customer' IS NOT NULL", "lambda expressions are not allowed"),
 ])
 def test_anything_else_is_refused_with_the_reason(predicate: str, reason: str) -> None:
     with pytest.raises(InvalidPredicate, match=reason) as refused:
@@ -118,7 +124,9 @@ def test_a_time_range_bounds_the_scan_and_a_bad_cast_is_the_predicates_error(tmp
         Query(str(tmp_path / "t"), check("key > 5")).probe()
     with pytest.raises(InvalidPredicate, match="Could not convert string"):
         Query(str(tmp_path / "t"), check("value_text::INT > 5")).matching(1, 0, 100, 100)
-    assert Query(str(tmp_path / "missing"), None).matching(0, 0, 10, 10).rows == []
+    with pytest.raises(FileNotFoundError):  # a range was committed: a table gone is a fault, not "no match"
+        Query(str(tmp_path / "missing"), None).matching(0, 0, 10, 10)
+    Query(str(tmp_path / "missing"), check("key > '5'")).probe()  # binds against the columns alone
 
 
 def test_the_example_of_the_docs() -> None:
@@ -126,3 +134,43 @@ def test_the_example_of_the_docs() -> None:
                  if b.tested_by == "tests/tables/test_predicates.py"]
     assert example == CASES[0][0]  # and CASES checks what it matches against Python
     assert check(example) == example
+
+
+def _table(tmp_path: Path) -> str:
+    rows = _rows()
+    write_deltalake(str(tmp_path / "t"), pa.Table.from_pylist(
+        [{k: v for k, v in r.items() if k != "_doc"} for r in rows], TOPIC_SCHEMA), partition_by=["partition"])
+    return str(tmp_path / "t")
+
+
+def test_no_parenthesis_in_a_predicate_reaches_past_the_range(tmp_path: Path) -> None:
+    """What runs is the checked tree, as the WHERE over a FROM that holds the range."""
+    uri = _table(tmp_path)
+    for predicate in ("true) OR (true", '"offset" > 100) OR ("offset" < 5'):
+        assert check(predicate) == predicate
+        found = Query(uri, predicate).matching(1, 20, 25, 100)
+        assert [r["offset"] for r in found.rows] == ([20, 21, 22, 23, 24] if "true" in predicate else [])
+        assert found.next_offset == 25
+
+
+def test_a_call_stops_at_its_limit_or_its_scan_window_and_says_where_to_go_on(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    uri = _table(tmp_path)
+    query = Query(uri, check("key IS NOT NULL"))
+    first = query.matching(0, 0, 30, 4)  # keys are null at offsets 0 and 11 of partition 0
+    assert [r["offset"] for r in first.rows] == [1, 2, 3, 4] and first.next_offset == 5
+    monkeypatch.setattr("lakebroker.tables.predicates.SCAN_OFFSETS", 10)
+    windowed = query.matching(0, 5, 30, 100)
+    assert [r["offset"] for r in windowed.rows] == [5, 6, 7, 8, 9, 10, 12, 13, 14] and windowed.next_offset == 15
+
+
+def test_times_are_utc_whatever_the_hosts_zone(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    uri = _table(tmp_path)
+    monkeypatch.setenv("TZ", "America/New_York")
+    time.tzset()
+    try:
+        day = Query(uri, check("date_trunc('day', timestamp) = TIMESTAMPTZ '2026-12-01 00:00:00+00'"))
+        assert len(day.matching(2, 0, 100, 100).rows) == 30
+    finally:
+        monkeypatch.undo()
+        time.tzset()
