@@ -8,8 +8,8 @@ from bench.result import Scenario
 
 ORDER = (
     "single_produce", "batch_produce", "kafka", "flush", "produce_to_table", "profile", "big_bodies", "dedup_memory",
-    "spark_jobs", "delivery", "filtered_delivery", "read_amplification", "faults", "s3", "cluster", "soak",
-    "soak_cluster",
+    "spark_jobs", "delivery", "filtered_delivery", "delivery_memory", "read_amplification", "faults", "s3", "cluster",
+    "soak", "soak_cluster",
 )
 
 

@@ -67,6 +67,10 @@ ACCESS: dict[tuple[str, str], str] = {
     ("POST", "/v1/subscriptions/{name}/seek"): "admin",
     ("GET", "/v1/subscriptions/{name}/dead-letters"): "admin",
     ("POST", "/v1/subscriptions/{name}/dead-letters/replay"): "admin",
+    ("POST", "/v1/subscriptions/{name}/replays"): "admin",
+    ("GET", "/v1/subscriptions/{name}/replays"): "consume",
+    ("GET", "/v1/subscriptions/{name}/replays/{replay_id}"): "consume",
+    ("DELETE", "/v1/subscriptions/{name}/replays/{replay_id}"): "admin",
     ("GET", "/v1/dashboard"): "admin",
     # WAL damage: which partitions are held, the skip that records a loss, and the losses recorded.
     ("GET", "/v1/wal/damage"): "admin",
