@@ -88,13 +88,16 @@ class _Connection(asyncio.Protocol):
         self._resolve(keep_alive=self.parser.should_keep_alive())
 
     # -- use -----------------------------------------------------------------------------
-    async def exchange(self, payload: bytes, read_timeout: float | None
+    async def exchange(self, payload: bytes | tuple[bytes, ...], read_timeout: float | None
                        ) -> tuple[int, list[tuple[bytes, bytes]], bytes, bool]:
         assert self.transport is not None
         self._waiter = asyncio.get_running_loop().create_future()
         self._headers, self._body, self._body_size = [], [], 0
         self._received = self._headers_done = False
-        self.transport.write(payload)
+        if isinstance(payload, bytes):
+            self.transport.write(payload)
+        else:  # parts written in turn, not joined into one more copy
+            self.transport.writelines(payload)
         # call_later, not asyncio.timeout: a plain timer costs less on this path (docs/decisions/0017).
         timer = None if read_timeout is None else asyncio.get_running_loop().call_later(
             read_timeout, self._timed_out, read_timeout)
@@ -146,7 +149,7 @@ class LeanTransport(httpx.AsyncBaseTransport):
         status, headers, body = await self.exchange(origin_of(url), payload, timeouts)
         return httpx.Response(status, headers=headers, stream=httpx.ByteStream(body), request=request)
 
-    async def exchange(self, origin: Origin, payload: bytes, timeouts: dict[str, float | None]
+    async def exchange(self, origin: Origin, payload: bytes | tuple[bytes, ...], timeouts: dict[str, float | None]
                        ) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
         """Send one whole request (head and body, as bytes) and read the answer: the delivery hot
         path (sender.py) calls this directly, without building httpx objects."""

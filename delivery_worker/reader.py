@@ -129,8 +129,14 @@ class PartitionReader:
         if self.read_pos == self.tracker.position:
             await self._skip_expired(committed_end)
         room = self._room()
-        count = FIRST_READ if not self._row_bytes else max(1, min(READ_AHEAD, int(room // self._row_bytes)))
+        # Before the first read the rows' size is unknown: as large as the topic allows, for its bound.
+        size = self._row_bytes or self.source.topic.max_message_bytes
+        count = max(1, min(READ_AHEAD if self._row_bytes else FIRST_READ, int(room // size)))
         end = min(self.read_pos + count, committed_end)
+        # The read holds what it decodes before `_within` counts it: reserved meanwhile, so reads
+        # running at once in several pipelines never take more than the process's bound between them.
+        reserved = max(0, min(room, int((end - self.read_pos) * size)))
+        self._budget.used += reserved
         try:
             rows, end = await asyncio.to_thread(self.source.read, self.read_pos, end)
         except OffsetGap as gap:
@@ -139,6 +145,8 @@ class PartitionReader:
             self._gap, status.last_error = True, gap.message
             self._last_poll = time.monotonic()
             return False  # read again after the poll interval; never skip what is missing
+        finally:
+            self._budget.used -= reserved
         self._gap = False
         rows, end = self._within(rows, end, room)
         present = {r["offset"] for r in rows}

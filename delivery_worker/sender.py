@@ -9,6 +9,7 @@ from typing import Any
 import httpx
 import orjson
 
+from lakebroker.delivery_worker.flow import ByteBudget
 from lakebroker.delivery_worker.http1 import LeanTransport, origin_of
 from lakebroker.delivery_worker.retry import parse_retry_after
 from lakebroker.delivery_worker.signer import Signer
@@ -16,6 +17,7 @@ from lakebroker.tables.message_format import message_json
 from lakebroker.tables.subscriptions import redact_url
 
 log = logging.getLogger(__name__)
+SPLIT_BODY_BYTES = 64 * 1024
 
 
 @dataclass(frozen=True)
@@ -63,9 +65,11 @@ class Sender:
     Every header value is a validated name, a number, a signature or a key checked to be printable
     ASCII, so none can break a line."""
 
-    def __init__(self, transport: LeanTransport, worker_id: str) -> None:
+    def __init__(self, transport: LeanTransport, worker_id: str, budget: ByteBudget | None = None) -> None:
+        """`budget`: the process's read-ahead bound, which each body in flight counts against too."""
         self.transport = transport
         self.worker_id = worker_id
+        self.budget = budget or ByteBudget(0)
         self._targets: dict[tuple[str, str], _Target] = {}
 
     async def send(self, url: str, topic: str, rows: list[dict[str, Any]], signer: Signer, timeout_s: float,
@@ -88,9 +92,15 @@ class Sender:
             key = first["key"]
             if not batch and key is not None and key.isascii() and key.isprintable() and len(key) < 1024:
                 lines.append(f"lakebroker-key: {key}")
-            payload = target.head + "\r\n".join(lines).encode() + b"\r\n\r\n" + body
+            head = target.head + "\r\n".join(lines).encode() + b"\r\n\r\n"
+            # A large body goes out beside its head, not copied onto its end.
+            payload: bytes | tuple[bytes, bytes] = head + body if len(body) < SPLIT_BODY_BYTES else (head, body)
             timeouts: dict[str, float | None] = {"connect": timeout_s, "read": timeout_s, "pool": timeout_s}
-            status, headers, answer = await self.transport.exchange(target.origin, payload, timeouts)
+            self.budget.used += len(body)  # a copy of what the read-ahead holds, while it is sent
+            try:
+                status, headers, answer = await self.transport.exchange(target.origin, payload, timeouts)
+            finally:
+                self.budget.used -= len(body)
             if 200 <= status < 300:
                 return Outcome(status)
             text = answer[:300].decode(errors="replace")

@@ -93,7 +93,7 @@ class DeliveryWorker:
     # -- lifecycle ----------------------------------------------------------------------
     async def run(self) -> None:
         self._transport = LeanTransport(allow_private=self.settings.allow_private_webhooks)
-        self._sender = Sender(self._transport, self.worker_id)
+        self._sender = Sender(self._transport, self.worker_id, self._read_ahead)
         loops = [asyncio.create_task(self._commit_loop()), asyncio.create_task(self._renew_loop())]
         try:
             while True:

@@ -177,8 +177,9 @@ class Settings(BaseSettings):
         "of one subscription (up to 1,000 messages; always at least one message)."
     )
     delivery_read_ahead_total_bytes: int = Field(
-        256 * 1024 * 1024, ge=1, description="Message bytes a delivery worker process holds read ahead for all its "
-        "partitions together; a partition with nothing held may still read one message."
+        64 * 1024 * 1024, ge=1, description="Message bytes a delivery worker process holds for all its partitions "
+        "together: read ahead, being read, and in the bodies of the requests in flight; a partition with nothing "
+        "held may still read one message."
     )
     offset_commit_interval_ms: int = Field(
         1000, gt=0, description="How often delivered offsets are committed; bounds redelivery after a crash."

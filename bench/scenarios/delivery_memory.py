@@ -57,7 +57,7 @@ def measure(mode: Mode, work: Path) -> Result:
 SCENARIO = Scenario(
     name="delivery_memory", title="Delivery memory", measure=measure,
     setup="`lakebroker serve` with its delivery off and one `lakebroker deliver` process at its defaults "
-          f"(read-ahead: 16 MiB a partition, 256 MiB a process); {PARTITIONS} partitions; a uvicorn receiver "
+          f"(read-ahead: 16 MiB a partition, 64 MiB a process); {PARTITIONS} partitions; a uvicorn receiver "
           "process on 127.0.0.1.",
     load=f"{N['full']:,} text values of {VALUE_BYTES:,} bytes already in the table; then {SUBSCRIPTIONS} "
          "subscriptions created at once, each from the earliest offset, so all ten catch up together (ordering `key`: "

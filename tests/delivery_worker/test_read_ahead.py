@@ -69,6 +69,39 @@ async def test_large_messages_to_a_lagging_subscription_are_read_ahead_within_th
         receiver.close()
 
 
+async def test_reads_running_at_once_in_many_partitions_take_no_more_than_the_process_bound(
+        tmp_path: Path) -> None:
+    """Each read reserves its bytes before it starts (at the topic's max_message_bytes a message
+    until their size is known), so six pipelines starting together do not each take the whole
+    room they saw: the process holds its bound, plus the one message each may always hold."""
+    receiver = Receiver(behaviour=lambda n, body: (200, {}, 0.1))
+    data = tmp_path / "data"
+    settings = worker_settings(data).model_copy(update={"delivery_read_ahead_bytes": 4 * MIB,
+                                                        "delivery_read_ahead_total_bytes": 3 * MIB,
+                                                        "lease_ttl_s": 10.0})
+    create_topic(settings, "t", partitions=6)
+    for partition in range(6):
+        produce(settings, "t", partition, 6, values=[bytes([i]) * (MIB - 100) for i in range(6)])
+    subscribe(data, "t", receiver.url)
+    running = worker(settings, "worker-a")
+    task = asyncio.create_task(running.run())
+    held: list[int] = []  # rows of 1 MiB held by the six partitions at once
+    try:
+        def sample() -> bool:
+            pipelines = [r.pipeline for (_, p), r in running._running.items()]
+            held.append(sum(len(p.queue) + p.status.in_flight for p in pipelines))
+            return len({(m["partition"], m["offset"]) for m in receiver.messages()}) >= 36
+
+        await until(sample, "all 36 messages are delivered", timeout=120)
+        assert max(held) <= 3 + 6, f"rows held by the process at once: {sorted(held)[-10:]}"
+        await until(lambda: running._read_ahead.used == 0, "every row and body gives its bytes back")
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        receiver.close()
+
+
 def held_at_most(fn: Callable[[], T]) -> tuple[T, int]:
     """fn's result, and the most bytes it held at once in Arrow buffers (Arrow's memory pool, which
     the Parquet reader and compute both allocate from) and Python objects (tracemalloc) together,
