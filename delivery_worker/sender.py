@@ -82,6 +82,10 @@ class Sender:
         else:
             body = orjson.dumps(envelope(topic, first))
             msg_id = message_id(topic, first["partition"], first["offset"]) + id_suffix
+        if len(body) >= SPLIT_BODY_BYTES:
+            # orjson's output buffer is several times the JSON it holds (8 MB for a 1 MB value), and
+            # it would stay allocated for as long as the request is in flight: kept at its size.
+            body = memoryview(body).tobytes()
         try:
             target = self._targets.get((url, topic))
             if target is None:
