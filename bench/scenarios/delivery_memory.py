@@ -64,6 +64,6 @@ SCENARIO = Scenario(
          "keyless messages one in flight per partition; one message per POST).",
     metric="The delivery process's peak resident set (VmHWM, the kernel's high-water mark) over its whole life, "
            "beside its resident set once started and before any subscription.",
-    target=f"≤ {TARGET_MB:.0f} MB.",
+    target=f"the delivery process's peak RSS ≤ {TARGET_MB:.0f} MB.",
     timeout_s=1800,
 )

@@ -443,7 +443,9 @@ def test_serve_workers_share_one_port_as_nodes_and_a_dead_worker_is_restarted(tm
             except ProcessLookupError:
                 return False
 
-        until(restarted_on_its_cpu, "the restarted worker on its CPU", timeout=30)
+        # It pins itself (`serve --cpu`) once its interpreter is up: beside the whole suite on two
+        # cores, that start alone has taken over 30 s.
+        until(restarted_on_its_cpu, "the restarted worker on its CPU", timeout=90)
         until(lambda: all(httpx.post(f"{url}/v1/topics/orders/messages", json={"key": KEYS[p], "value": 1},
                                      params={"ack": "table"}).status_code == 200 for p in KEYS),
               "every partition served again", timeout=TTL_S + 30)
