@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import logging
 from collections.abc import Awaitable, Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, ParamSpec, TypeVar
@@ -15,7 +16,7 @@ from lakebroker.delivery_worker.sender import Outcome
 from lakebroker.delivery_worker.sending import Dispatcher, Gone
 from lakebroker.delivery_worker.source import PartitionSource
 from lakebroker.tables.dead_letters import DeadLetterTable
-from lakebroker.tables.predicates import Query
+from lakebroker.tables.predicates import InvalidPredicate, Query, check
 from lakebroker.tables.replays import ReplayPart, ReplayState, ReplayTable
 
 MAX_OFFSETS = 100  # a replay request's offsets taken at once; the rest stay requested
@@ -23,6 +24,7 @@ CHUNK_ROWS = 64  # matching messages read at once (1 MiB messages: 64 MiB at mos
 CANCEL_CHECK_S = 1.0  # how often a replay looks for its cancel while it sends
 T = TypeVar("T")
 P = ParamSpec("P")
+log = logging.getLogger(__name__)
 
 
 async def replay(offsets: list[int], *, source: PartitionSource, sending: Dispatcher,
@@ -67,7 +69,18 @@ async def replay_matching(part: ReplayPart, *, source: PartitionSource, sending:
         await _in_thread(replays.fail, part.replay_id,
                          f"topic {part.topic!r} was deleted and created again after the replay was asked for")
         return
-    query = Query(source.uri, part.predicate, part.since, part.until, keep=source.keep)  # never what it passes over
+    try:
+        predicate = None if part.predicate is None else await _in_thread(check, part.predicate)
+        await _matching(part, Query(source.uri, predicate, part.since, part.until, keep=source.keep),
+                        sending, replays, counted)
+    except InvalidPredicate as exc:  # a cast that fails on some row's value: the replay's own error
+        log.warning("replay %s of %s failed: %s", part.replay_id, part.subscription, exc.message)
+        await _in_thread(replays.fail, part.replay_id, exc.message)
+
+
+async def _matching(part: ReplayPart, query: Query, sending: Dispatcher, replays: ReplayTable,
+                    counted: Callable[[bool, int], None]) -> None:
+    """The chunks, beside a watcher that sees the replay cancelled."""
 
     async def cancelled() -> bool:
         current = await _in_thread(replays.part, part.replay_id, part.partition)

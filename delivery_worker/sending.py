@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from lakebroker.delivery_worker.breaker import CircuitBreaker, Turn
+from lakebroker.delivery_worker.breaker import CircuitBreaker
 from lakebroker.delivery_worker.breaker import State as BreakerState
 from lakebroker.delivery_worker.flow import AdaptiveWindow, TokenBucket
 from lakebroker.delivery_worker.metrics import DeliveryMetrics
@@ -196,13 +196,7 @@ class Dispatcher:
                     holding = True
                 while self.fenced():  # retries too: never send once the lease may have passed on
                     await asyncio.sleep(self.poll_s)
-                breaker = self.endpoint.breaker
-                turn = breaker.turn()
-                if turn is None:  # the endpoint's circuit is open: wait for its probe, spending nothing
-                    self.status.state = "circuit_open"
-                    await asyncio.sleep(breaker.wait_s())
-                    continue
-                outcome, counts = await self._attempt_in_turn(unit.rows, turn)
+                outcome, counts = await self._attempt_admitted(unit.rows)
                 if outcome is None:  # the lease ended before or during the send: not an attempt of ours
                     holding = False
                     await window.release(False)
@@ -223,11 +217,7 @@ class Dispatcher:
                     )
                     self._finished_unit(unit, False)
                     return
-                delay = self.policy.delay_s(attempts, outcome.retry_after_s)
-                self.status.state = "backing_off"
-                if outcome.retry_after_s is not None:  # the endpoint asked everyone to wait
-                    self.endpoint.backing_off_until = time.monotonic() + outcome.retry_after_s
-                await asyncio.sleep(delay)
+                await self._back_off(attempts, outcome)
         except Gone as exc:
             self.gone = exc
             self._wake()
@@ -241,7 +231,8 @@ class Dispatcher:
         """Send `rows` (one request, its webhook-id ending in `id_suffix`) until the endpoint takes
         them, refuses them for good (410, or the retry policy exhausted), or the lease ends (None):
         under the rate limit and the endpoint's Retry-After pause, waiting out an open circuit
-        without spending attempts. Outside the dispatch queue and its window: replays."""
+        without spending attempts; the partition's state says what its sends see, as a live
+        delivery's do. Outside the dispatch queue and its window: replays."""
         attempts = 0
         while True:
             if self.fenced():
@@ -249,26 +240,31 @@ class Dispatcher:
             if (pause := self.endpoint.backing_off_until - time.monotonic()) > 0:
                 await asyncio.sleep(min(pause, self.poll_s))
                 continue
-            breaker = self.endpoint.breaker
-            turn = breaker.turn()
-            if turn is None:
-                await asyncio.sleep(breaker.wait_s())
-                continue
-            outcome, counts = await self._attempt_in_turn(rows, turn, id_suffix)
+            outcome, counts = await self._attempt_admitted(rows, id_suffix)
             if outcome is None:
                 return None
             attempts += counts
+            if outcome.ok:
+                self.status.state = "healthy"  # the endpoint answers, as a live delivery's success says
             if outcome.ok or outcome.gone or self.policy.exhausted(attempts):
                 return outcome
-            if outcome.retry_after_s is not None:  # the endpoint asked everyone to wait
-                self.endpoint.backing_off_until = time.monotonic() + outcome.retry_after_s
-            await asyncio.sleep(self.policy.delay_s(attempts, outcome.retry_after_s))
+            await self._back_off(attempts, outcome)
 
-    async def _attempt_in_turn(self, rows: list[dict[str, Any]], turn: Turn,
-                               id_suffix: str = "") -> tuple[Outcome | None, int]:
-        """One attempt that the breaker gave `turn`, under the rate limit and within the lease, and
-        whether it counts as an attempt of its message (breaker.py); None if the lease cut it off."""
+    async def _back_off(self, attempts: int, failed: Outcome) -> None:
+        """Wait before the next attempt, as the retry policy and the endpoint's Retry-After say."""
+        self.status.state = "backing_off"
+        if failed.retry_after_s is not None:  # the endpoint asked everyone to wait
+            self.endpoint.backing_off_until = time.monotonic() + failed.retry_after_s
+        await asyncio.sleep(self.policy.delay_s(attempts, failed.retry_after_s))
+
+    async def _attempt_admitted(self, rows: list[dict[str, Any]], id_suffix: str = "") -> tuple[Outcome | None, int]:
+        """One attempt once the breaker gives it a turn (an open circuit is waited out, spending
+        nothing), under the rate limit and within the lease, and whether it counts as an attempt of
+        its message (breaker.py); None if the lease cut it off."""
         breaker = self.endpoint.breaker
+        while (turn := breaker.turn()) is None:
+            self.status.state = "circuit_open"
+            await asyncio.sleep(breaker.wait_s())
         try:
             await self.endpoint.bucket.take(len(rows))
             outcome = await self.attempt_within_lease(rows, id_suffix)

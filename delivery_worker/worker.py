@@ -14,6 +14,7 @@ import functools
 import logging
 import time
 import uuid
+from collections.abc import Coroutine
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -34,8 +35,7 @@ from lakebroker.tables.dead_letters import DeadLetterTable
 from lakebroker.tables.layout import Layout
 from lakebroker.tables.leases import Lease, LeaseTable, Pair
 from lakebroker.tables.offsets import Committed, Fence, OffsetReason, OffsetsTable, Position
-from lakebroker.tables.predicates import InvalidPredicate
-from lakebroker.tables.replays import ReplayPart, ReplayTable
+from lakebroker.tables.replays import ReplayTable
 from lakebroker.tables.settings import Settings
 from lakebroker.tables.subscriptions import Subscription, SubscriptionStore
 from lakebroker.tables.topics import TopicConfig, TopicStore
@@ -368,40 +368,31 @@ class DeliveryWorker:
             pipeline.committed(pos)
 
     async def _start_replays(self) -> None:
+        """Start the replays asked for on the partitions this worker runs: of dead letters, and by
+        predicate; one of each kind at a time per partition."""
         groups = {name for name, _ in self._running}
-        wanted = await asyncio.to_thread(self.dead_letters.pending_replays_all, groups)
-        for pair, offsets in wanted.items():
-            running = self._running.get(pair)
-            busy = self._replays.get(pair)
-            if running is None or (busy is not None and not busy.done()):
-                continue
-            self._replays[pair] = asyncio.create_task(self._replay(running.pipeline, offsets[:100]))
+        for pair, offsets in (await asyncio.to_thread(self.dead_letters.pending_replays_all, groups)).items():
+            if (pipeline := self._free_for(self._replays, pair)) is not None:
+                self._replays[pair] = asyncio.create_task(self._replay(pipeline, pipeline.replay(offsets)))
         for pair, part in (await asyncio.to_thread(self.replays.running, groups)).items():
-            running = self._running.get(pair)
-            busy = self._matching.get(pair)
-            if running is None or (busy is not None and not busy.done()):
-                continue
-            self._matching[pair] = asyncio.create_task(self._replay_matching(running.pipeline, part))
+            if (pipeline := self._free_for(self._matching, pair)) is not None:
+                self._matching[pair] = asyncio.create_task(
+                    self._replay(pipeline, pipeline.replay_matching(part, self.replays)))
 
-    async def _replay(self, pipeline: PartitionPipeline, offsets: list[int]) -> None:
+    def _free_for(self, replays: dict[Pair, asyncio.Task[None]], pair: Pair) -> PartitionPipeline | None:
+        """The pair's pipeline, if this worker runs it and no replay of that kind runs on it."""
+        running = self._running.get(pair)
+        busy = replays.get(pair)
+        return running.pipeline if running is not None and (busy is None or busy.done()) else None
+
+    async def _replay(self, pipeline: PartitionPipeline, replaying: Coroutine[Any, Any, None]) -> None:
         try:
-            await pipeline.replay(offsets)
+            await replaying
         except Gone as exc:
             self._on_gone(pipeline.sub.name, str(exc))
         except Exception:
-            log.exception("replay of %s partition %d failed", pipeline.sub.name, pipeline.partition)
-
-    async def _replay_matching(self, pipeline: PartitionPipeline, part: ReplayPart) -> None:
-        try:
-            await pipeline.replay_matching(part, self.replays)
-        except Gone as exc:
-            self._on_gone(pipeline.sub.name, str(exc))
-        except InvalidPredicate as exc:  # a cast that fails on some row's value: the replay's own error
-            log.warning("replay %s of %s failed: %s", part.replay_id, pipeline.sub.name, exc.message)
-            await asyncio.to_thread(self.replays.fail, part.replay_id, exc.message)
-        except Exception:
-            log.exception("replay %s of %s partition %d failed; it goes on at the next check", part.replay_id,
-                          pipeline.sub.name, pipeline.partition)
+            log.exception("a replay of %s partition %d failed; it goes on at the next check", pipeline.sub.name,
+                          pipeline.partition)
 
     def _lease_left(self, pair: Pair) -> float:
         """Seconds this worker may still send and commit for `pair` (<= 0: not at all). It stops a

@@ -190,13 +190,32 @@ class Dashboard:
         self.history = SubscriptionHistory()
 
     async def sample(self, every_s: float = SAMPLE_S) -> None:
-        """Take a snapshot every `every_s` (for the charts' history) until cancelled."""
+        """Every `every_s` until cancelled, observe each subscription's totals for the charts:
+        from the subscription, offset and dead-letter tables alone (no topic's files, no job runs),
+        and nothing more than the subscription list while there is no subscription."""
         while True:
             await asyncio.sleep(every_s)
             try:
-                await self.snapshot()
+                async with self._lock:  # the offsets table is followed by one reader at a time
+                    await self._sample()
             except Exception:  # a table unreadable for a moment: the next sample tries again
                 log.warning("dashboard: a history sample failed", exc_info=True)
+
+    async def _sample(self) -> None:
+        layout = self.broker.layout
+        subs = await asyncio.to_thread(SubscriptionStore(layout).load)
+        if subs:
+            await self.broker.follow_all_ends()
+            groups = await asyncio.to_thread(read_groups, layout, offsets=self._offsets)
+            self._observe([self._subscription(s, groups) for s in subs.values()])
+        else:
+            self.history.forget_except(set())
+
+    def _observe(self, subs: list[dict[str, Any]]) -> None:
+        at = time.time()
+        for sub in subs:
+            self.history.observe(sub["name"], Sample(at, sub["delivered"], sub["dead_lettered"], sub["pending"]))
+        self.history.forget_except({sub["name"] for sub in subs})
 
     async def snapshot(self) -> dict[str, Any]:
         """The current snapshot, recomputed at most every CACHE_S whoever asks."""
@@ -216,11 +235,9 @@ class Dashboard:
         self.rates.forget_except({t.name for t in topics})
         subs = [{**self._subscription(s, reads.groups), "replays": reads.replays.get(s.name, [])}
                 for s in sorted(reads.subscriptions.values(), key=lambda s: s.name)]
-        at = time.time()
+        self._observe(subs)
         for sub in subs:
-            self.history.observe(sub["name"], Sample(at, sub["delivered"], sub["dead_lettered"], sub["pending"]))
             sub["history"] = self.history.series(sub["name"])
-        self.history.forget_except({sub["name"] for sub in subs})
         letters = []
         for name, rows in reads.dead_letters.items():
             for r in rows:

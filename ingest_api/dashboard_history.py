@@ -1,8 +1,9 @@
 """Each subscription's last 15 minutes for the dashboard's charts: delivered and dead-lettered
 messages per second and the lag, from the totals of successive snapshots.
 
-The dashboard samples a snapshot every SAMPLE_S whether or not a page is open (Dashboard.sample),
-so a page opened now draws the quarter hour before it. The rates are the change of the totals
+The dashboard samples every subscription's totals every SAMPLE_S whether or not a page is open
+(Dashboard.sample), so a page opened now draws the quarter hour before it; each snapshot a page
+asks for is a sample too. The rates are the change of the totals
 between two samples over the time between them; a total that went down (dead letters replayed,
 a topic re-created) counts as no messages, not as a negative rate.
 """

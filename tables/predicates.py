@@ -86,15 +86,17 @@ def _connect() -> Any:
     return con
 
 
-def check(predicate: str) -> str:
+@dataclass(frozen=True)
+class Predicate:
+    """A checked predicate: the text as given (kept and shown) and its tree rendered back to SQL (run)."""
+
+    text: str
+    sql: str
+
+
+def check(predicate: str) -> Predicate:
     """`predicate`, if it is a read-only expression over the view's columns; else InvalidPredicate
     with the reason."""
-    rendered(predicate)
-    return predicate.strip()
-
-
-def rendered(predicate: str) -> str:
-    """The checked predicate as DuckDB renders its tree back to SQL: what runs."""
     text = predicate.strip()
     if not text:
         raise InvalidPredicate("where: the predicate is empty")
@@ -116,7 +118,7 @@ def rendered(predicate: str) -> str:
         con.close()
     if not sql.startswith(_RENDERED):
         raise InvalidPredicate("where: not one expression (a predicate is what follows WHERE, nothing more)")
-    return str(sql[len(_RENDERED):])
+    return Predicate(text, str(sql[len(_RENDERED):]))
 
 
 def _parsed(con: Any, sql: str) -> dict[str, Any]:
@@ -189,10 +191,10 @@ class Query:
     """One predicate (and an optional time range) over one topic table, run a partition's offset
     range at a time. `keep`: the subscription's own filter (tables/filters.py), applied after it."""
 
-    def __init__(self, uri: str, predicate: str | None, since: datetime | None = None,
+    def __init__(self, uri: str, predicate: Predicate | None, since: datetime | None = None,
                  until: datetime | None = None, *, keep: Filter | None = None) -> None:
         self.uri = uri
-        self.where = "true" if predicate is None else rendered(predicate)
+        self.where = "true" if predicate is None else predicate.sql
         self.since, self.until = since, until
         self.keep = keep
 

@@ -185,26 +185,28 @@ class ReplayTable:
                            delivered=p.delivered + delivered, failed=p.failed + failed,
                            state=ReplayState.DONE if running and done else p.state)
 
-        self._update(lambda p: (p.replay_id, p.partition, p.next_offset) == (part.replay_id, part.partition,
-                                                                              expected_next)
-                     and p.state in (ReplayState.RUNNING, ReplayState.CANCELLED), advanced)
-        current = self.part(part.replay_id, part.partition)
-        return current is not None and current.state is ReplayState.RUNNING and current.next_offset == next_offset
+        changed = self._update(lambda p: (p.replay_id, p.partition, p.next_offset) == (part.replay_id,
+                                                                                        part.partition, expected_next)
+                               and p.state in (ReplayState.RUNNING, ReplayState.CANCELLED), advanced)
+        return any(p.state is ReplayState.RUNNING for p in changed)
 
     def fail(self, replay_id: str, error: str) -> None:
         """The replay cannot go on (its predicate fails on a row, its topic was re-created): every part."""
         self._update(lambda p: p.replay_id == replay_id and p.state is ReplayState.RUNNING,
                      lambda p: replace(p, state=ReplayState.FAILED, error=error[:1000]))
 
-    def _update(self, which: Callable[[ReplayPart], bool], how: Callable[[ReplayPart], ReplayPart]) -> int:
+    def _update(self, which: Callable[[ReplayPart], bool],
+                how: Callable[[ReplayPart], ReplayPart]) -> list[ReplayPart]:
+        """Change the parts `which` picks, as `how` says, in one commit; the changed parts as written."""
         now = datetime.now(UTC)
 
-        def change(rows: Rows) -> tuple[Rows, int]:
-            out, changed = [], 0
+        def change(rows: Rows) -> tuple[Rows, list[ReplayPart]]:
+            out, changed = [], []
             for row in rows:
                 part = _from_row(row)
                 if which(part):
-                    part, changed = replace(how(part), updated_at=now), changed + 1
+                    part = replace(how(part), updated_at=now)
+                    changed.append(part)
                 out.append(_to_row(part))
             return out, changed
 

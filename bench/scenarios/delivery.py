@@ -27,7 +27,7 @@ DEFAULT_ENV = {"LAKEBROKER_ALLOW_PRIVATE_WEBHOOKS": "1"}  # the receiver is on l
 FAST_ENV = {"LAKEBROKER_ALLOW_PRIVATE_WEBHOOKS": "1", "LAKEBROKER_DELIVER_IN_SERVE": "0",
             "LAKEBROKER_HEARTBEAT_S": "0.5", "LAKEBROKER_FLUSH_INTERVAL_MS": "100"}
 PARTITIONS = 4
-P50_MS, P99_MS, ORDERED_MSG_S = 300, 1_000, 1_000  # the targets
+P50_MS, P99_MS, ORDERED_MSG_S = 300, 1_000, {1: 2_500, 4: 1_000}  # the targets (ordered: by partitions)
 LATENCY_RUNS = {"full": 3, "quick": 1, "tiny": 1}  # the check reads the run of median p99
 LATENCY_S = {"full": 20, "quick": 8, "tiny": 3}
 ORDERED_PARTITIONS: dict[str, tuple[int, ...]] = {"full": (1, PARTITIONS), "quick": (1,), "tiny": (1,)}
@@ -221,7 +221,7 @@ def measure(mode: Mode, work: Path) -> Result:
         checks=[Check("produce→webhook p50 at the defaults, 2,000 msg/s", p50, "ms", P50_MS, higher_is_better=False),
                 Check("produce→webhook p99 at the defaults, 2,000 msg/s", p99, "ms", P99_MS, higher_is_better=False),
                 *[Check(f"ordering=partition on {r.partitions} partition(s): the slowest partition's rate",
-                        min(r.per_partition), "msg/s", ORDERED_MSG_S) for r in ordered]],
+                        min(r.per_partition), "msg/s", ORDERED_MSG_S[r.partitions]) for r in ordered]],
         headlines=[f"produce→webhook at the defaults, 2,000 msg/s: p50 {p50:.0f} ms, p99 {p99:.0f} ms "
                    f"(targets {P50_MS} / {P99_MS:,} ms)"],
         tables=[
@@ -300,7 +300,7 @@ SCENARIO = Scenario(
            "deliveries only, checked in the run whose p99 is the median of the three; each partition's rate from "
            "its first to its last arrival; messages per second against the bare receiver's own request rate under "
            "wrk; every offset delivered or dead-lettered.",
-    target=f"p50 ≤ {P50_MS} ms and p99 ≤ {P99_MS:,} ms at the defaults; ≥ {ORDERED_MSG_S:,} msg/s per partition with "
-           "ordering=partition; nothing lost to a faulty receiver.",
+    target=f"p50 ≤ {P50_MS} ms and p99 ≤ {P99_MS:,} ms at the defaults; with ordering=partition ≥ {ORDERED_MSG_S[1]:,} "
+           f"msg/s on one partition and ≥ {ORDERED_MSG_S[4]:,} on each of four; nothing lost to a faulty receiver.",
     timeout_s=1800,
 )

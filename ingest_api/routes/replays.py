@@ -61,10 +61,11 @@ async def create_replay(name: str, body: ReplayCreate, broker: BrokerDep, store:
     partitions = sorted(set(body.partitions or range(topic.partitions)))
     for p in partitions:
         topic.check_partition(p)
-    query = await asyncio.to_thread(Query, broker.layout.topic_table(topic), predicate, since, until)
+    query = Query(broker.layout.topic_table(topic), predicate, since, until)
     await asyncio.to_thread(query.probe)  # types and functions bound against the columns: 422 now, not later
     await broker.follow_ends(topic)
     files = await asyncio.to_thread(partition_files, broker.layout, topic)
+    where = None if predicate is None else predicate.text
     replay_id, parts = new_replay_id(), []
     for p in partitions:
         end = broker.committed_end(topic, p)
@@ -76,7 +77,7 @@ async def create_replay(name: str, body: ReplayCreate, broker: BrokerDep, store:
         if body.to_offset is not None:
             end = min(end, body.to_offset + 1)
         start = min(start, end)
-        parts.append(ReplayPart(replay_id, sub.name, topic.name, topic.topic_id, p, predicate, since, until,
+        parts.append(ReplayPart(replay_id, sub.name, topic.name, topic.topic_id, p, where, since, until,
                                 start_offset=start, end_offset=end, next_offset=start,
                                 state=ReplayState.RUNNING if start < end else ReplayState.DONE))
     replay = await asyncio.to_thread(ReplayTable(broker.layout).create, parts)

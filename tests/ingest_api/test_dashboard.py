@@ -12,6 +12,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from lakebroker.ingest_api.dashboard import ProduceRates, summarize_runs
+from lakebroker.ingest_api.dashboard_history import Sample, SubscriptionHistory
 from lakebroker.server import build_app
 from lakebroker.tables import job_runs
 from lakebroker.tables.job_runs import JobName, JobResult, Outcome, TableResult
@@ -206,3 +207,34 @@ def test_consumer_groups_show_with_their_lag_on_the_dashboard_and_in_metrics(cli
     assert client.post("/v1/topics/events/groups/audit/offsets", json={"offsets": {"0": 5}}).status_code == 200
     wait_for(client, lambda s: [g["lag"] for g in s["groups"]] == [0, 0], timeout=10)
     assert 'lakebroker_group_lag{group="audit",partition="0",topic="events"} 0.0' in client.get("/metrics").text
+
+
+def test_the_charts_sample_reads_only_the_subscriptions_totals(client: TestClient, orders: str, receiver: Receiver,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every serve process samples the charts' history every 15 s whether or not a page is open:
+    from the subscription, offset and dead-letter tables alone (no topic's files are listed), and
+    nothing more than the subscription list while there is no subscription."""
+    board = client.app.state.dashboard  # type: ignore[attr-defined]
+    listed: list[Any] = []
+    monkeypatch.setattr("lakebroker.ingest_api.dashboard.partition_files", lambda *args: listed.append(args))
+    seen: list[tuple[str, Sample]] = []
+    board.history = SubscriptionHistory(min_spacing_s=0)
+    monkeypatch.setattr(board.history, "observe", lambda name, sample: seen.append((name, sample)))
+    client.portal.call(board._sample)  # type: ignore[union-attr]
+    assert seen == [] and listed == []
+
+    r = client.post("/v1/subscriptions", json={"name": "hooks", "topic": "orders", "url": receiver.url,
+                                               "start": "earliest", "max_attempts": 1})
+    assert r.status_code == 201, r.text
+    r = client.post("/v1/topics/orders/batch?ack=table",
+                    json={"messages": [{"value": {"n": i}, "partition": 0} for i in range(6)]})
+    assert r.status_code == 200, r.text
+
+    def sampled() -> Sample | None:
+        seen.clear()
+        client.portal.call(board._sample)  # type: ignore[union-attr]
+        return seen[0][1] if seen and seen[0][1].lag == 0 and seen[0][1].dead_lettered == 1 else None
+
+    sample = eventually(sampled, 20, what="the dead letter and the offset commit in the sample", interval=0.2)
+    assert (seen[0][0], sample.delivered, sample.dead_lettered, sample.lag) == ("hooks", 5, 1, 0)
+    assert listed == []

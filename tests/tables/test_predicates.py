@@ -33,7 +33,7 @@ DOCS = Path(__file__).resolve().parents[2] / "docs"
     "(key = 'a') OR (key = 'b')",
 ])
 def test_read_only_expressions_over_the_columns_pass(predicate: str) -> None:
-    assert check(predicate) == predicate.strip()
+    assert check(predicate).text == predicate.strip()
 
 
 @pytest.mark.parametrize(("predicate", "reason"), [
@@ -133,7 +133,7 @@ def test_the_example_of_the_docs() -> None:
     [example] = [b.text.strip() for b in code_blocks(DOCS / "webhooks.md")
                  if b.tested_by == "tests/tables/test_predicates.py"]
     assert example == CASES[0][0]  # and CASES checks what it matches against Python
-    assert check(example) == example
+    assert check(example).text == example
 
 
 def _table(tmp_path: Path) -> str:
@@ -147,8 +147,9 @@ def test_no_parenthesis_in_a_predicate_reaches_past_the_range(tmp_path: Path) ->
     """What runs is the checked tree, as the WHERE over a FROM that holds the range."""
     uri = _table(tmp_path)
     for predicate in ("true) OR (true", '"offset" > 100) OR ("offset" < 5'):
-        assert check(predicate) == predicate
-        found = Query(uri, predicate).matching(1, 20, 25, 100)
+        checked = check(predicate)
+        assert checked.text == predicate
+        found = Query(uri, checked).matching(1, 20, 25, 100)
         assert [r["offset"] for r in found.rows] == ([20, 21, 22, 23, 24] if "true" in predicate else [])
         assert found.next_offset == 25
 
