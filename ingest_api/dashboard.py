@@ -160,22 +160,22 @@ def summarize_runs(rows: list[dict[str, Any]], limit: int = RUNS_PER_JOB) -> lis
 
 
 def _endpoint(status: dict[str, Any], sub: Subscription) -> tuple[str, str | None]:
-    """The endpoint's state and its last error: disabled (410 Gone, or by an operator), paused,
-    circuit_open (failing, sends paused until a probe answers), backing_off (retrying a failure),
-    healthy (answering), or idle (no send since the worker started)."""
-    states = {p["state"] for p in status["partitions"]}
+    """The card's endpoint state and its last error: the subscription's health (`health` in
+    subscription_status.py, the one judge of it), told apart further where the page can: disabled,
+    paused, circuit_open (health `open`), backing_off (health `failing`), healthy (answering),
+    or idle (no send since the worker started). A healthy endpoint keeps its last error on show."""
+    health = status["health"]
     errors = [p["last_error"] for p in status["partitions"] if p["last_error"]]
-    if sub.disabled_reason is not None or "disabled" in states:
-        return "disabled", sub.disabled_reason or (errors[0] if errors else None)
+    last_error = health["last_error"] or (errors[0] if errors else None)
+    if health["state"] == "disabled":
+        return "disabled", last_error
     if sub.paused:
-        return "paused", errors[0] if errors else None
-    if "circuit_open" in states:
-        return "circuit_open", errors[0] if errors else None
-    backing_off = [p["last_error"] for p in status["partitions"] if p["state"] == "backing_off" and p["last_error"]]
-    if "backing_off" in states:
-        return "backing_off", (backing_off or errors or [None])[0]
+        return "paused", last_error
+    if health["state"] in ("open", "failing"):
+        return ("circuit_open" if health["state"] == "open" else "backing_off"), last_error
     answered = any(p["last_status"] is not None or p["delivered"] for p in status["partitions"])
-    return ("healthy" if "healthy" in states and answered else "idle"), errors[0] if errors else None
+    states = {p["state"] for p in status["partitions"]}
+    return ("healthy" if "healthy" in states and answered else "idle"), last_error
 
 
 class Dashboard:

@@ -120,8 +120,9 @@ def health(sub: Subscription, partitions: list[dict[str, Any]]) -> dict[str, Any
     states = {p["state"] for p in partitions}
     errors = [p["last_error"] for p in partitions if p["last_error"]]
     since = None if sub.failing_since is None else sub.failing_since.isoformat()
-    if sub.disabled_reason is not None:
-        return {"state": "disabled", "since": since, "last_error": sub.disabled_reason}
+    if sub.disabled_reason is not None or "disabled" in states:  # a worker's pipeline met 410 Gone
+        return {"state": "disabled", "since": since,
+                "last_error": sub.disabled_reason or (errors[0] if errors else None)}
     if "circuit_open" in states:
         return {"state": "open", "since": since, "last_error": errors[0] if errors else None}
     if "backing_off" in states or since is not None:
