@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import io
 import struct
 import sys
@@ -60,12 +61,19 @@ async def read_frame(reader: asyncio.StreamReader, max_bytes: int, idle_s: float
         raise Malformed("the connection closed inside a request") from None
 
 
+@functools.lru_cache(maxsize=1024)  # bounded: the pairs come from clients, hostile ones too
+def _request_schema(api_key: int, version: int) -> Any:
+    """kio's request class, or None for a version it does not know. Cached: kio resolves the
+    class from its module path on every call, a cost each request would pay."""
+    try:
+        return load_request_schema(api_key, version)
+    except KioIndexError:
+        return None
+
+
 def parse(frame: bytes) -> Request:
     api_key, version = _KEY_VERSION.unpack_from(frame, 0)
-    try:
-        schema = load_request_schema(api_key, version)
-    except KioIndexError:
-        schema = None
+    schema = _request_schema(api_key, version)
     try:
         if schema is None:  # the first fields of every header version are v1's
             known, _ = entity_reader(HeaderV1)(frame, 0)
@@ -79,14 +87,20 @@ def parse(frame: bytes) -> Request:
     return Request(api_key, version, header.correlation_id, header.client_id, body)
 
 
+@functools.cache
 def response_schema(api_key: int, version: int) -> Any:
     return load_response_schema(api_key, version)
+
+
+@functools.cache
+def _field_names(schema: Any) -> frozenset[str]:
+    return frozenset(f.name for f in dataclasses.fields(schema))
 
 
 def build(schema: Any, **fields: Any) -> Any:
     """An entity of `schema` from the fields it has (a field a version lacks is left out), so one
     handler answers every version of its API."""
-    names = {f.name for f in dataclasses.fields(schema)}
+    names = _field_names(schema)
     return schema(**{k: v for k, v in fields.items() if k in names})
 
 
