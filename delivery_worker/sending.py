@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from lakebroker.delivery_worker.breaker import CircuitBreaker
+from lakebroker.delivery_worker.breaker import CircuitBreaker, Turn
 from lakebroker.delivery_worker.breaker import State as BreakerState
 from lakebroker.delivery_worker.flow import AdaptiveWindow, TokenBucket
 from lakebroker.delivery_worker.metrics import DeliveryMetrics
@@ -45,6 +45,7 @@ class Endpoint:
     window: AdaptiveWindow
     breaker: CircuitBreaker
     backing_off_until: float = 0.0
+    answered_at: float = 0.0  # time.time() of its last success here: an endpoint that answers is not failing
 
     @classmethod
     def for_subscription(cls, sub: Subscription,
@@ -161,6 +162,8 @@ class Dispatcher:
         else:
             label = "retry"
         self._attempts[label].inc()
+        if outcome.ok:
+            self.endpoint.answered_at = time.time()
         self.status.last_status = outcome.status
         if not outcome.ok:
             self.status.last_error = outcome.error
@@ -196,7 +199,10 @@ class Dispatcher:
                     holding = True
                 while self.fenced():  # retries too: never send once the lease may have passed on
                     await asyncio.sleep(self.poll_s)
-                outcome, counts = await self._attempt_admitted(unit.rows)
+                turn = await self._turn()
+                if turn is None:  # waited out an open circuit: the lease is looked at again first
+                    continue
+                outcome, counts = await self._attempt_in_turn(unit.rows, turn)
                 if outcome is None:  # the lease ended before or during the send: not an attempt of ours
                     holding = False
                     await window.release(False)
@@ -240,31 +246,45 @@ class Dispatcher:
             if (pause := self.endpoint.backing_off_until - time.monotonic()) > 0:
                 await asyncio.sleep(min(pause, self.poll_s))
                 continue
-            outcome, counts = await self._attempt_admitted(rows, id_suffix)
+            turn = await self._turn()
+            if turn is None:  # waited out an open circuit: the lease and the pause are looked at again
+                continue
+            outcome, counts = await self._attempt_in_turn(rows, turn, id_suffix)
             if outcome is None:
                 return None
             attempts += counts
             if outcome.ok:
-                self.status.state = "healthy"  # the endpoint answers, as a live delivery's success says
+                self._state("healthy")  # the endpoint answers, as a live delivery's success says
             if outcome.ok or outcome.gone or self.policy.exhausted(attempts):
                 return outcome
             await self._back_off(attempts, outcome)
 
+    def _state(self, state: str) -> None:
+        if self.status.state != "disabled":  # the endpoint answered 410 Gone: that stays
+            self.status.state = state
+
+    async def _turn(self) -> Turn | None:
+        """The breaker's turn for one attempt; None once an open circuit has been waited out,
+        spending nothing (the caller looks at its lease, and the endpoint's pause, before it asks again)."""
+        breaker = self.endpoint.breaker
+        turn = breaker.turn()
+        if turn is None:
+            self._state("circuit_open")
+            await asyncio.sleep(breaker.wait_s())
+        return turn
+
     async def _back_off(self, attempts: int, failed: Outcome) -> None:
         """Wait before the next attempt, as the retry policy and the endpoint's Retry-After say."""
-        self.status.state = "backing_off"
+        self._state("backing_off")
         if failed.retry_after_s is not None:  # the endpoint asked everyone to wait
             self.endpoint.backing_off_until = time.monotonic() + failed.retry_after_s
         await asyncio.sleep(self.policy.delay_s(attempts, failed.retry_after_s))
 
-    async def _attempt_admitted(self, rows: list[dict[str, Any]], id_suffix: str = "") -> tuple[Outcome | None, int]:
-        """One attempt once the breaker gives it a turn (an open circuit is waited out, spending
-        nothing), under the rate limit and within the lease, and whether it counts as an attempt of
-        its message (breaker.py); None if the lease cut it off."""
+    async def _attempt_in_turn(self, rows: list[dict[str, Any]], turn: Turn,
+                               id_suffix: str = "") -> tuple[Outcome | None, int]:
+        """One attempt that the breaker gave `turn`, under the rate limit and within the lease, and
+        whether it counts as an attempt of its message (breaker.py); None if the lease cut it off."""
         breaker = self.endpoint.breaker
-        while (turn := breaker.turn()) is None:
-            self.status.state = "circuit_open"
-            await asyncio.sleep(breaker.wait_s())
         try:
             await self.endpoint.bucket.take(len(rows))
             outcome = await self.attempt_within_lease(rows, id_suffix)

@@ -14,7 +14,7 @@ import functools
 import logging
 import time
 import uuid
-from collections.abc import Coroutine
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -373,11 +373,12 @@ class DeliveryWorker:
         groups = {name for name, _ in self._running}
         for pair, offsets in (await asyncio.to_thread(self.dead_letters.pending_replays_all, groups)).items():
             if (pipeline := self._free_for(self._replays, pair)) is not None:
-                self._replays[pair] = asyncio.create_task(self._replay(pipeline, pipeline.replay(offsets)))
+                self._replays[pair] = asyncio.create_task(self._replay(
+                    pipeline, "a replay of dead letters", functools.partial(pipeline.replay, offsets)))
         for pair, part in (await asyncio.to_thread(self.replays.running, groups)).items():
             if (pipeline := self._free_for(self._matching, pair)) is not None:
-                self._matching[pair] = asyncio.create_task(
-                    self._replay(pipeline, pipeline.replay_matching(part, self.replays)))
+                matching = functools.partial(pipeline.replay_matching, part, self.replays)
+                self._matching[pair] = asyncio.create_task(self._replay(pipeline, f"replay {part.replay_id}", matching))
 
     def _free_for(self, replays: dict[Pair, asyncio.Task[None]], pair: Pair) -> PartitionPipeline | None:
         """The pair's pipeline, if this worker runs it and no replay of that kind runs on it."""
@@ -385,13 +386,13 @@ class DeliveryWorker:
         busy = replays.get(pair)
         return running.pipeline if running is not None and (busy is None or busy.done()) else None
 
-    async def _replay(self, pipeline: PartitionPipeline, replaying: Coroutine[Any, Any, None]) -> None:
+    async def _replay(self, pipeline: PartitionPipeline, what: str, replay: Callable[[], Awaitable[None]]) -> None:
         try:
-            await replaying
+            await replay()
         except Gone as exc:
             self._on_gone(pipeline.sub.name, str(exc))
         except Exception:
-            log.exception("a replay of %s partition %d failed; it goes on at the next check", pipeline.sub.name,
+            log.exception("%s of %s partition %d failed; it goes on at the next check", what, pipeline.sub.name,
                           pipeline.partition)
 
     def _lease_left(self, pair: Pair) -> float:
@@ -419,6 +420,13 @@ class DeliveryWorker:
         """Keep each subscription's `failing_since` with this worker's circuit (set when it opens,
         cleared when it closes), and disable one whose endpoint has failed for `disable_after_ms`."""
         now = datetime.now(UTC)
+        for name, (_, endpoint) in self._endpoints.items():
+            sub = subs.get(name)
+            if (sub is not None and sub.failing_since is not None and name not in self._circuits
+                    and endpoint.answered_at > sub.failing_since.timestamp()):
+                # Failing since a circuit that opened elsewhere (a worker since gone): the endpoint
+                # has answered this worker since then, so it is failing no longer.
+                self._circuits[name] = BreakerState.CLOSED
         for name, state in list(self._circuits.items()):
             sub = subs.get(name)
             if sub is None:

@@ -10,6 +10,7 @@ import re
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -19,8 +20,9 @@ from pydantic import SecretStr
 from standardwebhooks import Webhook
 
 from lakebroker.server import build_app
+from lakebroker.tables.layout import Layout
 from lakebroker.tables.settings import Settings
-from lakebroker.tables.subscriptions import new_secret
+from lakebroker.tables.subscriptions import SubscriptionStore, new_secret
 from tests.receivers import Receiver
 from tests.waiting import eventually
 
@@ -207,3 +209,26 @@ def test_the_operational_webhook_needs_its_signing_secret(tmp_path: Path) -> Non
         Settings(data_dir=tmp_path, operational_webhook_url=url, operational_webhook_secret=SecretStr("hunter2"))
     assert Settings(data_dir=tmp_path, operational_webhook_url=url,
                     operational_webhook_secret=SecretStr(new_secret())).operational_webhook_url == url
+
+
+def test_a_failing_since_left_by_a_gone_worker_clears_once_the_endpoint_answers(
+        operated: Operated, receiver: Receiver, settings: Settings) -> None:
+    """A worker whose circuit opened set `failing_since`, then died: the worker delivering now has a
+    closed circuit that never changes, yet its endpoint's answers clear `failing_since` (health back
+    to healthy, subscription.recovered sent), so no count towards disable_after goes on."""
+    client = operated.client
+    body = {"name": "hooks", "topic": "orders", "url": receiver.url, "start": "earliest"}
+    assert client.post("/v1/subscriptions", json=body).status_code == 201
+    SubscriptionStore(Layout(settings.data_dir)).update("hooks", failing_since=datetime.now(UTC) - timedelta(minutes=5))
+    left = client.get("/v1/subscriptions/hooks").json()
+    assert left["health"]["state"] == "failing" and left["failing_since"] is not None
+
+    assert client.post("/v1/topics/orders/batch?ack=table",
+                       json={"messages": [{"value": {"n": i}} for i in range(5)]}).status_code == 200
+    receiver.wait_for(lambda: len(receiver.messages()) >= 5, timeout=30)
+    healed = eventually(lambda: (s := client.get("/v1/subscriptions/hooks").json())["failing_since"] is None and s,
+                        20, what="failing_since cleared by the endpoint's answers")
+    assert healed["health"] == {"state": "healthy", "since": None, "last_error": None}
+    [recovered] = operated.events(1)
+    assert recovered["type"] == "subscription.recovered"
+    assert recovered["data"]["failing_since"] == left["failing_since"]
