@@ -83,7 +83,9 @@ async def _matching(part: ReplayPart, query: Query, sending: Dispatcher, replays
     """The chunks, beside a watcher that sees the replay cancelled."""
 
     async def cancelled() -> bool:
-        current = await _in_thread(replays.part, part.replay_id, part.partition)
+        # A small read, in the default pool: behind other replays' scans in the replay thread, a
+        # cancel would wait for all of them.
+        current = await asyncio.to_thread(replays.part, part.replay_id, part.partition)
         return current is None or current.state is not ReplayState.RUNNING
 
     stopped = asyncio.Event()  # set once the replay is seen cancelled
@@ -91,8 +93,11 @@ async def _matching(part: ReplayPart, query: Query, sending: Dispatcher, replays
     async def watch() -> None:
         while not stopped.is_set():
             await asyncio.sleep(CANCEL_CHECK_S)
-            if await cancelled():
-                stopped.set()
+            try:
+                if await cancelled():
+                    stopped.set()
+            except Exception:  # a table unreadable for a moment: the next look tries again
+                log.warning("replay %s: could not look for its cancel", part.replay_id, exc_info=True)
 
     watcher = asyncio.create_task(watch())
     try:

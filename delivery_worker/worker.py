@@ -35,7 +35,7 @@ from lakebroker.tables.dead_letters import DeadLetterTable
 from lakebroker.tables.layout import Layout
 from lakebroker.tables.leases import Lease, LeaseTable, Pair
 from lakebroker.tables.offsets import Committed, Fence, OffsetReason, OffsetsTable, Position
-from lakebroker.tables.replays import ReplayTable
+from lakebroker.tables.replays import ReplayPart, ReplayTable
 from lakebroker.tables.settings import Settings
 from lakebroker.tables.subscriptions import Subscription, SubscriptionStore
 from lakebroker.tables.topics import TopicConfig, TopicStore
@@ -45,6 +45,7 @@ log = logging.getLogger(__name__)
 # A tick running for this many lease TTLs is stuck (a hung table read): the renewals stop, so its
 # partitions go to other workers, as they would if the whole worker had stopped.
 STUCK_TICK_TTLS = 10
+REPLAY_GIVE_UP_S = 300.0  # a replay by predicate failing this long with no progress fails, with its error
 
 
 def _config(sub: Subscription) -> Subscription:
@@ -86,6 +87,8 @@ class DeliveryWorker:
         self._commit_lock = asyncio.Lock()  # a pipeline's final commit and the batch commit never interleave
         self._replays: dict[Pair, asyncio.Task[None]] = {}  # of dead letters
         self._matching: dict[Pair, asyncio.Task[None]] = {}  # replays by predicate: one at a time per pair
+        # (replay id, partition, its recorded progress) -> its first failure there
+        self._replay_failing: dict[tuple[str, int, int], float] = {}
         self.ticks = 0  # completed ticks: a change to subscriptions is applied once a tick begun after it ends
         self._tick_began: float | None = None  # monotonic; None between ticks
         self._renewed_at: float | None = None  # monotonic: when the last renewal that landed began
@@ -375,10 +378,14 @@ class DeliveryWorker:
             if (pipeline := self._free_for(self._replays, pair)) is not None:
                 self._replays[pair] = asyncio.create_task(self._replay(
                     pipeline, "a replay of dead letters", functools.partial(pipeline.replay, offsets)))
-        for pair, part in (await asyncio.to_thread(self.replays.running, groups)).items():
+        running = await asyncio.to_thread(self.replays.running, groups)
+        for pair, part in running.items():
             if (pipeline := self._free_for(self._matching, pair)) is not None:
                 matching = functools.partial(pipeline.replay_matching, part, self.replays)
-                self._matching[pair] = asyncio.create_task(self._replay(pipeline, f"replay {part.replay_id}", matching))
+                self._matching[pair] = asyncio.create_task(self._replay(pipeline, f"replay {part.replay_id}", matching,
+                                                                        part))
+        parts = {(p.replay_id, p.partition, p.next_offset) for p in running.values()}
+        self._replay_failing = {k: v for k, v in self._replay_failing.items() if k in parts}
 
     def _free_for(self, replays: dict[Pair, asyncio.Task[None]], pair: Pair) -> PartitionPipeline | None:
         """The pair's pipeline, if this worker runs it and no replay of that kind runs on it."""
@@ -386,14 +393,28 @@ class DeliveryWorker:
         busy = replays.get(pair)
         return running.pipeline if running is not None and (busy is None or busy.done()) else None
 
-    async def _replay(self, pipeline: PartitionPipeline, what: str, replay: Callable[[], Awaitable[None]]) -> None:
+    async def _replay(self, pipeline: PartitionPipeline, what: str, replay: Callable[[], Awaitable[None]],
+                      part: ReplayPart | None = None) -> None:
+        """Run `replay`; a failure is retried at the next check, and a replay by predicate (`part`)
+        that has failed for REPLAY_GIVE_UP_S with no progress recorded fails with its error, rather
+        than stay `running` with none shown (a table it cannot read, say)."""
+        key = None if part is None else (part.replay_id, part.partition, part.next_offset)
         try:
             await replay()
         except Gone as exc:
             self._on_gone(pipeline.sub.name, str(exc))
-        except Exception:
+        except Exception as exc:
             log.exception("%s of %s partition %d failed; it goes on at the next check", what, pipeline.sub.name,
                           pipeline.partition)
+            if key is not None:
+                first = self._replay_failing.setdefault(key, time.monotonic())
+                if time.monotonic() - first >= REPLAY_GIVE_UP_S:
+                    del self._replay_failing[key]
+                    await asyncio.to_thread(self.replays.fail, key[0], f"failing for {REPLAY_GIVE_UP_S:,.0f} s in "
+                                            f"partition {key[1]} at offset {key[2]}: {type(exc).__name__}: {exc}")
+        else:
+            if key is not None:
+                self._replay_failing.pop(key, None)
 
     def _lease_left(self, pair: Pair) -> float:
         """Seconds this worker may still send and commit for `pair` (<= 0: not at all). It stops a

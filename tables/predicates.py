@@ -60,8 +60,9 @@ _RENDERED = "SELECT 1 FROM messages WHERE "
 MAX_DEPTH = 64  # nested expressions in a predicate
 SCAN_OFFSETS = 50_000  # offsets one call of Query.matching looks at, at most: a chunk costs a bounded scan
 # The errors of the predicate itself (a type, a cast a value refuses); others (I/O, memory) are retried.
-_PREDICATE_ERRORS = ("BinderException", "ConversionException", "InvalidInputException", "OutOfRangeException",
-                     "ParserException", "TypeMismatchException", "NotImplementedException")
+_PREDICATE_ERRORS = ("BinderException", "CatalogException", "ConversionException", "InvalidInputException",
+                     "OutOfRangeException", "ParserException", "TypeMismatchException", "NotImplementedException")
+_READ_FAILED = "reading the stream registered as"
 _VIEW = """CREATE VIEW messages AS SELECT "partition", "offset", "timestamp", key, headers, format, message_id,
     producer_id, sequence,
     CASE WHEN format = 'json' THEN TRY_CAST(TRY(decode(value)) AS JSON) END AS value,
@@ -240,7 +241,9 @@ class Query:
             found = con.sql(f"SELECT {names} FROM (SELECT * FROM messages WHERE {' AND '.join(ranged)}) AS messages "
                             f'WHERE {self.where} ORDER BY "offset" LIMIT ${len(args)}', params=args).to_arrow_table()
         except duckdb.Error as exc:
-            if type(exc).__name__ in _PREDICATE_ERRORS:  # the predicate's own (a type, a cast a value refuses)
+            # The predicate's own (a type, a cast a value refuses); but DuckDB reports a failed read of
+            # the table's files (the Arrow stream it scans) as invalid input too: a fault, retried.
+            if type(exc).__name__ in _PREDICATE_ERRORS and _READ_FAILED not in str(exc):
                 raise InvalidPredicate(f"where: {_first_line(exc)}") from None
             raise
         finally:

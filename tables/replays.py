@@ -10,7 +10,8 @@ saw it (`next_offset`), so a late one from a worker that lost the lease changes 
 re-reads the row every second (delivery_worker/replay.py), so a cancel (every running row of the
 replay set to `cancelled`) stops it within about a second.
 
-Finished replays are kept KEEP_FINISHED, then dropped when a later replay is written.
+Finished replays are kept KEEP_FINISHED: older ones are left out of every read, and dropped from
+the table at its next write.
 """
 
 from __future__ import annotations
@@ -99,6 +100,11 @@ def _iso(at: datetime | None) -> str | None:
     return None if at is None else at.isoformat()
 
 
+def _kept(rows: Rows, now: datetime) -> Rows:
+    """The rows of running replays, and of those finished within KEEP_FINISHED."""
+    return [r for r in rows if r["state"] == ReplayState.RUNNING or now - r["updated_at"] < KEEP_FINISHED]
+
+
 def new_replay_id() -> str:
     return "rpl_" + secrets.token_hex(8)
 
@@ -118,7 +124,7 @@ class ReplayTable:
         self._table = StateTable(layout.replays_table, REPLAYS_SCHEMA, REPLAYS_SCHEMA_VERSION)
 
     def _parts(self) -> list[ReplayPart]:
-        return [_from_row(r) for r in self._table.read()]
+        return [_from_row(r) for r in _kept(self._table.read(), datetime.now(UTC))]
 
     def create(self, parts: list[ReplayPart]) -> Replay:
         """Write a new replay's parts (all of one replay, one subscription)."""
@@ -127,7 +133,7 @@ class ReplayTable:
         sub = parts[0].subscription
 
         def change(rows: Rows) -> tuple[Rows, Replay]:
-            kept = [r for r in rows if r["state"] == ReplayState.RUNNING or now - r["updated_at"] < KEEP_FINISHED]
+            kept = _kept(rows, now)
             running = {r["replay_id"] for r in kept if r["subscription"] == sub and r["state"] == ReplayState.RUNNING}
             if len(running) >= MAX_RUNNING:
                 raise AlreadyExists(f"subscription {sub!r} has {len(running)} replays running, the most it may; "
@@ -202,7 +208,7 @@ class ReplayTable:
 
         def change(rows: Rows) -> tuple[Rows, list[ReplayPart]]:
             out, changed = [], []
-            for row in rows:
+            for row in _kept(rows, now):
                 part = _from_row(row)
                 if which(part):
                     part = replace(how(part), updated_at=now)

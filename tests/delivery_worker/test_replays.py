@@ -10,10 +10,14 @@ import threading
 import time
 from collections import Counter
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
+import pytest
 from fastapi.testclient import TestClient
 
+from lakebroker.tables.layout import Layout
+from lakebroker.tables.settings import Settings
 from tests.delivery_worker.orders import eu_over_100, order_messages
 from tests.receivers import Receiver
 from tests.waiting import eventually
@@ -171,6 +175,7 @@ def test_bad_replays_are_refused_with_the_reason(client: TestClient, orders: str
         ({"where": "read_csv('/etc/passwd') IS NOT NULL"}, 422, "the function 'read_csv' is not allowed"),
         ({"where": "amount > 5"}, 422, "no column 'amount'"),
         ({"where": "key > 5"}, 422, "Cannot compare values of type VARCHAR"),
+        ({"where": "key::nosuchtype = 'x'"}, 422, "nosuchtype"),
         ({"where": "key = 'a'; DELETE FROM messages"}, 422, "syntax error"),
         ({"where": "   "}, 422, "the predicate is empty"),
         ({"since": "2026-12-02T00:00:00Z", "until": "2026-12-01T00:00:00Z"}, 400, "since must be before until"),
@@ -185,3 +190,20 @@ def test_bad_replays_are_refused_with_the_reason(client: TestClient, orders: str
     assert client.get("/v1/subscriptions/hooks/replays/rpl_0000").status_code == 404
     assert client.delete("/v1/subscriptions/hooks/replays/rpl_0000").status_code == 404
     assert client.get("/v1/subscriptions/hooks/replays").json() == {"replays": []}
+
+
+def test_a_replay_that_keeps_failing_fails_with_its_error(client: TestClient, orders: str, receiver: Receiver,
+                                                          settings: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Not a predicate's error but a fault (here the topic's data files gone): retried at each
+    check, and once it has failed for REPLAY_GIVE_UP_S without a success, the replay fails with
+    the error, rather than stay running with none shown."""
+    monkeypatch.setattr("lakebroker.delivery_worker.worker.REPLAY_GIVE_UP_S", 1.0)
+    _subscribe(client, receiver)
+    _produce(client, order_messages(0, 5))
+    receiver.wait_for(lambda: len(receiver.messages()) >= 5)
+    for data in Path(Layout(settings.data_dir).topic_table("orders")).rglob("*.parquet"):
+        data.unlink()
+    replay_id = client.post("/v1/subscriptions/hooks/replays", json={"where": "value.n::INT >= 0"}).json()["id"]
+    failed = _finished(client, replay_id, timeout=30)
+    assert failed["state"] == "failed" and failed["error"].startswith("failing for 1 s in partition ")
+    assert failed["delivered"] == 0 and len(receiver.messages()) == 5
