@@ -187,7 +187,8 @@ class ReplayTable:
 
         def advanced(p: ReplayPart) -> ReplayPart:
             running = p.state is ReplayState.RUNNING
-            return replace(p, next_offset=next_offset if running else p.next_offset, matched=p.matched + matched,
+            # next_offset moves on a cancelled part too, so an advance from where it was counts once
+            return replace(p, next_offset=next_offset, matched=p.matched + matched,
                            delivered=p.delivered + delivered, failed=p.failed + failed,
                            state=ReplayState.DONE if running and done else p.state)
 

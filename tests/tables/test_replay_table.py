@@ -33,3 +33,20 @@ def test_finished_replays_are_kept_their_time_then_left_out_and_dropped(
     assert {r["replay_id"] for r in table._table.read()} == {done, running}  # still in the table
     table.fail(running, "boom")  # any write: the finished replay's rows leave the table
     assert {r["replay_id"] for r in table._table.read()} == {running}
+
+
+def test_a_chunk_recorded_twice_counts_once_even_on_a_cancelled_replay(tmp_path: Path) -> None:
+    """Two holders across a lease hand-over (or a retried write) record the same chunk: the
+    compare-and-set on next_offset lets one of them count, whether the replay runs or was cancelled."""
+    table = ReplayTable(Layout(tmp_path))
+    replay_id = _replay(table, running=True)
+    part = table.part(replay_id, 0)
+    assert part is not None
+    assert table.advance(part, 0, 4, matched=3, delivered=3, failed=0) is True
+    assert table.advance(part, 0, 4, matched=3, delivered=3, failed=0) is False
+    table.cancel("hooks", replay_id)
+    assert table.advance(part, 4, 8, matched=2, delivered=2, failed=0) is False  # cancelled: not running
+    assert table.advance(part, 4, 8, matched=2, delivered=2, failed=0) is False
+    [replay] = table.replays("hooks")
+    assert (replay.state, replay.parts[0].matched, replay.parts[0].delivered, replay.parts[0].next_offset) == (
+        ReplayState.CANCELLED, 5, 5, 8)
